@@ -1,0 +1,122 @@
+"""The training sample: what one trajectory (or one aligned piece of it) becomes.
+
+Fields and meanings are SLiME's `slime.utils.types.Sample`, so the SLiME hook converts with
+`to_slime()` and the local trainer reads the same object. Kept as a plain dataclass here so the
+chain runs where slime is not installed.
+
+Layout of one sample (SLiME convention):
+    tokens          = prompt_ids + response_ids
+    response_length = len(response_ids)
+    loss_mask       = one entry per response token: 1 = sampled by the policy, 0 = observation /
+                      template tokens the policy did not generate
+    rollout_log_probs = one entry per response token: the sampler's logprob, 0.0 where masked
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class SampleStatus(str, Enum):
+    """SLiME's `Sample.Status` values (pending is never written by us)."""
+
+    COMPLETED = "completed"  # agent finished (submitted or stopped) and the verifier ran
+    TRUNCATED = "truncated"  # step / token / time limit hit; the verifier still scored it
+    ABORTED = "aborted"  # infrastructure failure or cancellation: never trained on
+    FAILED = "failed"  # the agent or verifier raised; no trustworthy reward
+
+
+# Statuses whose reward did not come from a verifier run on a finished trajectory. Samples with
+# these statuses carry remove_sample=True so they are dropped from the loss, and they are counted.
+INFRA_STATUSES = frozenset({SampleStatus.ABORTED, SampleStatus.FAILED})
+
+
+@dataclass
+class TrainingSample:
+    tokens: list[int]
+    response_length: int
+    loss_mask: list[int]
+    rollout_log_probs: list[float]
+    reward: float | None
+    status: SampleStatus
+    prompt: str = ""
+    response: str = ""
+    group_index: int | None = None
+    index: int | None = None
+    rollout_id: int | None = None
+    remove_sample: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.tokens[: len(self.tokens) - self.response_length]
+
+    @property
+    def response_ids(self) -> list[int]:
+        return self.tokens[len(self.tokens) - self.response_length :]
+
+    def check(self) -> None:
+        """Raise ValueError if the SLiME layout invariants do not hold."""
+        n = self.response_length
+        if not (len(self.loss_mask) == n == len(self.rollout_log_probs)):
+            raise ValueError(
+                f"sample layout broken: response_length={n}, len(loss_mask)={len(self.loss_mask)}, "
+                f"len(rollout_log_probs)={len(self.rollout_log_probs)}"
+            )
+        if n > len(self.tokens):
+            raise ValueError(f"response_length {n} exceeds len(tokens) {len(self.tokens)}")
+        if any(m == 0 and lp != 0.0 for m, lp in zip(self.loss_mask, self.rollout_log_probs)):
+            raise ValueError("masked positions must carry logprob 0.0")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["status"] = self.status.value
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainingSample":
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in names}
+        kwargs["status"] = SampleStatus(kwargs["status"])
+        return cls(**kwargs)
+
+    def to_slime(self, sample=None):
+        """Fill (or create) a `slime.utils.types.Sample` with these fields. Needs slime."""
+        from slime.utils.types import Sample
+
+        s = sample if sample is not None else Sample()
+        s.tokens = list(self.tokens)
+        s.response_length = self.response_length
+        s.loss_mask = list(self.loss_mask)
+        s.rollout_log_probs = list(self.rollout_log_probs)
+        s.reward = self.reward if self.reward is not None else 0.0
+        s.status = Sample.Status(self.status.value)
+        s.response = self.response
+        if self.prompt:
+            s.prompt = self.prompt
+        if self.group_index is not None:
+            s.group_index = self.group_index
+        if self.index is not None:
+            s.index = self.index
+        s.rollout_id = self.rollout_id
+        s.remove_sample = self.remove_sample
+        s.metadata = {**(s.metadata or {}), **self.metadata}
+        return s
+
+
+def write_jsonl(path, samples: list[TrainingSample]) -> None:
+    with open(path, "w") as f:
+        for s in samples:
+            f.write(s.to_json() + "\n")
+
+
+def read_jsonl(path) -> list[TrainingSample]:
+    with open(path) as f:
+        return [TrainingSample.from_dict(json.loads(line)) for line in f if line.strip()]
