@@ -1,0 +1,277 @@
+"""The native agent: a Harbor `BaseAgent` that samples token-in-token-out from the policy.
+
+Style of mini-swe-agent(-plus): each turn the model writes a THOUGHT and exactly one bash command
+in a ```bash block; the command runs in the sandbox and its output comes back as the next user
+message. `edit_via_str_replace` edits files safely; `submit` ends the episode.
+
+Why token-in-token-out: the loss must be computed on exactly the tokens the policy sampled. The
+agent never re-renders the conversation. It keeps one growing list of token ids:
+
+    ids = chat_template(system, instruction) + sampled_1 + obs_1 + sampled_2 + obs_2 + ...
+
+and sends the whole list as `input_ids` each turn. Observation tokens (the tool output wrapped in
+the chat template's user turn) are tokenized once and appended, so turn t+1's prompt extends
+turn t's prompt + completion exactly, and the converter can mask them out without guessing.
+
+Use from Harbor's CLI:
+    harbor run -p TASK --agent-import-path slime_harbor.agent:NativeAgent \
+        --agent-kwarg policy_url=http://127.0.0.1:30000 --agent-kwarg tokenizer_path=MODEL_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from harbor.agents.base import BaseAgent
+from harbor.agents.options import AgentOptions
+from harbor.environments.base import BaseEnvironment
+from harbor.models.agent.context import AgentContext
+from pydantic import Field
+
+from slime_harbor.policy_client import PolicyClient, SamplingParams
+
+SYSTEM_PROMPT = """You are a coding agent working in a Linux shell. Solve the task step by step.
+Every reply has two parts: a short THOUGHT, then exactly ONE bash command in a ```bash block.
+The command runs in the task's working directory; you see its output in the next message.
+To edit a file safely, replace one exact snippet:
+```bash
+edit_via_str_replace path/to/file <<'EOF'
+old text (must occur exactly once)
+=======
+new text
+EOF
+```
+When the task is done, reply with the command `submit` alone."""
+
+INSTANCE_PROMPT = "{instruction}"
+
+OBSERVATION_TEMPLATE = "<returncode>{returncode}</returncode>\n<output>\n{output}</output>"
+
+FORMAT_ERROR = (
+    "Format error: reply with a THOUGHT and exactly ONE ```bash block "
+    "(found {n_blocks}). Use `submit` when the task is done."
+)
+
+SUBMIT_COMMAND = "submit"
+TOOLS_DIR = "/tmp/.slime_harbor_tools"
+
+# Runs inside the sandbox with the task's python3. Reads "old\n=======\nnew" from stdin.
+EDIT_TOOL = r'''#!/usr/bin/env python3
+import sys
+if len(sys.argv) != 2:
+    sys.exit("usage: edit_via_str_replace FILE <<'EOF'\nold\n=======\nnew\nEOF")
+path, spec = sys.argv[1], sys.stdin.read()
+parts = spec.split("\n=======\n")
+if len(parts) != 2:
+    sys.exit("error: stdin must hold the old text, a line '=======', then the new text")
+# The heredoc ends the new text with a newline the user did not mean to insert.
+old, new = parts[0], parts[1].removesuffix("\n")
+try:
+    text = open(path).read()
+except OSError as e:
+    sys.exit(f"error: cannot read {path}: {e.strerror}")
+count = text.count(old)
+if count != 1:
+    sys.exit(f"error: the old text occurs {count} times in {path}; it must occur exactly once")
+open(path, "w").write(text.replace(old, new, 1))
+print(f"edited {path}")
+'''
+
+BASH_BLOCK = re.compile(r"```bash\s*\n(.*?)\n?```", re.DOTALL)
+
+
+class NativeAgentOptions(AgentOptions):
+    """Harbor `AgentConfig.kwargs` of the native agent."""
+
+    policy_url: str | None = Field(
+        default=None, description="Base URL of the SGLang router or embedded policy server (env SLIME_HARBOR_POLICY_URL)."
+    )
+    tokenizer_path: str | None = Field(
+        default=None, description="HF model/tokenizer dir of the policy (env SLIME_HARBOR_TOKENIZER)."
+    )
+    step_limit: int = Field(default=30, description="Most model turns per episode.")
+    temperature: float = Field(default=1.0, description="Sampling temperature.")
+    top_p: float = Field(default=1.0, description="Nucleus sampling cut-off (1.0 = off).")
+    top_k: int = Field(default=-1, description="Top-k cut-off (-1 = off).")
+    max_new_tokens: int = Field(default=512, description="Most tokens sampled per turn.")
+    max_context_tokens: int | None = Field(
+        default=None, description="Prompt+completion limit; default: the model's max_position_embeddings."
+    )
+    command_timeout_sec: float = Field(default=60.0, description="Timeout of one bash command in the sandbox.")
+    max_observation_chars: int = Field(
+        default=2000, description="Tool output longer than this keeps its head and tail only."
+    )
+
+
+class _EpisodeEnd(Exception):
+    """Leaving the loop: carries why (submitted, step_limit, context_limit, length, aborted)."""
+
+    def __init__(self, exit_status: str):
+        super().__init__(exit_status)
+        self.exit_status = exit_status
+
+
+class NativeAgent(BaseAgent):
+    options_model = NativeAgentOptions
+    options: NativeAgentOptions
+
+    @staticmethod
+    def name() -> str:
+        return "slime-harbor-native"
+
+    def version(self) -> str | None:
+        return "0.1.0"
+
+    def __init__(self, logs_dir: Path, model_name: str | None = None, *args, **kwargs):
+        super().__init__(logs_dir, model_name, *args, **kwargs)
+        opts = self.options
+        self.policy_url = opts.policy_url or os.environ.get("SLIME_HARBOR_POLICY_URL")
+        tokenizer_path = opts.tokenizer_path or os.environ.get("SLIME_HARBOR_TOKENIZER")
+        if not self.policy_url or not tokenizer_path:
+            raise ValueError("NativeAgent needs policy_url and tokenizer_path (kwargs or SLIME_HARBOR_* env vars)")
+        from transformers import AutoConfig, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        self.max_context_tokens = opts.max_context_tokens or AutoConfig.from_pretrained(
+            tokenizer_path
+        ).max_position_embeddings
+        self.params = SamplingParams(
+            temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k, max_new_tokens=opts.max_new_tokens
+        )
+        self._eos_ids = {self.tokenizer.convert_tokens_to_ids("<|im_end|>"), self.tokenizer.eos_token_id}
+
+    async def setup(self, environment: BaseEnvironment) -> None:
+        tool = self.logs_dir / "edit_via_str_replace"
+        tool.parent.mkdir(parents=True, exist_ok=True)
+        tool.write_text(EDIT_TOOL)
+        await environment.exec(f"mkdir -p {TOOLS_DIR}")
+        await environment.upload_file(tool, f"{TOOLS_DIR}/edit_via_str_replace")
+        await environment.exec(f"chmod +x {TOOLS_DIR}/edit_via_str_replace")
+
+    # ---- the loop -------------------------------------------------------------------------
+    async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
+        messages = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": INSTANCE_PROMPT.format(instruction=instruction)},
+        ]
+        ids: list[int] = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict):  # some tokenizer versions return a BatchEncoding
+            ids = ids["input_ids"]
+        ids = list(ids)
+        # Filled in place every turn, so a timeout or crash still leaves every finished turn.
+        detail: dict[str, Any] = {"prompt_token_ids": [], "completion_token_ids": [], "logprobs": [], "extra": {"finish_reason": []}}
+        context.rollout_details = [detail]
+        context.metadata = {"exit_status": "running", "turns": 0, "format_errors": 0}
+        context.n_input_tokens = context.n_output_tokens = 0
+        self._steps: list[dict[str, Any]] = [
+            self._step("system", SYSTEM_PROMPT),
+            self._step("user", messages[1]["content"]),
+        ]
+        client = PolicyClient(self.policy_url)
+        try:
+            for _ in range(self.options.step_limit):
+                ids = await self._turn(ids, client, environment, context, detail)
+            raise _EpisodeEnd("step_limit")
+        except _EpisodeEnd as end:
+            context.metadata["exit_status"] = end.exit_status
+        finally:
+            await client.aclose()
+            self._write_trajectory(context)
+
+    async def _turn(self, ids, client, environment, context, detail) -> list[int]:
+        room = self.max_context_tokens - len(ids)
+        if room <= 0:
+            raise _EpisodeEnd("context_limit")
+        params = SamplingParams(**{**self.params.__dict__, "max_new_tokens": min(self.params.max_new_tokens, room)})
+        gen = await client.generate(ids, params)
+
+        detail["prompt_token_ids"].append(list(ids))
+        detail["completion_token_ids"].append(gen.token_ids)
+        detail["logprobs"].append(gen.logprobs)
+        detail["extra"]["finish_reason"].append(gen.finish_reason)
+        context.metadata["turns"] += 1
+        context.n_input_tokens += len(ids)
+        context.n_output_tokens += len(gen.token_ids)
+        ids = ids + gen.token_ids
+
+        text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        step = self._step("agent", text, completion_token_ids=gen.token_ids, logprobs=gen.logprobs)
+        self._steps.append(step)
+        if gen.finish_reason == "abort":
+            raise _EpisodeEnd("aborted")
+        if gen.finish_reason == "length" and len(ids) >= self.max_context_tokens:
+            raise _EpisodeEnd("context_limit")
+
+        blocks = BASH_BLOCK.findall(text)
+        if len(blocks) != 1:
+            context.metadata["format_errors"] += 1
+            observation = FORMAT_ERROR.format(n_blocks=len(blocks))
+        else:
+            command = blocks[0].strip()
+            step["tool_calls"] = [{"tool_call_id": f"call_{len(self._steps)}", "function_name": "bash", "arguments": {"command": command}}]
+            if command == SUBMIT_COMMAND:
+                raise _EpisodeEnd("submitted")
+            observation = await self._execute(command, environment)
+        step["observation"] = {"results": [{"content": observation}]}
+        self._write_trajectory(context)
+        return ids + self._observation_ids(observation, closed=bool(gen.token_ids) and gen.token_ids[-1] in self._eos_ids)
+
+    async def _execute(self, command: str, environment: BaseEnvironment) -> str:
+        timeout = self.options.command_timeout_sec
+        try:
+            result = await environment.exec(
+                f'export PATH="$PATH:{TOOLS_DIR}"\n{command}', timeout_sec=int(timeout)
+            )
+        except TimeoutError:
+            return OBSERVATION_TEMPLATE.format(returncode=124, output=f"command timed out after {timeout:g}s\n")
+        output = (result.stdout or "") + (result.stderr or "")
+        limit = self.options.max_observation_chars
+        if len(output) > limit:
+            half = limit // 2
+            output = f"{output[:half]}\n[... {len(output) - limit} characters elided ...]\n{output[-half:]}"
+        if output and not output.endswith("\n"):
+            output += "\n"
+        return OBSERVATION_TEMPLATE.format(returncode=result.return_code, output=output)
+
+    def _observation_ids(self, observation: str, closed: bool) -> list[int]:
+        """Template tokens that close the assistant turn and wrap the observation as a user turn.
+
+        Rendered the way the chat template would render the next user message, then tokenized
+        once; the policy never generated these tokens, so the converter masks them.
+        """
+        text = ("" if closed else "<|im_end|>") + "\n<|im_start|>user\n" + observation + "<|im_end|>\n<|im_start|>assistant\n"
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    # ---- ATIF trajectory ---------------------------------------------------------------------
+    def _step(self, source: str, message: str, **metrics) -> dict[str, Any]:
+        step: dict[str, Any] = {
+            "step_id": len(getattr(self, "_steps", [])) + 1,
+            "timestamp": datetime.now(timezone.utc).isoformat(),
+            "source": source,
+            "message": message,
+        }
+        if source == "agent":
+            step["model_name"] = self.model_name
+            step["metrics"] = {"completion_tokens": len(metrics["completion_token_ids"]), **metrics}
+        return step
+
+    def _write_trajectory(self, context: AgentContext) -> None:
+        trajectory = {
+            "schema_version": "ATIF-v1.8",
+            "session_id": self.session_id,
+            "agent": {"name": self.name(), "version": self.version(), "model_name": self.model_name},
+            "steps": self._steps,
+            "final_metrics": {
+                "total_prompt_tokens": context.n_input_tokens,
+                "total_completion_tokens": context.n_output_tokens,
+                "total_steps": len(self._steps),
+            },
+            "extra": {"exit_status": (context.metadata or {}).get("exit_status")},
+        }
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        (self.logs_dir / "trajectory.json").write_text(json.dumps(trajectory, indent=1))

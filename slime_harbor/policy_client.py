@@ -1,0 +1,120 @@
+"""Client for SGLang's native `/generate` endpoint (token in, token out).
+
+The same client talks to SGLang's router in production and to our embedded policy server here:
+both speak the protocol below, so nothing else in the chain knows which one it is using.
+
+    POST {base_url}/generate
+      {"input_ids": [...], "sampling_params": {...}, "return_logprob": true, "rid": "..."}
+    -> {"text": ..., "meta_info": {"output_token_logprobs": [[logprob, token_id, _], ...],
+                                   "finish_reason": {"type": "stop"|"length"|"abort", ...}}}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+
+class PolicyServerError(RuntimeError):
+    """The policy server is unreachable or answered something unusable (an infra failure)."""
+
+
+@dataclass
+class SamplingParams:
+    """Per-turn sampling settings, in SGLang's `sampling_params` vocabulary."""
+
+    temperature: float = 1.0
+    """Softmax temperature. 1.0 samples from the policy itself, which GRPO's importance ratio assumes."""
+    top_p: float = 1.0
+    """Nucleus cut-off; 1.0 disables it."""
+    top_k: int = -1
+    """Keep only the k most likely tokens; -1 disables it."""
+    max_new_tokens: int = 512
+    """Most tokens one turn may generate."""
+    stop: list[str] = field(default_factory=list)
+    """Extra stop strings (the chat template's end-of-turn token always stops)."""
+
+    def to_sglang(self) -> dict[str, Any]:
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "max_new_tokens": self.max_new_tokens,
+            "stop": list(self.stop),
+            # Keep special tokens and stop strings in the text so text and token ids agree.
+            "skip_special_tokens": False,
+            "no_stop_trim": True,
+        }
+
+
+@dataclass
+class Generation:
+    """One sampled completion, exactly as the sampler produced it."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str  # "stop" | "length" | "abort"
+    rid: str
+
+
+class PolicyClient:
+    def __init__(self, base_url: str, request_timeout_sec: float = 600.0, connect_retries: int = 3):
+        self.base_url = base_url.rstrip("/")
+        self.connect_retries = connect_retries
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout_sec, connect=10.0))
+
+    async def generate(self, input_ids: list[int], params: SamplingParams, rid: str | None = None) -> Generation:
+        rid = rid or uuid.uuid4().hex
+        payload = {
+            "input_ids": list(input_ids),
+            "sampling_params": params.to_sglang(),
+            "return_logprob": True,
+            "rid": rid,
+        }
+        reply = await self._post("/generate", payload)
+        meta = reply.get("meta_info") or {}
+        pairs = meta.get("output_token_logprobs")
+        if pairs is None:
+            raise PolicyServerError(f"{self.base_url}/generate returned no meta_info.output_token_logprobs")
+        finish = meta.get("finish_reason") or {}
+        finish_type = finish.get("type", "stop") if isinstance(finish, dict) else str(finish)
+        return Generation(
+            token_ids=[int(p[1]) for p in pairs],
+            logprobs=[float(p[0]) for p in pairs],
+            text=reply.get("text", ""),
+            finish_reason=finish_type,
+            rid=rid,
+        )
+
+    async def abort(self, rid: str) -> None:
+        """Ask the server to stop a running request (best effort: the trial is ending anyway)."""
+        try:
+            await self._client.post(f"{self.base_url}/abort_request", json={"rid": rid}, timeout=5.0)
+        except httpx.HTTPError:
+            pass
+
+    async def _post(self, path: str, payload: dict) -> dict:
+        url = f"{self.base_url}{path}"
+        for attempt in range(self.connect_retries + 1):
+            try:
+                response = await self._client.post(url, json=payload)
+                break
+            except httpx.ConnectError as exc:
+                # A router restarting for a weight update refuses connections briefly; a dead one
+                # keeps refusing and becomes an infra failure, never a reward.
+                if attempt == self.connect_retries:
+                    raise PolicyServerError(f"policy server at {self.base_url} is unreachable: {exc}") from exc
+                await asyncio.sleep(0.5 * 2**attempt)
+            except httpx.HTTPError as exc:
+                raise PolicyServerError(f"request to {url} failed: {type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200:
+            raise PolicyServerError(f"{url} answered HTTP {response.status_code}: {response.text[:500]}")
+        return response.json()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,341 @@
+"""Rollouts: run Harbor Trials as GRPO groups and write training samples.
+
+One episode = one real Harbor Trial (agent + sandbox + verifier) = `run_episode`. A rollout runs
+`n_samples` episodes of every task (a GRPO group per task) with bounded concurrency, and writes
+
+    OUT/samples.jsonl   one TrainingSample per line, appended as each trial finishes
+    OUT/summary.json    counts by status, rewards, drift, timings (also after Ctrl-C)
+    OUT/trials/         Harbor's own trial dirs (config, result, agent logs, verifier output)
+
+`run_episode` is the unit the SLiME hook (hooks.py) and the local trainer call too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+import tomllib
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slime_harbor.converter import trial_to_samples
+from slime_harbor.samples import SampleStatus, TrainingSample
+
+LOCAL_SANDBOX = "slime_harbor.sandbox:BubblewrapEnvironment"
+NATIVE_AGENT = "slime_harbor.agent:NativeAgent"
+# Slack on top of the task's own agent + verifier + build timeouts before we cancel a trial that
+# Harbor's own timeouts failed to end (a hung container teardown, a stuck verifier upload).
+HARD_TIMEOUT_SLACK_SEC = 120.0
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RolloutConfig:
+    """Everything one rollout needs. Every field has a default that runs on this machine."""
+
+    tasks_dir: Path = Path("examples/harbor/tasks")
+    """Directory of Harbor task dirs (each with task.toml)."""
+    task_names: list[str] | None = None
+    """Only these tasks (dir names); None = all tasks in tasks_dir."""
+    agent: str = "native"
+    """native | terminus-2 | oracle | nop | any Harbor agent name | module:Class import path."""
+    n_samples: int = 4
+    """Episodes per task: the GRPO group size."""
+    policy_url: str | None = None
+    """SGLang router / policy server base URL (native and terminus-2 agents)."""
+    model_dir: str | None = None
+    """HF dir of the policy: tokenizer for the native agent and for decoding samples."""
+    model_name: str = "policy"
+    """Name the OpenAI-compatible endpoint serves the policy under (terminus-2)."""
+    env: str = "local"
+    """local (bubblewrap) | docker | daytona | modal | ... | module:Class import path."""
+    concurrency: int = 4
+    """Trials running at once."""
+    out_dir: Path = Path("runs/rollout")
+    """Where samples.jsonl, summary.json and trials/ go."""
+    temperature: float = 1.0
+    """Sampling temperature (1.0: sample the policy itself)."""
+    top_p: float = 1.0
+    top_k: int = -1
+    step_limit: int = 30
+    """Most agent turns per episode."""
+    max_new_tokens: int = 512
+    """Most tokens sampled per turn."""
+    timeout_multiplier: float = 1.0
+    """Scales the task.toml agent/verifier/build timeouts."""
+    reward_mapping: str = "raw"
+    """raw: verifier reward as is; pm1: reward r in [0,1] -> 2r-1."""
+    progress: bool = True
+    """Show a progress bar on stderr."""
+
+
+@dataclass
+class Episode:
+    """What one trial produced."""
+
+    task_name: str
+    group_index: int
+    index: int
+    status: SampleStatus
+    reward: float | None
+    samples: list[TrainingSample]
+    seconds: float
+    trial_dir: str | None = None
+    error: str | None = None
+
+
+def discover_tasks(tasks_dir: Path, names: list[str] | None = None) -> list[Path]:
+    tasks_dir = Path(tasks_dir)
+    if not tasks_dir.is_dir():
+        raise FileNotFoundError(f"tasks dir {tasks_dir} does not exist")
+    tasks = sorted(p for p in tasks_dir.iterdir() if (p / "task.toml").is_file())
+    if names:
+        missing = set(names) - {p.name for p in tasks}
+        if missing:
+            raise FileNotFoundError(f"tasks not found in {tasks_dir}: {sorted(missing)}")
+        tasks = [p for p in tasks if p.name in names]
+    if not tasks:
+        raise FileNotFoundError(f"no Harbor tasks (dirs with task.toml) in {tasks_dir}")
+    return tasks
+
+
+def agent_config(cfg: RolloutConfig):
+    from harbor.models.trial.config import AgentConfig
+
+    if cfg.agent == "native" or cfg.agent == NATIVE_AGENT:
+        return AgentConfig(
+            import_path=NATIVE_AGENT,
+            model_name=cfg.model_name,
+            kwargs={
+                "policy_url": cfg.policy_url,
+                "tokenizer_path": str(cfg.model_dir),
+                "step_limit": cfg.step_limit,
+                "temperature": cfg.temperature,
+                "top_p": cfg.top_p,
+                "top_k": cfg.top_k,
+                "max_new_tokens": cfg.max_new_tokens,
+            },
+        )
+    if cfg.agent == "terminus-2":
+        context = _max_context(cfg.model_dir)
+        return AgentConfig(
+            name="terminus-2",
+            model_name=f"hosted_vllm/{cfg.model_name}",
+            kwargs={
+                "api_base": f"{cfg.policy_url.rstrip('/')}/v1",
+                "collect_rollout_details": True,
+                # Summarisation rewrites the history, which breaks the per-turn token prefix.
+                "enable_summarize": False,
+                "proactive_summarization_threshold": 0,
+                "temperature": cfg.temperature,
+                "max_turns": cfg.step_limit,
+                "record_terminal_session": False,
+                "suppress_max_turns_warning": True,
+                "model_info": {
+                    "max_input_tokens": context,
+                    "max_output_tokens": cfg.max_new_tokens,
+                    "input_cost_per_token": 0.0,
+                    "output_cost_per_token": 0.0,
+                },
+                "llm_call_kwargs": {"max_tokens": cfg.max_new_tokens},
+            },
+            env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "HOSTED_VLLM_API_KEY": "none"},
+        )
+    if ":" in cfg.agent:
+        return AgentConfig(import_path=cfg.agent, model_name=cfg.model_name)
+    return AgentConfig(name=cfg.agent)
+
+
+def environment_config(env: str):
+    from harbor.models.trial.config import EnvironmentConfig
+
+    if env == "local":
+        return EnvironmentConfig(import_path=LOCAL_SANDBOX, delete=True)
+    if ":" in env:
+        return EnvironmentConfig(import_path=env, delete=True)
+    return EnvironmentConfig(type=env, delete=True)
+
+
+def hard_timeout_sec(task_path: Path, multiplier: float) -> float:
+    """Upper bound on one trial's wall time, from the task's own timeouts (Harbor's defaults if unset)."""
+    config = tomllib.loads((Path(task_path) / "task.toml").read_text())
+    agent = config.get("agent", {}).get("timeout_sec", 600.0)
+    verifier = config.get("verifier", {}).get("timeout_sec", 600.0)
+    build = config.get("environment", {}).get("build_timeout_sec", 600.0)
+    return multiplier * (agent + verifier + build) + HARD_TIMEOUT_SLACK_SEC
+
+
+async def run_episode(
+    task_path: Path,
+    cfg: RolloutConfig,
+    *,
+    group_index: int,
+    index: int,
+    trials_dir: Path,
+    tokenizer=None,
+) -> Episode:
+    """Run one Harbor Trial of `task_path` and convert it. Never raises for trial failures:
+    they come back as an Episode with status aborted/failed (cancellation still propagates)."""
+    from harbor.models.trial.config import TaskConfig, TrialConfig
+    from harbor.trial.trial import Trial
+
+    task_path = Path(task_path)
+    started = time.monotonic()
+    config = TrialConfig(
+        task=TaskConfig(path=task_path.resolve()),
+        trial_name=f"{task_path.name}__g{group_index}_{index}__{uuid.uuid4().hex[:6]}",
+        trials_dir=Path(trials_dir).resolve(),
+        agent=agent_config(cfg),
+        environment=environment_config(cfg.env),
+        timeout_multiplier=cfg.timeout_multiplier,
+    )
+    trial = None
+    try:
+        trial = await Trial.create(config)
+        result = await asyncio.wait_for(trial.run(), hard_timeout_sec(task_path, cfg.timeout_multiplier))
+    except TimeoutError:
+        # wait_for cancelled the trial; Harbor's cancellation path stopped the sandbox and
+        # recorded a CancelledError in the result, which classifies as aborted.
+        result = trial.result
+    except Exception as exc:  # the trial could not even be created (malformed task dir, bad config)
+        log.warning("trial for %s failed before running: %s", task_path.name, exc)
+        return Episode(
+            task_name=task_path.name, group_index=group_index, index=index, status=SampleStatus.FAILED,
+            reward=None, samples=[_failed_sample(task_path.name, group_index, index, exc)],
+            seconds=time.monotonic() - started, error=f"{type(exc).__name__}: {exc}",
+        )
+    samples = trial_to_samples(
+        result, group_index=group_index, index=index, tokenizer=tokenizer, reward_mapping=cfg.reward_mapping
+    )
+    first = samples[0]
+    return Episode(
+        task_name=task_path.name, group_index=group_index, index=index, status=first.status,
+        reward=first.reward if first.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED) else None,
+        samples=samples, seconds=time.monotonic() - started, trial_dir=first.metadata.get("trial_dir"),
+        error=None if first.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED) else first.metadata.get("status_reason"),
+    )
+
+
+def _failed_sample(task_name: str, group_index: int, index: int, exc: BaseException) -> TrainingSample:
+    return TrainingSample(
+        tokens=[], response_length=0, loss_mask=[], rollout_log_probs=[], reward=None,
+        status=SampleStatus.FAILED, group_index=group_index, index=index, rollout_id=index, remove_sample=True,
+        metadata={"task_name": task_name, "exception_type": type(exc).__name__, "status_reason": str(exc), "no_tokens": True},
+    )
+
+
+def load_tokenizer(model_dir: str | None):
+    if not model_dir:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
+    """Run n_samples trials per task; stream samples to OUT/samples.jsonl; return the summary."""
+    tasks = discover_tasks(cfg.tasks_dir, cfg.task_names)
+    if cfg.agent in ("native", "terminus-2") and not (cfg.policy_url and cfg.model_dir):
+        raise ValueError(f"agent {cfg.agent} needs policy_url and model_dir")
+    out = Path(cfg.out_dir)
+    (out / "trials").mkdir(parents=True, exist_ok=True)
+    tokenizer = load_tokenizer(cfg.model_dir)
+    semaphore = asyncio.Semaphore(cfg.concurrency)
+    episodes: list[Episode] = []
+    bar = _Progress(len(tasks) * cfg.n_samples, enabled=cfg.progress)
+    started = time.monotonic()
+    interrupted = False
+
+    with open(out / "samples.jsonl", "w") as sink:
+
+        async def one(task_path: Path, group_index: int, index: int) -> None:
+            async with semaphore:
+                episode = await run_episode(
+                    task_path, cfg, group_index=group_index, index=index, trials_dir=out / "trials", tokenizer=tokenizer
+                )
+            episodes.append(episode)
+            for s in episode.samples:  # written as soon as the trial ends: Ctrl-C loses nothing finished
+                sink.write(s.to_json() + "\n")
+            sink.flush()
+            bar.update(episode)
+
+        jobs = [
+            one(task_path, group_index, group_index * cfg.n_samples + k)
+            for group_index, task_path in enumerate(tasks)
+            for k in range(cfg.n_samples)
+        ]
+        try:
+            await asyncio.gather(*jobs)
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            interrupted = True
+            raise
+        finally:
+            bar.close()
+            summary = summarize(episodes, cfg, time.monotonic() - started, interrupted)
+            (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, interrupted: bool = False) -> dict[str, Any]:
+    statuses = Counter(e.status.value for e in episodes)
+    scored = [e for e in episodes if e.reward is not None]
+    per_task: dict[str, list[float | None]] = defaultdict(list)
+    for e in sorted(episodes, key=lambda e: e.index):
+        per_task[e.task_name].append(e.reward)
+    samples = [s for e in episodes for s in e.samples]
+    return {
+        "n_trials": len(episodes),
+        "status_counts": {s.value: statuses.get(s.value, 0) for s in SampleStatus},
+        "n_scored": len(scored),
+        "mean_reward": sum(e.reward for e in scored) / len(scored) if scored else None,
+        "pass_rate": sum(e.reward >= 1.0 for e in scored) / len(scored) if scored else None,
+        "per_task_rewards": dict(per_task),
+        "n_samples": len(samples),
+        "n_trainable_samples": sum(not s.remove_sample for s in samples),
+        "drift_count": sum(s.metadata.get("drift_count", 0) for e in episodes for s in e.samples[:1]),
+        "errors": {f"{e.task_name}#{e.index}": e.error for e in episodes if e.error},
+        "wall_seconds": round(seconds, 2),
+        "interrupted": interrupted,
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
+    }
+
+
+class _Progress:
+    """tqdm bar: trials done, failures, mean reward so far."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        self.done = self.failed = 0
+        self.rewards: list[float] = []
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="trials", unit="trial", dynamic_ncols=True)
+
+    def update(self, episode: Episode) -> None:
+        self.done += 1
+        if episode.reward is None:
+            self.failed += 1
+        else:
+            self.rewards.append(episode.reward)
+        if self.bar is not None:
+            mean = sum(self.rewards) / len(self.rewards) if self.rewards else float("nan")
+            self.bar.set_postfix(failed=self.failed, mean_reward=f"{mean:.3f}")
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _max_context(model_dir: str | None) -> int:
+    if model_dir and (Path(model_dir) / "config.json").exists():
+        return int(json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings", 4096))
+    return int(os.environ.get("SLIME_HARBOR_MAX_CONTEXT", 32768))
