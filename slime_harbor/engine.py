@@ -1,0 +1,547 @@
+"""A sampling engine over a Hugging Face causal LM, with continuous batching.
+
+It is the part of an SGLang server that slime-harbor needs in order to run without one: requests
+submitted from any thread or event loop join one running batch and are decoded together, one
+shared forward pass per step, over a KV cache. A background worker thread owns the model:
+
+    loop:  admit queued requests (prefill them together, left-padded, merge their KV cache
+           into the running batch)  ->  one decode step for every running row  ->  retire
+           the rows that finished (resolving their futures).
+
+Logprob semantics are those of SGLang and vLLM, because the trainer compares against them: the
+logprob of a sampled token is log_softmax(logits / temperature) over the whole vocabulary, taken
+BEFORE top-k / top-p truncation; with temperature 0 decoding is greedy and the logprob is that of
+the raw logits. A trainer recomputing log_softmax(model(tokens).logits / T) in one forward pass
+gets the same numbers (fp32: ~1e-6).
+
+Weights: `update_model(model)` swaps the model between two steps and bumps `weight_version`;
+`paused()` holds the engine between steps while a trainer edits weights in place. Rows still
+running keep the KV cache computed by the old weights, so callers that need purely on-policy
+samples update weights while the engine is idle (`num_pending() == 0`).
+
+Only full-attention models (no sliding window) are supported, which covers Qwen3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling settings (SGLang's names and defaults)."""
+
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus mass kept; 1 = off
+    top_k: int = -1  # tokens kept; <= 0 = off
+    max_new_tokens: int = 128
+    stop: list[str] = field(default_factory=list)  # stop when the output text contains one of these
+    stop_token_ids: list[int] = field(default_factory=list)  # extra stop tokens, besides eos
+    ignore_eos: bool = False  # do not stop on eos nor on stop_token_ids (benchmarks, fixed lengths)
+    no_stop_trim: bool = False  # keep the stop token / stop string in the returned text
+    skip_special_tokens: bool = True  # drop special tokens from the returned text
+    seed: int | None = None  # per-request RNG seed: same seed and prompt -> same sample
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = [s for s in self.stop if s]
+
+
+@dataclass
+class Generation:
+    """What one request produced."""
+
+    rid: str
+    prompt_ids: list[int]
+    output_ids: list[int]  # sampled tokens, a matched stop token included (as SGLang does)
+    logprobs: list[float]  # one per output id: log_softmax(logits / T) before top-k/top-p
+    finish_reason: dict[str, Any]  # {"type": "stop"|"length"|"abort", "matched"?: token id | str}
+    text: str  # decoded output; the stop token / string trimmed unless no_stop_trim
+    weight_version: int  # the engine's weight version when the request finished
+    latency_s: float  # from submit to finish
+
+
+@dataclass
+class EngineConfig:
+    """How the engine runs the model."""
+
+    device: str = "cpu"
+    dtype: str = "float32"  # torch dtype name; fp32 keeps logprobs comparable to the trainer's
+    max_batch_size: int = 32  # rows decoded together; later requests wait in the queue
+    batch_window_s: float = 0.005  # when idle, wait this long for more arrivals before prefilling
+    context_length: int | None = None  # prompt + output limit; None = max_position_embeddings
+    seed: int = 0  # seeds the RNG of requests that bring no seed of their own
+
+
+@dataclass
+class EngineStats:
+    """Counters that show what the batching did."""
+
+    requests: int = 0
+    generated_tokens: int = 0
+    decode_steps: int = 0
+    prefills: int = 0
+    rows_per_decode_step: collections.Counter = field(default_factory=collections.Counter)
+
+    @property
+    def max_rows_per_step(self) -> int:
+        return max(self.rows_per_decode_step, default=0)
+
+
+class _Request:
+    """A submitted request and its decoding state (owned by the worker once admitted)."""
+
+    def __init__(self, rid, prompt_ids, params, stop_token_ids, generator):
+        self.rid: str = rid
+        self.prompt_ids: list[int] = prompt_ids
+        self.params: SamplingParams = params
+        self.stop_token_ids: frozenset[int] = stop_token_ids
+        self.generator: torch.Generator = generator
+        self.future: concurrent.futures.Future[Generation] = concurrent.futures.Future()
+        self.output_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.finish_reason: dict[str, Any] | None = None
+        self.abort_requested = False
+        self.submitted_at = time.monotonic()
+        # Enough trailing tokens to contain any stop string: every token decodes to >= 1 byte.
+        self.stop_window = max((len(s.encode()) for s in params.stop), default=0) + 2
+
+
+class SamplingEngine:
+    """Continuous-batching sampler. Thread-safe; use as a context manager or call close()."""
+
+    def __init__(self, model, tokenizer, config: EngineConfig | None = None):
+        self.config = config or EngineConfig()
+        self.tokenizer = tokenizer
+        self.device = torch.device(self.config.device)
+        self.dtype = getattr(torch, self.config.dtype)
+        self.model = self._prepare(model)
+        model_config = self.model.config
+        if getattr(model_config, "sliding_window", None) and getattr(model_config, "use_sliding_window", False):
+            raise ValueError("SamplingEngine supports full-attention models only (no sliding window)")
+        self.context_length = self.config.context_length or model_config.max_position_embeddings
+        self.eos_token_ids = _eos_token_ids(self.model, tokenizer)
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_token_ids)
+        self.weight_version = 0
+        self.stats = EngineStats()
+        self._rng = torch.Generator().manual_seed(self.config.seed)
+
+        self._cond = threading.Condition()  # guards _queue, _active, _closing
+        self._queue: collections.deque[_Request] = collections.deque()
+        self._active: dict[str, _Request] = {}  # rid -> request, queued or running
+        self._closing = False
+        self._weights_lock = threading.Lock()  # held by the worker for each step
+        self._pause_waiters = 0
+        self._batch = _Batch()  # worker-only
+        self._worker = threading.Thread(target=self._work, name="sampling-engine", daemon=True)
+        self._worker.start()
+
+    @classmethod
+    def from_pretrained(cls, model_dir, config: EngineConfig | None = None) -> SamplingEngine:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        config = config or EngineConfig()
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, config.dtype))
+        return cls(model, tokenizer, config)
+
+    # ----- public API -------------------------------------------------------------------------
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams | None = None, rid: str | None = None):
+        """Queue a request; returns a concurrent.futures.Future[Generation]."""
+        params = params or SamplingParams()
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if len(prompt_ids) >= self.context_length:
+            raise ValueError(
+                f"the prompt has {len(prompt_ids)} tokens; this model's maximum context length is "
+                f"{self.context_length} tokens"
+            )
+        vocab_size = self.model.get_input_embeddings().num_embeddings
+        if max(prompt_ids) >= vocab_size or min(prompt_ids) < 0:
+            raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
+        stop_ids = frozenset() if params.ignore_eos else self.eos_token_ids | frozenset(params.stop_token_ids)
+        seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))
+        request = _Request(rid or uuid.uuid4().hex, prompt_ids, params, stop_ids, torch.Generator().manual_seed(seed))
+        with self._cond:
+            if self._closing:
+                raise RuntimeError("the engine is closed")
+            if request.rid in self._active:
+                raise ValueError(f"a request with rid {request.rid!r} is already running")
+            self._active[request.rid] = request
+            self.stats.requests += 1
+            if params.max_new_tokens == 0:
+                self._finish_unstarted(request, {"type": "length", "length": 0})
+            else:
+                self._queue.append(request)
+                self._cond.notify_all()
+        return request.future
+
+    def generate(self, prompt_ids, params=None, rid=None, timeout: float | None = None) -> Generation:
+        """Blocking submit-and-wait."""
+        return self.submit(prompt_ids, params, rid).result(timeout)
+
+    async def agenerate(self, prompt_ids, params=None, rid=None) -> Generation:
+        """Submit and await; cancelling the awaiting task aborts the request."""
+        rid = rid or uuid.uuid4().hex
+        future = self.submit(prompt_ids, params, rid)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            self.abort(rid)
+            raise
+
+    def abort(self, rid: str) -> bool:
+        """End a queued or running request with finish_reason abort (keeping its tokens so far)."""
+        with self._cond:
+            request = self._active.get(rid)
+            if request is None:
+                return False
+            self._abort_locked(request)
+            return True
+
+    def abort_all(self) -> int:
+        with self._cond:
+            requests = list(self._active.values())
+            for request in requests:
+                self._abort_locked(request)
+            return len(requests)
+
+    def num_pending(self) -> tuple[int, int]:
+        """(running rows, queued requests)."""
+        with self._cond:
+            queued = len(self._queue)
+            return len(self._active) - queued, queued
+
+    def update_model(self, model) -> int:
+        """Serve `model` from the next step on; returns the new weight version."""
+        model = self._prepare(model)
+        with self.paused():
+            self.model = model
+            self.weight_version += 1
+            return self.weight_version
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Hold the engine between two steps (e.g. while editing weights in place)."""
+        with self._cond:
+            self._pause_waiters += 1
+        try:
+            with self._weights_lock:
+                yield self
+        finally:
+            with self._cond:
+                self._pause_waiters -= 1
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """Abort everything still pending and stop the worker thread."""
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            for request in list(self._active.values()):
+                self._abort_locked(request)
+            self._cond.notify_all()
+        self._worker.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ----- worker -----------------------------------------------------------------------------
+
+    def _prepare(self, model):
+        return model.to(device=self.device, dtype=self.dtype).eval()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closing and not self._queue and not self._batch.rows:
+                    self._cond.wait()
+                if self._closing and not self._batch.rows:
+                    return
+                idle = not self._batch.rows
+            if idle and self.config.batch_window_s > 0:
+                time.sleep(self.config.batch_window_s)  # let simultaneous arrivals share a prefill
+            while self._pause_waiters:  # the lock is not fair: step aside for a waiting trainer
+                time.sleep(0.001)
+            with self._weights_lock:
+                try:
+                    self._step()
+                except Exception as error:  # a failed forward pass must not hang the callers
+                    self._fail_running(error)
+
+    def _step(self) -> None:
+        with self._cond:
+            room = self.config.max_batch_size - len(self._batch.rows)
+            admitted = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
+        with torch.inference_mode():
+            if admitted:
+                self._admit(admitted)
+            self._retire()
+            if self._batch.rows:
+                self._decode_step()
+                self._retire()
+
+    def _admit(self, requests: list[_Request]) -> None:
+        """Prefill `requests` together (left-padded) and merge them into the running batch."""
+        self._batch.rows_pending_prefill = requests
+        width = max(len(r.prompt_ids) for r in requests)
+        input_ids = torch.full((len(requests), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for i, request in enumerate(requests):
+            input_ids[i, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
+            mask[i, width - len(request.prompt_ids) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits, cache = self._forward(input_ids, mask, positions, past=None)
+        self.stats.prefills += 1
+        kv = _cache_tensors(cache)
+        # Pad slots hold garbage from fully masked attention rows; zero them so they can never leak.
+        pad = (mask == 0)[:, None, :, None].to(self.device)
+        kv = [(k.masked_fill(pad, 0), v.masked_fill(pad, 0)) for k, v in kv]
+        new = _Batch(requests, kv, mask, positions[:, -1] + 1)
+        self._sample(new, logits)
+        self._batch = self._batch.merge(new)
+        self._batch.rows_pending_prefill = []
+
+    def _decode_step(self) -> None:
+        batch = self._batch
+        rows = len(batch.rows)
+        mask = torch.cat([batch.mask, torch.ones((rows, 1), dtype=torch.long)], dim=1)
+        last = torch.tensor([r.output_ids[-1] for r in batch.rows], dtype=torch.long)[:, None]
+        logits, cache = self._forward(last, mask, batch.next_pos[:, None], past=batch.cache)
+        batch.cache, batch.mask, batch.next_pos = cache, mask, batch.next_pos + 1
+        self.stats.decode_steps += 1
+        self.stats.rows_per_decode_step[rows] += 1
+        self._sample(batch, logits)
+
+    def _forward(self, input_ids, mask, positions, past):
+        from transformers import DynamicCache
+
+        out = self.model(
+            input_ids=input_ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device),
+            past_key_values=past if past is not None else DynamicCache(),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :].float().cpu(), out.past_key_values
+
+    def _sample(self, batch: _Batch, logits: torch.Tensor) -> None:
+        """Pick each row's next token, record its logprob, and decide whether the row is done."""
+        rows = batch.rows
+        temperatures = torch.tensor([r.params.temperature for r in rows], dtype=torch.float32)
+        greedy = temperatures == 0
+        scaled = logits / torch.where(greedy, torch.ones_like(temperatures), temperatures)[:, None]
+        logprobs = torch.log_softmax(scaled, dim=-1)  # reported: before any truncation
+        # Each row draws its noise from its own generator: a seeded request's draws do not
+        # depend on what else shares the batch.
+        exponentials = torch.empty_like(logprobs)
+        for i, request in enumerate(rows):
+            exponentials[i].exponential_(generator=request.generator)
+        top_k = torch.tensor([r.params.top_k for r in rows], dtype=torch.long)
+        top_p = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32)
+        tokens = _sample_tokens(logprobs, top_k, top_p, exponentials)
+        tokens = torch.where(greedy, logprobs.argmax(-1), tokens)
+        token_logprobs = logprobs.gather(-1, tokens[:, None])[:, 0]
+        for request, token, logprob in zip(rows, tokens.tolist(), token_logprobs.tolist()):
+            request.output_ids.append(token)
+            request.logprobs.append(logprob)
+            request.finish_reason = self._finish_check(request)
+        self.stats.generated_tokens += len(rows)
+
+    def _finish_check(self, request: _Request) -> dict[str, Any] | None:
+        token = request.output_ids[-1]
+        # A stop token at the last allowed position still ends the turn: report stop, not length.
+        if token in request.stop_token_ids:
+            return {"type": "stop", "matched": token}
+        if request.params.stop:
+            tail = self.tokenizer.decode(request.output_ids[-request.stop_window :], skip_special_tokens=False)
+            for stop in request.params.stop:
+                if stop in tail:
+                    return {"type": "stop", "matched": stop}
+        if len(request.output_ids) >= request.params.max_new_tokens:
+            return {"type": "length", "length": len(request.output_ids)}
+        if len(request.prompt_ids) + len(request.output_ids) >= self.context_length:
+            return {"type": "length", "length": len(request.output_ids)}
+        return None
+
+    def _retire(self) -> None:
+        """Resolve finished or aborted rows and drop them from the batch."""
+        batch = self._batch
+        with self._cond:
+            for request in batch.rows:
+                if request.abort_requested and request.finish_reason is None:
+                    request.finish_reason = _abort_reason()
+        keep = [i for i, r in enumerate(batch.rows) if r.finish_reason is None]
+        if len(keep) == len(batch.rows):
+            return
+        for request in batch.rows:
+            if request.finish_reason is not None:
+                self._resolve(request)
+        self._batch = batch.select(keep)
+
+    def _resolve(self, request: _Request) -> None:
+        generation = Generation(
+            rid=request.rid,
+            prompt_ids=request.prompt_ids,
+            output_ids=list(request.output_ids),
+            logprobs=list(request.logprobs),
+            finish_reason=request.finish_reason,
+            text=self._text(request),
+            weight_version=self.weight_version,
+            latency_s=time.monotonic() - request.submitted_at,
+        )
+        with self._cond:
+            self._active.pop(request.rid, None)
+        if not request.future.done():
+            request.future.set_result(generation)
+
+    def _text(self, request: _Request) -> str:
+        params, reason, ids = request.params, request.finish_reason, request.output_ids
+        matched = reason.get("matched")
+        if reason["type"] == "stop" and isinstance(matched, int) and not params.no_stop_trim:
+            ids = ids[:-1]
+        text = self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
+        if reason["type"] == "stop" and isinstance(matched, str) and not params.no_stop_trim:
+            cut = text.find(matched)
+            text = text[:cut] if cut >= 0 else text
+        return text
+
+    def _abort_locked(self, request: _Request) -> None:
+        """Abort under self._cond: a queued request ends now, a running one at the next step."""
+        if request in self._queue:
+            self._queue.remove(request)
+            self._finish_unstarted(request, _abort_reason())
+        else:
+            request.abort_requested = True
+
+    def _finish_unstarted(self, request: _Request, reason: dict[str, Any]) -> None:
+        request.finish_reason = reason
+        self._active.pop(request.rid, None)
+        request.future.set_result(
+            Generation(request.rid, request.prompt_ids, [], [], reason, "", self.weight_version, 0.0)
+        )
+
+    def _fail_running(self, error: Exception) -> None:
+        failed = self._batch.rows + self._batch.rows_pending_prefill
+        self._batch = _Batch()
+        with self._cond:
+            for request in failed:
+                self._active.pop(request.rid, None)
+        for request in failed:
+            if not request.future.done():
+                request.future.set_exception(error)
+
+
+class _Batch:
+    """The running rows and their shared, left-padded KV cache (worker-only state)."""
+
+    def __init__(self, rows=(), kv=None, mask=None, next_pos=None):
+        self.rows: list[_Request] = list(rows)
+        self.rows_pending_prefill: list[_Request] = []  # admitted, not yet merged (failure cleanup)
+        self.cache = _make_cache(kv) if kv is not None else None
+        self.mask = mask if mask is not None else torch.zeros((0, 0), dtype=torch.long)
+        self.next_pos = next_pos if next_pos is not None else torch.zeros(0, dtype=torch.long)
+
+    def merge(self, other: _Batch) -> _Batch:
+        """Stack two batches, left-padding the shorter cache with masked zeros."""
+        if not self.rows:
+            return other
+        width = max(self.mask.shape[1], other.mask.shape[1])
+        kv = [
+            (torch.cat([_left_pad(k1, width), _left_pad(k2, width)]), torch.cat([_left_pad(v1, width), _left_pad(v2, width)]))
+            for (k1, v1), (k2, v2) in zip(_cache_tensors(self.cache), _cache_tensors(other.cache))
+        ]
+        mask = torch.cat([_left_pad(self.mask, width, dim=1), _left_pad(other.mask, width, dim=1)])
+        return _Batch(self.rows + other.rows, kv, mask, torch.cat([self.next_pos, other.next_pos]))
+
+    def select(self, keep: list[int]) -> _Batch:
+        """Keep rows `keep`, dropping cache columns that are padding for all of them."""
+        if not keep:
+            return _Batch()
+        index = torch.tensor(keep, dtype=torch.long)
+        mask = self.mask[index]
+        start = int((mask.sum(0) > 0).nonzero()[0])
+        kv = [(k[index.to(k.device), :, start:], v[index.to(v.device), :, start:]) for k, v in _cache_tensors(self.cache)]
+        return _Batch([self.rows[i] for i in keep], kv, mask[:, start:], self.next_pos[index])
+
+
+def _sample_tokens(logprobs, top_k, top_p, exponentials) -> torch.Tensor:
+    """Sample one token per row after top-k then top-p truncation, by the exponential race.
+
+    logprobs [B, V]; top_k [B] (<= 0: off); top_p [B] (1: off); exponentials [B, V] ~ Exp(1).
+    argmax(p_i / E_i) is a sample from p (Gumbel-max). Unlike inverse-CDF sampling, a ~1e-6
+    change in the logits (another batch shape) almost never changes the winner, so a seeded
+    request samples the same tokens whatever shares its batch.
+    """
+    scores = logprobs - exponentials.log()
+    truncated = ((top_k > 0) | (top_p < 1)).nonzero()[:, 0]
+    if len(truncated):
+        k = top_k[truncated]
+        # Only the k most likely tokens can survive; a full sort (slow on CPU) only for top-p alone.
+        width = logprobs.shape[-1] if bool((k <= 0).any()) else min(int(k.max()), logprobs.shape[-1])
+        sorted_probs, order = logprobs[truncated].exp().topk(width, dim=-1)
+        keep = (k[:, None] <= 0) | (torch.arange(width)[None, :] < k[:, None])
+        kept = sorted_probs * keep
+        # Drop a token once the mass before it reaches top_p of the top-k mass (the first is kept).
+        keep &= (kept.cumsum(-1) - kept) < top_p[truncated, None] * kept.sum(-1, keepdim=True)
+        allowed = torch.zeros((len(truncated), logprobs.shape[-1]), dtype=torch.bool).scatter_(-1, order, keep)
+        scores[truncated] = scores[truncated].masked_fill(~allowed, float("-inf"))
+    return scores.argmax(-1)
+
+
+def _eos_token_ids(model, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        ids.update([value] if isinstance(value, int) else value or [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)
+
+
+def _abort_reason() -> dict[str, Any]:
+    return {"type": "abort", "message": "aborted by request"}
+
+
+def _cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    # Iterating a DynamicCache yields (keys, values[, sliding window]) per layer.
+    return [(layer[0], layer[1]) for layer in cache]
+
+
+def _make_cache(kv):
+    from transformers import DynamicCache
+
+    return DynamicCache(kv)
+
+
+def _left_pad(t: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:
+    missing = width - t.shape[dim]
+    if missing == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)

@@ -1,0 +1,350 @@
+"""An HTTP policy server that speaks SGLang's protocol, over the batching SamplingEngine.
+
+It stands in for the SGLang server (and router) SLiME talks to, so the whole chain runs on a
+laptop or in tests, and it is the server the local trainer uses to serve its updated weights.
+
+Endpoints:
+    POST /generate              SGLang native: input_ids (or text), sampling_params, return_logprob,
+                                rid -> text, output_ids, meta_info (output_token_logprobs,
+                                finish_reason, prompt/completion tokens, weight_version)
+    POST /v1/chat/completions   OpenAI chat, with vLLM's token fields (top-level prompt_token_ids,
+                                per-choice token_ids when return_token_ids) and logprobs.content,
+                                which is what Harbor's LiteLLM client reads for rollout details
+    POST /abort_request         {"rid": ...} or {"abort_all": true}
+    GET  /health, /health_generate, /v1/models, /v1/loads
+
+Run it with `serve(model_dir)` (blocking, the CLI's `slime-harbor serve`) or in-process with
+`EmbeddedPolicyServer(model_dir)` (a background thread on a free loopback port).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from slime_harbor.engine import EngineConfig, SamplingEngine, SamplingParams
+
+# SGLang sampling params we accept without implementing, with the value that makes them no-ops.
+# Any other value would change the distribution the logprobs are reported for, so it is refused.
+_NEUTRAL_PARAMS = {
+    "n": 1,
+    "min_p": 0.0,
+    "min_new_tokens": 0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+}
+# SGLang params that only shape the reply format; accepted and ignored.
+_IGNORED_PARAMS = {"spaces_between_special_tokens", "custom_params", "logit_bias"}
+
+
+class BadRequest(ValueError):
+    """A request the server refuses with HTTP 400."""
+
+
+class PolicyServer:
+    """The FastAPI app over one SamplingEngine (`.app`)."""
+
+    def __init__(self, engine: SamplingEngine, model_name: str = "tiny-qwen3"):
+        self.engine = engine
+        self.model_name = model_name
+        self.app = FastAPI(title="slime-harbor policy server")
+        self.app.exception_handler(BadRequest)(self._bad_request)
+        self.app.exception_handler(ValueError)(self._bad_request)  # e.g. the engine refusing a prompt
+        routes = [
+            ("POST", "/generate", self.generate),
+            ("POST", "/v1/chat/completions", self.chat_completions),
+            ("POST", "/abort_request", self.abort_request),
+            ("GET", "/health", self.health),
+            ("GET", "/health_generate", self.health_generate),
+            ("GET", "/v1/models", self.models),
+            ("GET", "/v1/loads", self.loads),
+        ]
+        for method, path, handler in routes:
+            self.app.add_api_route(path, handler, methods=[method])
+
+    # ----- SGLang native ----------------------------------------------------------------------
+
+    async def generate(self, request: Request) -> dict[str, Any]:
+        body = await _json(request)
+        if body.get("stream"):
+            raise BadRequest("streaming is not supported")
+        if "input_ids" in body:
+            prompt_ids = body["input_ids"]
+            if not isinstance(prompt_ids, list) or not all(isinstance(t, int) for t in prompt_ids):
+                raise BadRequest("input_ids must be one list of ints (batched requests are not supported)")
+        elif isinstance(body.get("text"), str):
+            prompt_ids = self.engine.tokenizer.encode(body["text"], add_special_tokens=False)
+        else:
+            raise BadRequest("give input_ids (a list of ints) or text (a string)")
+        params = sglang_sampling_params(body.get("sampling_params") or {})
+        generation = await self.engine.agenerate(prompt_ids, params, rid=body.get("rid"))
+        meta_info: dict[str, Any] = {
+            "id": generation.rid,
+            "finish_reason": generation.finish_reason,
+            "prompt_tokens": len(generation.prompt_ids),
+            "completion_tokens": len(generation.output_ids),
+            "cached_tokens": 0,
+            "weight_version": str(generation.weight_version),
+            "e2e_latency": generation.latency_s,
+        }
+        if body.get("return_logprob"):
+            meta_info["output_token_logprobs"] = [
+                [logprob, token, None] for logprob, token in zip(generation.logprobs, generation.output_ids)
+            ]
+        return {"text": generation.text, "output_ids": generation.output_ids, "meta_info": meta_info}
+
+    async def abort_request(self, request: Request) -> dict[str, Any]:
+        body = await _json(request)
+        if body.get("abort_all"):
+            return {"aborted": self.engine.abort_all()}
+        if not body.get("rid"):
+            raise BadRequest('give "rid" or "abort_all": true')
+        return {"aborted": int(self.engine.abort(str(body["rid"])))}
+
+    # ----- OpenAI chat ------------------------------------------------------------------------
+
+    async def chat_completions(self, request: Request) -> dict[str, Any]:
+        body = await _json(request)
+        if body.get("stream"):
+            raise BadRequest("streaming is not supported")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list")
+        tokenizer = self.engine.tokenizer
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+        context = self.engine.context_length
+        if len(prompt_ids) >= context:
+            # vLLM's wording: Harbor (LiteLLM) recognises it as a context-length error.
+            raise BadRequest(
+                f"This model's maximum context length is {context} tokens. However, your request has "
+                f"{len(prompt_ids)} input tokens. Please reduce the length of the input messages."
+            )
+        params = openai_sampling_params(body, default_max_tokens=context - len(prompt_ids))
+        generation = await self.engine.agenerate(prompt_ids, params)
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": generation.text},
+            "finish_reason": generation.finish_reason["type"],
+            "stop_reason": generation.finish_reason.get("matched"),
+            "logprobs": None,
+        }
+        if body.get("logprobs"):
+            choice["logprobs"] = {"content": [self._logprob_entry(t, lp) for t, lp in zip(generation.output_ids, generation.logprobs)]}
+        reply: dict[str, Any] = {
+            "id": f"chatcmpl-{generation.rid}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": len(generation.output_ids),
+                "total_tokens": len(prompt_ids) + len(generation.output_ids),
+            },
+        }
+        if body.get("return_token_ids"):
+            reply["prompt_token_ids"] = generation.prompt_ids
+            choice["token_ids"] = generation.output_ids
+        return reply
+
+    def _logprob_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        raw = _token_bytes(self.engine.tokenizer, token_id)
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw), "top_logprobs": []}
+
+    # ----- status -----------------------------------------------------------------------------
+
+    async def health(self) -> Response:
+        return Response(status_code=200)
+
+    async def health_generate(self) -> Response:
+        """Healthy only if the engine can actually produce a token."""
+        await self.engine.agenerate([self.engine.pad_token_id], SamplingParams(max_new_tokens=1, ignore_eos=True))
+        return Response(status_code=200)
+
+    async def models(self) -> dict[str, Any]:
+        model = {
+            "id": self.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "slime-harbor",
+            "max_model_len": self.engine.context_length,
+        }
+        return {"object": "list", "data": [model]}
+
+    async def loads(self) -> dict[str, Any]:
+        running, queued = self.engine.num_pending()
+        return {"num_running_reqs": running, "num_waiting_reqs": queued}
+
+    async def _bad_request(self, request: Request, error: Exception) -> JSONResponse:
+        return JSONResponse(status_code=400, content={"error": {"message": str(error), "type": "BadRequestError", "code": 400}})
+
+
+def sglang_sampling_params(raw: dict[str, Any]) -> SamplingParams:
+    """SGLang's `sampling_params` dict -> SamplingParams (400 on anything not supported)."""
+    raw = dict(raw)
+    _check_neutral(raw)
+    for key in _IGNORED_PARAMS:
+        raw.pop(key, None)
+    if "sampling_seed" in raw:
+        raw["seed"] = raw.pop("sampling_seed")
+    known = SamplingParams.__dataclass_fields__
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise BadRequest(f"unsupported sampling params: {unknown}")
+    return _sampling_params({k: v for k, v in raw.items() if v is not None})
+
+
+def openai_sampling_params(body: dict[str, Any], default_max_tokens: int) -> SamplingParams:
+    """An OpenAI chat request (plus vLLM's extras: top_k, ignore_eos, ...) -> SamplingParams."""
+    _check_neutral(body)
+    if body.get("top_logprobs"):
+        raise BadRequest("top_logprobs is not supported")
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or default_max_tokens
+    params: dict[str, Any] = {"max_new_tokens": max_tokens}
+    for key in ("temperature", "top_p", "top_k", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "seed"):
+        if body.get(key) is not None:
+            params[key] = body[key]
+    return _sampling_params(params)
+
+
+def _sampling_params(values: dict[str, Any]) -> SamplingParams:
+    try:
+        return SamplingParams(**values)
+    except (TypeError, ValueError) as error:
+        raise BadRequest(str(error)) from error
+
+
+def _check_neutral(raw: dict[str, Any]) -> None:
+    for key, neutral in _NEUTRAL_PARAMS.items():
+        value = raw.pop(key, None)
+        if value is not None and value != neutral:
+            raise BadRequest(f"{key}={value!r} is not supported (only {neutral!r})")
+
+
+async def _json(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError as error:
+        raise BadRequest(f"the body is not JSON: {error}") from error
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
+
+
+@lru_cache(maxsize=None)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: the printable stand-in character -> its byte."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+def _token_bytes(tokenizer, token_id: int) -> bytes:
+    """The exact bytes one token stands for (a byte-level token may hold part of a character)."""
+    piece = tokenizer.convert_ids_to_tokens(token_id)
+    if token_id in tokenizer.all_special_ids:
+        return piece.encode()
+    decoder = _byte_decoder()
+    if all(ch in decoder for ch in piece):
+        return bytes(decoder[ch] for ch in piece)
+    return tokenizer.decode([token_id]).encode()  # not a byte-level vocab
+
+
+def load_engine(model_dir: str | Path, engine_config: EngineConfig | None = None) -> SamplingEngine:
+    import torch
+
+    # The engine shares the machine with agents and sandboxes: keep torch's threads modest.
+    torch.set_num_threads(min(torch.get_num_threads(), 2))
+    return SamplingEngine.from_pretrained(model_dir, engine_config)
+
+
+class EmbeddedPolicyServer:
+    """A PolicyServer on a background thread, on a free loopback port; started on construction.
+
+    Give `model_dir` to load a model (the server then owns and closes its engine) or `engine` to
+    serve one the caller keeps (e.g. a trainer that updates its weights).
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path | None = None,
+        *,
+        engine: SamplingEngine | None = None,
+        engine_config: EngineConfig | None = None,
+        model_name: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ):
+        import uvicorn
+
+        if (model_dir is None) == (engine is None):
+            raise ValueError("give exactly one of model_dir and engine")
+        self._owns_engine = engine is None
+        self.engine = engine or load_engine(model_dir, engine_config)
+        name = model_name or (Path(model_dir).name if model_dir else "policy")
+        self.policy = PolicyServer(self.engine, name)
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))
+        self.host, self.port = self._socket.getsockname()[:2]
+        self.url = f"http://{self.host}:{self.port}"
+        config = uvicorn.Config(self.policy.app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, name=f"policy-server-{self.port}", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the embedded policy server did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        """Abort pending requests, stop the HTTP thread, and close the engine if it is ours."""
+        self.engine.abort_all()  # in-flight handlers return at once, so shutdown does not wait
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+        self._socket.close()
+        if self._owns_engine:
+            self.engine.close()
+
+    def __enter__(self) -> EmbeddedPolicyServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def serve(
+    model_dir: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    engine_config: EngineConfig | None = None,
+    model_name: str | None = None,
+) -> None:
+    """Serve `model_dir` until interrupted (Ctrl-C / SIGTERM)."""
+    import uvicorn
+
+    engine = load_engine(model_dir, engine_config)
+    try:
+        policy = PolicyServer(engine, model_name or Path(model_dir).name)
+        uvicorn.run(policy.app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
+    finally:
+        engine.close()

@@ -1,0 +1,247 @@
+"""The batching sampler: logprobs a trainer can recompute, sampling settings, stops, aborts, weights."""
+
+import threading
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from slime_harbor.engine import EngineConfig, SamplingEngine, SamplingParams
+from slime_harbor.tiny_model import IM_END, TinyModelConfig, build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture
+def engine(tiny_model_dir):
+    with SamplingEngine.from_pretrained(tiny_model_dir) as engine:
+        yield engine
+
+
+def prompts(tokenizer):
+    texts = ["ls", "THOUGHT: I need to look at the files first.", "Task: count the lines\n$ wc -l data.csv", "x" * 70]
+    return [tokenizer.encode(t) for t in texts]
+
+
+def wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.002)
+
+
+def recomputed_logprobs(model, generation, temperature):
+    """What the trainer computes: log_softmax(model(tokens).logits / T), one forward pass, no padding."""
+    tokens = torch.tensor([generation.prompt_ids + generation.output_ids])
+    with torch.no_grad():
+        logits = model(tokens).logits[0].float()
+    logprobs = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+    start = len(generation.prompt_ids) - 1
+    targets = torch.tensor(generation.output_ids)
+    return logprobs[start : start + len(targets)], targets
+
+
+def test_batched_logprobs_match_one_forward_pass(engine, model, tokenizer):
+    params = SamplingParams(temperature=0.7, top_k=20, top_p=0.8, max_new_tokens=40, ignore_eos=True)
+    futures = [engine.submit(p, params) for p in prompts(tokenizer)]
+    wait_for(lambda: engine.stats.decode_steps >= 2)
+    # A late request joins the running batch: KV caches of different lengths are merged.
+    futures.append(engine.submit(tokenizer.encode("echo late joiner"), params))
+    generations = [f.result(timeout=60) for f in futures]
+
+    assert engine.stats.prefills == 2
+    assert engine.stats.rows_per_decode_step[5] > 0
+    for generation in generations:
+        assert len(generation.output_ids) == len(generation.logprobs) == 40
+        full, targets = recomputed_logprobs(model, generation, params.temperature)
+        recomputed = full.gather(-1, targets[:, None])[:, 0]
+        assert (recomputed - torch.tensor(generation.logprobs)).abs().mean() < 1e-4
+        # Sampling was truncated: every token is among the top 20 and inside the top-0.8 nucleus.
+        ranks = (full > full.gather(-1, targets[:, None])).sum(-1)
+        assert (ranks < 20).all()
+        sorted_probs = full.exp().sort(-1, descending=True).values
+        mass_before = sorted_probs.cumsum(-1).gather(-1, ranks[:, None])[:, 0] - recomputed.exp()
+        assert (mass_before < 0.8 + 1e-4).all()
+        # ...but the reported logprob is the untruncated one: truncation would raise it.
+        assert (torch.tensor(generation.logprobs) <= 1e-6).all()
+        assert any(lp < -1.0 for lp in generation.logprobs)
+
+
+def test_temperature_zero_is_greedy_with_raw_logprobs(engine, model, tokenizer):
+    generation = engine.generate(prompts(tokenizer)[1], SamplingParams(temperature=0, max_new_tokens=20, ignore_eos=True))
+    full, targets = recomputed_logprobs(model, generation, 0)
+    assert targets.tolist() == full.argmax(-1).tolist()
+    assert torch.allclose(full.gather(-1, targets[:, None])[:, 0], torch.tensor(generation.logprobs), atol=1e-4)
+
+
+def test_high_temperature_logprobs_use_scaled_logits(engine, model, tokenizer):
+    generation = engine.generate(prompts(tokenizer)[2], SamplingParams(temperature=2.0, max_new_tokens=20, ignore_eos=True))
+    scaled, targets = recomputed_logprobs(model, generation, 2.0)
+    unscaled, _ = recomputed_logprobs(model, generation, 1.0)
+    reported = torch.tensor(generation.logprobs)
+    assert (scaled.gather(-1, targets[:, None])[:, 0] - reported).abs().mean() < 1e-4
+    assert (unscaled.gather(-1, targets[:, None])[:, 0] - reported).abs().mean() > 0.1
+
+
+def test_seed_fixes_the_sample_whatever_shares_the_batch(engine, tokenizer):
+    prompt = prompts(tokenizer)[1]
+    seeded = SamplingParams(temperature=1.0, max_new_tokens=30, ignore_eos=True, seed=1234)
+    alone = engine.generate(prompt, seeded)
+    crowd = [engine.submit(p, SamplingParams(max_new_tokens=30, ignore_eos=True)) for p in prompts(tokenizer)]
+    batched = engine.submit(prompt, seeded)
+    assert batched.result(timeout=60).output_ids == alone.output_ids
+    unseeded = [f.result(timeout=60).output_ids for f in crowd]
+    assert engine.generate(prompt, SamplingParams(max_new_tokens=30, ignore_eos=True, seed=99)).output_ids != alone.output_ids
+    assert len({tuple(ids) for ids in unseeded}) == len(unseeded)
+
+
+def test_stop_token_is_kept_in_ids_and_trimmed_from_text(engine, tokenizer):
+    prompt = prompts(tokenizer)[2]
+    greedy = engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True)).output_ids
+    stop_id = greedy[3]
+    cut = greedy.index(stop_id) + 1
+    params = SamplingParams(temperature=0, max_new_tokens=10, stop_token_ids=[stop_id])
+    generation = engine.generate(prompt, params)
+    assert generation.output_ids == greedy[:cut]
+    assert generation.finish_reason == {"type": "stop", "matched": stop_id}
+    assert generation.text == tokenizer.decode(greedy[: cut - 1])
+    kept = engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=10, stop_token_ids=[stop_id], no_stop_trim=True))
+    assert kept.text == tokenizer.decode(greedy[:cut])
+    ignored = engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=10, stop_token_ids=[stop_id], ignore_eos=True))
+    assert ignored.output_ids == greedy and ignored.finish_reason["type"] == "length"
+
+
+def test_eos_ends_the_turn(tiny_model_dir, tokenizer):
+    # Make <|im_end|> the greedy choice: give it a copy of the greedy token's output row, a bit longer.
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    prompt = prompts(tokenizer)[1]
+    with torch.no_grad():
+        first = int(model(torch.tensor([prompt])).logits[0, -1].argmax())
+        head = model.get_output_embeddings().weight.detach().clone()
+        assert float(model(torch.tensor([prompt])).logits[0, -1, first]) > 0
+        head[tokenizer.eos_token_id] = head[first] * 1.5
+        model.lm_head.weight = torch.nn.Parameter(head)  # untied from the input embeddings
+    with SamplingEngine(model, tokenizer) as engine:
+        generation = engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=8))
+        assert generation.output_ids == [tokenizer.eos_token_id]
+        assert generation.finish_reason == {"type": "stop", "matched": tokenizer.eos_token_id}
+        assert generation.text == ""
+        raw = engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=8, no_stop_trim=True, skip_special_tokens=False))
+        assert raw.text == IM_END
+        ignored = engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True))
+        assert ignored.finish_reason["type"] == "length" and len(ignored.output_ids) == 8
+
+
+def test_stop_string_ends_generation(engine, tokenizer):
+    prompt = prompts(tokenizer)[0]
+    greedy = dict(temperature=0, max_new_tokens=16, ignore_eos=True, skip_special_tokens=False)
+    full = engine.generate(prompt, SamplingParams(**greedy))
+    text = tokenizer.decode(full.output_ids)
+    # A stop string made of the text of tokens 6 and 7 (checked not to occur earlier).
+    stop = tokenizer.decode(full.output_ids[6:8])
+    assert stop and stop not in tokenizer.decode(full.output_ids[:6]) + stop[:-1]
+    generation = engine.generate(prompt, SamplingParams(**greedy, stop=[stop]))
+    assert generation.finish_reason == {"type": "stop", "matched": stop}
+    assert generation.output_ids == full.output_ids[: len(generation.output_ids)]
+    assert len(generation.output_ids) <= 8
+    assert generation.text == text[: text.index(stop)]
+    kept = engine.generate(prompt, SamplingParams(**greedy, stop=stop, no_stop_trim=True))
+    assert kept.text == tokenizer.decode(generation.output_ids) and kept.text.endswith(stop)
+
+
+def test_length_limits(tiny_model_dir, tokenizer):
+    prompt = prompts(tokenizer)[1]
+    with SamplingEngine.from_pretrained(tiny_model_dir, EngineConfig(context_length=len(prompt) + 5)) as engine:
+        generation = engine.generate(prompt, SamplingParams(max_new_tokens=100, ignore_eos=True))
+        assert len(generation.output_ids) == 5
+        assert generation.finish_reason == {"type": "length", "length": 5}
+        with pytest.raises(ValueError, match="maximum context length"):
+            engine.submit(prompt + [1] * 5)
+        capped = engine.generate(prompt, SamplingParams(max_new_tokens=3, ignore_eos=True))
+        assert len(capped.output_ids) == 3 and capped.finish_reason["type"] == "length"
+        nothing = engine.generate(prompt, SamplingParams(max_new_tokens=0))
+        assert nothing.output_ids == [] and nothing.finish_reason["type"] == "length"
+        with pytest.raises(ValueError):
+            engine.submit([])
+
+
+def test_abort_running_and_queued_requests(tiny_model_dir, tokenizer):
+    endless = SamplingParams(max_new_tokens=10**6, ignore_eos=True)
+    with SamplingEngine.from_pretrained(tiny_model_dir, EngineConfig(max_batch_size=1)) as engine:
+        running = engine.submit(prompts(tokenizer)[0], endless, rid="running")
+        queued = engine.submit(prompts(tokenizer)[1], endless, rid="queued")
+        wait_for(lambda: engine.stats.decode_steps >= 3)
+        assert engine.num_pending() == (1, 1)
+        assert engine.abort("queued")
+        aborted = queued.result(timeout=5)
+        assert aborted.finish_reason["type"] == "abort" and aborted.output_ids == []
+        assert engine.abort("running")
+        partial = running.result(timeout=5)
+        assert partial.finish_reason["type"] == "abort"
+        assert len(partial.output_ids) == len(partial.logprobs) > 0
+        assert not engine.abort("running")  # already gone
+        futures = [engine.submit(p, endless) for p in prompts(tokenizer)]
+        assert engine.abort_all() == len(futures)
+        assert all(f.result(timeout=5).finish_reason["type"] == "abort" for f in futures)
+        assert engine.num_pending() == (0, 0)
+
+
+def test_duplicate_rid_is_refused(engine, tokenizer):
+    engine.submit(prompts(tokenizer)[0], SamplingParams(max_new_tokens=10**6, ignore_eos=True), rid="same")
+    with pytest.raises(ValueError, match="already running"):
+        engine.submit(prompts(tokenizer)[0], rid="same")
+    engine.abort("same")
+
+
+def test_update_model_swaps_weights_between_steps(engine, tmp_path, tokenizer):
+    prompt = prompts(tokenizer)[1]
+    greedy = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
+    before = engine.generate(prompt, greedy)
+    other = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path, seed=7), dtype=torch.float32)
+    with SamplingEngine(other, tokenizer) as reference:
+        expected = reference.generate(prompt, greedy).output_ids
+    assert engine.update_model(other) == 1
+    after = engine.generate(prompt, greedy)
+    assert after.output_ids == expected != before.output_ids
+    assert (before.weight_version, after.weight_version) == (0, 1)
+
+
+def test_paused_engine_makes_no_progress(engine, tokenizer):
+    with engine.paused():
+        future = engine.submit(prompts(tokenizer)[0], SamplingParams(max_new_tokens=5))
+        time.sleep(0.2)
+        assert not future.done()
+    assert len(future.result(timeout=10).output_ids) > 0
+
+
+def test_close_aborts_pending_work_and_stops_the_thread(tiny_model_dir, tokenizer):
+    before = set(threading.enumerate())
+    engine = SamplingEngine.from_pretrained(tiny_model_dir)
+    future = engine.submit(prompts(tokenizer)[0], SamplingParams(max_new_tokens=10**6, ignore_eos=True))
+    wait_for(lambda: engine.stats.decode_steps >= 2)
+    engine.close()
+    assert future.result(timeout=1).finish_reason["type"] == "abort"
+    assert set(threading.enumerate()) <= before
+    with pytest.raises(RuntimeError):
+        engine.submit(prompts(tokenizer)[0])
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(engine, tmp_path, tokenizer):
+    # Swapping in a model with another KV shape mid-generation breaks the running rows' cache.
+    running = engine.submit(prompts(tokenizer)[0], SamplingParams(max_new_tokens=10**6, ignore_eos=True))
+    wait_for(lambda: engine.stats.decode_steps >= 2)
+    other_shape = build_tiny_model(tmp_path, config=TinyModelConfig(head_dim=16))
+    engine.update_model(AutoModelForCausalLM.from_pretrained(other_shape, dtype=torch.float32))
+    with pytest.raises(RuntimeError):
+        running.result(timeout=10)
+    assert engine.num_pending() == (0, 0)
+    assert len(engine.generate(prompts(tokenizer)[1], SamplingParams(max_new_tokens=4), timeout=10).output_ids) > 0

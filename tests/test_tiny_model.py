@@ -1,0 +1,109 @@
+"""The tiny policy: deterministic build, loads like a Qwen3 checkpoint, byte-exact tokenizer."""
+
+import random
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen3ForCausalLM
+
+from slime_harbor.tiny_model import ENDOFTEXT, IM_END, IM_START, TinyModelConfig, build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def _files(directory):
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def test_same_seed_gives_identical_files_and_other_seed_other_weights(tmp_path, tiny_model_dir):
+    started = time.monotonic()
+    again = build_tiny_model(tmp_path / "again", seed=0)
+    assert time.monotonic() - started < 10
+    assert _files(again) == _files(tiny_model_dir)
+    assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"} <= set(_files(again))
+
+    other = _files(build_tiny_model(tmp_path / "other", seed=1))
+    assert other["model.safetensors"] != _files(again)["model.safetensors"]
+    assert other["tokenizer.json"] == _files(again)["tokenizer.json"]  # the tokenizer does not depend on the seed
+
+
+def test_loads_with_auto_classes_as_a_qwen3_policy(tiny_model_dir, tokenizer):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert isinstance(model, Qwen3ForCausalLM)
+    assert isinstance(tokenizer, PreTrainedTokenizerFast)
+    assert 2000 <= len(tokenizer) <= 4096
+    assert model.config.vocab_size == len(tokenizer)
+    assert tokenizer.eos_token == IM_END and tokenizer.pad_token == ENDOFTEXT
+    assert [tokenizer.convert_ids_to_tokens(i) for i in range(len(tokenizer) - 3, len(tokenizer))] == [
+        ENDOFTEXT,
+        IM_START,
+        IM_END,
+    ]
+    assert set(model.generation_config.eos_token_id) == {tokenizer.eos_token_id, tokenizer.pad_token_id}
+
+    ids = tokenizer("THOUGHT: list the files\n```bash\nls -la\n```", return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert logits.shape == (1, ids.shape[1], len(tokenizer))
+    assert torch.isfinite(logits).all()
+    # Not a flat distribution: sampling, top-k and top-p all have something to do.
+    entropy = -(logits.log_softmax(-1).exp() * logits.log_softmax(-1)).sum(-1)
+    assert 0.5 < entropy.mean() < 6.0
+
+
+def test_agent_text_uses_learned_merges(tokenizer):
+    text = "THOUGHT: I will run the tests.\n\n```bash\ngrep -rn import src && python -m pytest -q tests/\n```"
+    assert len(tokenizer.encode(text)) < len(text.encode()) / 2
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_any_text_round_trips_exactly(tokenizer, seed):
+    rng = random.Random(seed)
+    alphabets = [
+        [chr(c) for c in range(0, 0x80)],  # ASCII with control characters
+        list("äöüßéè€ñ中文日本語한국어🙂🎉👍🏽\u200b\u00a0\t\r\n "),
+        [chr(rng.randrange(0x80, 0x2FFFF)) for _ in range(200)],
+    ]
+    chars = [c for alphabet in alphabets for c in alphabet if not 0xD800 <= ord(c) <= 0xDFFF]
+    text = "".join(rng.choice(chars) for _ in range(300))
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(ids) == text
+
+
+def test_special_tokens_are_single_tokens(tokenizer):
+    ids = tokenizer.encode(f"{IM_START}user\nhi{IM_END}", add_special_tokens=False)
+    assert ids[0] == tokenizer.convert_tokens_to_ids(IM_START)
+    assert ids[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "user\nhi"
+
+
+def test_chat_template_is_chatml(tokenizer):
+    messages = [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": [{"type": "text", "text": "List "}, {"type": "text", "text": "files."}]},
+        {"role": "assistant", "content": "THOUGHT: ok\n```bash\nls\n```"},
+        {"role": "user", "content": "done?"},
+    ]
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert rendered == (
+        "<|im_start|>system\nYou are an agent.<|im_end|>\n"
+        "<|im_start|>user\nList files.<|im_end|>\n"
+        "<|im_start|>assistant\nTHOUGHT: ok\n```bash\nls\n```<|im_end|>\n"
+        "<|im_start|>user\ndone?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    without = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    assert rendered == without + "<|im_start|>assistant\n"
+    empty = tokenizer.apply_chat_template([{"role": "assistant", "content": None}], tokenize=False)
+    assert empty == "<|im_start|>assistant\n<|im_end|>\n"
+
+
+def test_config_shapes_the_model(tmp_path):
+    config = TinyModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, max_position_embeddings=512)
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path, config=config))
+    assert (model.config.hidden_size, model.config.num_hidden_layers) == (64, 1)
+    assert model.config.max_position_embeddings == 512
