@@ -1,0 +1,716 @@
+"""A Harbor environment that runs each trial in a bubblewrap sandbox on this machine.
+
+Use it wherever Harbor takes an environment::
+
+    EnvironmentConfig(import_path="slime_harbor.sandbox:BubblewrapEnvironment")
+    harbor run -p TASK -a oracle -e slime_harbor.sandbox:BubblewrapEnvironment
+
+No Docker, no images: the host's own tools (/usr and the /bin, /lib* it links to) are mounted
+read-only, and everything else the sandbox can write lives in one per-trial directory on the
+host (``<base_dir>/<session>-<id>/rootfs``) bound as the sandbox's ``/``: the task workdir,
+/root, /tmp, /etc (a copy of the world-readable part of the host's), /tests, /solution,
+/installed-agent and anything the agent creates. Harbor's log mounts (/logs/agent,
+/logs/verifier, /logs/artifacts) are bound to the trial directory, so Harbor reads them in place.
+The task's environment/Dockerfile is replayed on top (see :mod:`slime_harbor.dockerfile`).
+
+How processes are kept together and torn down: ``start()`` launches one long-lived bwrap
+"init" with its own user (sandbox root = the host user), pid, ipc, uts and (unless the task
+allows public network) network namespaces; ``sleep infinity`` is pid 1 inside, like Docker's
+``sleep infinity`` container command, so nothing inside can kill it. Every ``exec`` joins those
+namespaces with ``nsenter`` and runs ``bash -c`` there in its own process group, so a tmux
+server or a ``nohup`` job started by one exec is visible to later ones (shared /tmp, one pid
+namespace, one loopback). A timed-out or cancelled exec has its process group killed.
+``stop()`` kills pid 1, and the kernel then kills every process in the pid namespace, detached
+or not; the per-trial directory is then removed (``delete=True``). bwrap's
+``--die-with-parent`` kills the sandbox if this Python process dies; directories left by a
+killed process are swept by the next sandbox started under the same ``base_dir``.
+
+File transfers run ``tar``/``cat`` inside the sandbox rather than copying on the host, so a
+symlink the agent planted (``/app/x -> /home/you/.bashrc``) resolves inside the sandbox and
+never reaches a host file.
+
+Network: a task gets the host's network only when its task.toml sets
+``[environment] network_mode = "public"``; otherwise (``no-network``, or nothing set) the sandbox
+has a loopback of its own. Harbor itself treats an unset mode as public; set
+``default_network_mode="public"`` (``--ek default_network_mode=public``) to follow it.
+``allowlist`` policies and policies that change between phases are rejected, as Harbor requires
+of providers that cannot enforce them.
+
+Limits: every command runs as root inside (a task or agent asking for another user gets an
+error); cpus/memory_mb are accepted and not enforced (no cgroups); GPU and TPU requests are
+rejected; Linux tasks only; one container (no docker-compose.yaml, no prebuilt
+``docker_image`` without a Dockerfile); exec output is returned whole (no streaming callbacks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import os
+import posixpath
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import tarfile
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from harbor.environments.base import BaseEnvironment, ExecResult, transfer_tar_filter
+from harbor.environments.capabilities import (
+    EnvironmentCapabilities,
+    EnvironmentResourceCapabilities,
+)
+from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
+from harbor.models.trial.paths import TrialPaths
+
+from slime_harbor.dockerfile import (
+    BuildRecipe,
+    CopyEntry,
+    CopyFiles,
+    DockerfileError,
+    MakeDir,
+    RunCommand,
+    parse_dockerfile,
+)
+
+SANDBOX_TYPE = "bubblewrap"
+# The sandbox's /etc is a tmpfs filled from a copy of the host's (see _etc_template): copying
+# ~1000 small files into memory takes milliseconds, onto a busy disk and back out up to seconds.
+_ETC_TEMPLATE_MOUNT = "/run/host-etc"
+# pid 1: fill /etc, name the host in /etc/hosts, report ready, then sleep like Docker's
+# `sleep infinity` container command (pid 1 ignores signals sent from inside the sandbox).
+_INIT_SCRIPT = f"""cp -a {_ETC_TEMPLATE_MOUNT}/. /etc/ &&
+printf '127.0.0.1\\t%s\\n' "$(hostname)" >> /etc/hosts &&
+echo ready && exec sleep infinity"""
+_INIT_READY_TIMEOUT_SEC = 30
+_ROOT_USERS = (None, "root", 0, "0")
+# Host directories shared read-only; symlinks among them (merged /usr) are recreated instead.
+_HOST_TOOL_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# Directories every sandbox root has, with their modes (as in a Debian image).
+_ROOT_SKELETON = {
+    "root": 0o700, "tmp": 0o1777, "var/tmp": 0o1777, "var/log": 0o755, "home": 0o755,
+    "opt": 0o755, "srv": 0o755, "mnt": 0o755, "run": 0o755, "logs": 0o755,
+}  # fmt: skip
+
+
+class ExecTimeoutError(RuntimeError):
+    """An exec ran past its timeout; its process group was killed.
+
+    A RuntimeError with Docker environment's message, so callers written for it behave the same.
+    """
+
+
+def default_sandbox_root() -> Path:
+    """Where per-trial sandbox directories go unless ``base_dir`` says otherwise."""
+    return Path(tempfile.gettempdir()) / "slime-harbor-sandboxes"
+
+
+@dataclass
+class _Completed:
+    return_code: int
+    stdout: bytes
+    stderr: bytes
+
+    def output(self) -> str:
+        return (self.stdout + self.stderr).decode(errors="replace").strip()
+
+
+class BubblewrapEnvironment(BaseEnvironment):
+    """Harbor ``BaseEnvironment`` on bubblewrap; see the module docstring for the design.
+
+    Keyword arguments of its own (Harbor passes ``EnvironmentConfig.kwargs`` / ``--ek``):
+
+    - ``base_dir``: folder for per-trial sandbox directories (default: the system temp dir's
+      ``slime-harbor-sandboxes``, created with mode 0700).
+    - ``default_network_mode``: ``"no-network"`` (default) or ``"public"``: the network of a
+      task whose task.toml does not set ``[environment] network_mode``.
+    """
+
+    def __init__(
+        self,
+        environment_dir: Path,
+        environment_name: str,
+        session_id: str,
+        trial_paths: TrialPaths,
+        task_env_config: EnvironmentConfig,
+        *,
+        base_dir: str | Path | None = None,
+        default_network_mode: str = NetworkMode.NO_NETWORK.value,
+        network_policy: NetworkPolicy | None = None,
+        **kwargs,
+    ):
+        # Set before super().__init__(), which validates the definition and network policy.
+        self._base_dir = Path(base_dir) if base_dir else default_sandbox_root()
+        self._default_network_mode = NetworkMode(default_network_mode)
+        super().__init__(
+            environment_dir=environment_dir,
+            environment_name=environment_name,
+            session_id=session_id,
+            trial_paths=trial_paths,
+            task_env_config=task_env_config,
+            # A Trial passes the task's resolved policy; used on its own, take the task's.
+            network_policy=network_policy or task_env_config.resolve_baseline(),
+            **kwargs,
+        )
+        for mount in self._mounts:
+            if mount.get("type") != "bind":
+                raise ValueError(
+                    f"{SANDBOX_TYPE} environment supports bind mounts only, got {mount!r}"
+                )
+        self.sandbox_dir: Path | None = None
+        """The per-trial directory on the host (None before ``start()``)."""
+        self._recipe: BuildRecipe | None = None
+        self._etc_template: Path | None = None
+        self._init: asyncio.subprocess.Process | None = None
+        self._init_pid: int | None = None
+        self._execs: set[asyncio.subprocess.Process] = set()
+        self._stopped = False
+
+    @staticmethod
+    def type() -> str:
+        return SANDBOX_TYPE
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        # mounted: Harbor's log directories are bound in, so Harbor reads them on the host.
+        return EnvironmentCapabilities(disable_internet=True, mounted=True)
+
+    @classmethod
+    def resource_capabilities(cls) -> EnvironmentResourceCapabilities:
+        # No cgroups: cpus/memory_mb are hints; explicit limit/request policies are rejected.
+        return EnvironmentResourceCapabilities()
+
+    @classmethod
+    def preflight(cls) -> None:
+        for tool in ("bwrap", "nsenter", "tar"):
+            if shutil.which(tool) is None:
+                raise SystemExit(
+                    f"{tool} is not installed; the {SANDBOX_TYPE} environment needs bubblewrap "
+                    "and util-linux (e.g. 'apt-get install bubblewrap util-linux')."
+                )
+        probe = subprocess.run(
+            ["bwrap", "--unshare-user", "--unshare-pid", "--ro-bind", "/", "/", "true"],
+            capture_output=True,
+            text=True,
+        )
+        if probe.returncode != 0:
+            raise SystemExit(
+                "bubblewrap cannot create namespaces here (user namespaces disabled?): "
+                f"{probe.stderr.strip()}"
+            )
+
+    @property
+    def _dockerfile(self) -> Path:
+        return self.environment_dir / "Dockerfile"
+
+    def _validate_definition(self) -> None:
+        if (self.environment_dir / "docker-compose.yaml").exists():
+            raise DockerfileError(
+                f"{self.environment_dir}/docker-compose.yaml: multi-container tasks are not "
+                f"supported by the {SANDBOX_TYPE} environment"
+            )
+        if not self._dockerfile.is_file():
+            image = self.task_env_config.docker_image
+            raise DockerfileError(
+                f"{self._dockerfile} not found"
+                + (f"; the prebuilt image {image!r} cannot run without Docker" if image else "")
+            )
+
+    @property
+    def shares_host_network(self) -> bool:
+        """Whether commands see the host's network (else: a private loopback only)."""
+        mode = self.network_policy.network_mode
+        if mode != NetworkMode.PUBLIC:
+            return False
+        explicit = "network_mode" in self.task_env_config.model_fields_set
+        return explicit or self._default_network_mode == NetworkMode.PUBLIC
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def start(self, force_build: bool) -> None:
+        if self.sandbox_dir is not None:
+            raise RuntimeError("the sandbox was already started")
+        self._recipe = parse_dockerfile(self._dockerfile, self.environment_dir)
+        self.logger.debug(
+            f"Sandbox for {self.environment_name}: base image {self._recipe.base_image!r} "
+            f"replaced by host tools; ignored: {[i.keyword for i in self._recipe.ignored]}"
+        )
+        self._base_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        await asyncio.to_thread(_sweep_stale_sandboxes, self._base_dir)
+        self.sandbox_dir = _new_owned_dir(self._base_dir, self.session_id)
+        _live_sandboxes[self.sandbox_dir] = self
+        self._etc_template = await asyncio.to_thread(_etc_template, self._base_dir)
+        await asyncio.to_thread(_populate_root, self._rootfs)
+        await self._start_init()
+        for step in self._recipe.steps:
+            await self._apply(step)
+        if self.task_env_config.workdir:
+            await self._check(["mkdir", "-p", "--", self.task_env_config.workdir], "workdir")
+
+    async def stop(self, delete: bool) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._kill_all()
+        if self._init is not None:
+            try:
+                await asyncio.wait_for(self._init.wait(), timeout=30)
+            except TimeoutError:
+                self.logger.error(f"sandbox init {self._init.pid} did not exit after SIGKILL")
+        if self.sandbox_dir is None:
+            return
+        _live_sandboxes.pop(self.sandbox_dir, None)
+        if delete:
+            await asyncio.to_thread(_remove_tree, self.sandbox_dir)
+        else:
+            self.logger.info(f"Sandbox directory kept at {self.sandbox_dir}")
+
+    def _kill_all(self) -> None:
+        """SIGKILL the sandbox's pid 1 (the kernel then kills its whole pid namespace)."""
+        if self._init_pid is not None:
+            # bwrap stays alive to reap pid 1 and then exits; killing it too would leave pid 1
+            # a zombie of the host's init.
+            _signal(os.kill, self._init_pid)
+        elif self._init is not None:
+            _signal(os.killpg, self._init.pid)  # failed or interrupted before pid 1 was known
+        for proc in list(self._execs):
+            _signal(os.killpg, proc.pid)
+
+    @property
+    def _rootfs(self) -> Path:
+        assert self.sandbox_dir is not None
+        return self.sandbox_dir / "rootfs"
+
+    @property
+    def _hostname(self) -> str:
+        assert self.sandbox_dir is not None
+        return self.sandbox_dir.name.rsplit("-", 1)[-1]
+
+    async def _start_init(self) -> None:
+        info_read, info_write = os.pipe()
+        log_path = self.sandbox_dir / "bwrap.log"
+        try:
+            with open(log_path, "wb") as log:
+                self._init = await asyncio.create_subprocess_exec(
+                    *self._bwrap_argv(info_write),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=log,
+                    pass_fds=(info_write,),
+                    start_new_session=True,
+                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                )
+        finally:
+            os.close(info_write)
+        try:
+            # bwrap writes {"child-pid": ...} and closes the fd right after creating pid 1.
+            info = await asyncio.to_thread(_read_until_eof, info_read)
+        finally:
+            os.close(info_read)
+        try:
+            ready = await asyncio.wait_for(
+                self._init.stdout.readline(), timeout=_INIT_READY_TIMEOUT_SEC
+            )
+        except TimeoutError:
+            ready = b""
+        if ready != b"ready\n" or not info:
+            raise RuntimeError(
+                f"bubblewrap sandbox did not start: {log_path.read_text(errors='replace')}"
+            )
+        self._init_pid = json.loads(info)["child-pid"]
+
+    def _bwrap_argv(self, info_fd: int) -> list[str]:
+        argv = [
+            "bwrap", "--unshare-user", "--uid", "0", "--gid", "0",
+            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", self._hostname,
+            "--die-with-parent", "--as-pid-1",
+            "--bind", str(self._rootfs), "/",
+        ]  # fmt: skip
+        if not self.shares_host_network:
+            argv.append("--unshare-net")
+        for name in _HOST_TOOL_DIRS:
+            host = Path("/") / name
+            if host.is_dir() and not host.is_symlink():
+                argv += ["--ro-bind", str(host), str(host)]
+        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/etc"]
+        argv += ["--ro-bind", str(self._etc_template), _ETC_TEMPLATE_MOUNT]
+        for mount in self._mounts:
+            flag = "--ro-bind" if mount.get("read_only") else "--bind"
+            argv += [flag, mount["source"], mount["target"]]
+        return [*argv, "--chdir", "/", "--info-fd", str(info_fd), "--", "/bin/sh", "-c", _INIT_SCRIPT]
+
+    # --- running commands -------------------------------------------------------------------
+
+    async def exec(
+        self,
+        command: str,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_sec: int | None = None,
+        user: str | int | None = None,
+    ) -> ExecResult:
+        user = self._resolve_user(user)
+        if user not in _ROOT_USERS:
+            raise RuntimeError(
+                f"the {SANDBOX_TYPE} environment runs every command as root; "
+                f"user {user!r} is not supported"
+            )
+        done = await self._run(
+            ["/bin/bash", "-c", command],
+            cwd=cwd or self._default_cwd,
+            env=self._command_env(self._merge_env(env)),
+            timeout_sec=timeout_sec,
+        )
+        return ExecResult(
+            stdout=done.stdout.decode(errors="replace"),
+            stderr=done.stderr.decode(errors="replace"),
+            return_code=done.return_code,
+        )
+
+    @property
+    def _default_cwd(self) -> str:
+        assert self._recipe is not None
+        return self.task_env_config.workdir or self._recipe.workdir
+
+    def _command_env(self, extra: dict[str, str] | None) -> dict[str, str]:
+        """What a command sees: HOME and HOSTNAME, the image's ENV, then Harbor's env."""
+        assert self._recipe is not None
+        return {**self._base_env, **self._recipe.env, **(extra or {})}
+
+    @property
+    def _base_env(self) -> dict[str, str]:
+        return {"HOME": "/root", "HOSTNAME": self._hostname}
+
+    async def _run(
+        self,
+        argv: list[str],
+        *,
+        cwd: str = "/",
+        env: dict[str, str] | None = None,
+        stdin: IO[bytes] | None = None,
+        stdout: IO[bytes] | None = None,
+        timeout_sec: float | None = None,
+    ) -> _Completed:
+        """Run ``argv`` inside the sandbox; ``stdout`` captured unless a file is given.
+
+        Output goes to files, not pipes: a background job that inherits them (``nohup x &``)
+        must not keep the exec waiting for end-of-file after its shell has exited.
+        """
+        if self._init_pid is None or self._stopped:
+            raise RuntimeError("the sandbox is not running")
+        with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
+            proc = await asyncio.create_subprocess_exec(
+                *self._nsenter_argv(), "/usr/bin/env", "-C", cwd, *argv,
+                stdin=stdin if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=stdout if stdout is not None else out_file,
+                stderr=err_file,
+                env=env if env is not None else self._command_env(None),
+                start_new_session=True,  # its own process group, killed as a whole
+            )  # fmt: skip
+            self._execs.add(proc)
+            try:
+                await asyncio.wait_for(proc.wait(), timeout=timeout_sec or None)
+            except TimeoutError:
+                _signal(os.killpg, proc.pid)
+                await proc.wait()
+                raise ExecTimeoutError(f"Command timed out after {timeout_sec} seconds") from None
+            except BaseException:  # cancelled: leave nothing running behind
+                _signal(os.killpg, proc.pid)
+                raise
+            finally:
+                self._execs.discard(proc)
+            out_file.seek(0)
+            err_file.seek(0)
+            return _Completed(proc.returncode, out_file.read(), err_file.read())
+
+    def _nsenter_argv(self) -> list[str]:
+        argv = ["nsenter", f"--target={self._init_pid}", "--user", "--mount", "--pid", "--ipc"]
+        argv += ["--uts", "--root"]
+        if not self.shares_host_network:
+            argv.append("--net")
+        return [*argv, "--"]
+
+    async def _check(self, argv: list[str], what: str, **kwargs) -> _Completed:
+        done = await self._run(argv, **kwargs)
+        if done.return_code != 0:
+            raise RuntimeError(f"{what} failed (exit {done.return_code}): {done.output()}")
+        return done
+
+    # --- Dockerfile steps ---------------------------------------------------------------------
+
+    async def _apply(self, step: MakeDir | CopyFiles | RunCommand) -> None:
+        try:
+            if isinstance(step, MakeDir):
+                await self._check(["mkdir", "-p", "--", step.path], "mkdir")
+            elif isinstance(step, CopyFiles):
+                for entry in step.entries:
+                    await self._copy_entry(entry)
+            else:
+                env = {**self._base_env, **step.env}
+                done = await self._run(list(step.argv), cwd=step.workdir, env=env)
+                if done.return_code != 0:
+                    raise step.instruction.error(
+                        f"exited with code {done.return_code}:\n{_tail(done.output())}"
+                    )
+        except RuntimeError as e:
+            raise step.instruction.error(str(e)) from e
+
+    async def _copy_entry(self, entry: CopyEntry) -> None:
+        dest = entry.dest
+        if entry.source.is_dir() or entry.extract:
+            target_dir, name = dest, None
+        else:
+            into_dir = entry.into_dir
+            if into_dir is None:
+                into_dir = (await self._run(["test", "-d", dest])).return_code == 0
+            target_dir, name = (dest, entry.source.name) if into_dir else posixpath.split(dest)
+        with tempfile.TemporaryFile() as archive:
+            await asyncio.to_thread(_write_copy_archive, archive, entry, name)
+            await self._extract(archive, target_dir)
+
+    # --- file transfer ------------------------------------------------------------------------
+
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        # Like `docker cp`: into the directory if the target is one, else as that file.
+        script = (
+            't=$1; if [ -d "$t" ]; then t="${t%/}/$2"; else mkdir -p -- "$(dirname -- "$t")"; '
+            'fi; cat > "$t" && chmod "$3" "$t"'
+        )
+        source = Path(source_path)
+        mode = format(source.stat().st_mode & 0o7777, "o")
+        with open(source, "rb") as data:
+            await self._check(
+                ["/bin/sh", "-c", script, "upload", target_path, source.name, mode],
+                f"upload_file {source} -> {target_path}",
+                stdin=data,
+                cwd=self._default_cwd,
+            )
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        # Like `docker cp source/. target`: the directory's contents land in target_dir.
+        with tempfile.TemporaryFile() as archive:
+            await asyncio.to_thread(_write_dir_archive, archive, Path(source_dir))
+            await self._extract(archive, target_dir)
+
+    async def _extract(self, archive: IO[bytes], target_dir: str) -> None:
+        archive.seek(0)
+        await self._check(
+            ["/bin/sh", "-c", 'mkdir -p -- "$1" && tar -x -f - -C "$1"', "extract", target_dir],
+            f"copy into {target_dir}",
+            stdin=archive,
+            cwd=self._default_cwd,
+        )
+
+    async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        target = Path(target_path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.partial")
+        try:
+            with open(partial, "wb") as out:
+                await self._check(
+                    ["cat", "--", source_path],
+                    f"download_file {source_path}",
+                    stdout=out,
+                    cwd=self._default_cwd,
+                )
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        target = Path(target_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile() as archive:
+            await self._check(
+                ["tar", "-c", "-f", "-", "-C", source_dir, "."],
+                f"download_dir {source_dir}",
+                stdout=archive,
+                cwd=self._default_cwd,
+            )
+            archive.seek(0)
+            await asyncio.to_thread(_extract_archive, archive, target)
+
+
+# --- host-side helpers ------------------------------------------------------------------------
+
+
+def _signal(kill, target: int) -> None:
+    try:
+        kill(target, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read_until_eof(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _tail(text: str, limit: int = 4000) -> str:
+    return text if len(text) <= limit else "...\n" + text[-limit:]
+
+
+def _new_owned_dir(base_dir: Path, label: str) -> Path:
+    """A fresh directory under ``base_dir`` that records this process as its owner."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", label)[:80]
+    path = base_dir / f"{name}-{uuid.uuid4().hex[:12]}"
+    path.mkdir(mode=0o700)
+    # Who owns it, so a later sweep can tell a live sandbox from one whose process died.
+    (path / "owner").write_text(f"{os.getpid()} {_process_start_time(os.getpid())}")
+    return path
+
+
+def _process_start_time(pid: int) -> str | None:
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat_line.rsplit(")", 1)[1].split()[19]  # field 22, after the command name
+
+
+def _sweep_stale_sandboxes(base_dir: Path) -> None:
+    """Remove sandbox directories whose owning process has died."""
+    for path in base_dir.iterdir():
+        try:
+            pid, start_time = (path / "owner").read_text().split()
+        except (OSError, ValueError):
+            continue
+        if _process_start_time(int(pid)) != start_time:
+            _remove_tree(path)
+
+
+def _remove_tree(path: Path) -> None:
+    def make_writable_and_retry(function, failed_path, _exc):
+        # The sandbox may have left read-only directories (chmod 500 ...).
+        os.chmod(os.path.dirname(failed_path), 0o700)
+        if os.path.isdir(failed_path) and not os.path.islink(failed_path):
+            os.chmod(failed_path, 0o700)
+        function(failed_path)
+
+    shutil.rmtree(path, onexc=make_writable_and_retry)
+
+
+def _populate_root(rootfs: Path) -> None:
+    """Lay out the sandbox's writable ``/``: skeleton directories and links to host tools."""
+    rootfs.mkdir(mode=0o755)
+    for relative, mode in _ROOT_SKELETON.items():
+        path = rootfs / relative
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(mode)
+    for name in _HOST_TOOL_DIRS:
+        host = Path("/") / name
+        if host.is_symlink():
+            os.symlink(os.readlink(host), rootfs / name)
+
+
+_etc_templates: dict[Path, Path] = {}
+_etc_template_lock = threading.Lock()
+
+
+def _etc_template(base_dir: Path) -> Path:
+    """This process's copy of what any host user may read of /etc (so no /etc/shadow, no
+    private keys), made once under ``base_dir`` and swept like a sandbox when the process dies."""
+    with _etc_template_lock:
+        template = _etc_templates.get(base_dir)
+        if template is None:
+            template = _new_owned_dir(base_dir, "etc-template") / "etc"
+            _copy_readable_etc(template)
+            _etc_templates[base_dir] = template
+        return template
+
+
+def _copy_readable_etc(target: Path) -> None:
+    def unreadable(directory: str, names: list[str]) -> list[str]:
+        skipped = []
+        for name in names:
+            try:
+                st = os.lstat(os.path.join(directory, name))
+            except OSError:
+                skipped.append(name)
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            readable = st.st_mode & stat.S_IROTH and (
+                stat.S_ISREG(st.st_mode) or (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IXOTH)
+            )
+            if not readable:
+                skipped.append(name)
+        return skipped
+
+    shutil.copytree("/etc", target, symlinks=True, ignore=unreadable)
+    resolv = target / "resolv.conf"
+    if resolv.is_symlink():  # often points into /run, which the sandbox does not share
+        resolv.unlink()
+        try:
+            shutil.copyfile("/etc/resolv.conf", resolv)
+        except OSError:
+            pass
+
+
+def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    return info
+
+
+def _write_dir_archive(archive: IO[bytes], source_dir: Path) -> None:
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for path in sorted(source_dir.rglob("*")):
+            tar.add(path, arcname=path.relative_to(source_dir).as_posix(), recursive=False,
+                    filter=_root_owned)  # fmt: skip
+
+
+def _write_copy_archive(archive: IO[bytes], entry: CopyEntry, file_name: str | None) -> None:
+    """The tar stream a COPY/ADD entry extracts into its target directory."""
+
+    def with_mode(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        if entry.mode is not None and not info.issym():
+            info.mode = entry.mode
+        return _root_owned(info)
+
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        if entry.extract:
+            with tarfile.open(entry.source, mode="r:*") as packed:
+                for member in packed:
+                    data = packed.extractfile(member) if member.isfile() else None
+                    tar.addfile(with_mode(member), data)
+        elif entry.source.is_dir():
+            for path in sorted(entry.source.rglob("*")):
+                tar.add(path, arcname=path.relative_to(entry.source).as_posix(),
+                        recursive=False, filter=with_mode)  # fmt: skip
+        else:
+            # A source given by name is followed if it is a symlink, as Docker does.
+            info = tar.gettarinfo(entry.source.resolve(), arcname=file_name)
+            with open(entry.source, "rb") as data:
+                tar.addfile(with_mode(info), data)
+
+
+def _extract_archive(archive: IO[bytes], target: Path) -> None:
+    with tarfile.open(fileobj=archive, mode="r:") as tar:
+        tar.extractall(path=target, filter=transfer_tar_filter)
+
+
+# Sandboxes started by this process and not yet stopped: killed and removed at interpreter exit
+# (e.g. a script that never awaited stop()).
+_live_sandboxes: dict[Path, BubblewrapEnvironment] = {}
+
+
+@atexit.register
+def _stop_live_sandboxes() -> None:
+    for path, environment in list(_live_sandboxes.items()):
+        environment._kill_all()
+        shutil.rmtree(path, ignore_errors=True)
+    _live_sandboxes.clear()
+    for template in _etc_templates.values():
+        shutil.rmtree(template.parent, ignore_errors=True)
+
+
