@@ -85,6 +85,39 @@ print(f"edited {path}")
 BASH_BLOCK = re.compile(r"```bash\s*\n(.*?)\n?```", re.DOTALL)
 
 
+def initial_prompt_ids(tokenizer, instruction: str) -> list[int]:
+    """System prompt + task instruction, rendered by the model's chat template, ready to generate."""
+    messages = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": INSTANCE_PROMPT.format(instruction=instruction)},
+    ]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def format_observation(returncode: int, output: str, max_chars: int = 2000) -> str:
+    """Tool output as the model sees it; long output keeps its head and tail."""
+    if len(output) > max_chars:
+        half = max_chars // 2
+        output = f"{output[:half]}\n[... {len(output) - max_chars} characters elided ...]\n{output[-half:]}"
+    if output and not output.endswith("\n"):
+        output += "\n"
+    return OBSERVATION_TEMPLATE.format(returncode=returncode, output=output)
+
+
+def observation_ids(tokenizer, observation: str, closed: bool) -> list[int]:
+    """Template tokens that close the assistant turn and wrap the observation as a user turn.
+
+    Rendered the way the chat template renders the next user message, then tokenized once; the
+    policy never generated these tokens, so the converter masks them. `closed`: the sampled
+    completion already ended with <|im_end|>.
+    """
+    text = ("" if closed else "<|im_end|>") + "\n<|im_start|>user\n" + observation + "<|im_end|>\n<|im_start|>assistant\n"
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
 class NativeAgentOptions(AgentOptions):
     """Harbor `AgentConfig.kwargs` of the native agent."""
 
@@ -155,14 +188,7 @@ class NativeAgent(BaseAgent):
 
     # ---- the loop -------------------------------------------------------------------------
     async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
-        messages = [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": INSTANCE_PROMPT.format(instruction=instruction)},
-        ]
-        ids: list[int] = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict):  # some tokenizer versions return a BatchEncoding
-            ids = ids["input_ids"]
-        ids = list(ids)
+        ids = initial_prompt_ids(self.tokenizer, instruction)
         # Filled in place every turn, so a timeout or crash still leaves every finished turn.
         detail: dict[str, Any] = {"prompt_token_ids": [], "completion_token_ids": [], "logprobs": [], "extra": {"finish_reason": []}}
         context.rollout_details = [detail]
@@ -170,7 +196,7 @@ class NativeAgent(BaseAgent):
         context.n_input_tokens = context.n_output_tokens = 0
         self._steps: list[dict[str, Any]] = [
             self._step("system", SYSTEM_PROMPT),
-            self._step("user", messages[1]["content"]),
+            self._step("user", INSTANCE_PROMPT.format(instruction=instruction)),
         ]
         client = PolicyClient(self.policy_url)
         try:
@@ -227,25 +253,16 @@ class NativeAgent(BaseAgent):
             result = await environment.exec(
                 f'export PATH="$PATH:{TOOLS_DIR}"\n{command}', timeout_sec=int(timeout)
             )
-        except TimeoutError:
-            return OBSERVATION_TEMPLATE.format(returncode=124, output=f"command timed out after {timeout:g}s\n")
+        except (TimeoutError, RuntimeError) as exc:
+            # Harbor's environments report an exec timeout as RuntimeError("... timed out ...").
+            if isinstance(exc, RuntimeError) and "timed out" not in str(exc):
+                raise
+            return format_observation(124, f"command timed out after {timeout:g}s", self.options.max_observation_chars)
         output = (result.stdout or "") + (result.stderr or "")
-        limit = self.options.max_observation_chars
-        if len(output) > limit:
-            half = limit // 2
-            output = f"{output[:half]}\n[... {len(output) - limit} characters elided ...]\n{output[-half:]}"
-        if output and not output.endswith("\n"):
-            output += "\n"
-        return OBSERVATION_TEMPLATE.format(returncode=result.return_code, output=output)
+        return format_observation(result.return_code, output, self.options.max_observation_chars)
 
     def _observation_ids(self, observation: str, closed: bool) -> list[int]:
-        """Template tokens that close the assistant turn and wrap the observation as a user turn.
-
-        Rendered the way the chat template would render the next user message, then tokenized
-        once; the policy never generated these tokens, so the converter masks them.
-        """
-        text = ("" if closed else "<|im_end|>") + "\n<|im_start|>user\n" + observation + "<|im_end|>\n<|im_start|>assistant\n"
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return observation_ids(self.tokenizer, observation, closed)
 
     # ---- ATIF trajectory ---------------------------------------------------------------------
     def _step(self, source: str, message: str, **metrics) -> dict[str, Any]:

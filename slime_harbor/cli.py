@@ -46,7 +46,7 @@ def policy_endpoint(cfg: RolloutConfig):
     from slime_harbor.policy_server import EmbeddedPolicyServer
 
     model_dir = cfg.model_dir or str(ensure_tiny_model())
-    with EmbeddedPolicyServer(model_dir, served_model_name=cfg.model_name) as server:
+    with EmbeddedPolicyServer(model_dir, model_name=cfg.model_name) as server:
         print(f"embedded policy server for {model_dir} at {server.url}", file=sys.stderr)
         yield dataclasses.replace(cfg, policy_url=server.url, model_dir=model_dir)
 

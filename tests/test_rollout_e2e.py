@@ -1,0 +1,241 @@
+"""End to end: real Harbor Trials, real bubblewrap sandbox, real tiny model behind the embedded
+SGLang-compatible server, our native agent and Harbor's terminus-2, samples checked token by token."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from slime_harbor.cli import DEFAULT_TASKS
+from slime_harbor.rollout import RolloutConfig, run_rollouts
+from slime_harbor.samples import SampleStatus, read_jsonl
+
+EASY_TASKS = ["dedupe-lines", "fix-sort-key"]
+
+
+def bwrap_processes() -> list[str]:
+    out = subprocess.run(["pgrep", "-a", "bwrap"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def sandbox_dirs() -> set[str]:
+    from slime_harbor.sandbox import default_sandbox_root
+
+    root = Path(default_sandbox_root())
+    return {p.name for p in root.iterdir()} if root.exists() else set()
+
+
+def config(tmp_path, policy_server, tiny_model_dir, **overrides) -> RolloutConfig:
+    base = dict(
+        tasks_dir=DEFAULT_TASKS, task_names=EASY_TASKS[:1], agent="native", n_samples=2,
+        policy_url=policy_server, model_dir=str(tiny_model_dir), concurrency=4, out_dir=tmp_path / "out",
+        step_limit=3, max_new_tokens=48, progress=False,
+    )
+    base.update(overrides)
+    return RolloutConfig(**base)
+
+
+def recompute_logprobs(model, tokens: list[int], temperature: float) -> torch.Tensor:
+    """log p(token_i | tokens_<i) for every position after the first, one forward pass, fp32."""
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens])).logits[0, :-1].float() / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(tokens[1:])[:, None])[:, 0]
+
+
+def check_sample_against_model(sample, model, temperature: float) -> float:
+    """Layout invariants + sampled-token logprobs equal a fresh forward pass. Returns mean abs diff."""
+    sample.check()
+    n = sample.response_length
+    assert n == len(sample.loss_mask) == len(sample.rollout_log_probs) > 0
+    assert sample.tokens[:-n] == sample.prompt_ids
+    lp = recompute_logprobs(model, sample.tokens, temperature)[-n:]
+    mask = torch.tensor(sample.loss_mask, dtype=torch.bool)
+    rollout = torch.tensor(sample.rollout_log_probs)
+    assert mask.any()
+    return (lp[mask] - rollout[mask]).abs().mean().item()
+
+
+def masked_spans(sample) -> list[list[int]]:
+    spans, current = [], []
+    for tok, m in zip(sample.response_ids, sample.loss_mask):
+        if m == 0:
+            current.append(tok)
+        elif current:
+            spans.append(current)
+            current = []
+    if current:
+        spans.append(current)
+    return spans
+
+
+NATIVE_REPLY = "THOUGHT: look around first.\n```bash\nls\n```<|im_end|>"
+TERMINUS_REPLY = json.dumps(
+    {"analysis": "Look around.", "plan": "List files.", "commands": [{"keystrokes": "ls\n", "duration": 0.1}],
+     "task_complete": False}
+) + "<|im_end|>"
+
+
+@pytest.fixture(scope="module")
+def responsive_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model after a few SFT steps, so it answers in each agent's format and ends its turn:
+    the native agent's commands really run in the sandbox, and terminus-2 gets parseable JSON."""
+    from transformers import AutoTokenizer
+
+    from slime_harbor.agent import initial_prompt_ids
+    from slime_harbor.sft import SFTConfig, sft_model_dir
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    pairs = []
+    for task in sorted(DEFAULT_TASKS.iterdir()):
+        if not (task / "instruction.md").is_file():
+            continue
+        instruction = (task / "instruction.md").read_text()
+        pairs.append((initial_prompt_ids(tok, instruction), tok.encode(NATIVE_REPLY, add_special_tokens=False)))
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": f"You are an AI assistant solving command-line tasks.\n{instruction}"}],
+            add_generation_prompt=True, tokenize=True,
+        )
+        prompt = prompt if isinstance(prompt, list) else prompt["input_ids"]
+        pairs.append((list(prompt), tok.encode(TERMINUS_REPLY, add_special_tokens=False)))
+    out = tmp_path_factory.mktemp("responsive_model")
+    losses = sft_model_dir(tiny_model_dir, out, pairs, SFTConfig(steps=50, batch_size=4))
+    assert losses[-1] < 0.2 * losses[0]
+    return out
+
+
+@pytest.fixture(scope="module")
+def responsive_server(responsive_model_dir):
+    from slime_harbor.policy_server import EmbeddedPolicyServer
+
+    with EmbeddedPolicyServer(responsive_model_dir) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module")
+def hf_model(responsive_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(responsive_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def test_native_agent_samples_are_token_exact(tmp_path, responsive_server, responsive_model_dir, hf_model, tokenizer):
+    cfg = config(tmp_path, responsive_server, responsive_model_dir, task_names=EASY_TASKS, n_samples=2)
+    summary = asyncio.run(run_rollouts(cfg))
+    samples = read_jsonl(cfg.out_dir / "samples.jsonl")
+    assert summary["n_trials"] == 4 and len({s.rollout_id for s in samples}) == 4
+    assert summary["status_counts"]["aborted"] == 0 and summary["status_counts"]["failed"] == 0, summary["errors"]
+    assert summary["drift_count"] == 0  # token-in-token-out: no retokenization, ever
+    diffs = []
+    for s in samples:
+        assert s.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED)
+        assert s.reward is not None and not s.remove_sample
+        assert s.metadata["task_name"] in EASY_TASKS and Path(s.metadata["trial_dir"]).is_dir()
+        assert s.group_index == EASY_TASKS.index(s.metadata["task_name"])
+        diffs.append(check_sample_against_model(s, hf_model, cfg.temperature))
+        # Every masked span is chat-template tokens wrapped around exactly the observation the
+        # agent recorded in its ATIF trajectory.
+        trajectory = json.loads((Path(s.metadata["trial_dir"]) / "agent" / "trajectory.json").read_text())
+        observations = [st["observation"]["results"][0]["content"] for st in trajectory["steps"] if st.get("observation")]
+        spans = [tokenizer.decode(span) for span in masked_spans(s)]
+        # The last turn's observation has no next turn, so it is in no prompt and no sample.
+        assert len(spans) == s.metadata["turns"] - 1 and len(observations) >= len(spans)
+        for text, obs in zip(spans, observations):
+            assert text.removeprefix("<|im_end|>") == f"\n<|im_start|>user\n{obs}<|im_end|>\n<|im_start|>assistant\n"
+    assert sum(diffs) / len(diffs) < 1e-4, diffs
+    # The SFT'd policy mostly answers `ls`: real commands ran in the sandbox and came back.
+    assert any("<returncode>0</returncode>" in tokenizer.decode(s.response_ids) for s in samples)
+    assert (cfg.out_dir / "summary.json").is_file() and len(list((cfg.out_dir / "trials").iterdir())) == 4
+
+
+def test_terminus2_samples_hold_invariants(tmp_path, responsive_server, responsive_model_dir, hf_model):
+    cfg = config(tmp_path, responsive_server, responsive_model_dir, agent="terminus-2", n_samples=1, step_limit=2,
+                 max_new_tokens=96)
+    summary = asyncio.run(run_rollouts(cfg))
+    samples = read_jsonl(cfg.out_dir / "samples.jsonl")
+    assert summary["status_counts"]["aborted"] == 0, summary["errors"]
+    trained = [s for s in samples if not s.remove_sample]
+    assert trained, f"terminus-2 produced no trainable sample: {summary['errors']}"
+    for s in trained:
+        assert check_sample_against_model(s, hf_model, cfg.temperature) < 1e-4
+    # Every turn's tokens land in exactly one sample: the drift count explains any split.
+    assert len(trained) == 1 + trained[0].metadata["drift_count"]
+
+
+def test_eight_concurrent_trials_complete(tmp_path, policy_server, tiny_model_dir):
+    cfg = config(tmp_path, policy_server, tiny_model_dir, n_samples=8, concurrency=8, step_limit=2)
+    summary = asyncio.run(run_rollouts(cfg))
+    assert summary["n_trials"] == 8
+    assert summary["status_counts"]["completed"] + summary["status_counts"]["truncated"] == 8, summary["errors"]
+
+
+def test_dead_policy_server_is_aborted_not_penalised(tmp_path, tiny_model_dir):
+    cfg = config(tmp_path, "http://127.0.0.1:9", tiny_model_dir, n_samples=1)
+    summary = asyncio.run(run_rollouts(cfg))
+    (s,) = read_jsonl(cfg.out_dir / "samples.jsonl")
+    assert s.status == SampleStatus.ABORTED and s.remove_sample and s.reward is None
+    assert "unreachable" in s.metadata["status_reason"]
+    assert summary["status_counts"]["aborted"] == 1 and summary["mean_reward"] is None
+
+
+def test_cancelled_rollout_leaves_nothing_and_keeps_finished_samples(tmp_path, policy_server, tiny_model_dir):
+    before_dirs = sandbox_dirs()
+    cfg = config(tmp_path, policy_server, tiny_model_dir, agent="oracle", task_names=EASY_TASKS, n_samples=3,
+                 concurrency=2)
+
+    async def run_then_cancel():
+        task = asyncio.create_task(run_rollouts(cfg))
+        sink = cfg.out_dir / "samples.jsonl"
+        # Let some trials finish and others be mid-flight, then cancel (what Ctrl-C does).
+        for _ in range(600):
+            await asyncio.sleep(0.1)
+            if sink.exists() and sink.read_text().count("\n") >= 2:
+                break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run_then_cancel())
+    finished = read_jsonl(cfg.out_dir / "samples.jsonl")
+    assert 2 <= len(finished) < 6
+    assert all(s.reward == 1.0 for s in finished)  # what finished is kept intact
+    summary = json.loads((cfg.out_dir / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["n_trials"] == len(finished)
+    assert bwrap_processes() == []
+    assert sandbox_dirs() <= before_dirs
+
+
+def test_timed_out_trial_leaves_no_process_or_sandbox(tmp_path, policy_server, tiny_model_dir):
+    # A task whose agent budget is far too small for the agent: Harbor's timeout fires mid-episode.
+    task = tmp_path / "tasks" / "slow"
+    src = DEFAULT_TASKS / EASY_TASKS[0]
+    subprocess.run(["cp", "-r", str(src), str(task)], check=True)
+    toml = (task / "task.toml").read_text()
+    import re
+
+    toml = re.sub(r"(\[agent\][^\[]*?timeout_sec\s*=\s*)[0-9.]+", r"\g<1>1.0", toml, flags=re.S)
+    (task / "task.toml").write_text(toml)
+    (task / "solution" / "solve.sh").write_text("#!/bin/bash\nsleep 300\n")
+    before_dirs = sandbox_dirs()
+    cfg = config(tmp_path, policy_server, tiny_model_dir, agent="oracle", tasks_dir=task.parent, task_names=None,
+                 n_samples=1)
+    summary = asyncio.run(run_rollouts(cfg))
+    (s,) = read_jsonl(cfg.out_dir / "samples.jsonl")
+    assert s.metadata["exception_type"] == "AgentTimeoutError"
+    assert s.status == SampleStatus.TRUNCATED and s.reward == 0.0
+    assert summary["n_trials"] == 1
+    assert bwrap_processes() == []
+    assert not any("sleep 300" in p for p in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines())
+    assert sandbox_dirs() <= before_dirs
