@@ -179,9 +179,9 @@ class SamplingEngine:
         if max(prompt_ids) >= vocab_size or min(prompt_ids) < 0:
             raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
         stop_ids = frozenset() if params.ignore_eos else self.eos_token_ids | frozenset(params.stop_token_ids)
-        seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))
-        request = _Request(rid or uuid.uuid4().hex, prompt_ids, params, stop_ids, torch.Generator().manual_seed(seed))
-        with self._cond:
+        with self._cond:  # also serialises draws from the shared seed generator
+            seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))
+            request = _Request(rid or uuid.uuid4().hex, prompt_ids, params, stop_ids, torch.Generator().manual_seed(seed))
             if self._closing:
                 raise RuntimeError("the engine is closed")
             if request.rid in self._active:

@@ -346,5 +346,7 @@ def serve(
     try:
         policy = PolicyServer(engine, model_name or Path(model_dir).name)
         uvicorn.run(policy.app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
+        pass
     finally:
         engine.close()
