@@ -1,0 +1,102 @@
+"""SLiME hooks: reward post-processing always; the generate hook and SLiME's own plugin contract
+tests when slime is importable (it is not on PyPI: CI skips those with a reason)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from slime_harbor.cli import DEFAULT_TASKS, prepare_data
+from slime_harbor.hooks import reward_post_process
+
+HAVE_SLIME = importlib.util.find_spec("slime") is not None
+needs_slime = pytest.mark.skipif(not HAVE_SLIME, reason="slime is not installed (install it from source to run)")
+
+
+def fake_samples(specs):
+    """Objects with the Sample fields reward_post_process reads; specs = (group, rollout_id, reward, removed)."""
+    return [
+        SimpleNamespace(group_index=g, index=r, rollout_id=r, reward=x, remove_sample=rm,
+                        get_reward_value=lambda args, x=x: x)
+        for g, r, x, rm in specs
+    ]
+
+
+def test_reward_post_process_groups_by_index_and_ignores_removed():
+    args = SimpleNamespace(grpo_std_normalization=False)
+    samples = fake_samples([
+        (0, 0, 1.0, False), (0, 1, 0.0, False), (0, 2, 0.0, True),   # removed: no say in the mean
+        (1, 3, 1.0, False), (1, 3, 1.0, False),                        # one episode split in two samples
+        (1, 4, 0.0, False),
+    ])
+    raw, rewards = reward_post_process(args, samples)
+    assert raw == [1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    assert rewards == pytest.approx([0.5, -0.5, 0.0, 0.5, 0.5, -0.5])
+
+
+def test_reward_post_process_std_normalisation_and_nested_groups():
+    args = SimpleNamespace(grpo_std_normalization=True)
+    samples = fake_samples([(0, 0, 1.0, False), (0, 1, 0.0, False), (0, 2, 0.0, False), (0, 3, 1.0, False)])
+    _, flat = reward_post_process(args, samples)
+    _, nested = reward_post_process(args, [samples[:2], samples[2:]])
+    std = (4 * 0.25 / 3) ** 0.5  # Bessel-corrected, as torch.std
+    assert flat == pytest.approx([0.5 / std, -0.5 / std, -0.5 / std, 0.5 / std], rel=1e-4)
+    assert nested == flat
+
+
+def test_prepare_data_rows(tmp_path):
+    out = tmp_path / "prompts.jsonl"
+    n = prepare_data(DEFAULT_TASKS, out)
+    import json
+
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert n == len(rows) >= 12
+    for row in rows:
+        task = Path(row["metadata"]["task_dir"])
+        assert row["label"] == task.name and row["prompt"] == (task / "instruction.md").read_text()
+
+
+@needs_slime
+def test_slime_generate_contract_passes_with_our_hook():
+    """SLiME's own tests/plugin_contracts generate contract, pointed at slime_harbor.hooks.generate."""
+    import slime
+
+    contracts = Path(slime.__file__).resolve().parent.parent / "tests" / "plugin_contracts"
+    if not contracts.is_dir():
+        pytest.skip("slime is installed without its tests/ directory")
+    env = {**os.environ, "SLIME_CONTRACT_CUSTOM_GENERATE_FUNCTION_PATH": "slime_harbor.hooks.generate"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(contracts / "test_plugin_generate_contracts.py")],
+        env=env, capture_output=True, text=True, timeout=300, cwd=contracts.parent,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@needs_slime
+def test_generate_hook_runs_a_real_trial(tmp_path, policy_server, tiny_model_dir):
+    from slime.utils.types import Sample
+
+    from slime_harbor.hooks import generate
+
+    host, port = policy_server.removeprefix("http://").split(":")
+    args = SimpleNamespace(sglang_router_ip=host, sglang_router_port=int(port), hf_checkpoint=str(tiny_model_dir),
+                           harbor_step_limit=2, harbor_trials_dir=str(tmp_path / "trials"))
+    task = DEFAULT_TASKS / "dedupe-lines"
+    sample = Sample(group_index=3, index=7, prompt="p", label=task.name, metadata={"task_dir": str(task)})
+    out = asyncio.run(generate(args, sample, {"temperature": 1.0, "max_new_tokens": 24}))
+    out = out if isinstance(out, list) else [out]
+    for s in out:
+        assert isinstance(s, Sample) and s.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
+        assert len(s.loss_mask) == s.response_length == len(s.rollout_log_probs) > 0
+        assert s.reward == 0.0 and not s.remove_sample and s.rollout_id == 7 and s.group_index == 3
+
+    # A label that names no task is an unusable rollout: removed, never a -1.
+    missing = asyncio.run(generate(args, Sample(index=0, prompt="p", label="no-such-task"), {}))
+    assert missing.remove_sample and missing.status == Sample.Status.FAILED and missing.reward == 0.0
