@@ -8,9 +8,10 @@ Use it wherever Harbor takes an environment::
 No Docker, no images: the host's own tools (/usr and the /bin, /lib* it links to) are mounted
 read-only, and everything else the sandbox can write lives in one per-trial directory on the
 host (``<base_dir>/<session>-<id>/rootfs``) bound as the sandbox's ``/``: the task workdir,
-/root, /tmp, /etc (a copy of the world-readable part of the host's), /tests, /solution,
-/installed-agent and anything the agent creates. Harbor's log mounts (/logs/agent,
-/logs/verifier, /logs/artifacts) are bound to the trial directory, so Harbor reads them in place.
+/root, /tmp, /tests, /solution, /installed-agent and anything the agent creates. /etc is a
+private in-memory copy of what any host user may read of the host's /etc (no /etc/shadow).
+Harbor's log mounts (/logs/agent, /logs/verifier, /logs/artifacts) are bound to the trial
+directory, so Harbor reads them in place. /proc is the sandbox's own, /dev a minimal one.
 The task's environment/Dockerfile is replayed on top (see :mod:`slime_harbor.dockerfile`).
 
 How processes are kept together and torn down: ``start()`` launches one long-lived bwrap
@@ -46,6 +47,8 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
+import functools
 import json
 import os
 import posixpath
@@ -71,6 +74,7 @@ from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPol
 from harbor.models.trial.paths import TrialPaths
 
 from slime_harbor.dockerfile import (
+    DEFAULT_PATH,
     BuildRecipe,
     CopyEntry,
     CopyFiles,
@@ -189,14 +193,13 @@ class BubblewrapEnvironment(BaseEnvironment):
 
     @classmethod
     def preflight(cls) -> None:
-        for tool in ("bwrap", "nsenter", "tar"):
-            if shutil.which(tool) is None:
-                raise SystemExit(
-                    f"{tool} is not installed; the {SANDBOX_TYPE} environment needs bubblewrap "
-                    "and util-linux (e.g. 'apt-get install bubblewrap util-linux')."
-                )
+        try:
+            bwrap = _host_tool("bwrap")
+            _host_tool("nsenter")
+        except FileNotFoundError as e:
+            raise SystemExit(str(e)) from None
         probe = subprocess.run(
-            ["bwrap", "--unshare-user", "--unshare-pid", "--ro-bind", "/", "/", "true"],
+            [bwrap, "--unshare-user", "--unshare-pid", "--ro-bind", "/", "/", "true"],
             capture_output=True,
             text=True,
         )
@@ -328,7 +331,7 @@ class BubblewrapEnvironment(BaseEnvironment):
 
     def _bwrap_argv(self, info_fd: int) -> list[str]:
         argv = [
-            "bwrap", "--unshare-user", "--uid", "0", "--gid", "0",
+            _host_tool("bwrap"), "--unshare-user", "--uid", "0", "--gid", "0",
             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", self._hostname,
             "--die-with-parent", "--as-pid-1",
             "--bind", str(self._rootfs), "/",
@@ -411,7 +414,8 @@ class BubblewrapEnvironment(BaseEnvironment):
                 stdin=stdin if stdin is not None else asyncio.subprocess.DEVNULL,
                 stdout=stdout if stdout is not None else out_file,
                 stderr=err_file,
-                env=env if env is not None else self._command_env(None),
+                # Our own commands (tar, mkdir ...) get the standard PATH, whatever ENV says.
+                env=env if env is not None else {**self._base_env, "PATH": DEFAULT_PATH},
                 start_new_session=True,  # its own process group, killed as a whole
             )  # fmt: skip
             self._execs.add(proc)
@@ -431,8 +435,11 @@ class BubblewrapEnvironment(BaseEnvironment):
             return _Completed(proc.returncode, out_file.read(), err_file.read())
 
     def _nsenter_argv(self) -> list[str]:
-        argv = ["nsenter", f"--target={self._init_pid}", "--user", "--mount", "--pid", "--ipc"]
-        argv += ["--uts", "--root"]
+        argv = [_host_tool("nsenter"), f"--target={self._init_pid}", "--user", "--mount"]
+        argv += ["--pid", "--ipc"]
+        # Keep our uid (it is root inside): for a non-root host user bwrap denies setgroups
+        # in the namespace, so nsenter's default switch to uid/gid 0 would fail.
+        argv += ["--uts", "--root", "--preserve-credentials"]
         if not self.shares_host_network:
             argv.append("--net")
         return [*argv, "--"]
@@ -541,6 +548,17 @@ class BubblewrapEnvironment(BaseEnvironment):
 # --- host-side helpers ------------------------------------------------------------------------
 
 
+@functools.cache
+def _host_tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise FileNotFoundError(
+            f"{name} is not installed; the {SANDBOX_TYPE} environment needs bubblewrap and "
+            "util-linux (e.g. 'apt-get install bubblewrap util-linux')"
+        )
+    return path
+
+
 def _signal(kill, target: int) -> None:
     try:
         kill(target, signal.SIGKILL)
@@ -565,27 +583,33 @@ def _new_owned_dir(base_dir: Path, label: str) -> Path:
     path = base_dir / f"{name}-{uuid.uuid4().hex[:12]}"
     path.mkdir(mode=0o700)
     # Who owns it, so a later sweep can tell a live sandbox from one whose process died.
-    (path / "owner").write_text(f"{os.getpid()} {_process_start_time(os.getpid())}")
+    (path / "owner").write_text(_owner_stamp(os.getpid()) or "")
     return path
 
 
-def _process_start_time(pid: int) -> str | None:
+def _owner_stamp(pid: int) -> str | None:
+    """Identifies a live process across pid reuse: its pid namespace, pid and start time."""
     try:
         stat_line = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat_line.rsplit(")", 1)[1].split()[19]  # field 22, after the command name
+    start_time = stat_line.rsplit(")", 1)[1].split()[19]  # field 22, after the command name
+    return f"{os.readlink('/proc/self/ns/pid')} {pid} {start_time}"
 
 
 def _sweep_stale_sandboxes(base_dir: Path) -> None:
     """Remove sandbox directories whose owning process has died."""
+    our_namespace = os.readlink("/proc/self/ns/pid")
     for path in base_dir.iterdir():
         try:
-            pid, start_time = (path / "owner").read_text().split()
+            stamp = (path / "owner").read_text()
+            namespace, pid, _ = stamp.split()
         except (OSError, ValueError):
             continue
-        if _process_start_time(int(pid)) != start_time:
-            _remove_tree(path)
+        # An owner in another pid namespace (another container sharing /tmp) cannot be checked.
+        if namespace == our_namespace and _owner_stamp(int(pid)) != stamp:
+            with contextlib.suppress(FileNotFoundError):  # another sweeper got there first
+                _remove_tree(path)
 
 
 def _remove_tree(path: Path) -> None:

@@ -9,6 +9,8 @@ import contextlib
 import io
 import os
 import socket
+import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -462,3 +464,48 @@ async def test_upload_and_download_like_docker_cp(tmp_path, base_dir):
         with pytest.raises(RuntimeError, match="No such file"):
             await sandbox.download_file("/nope.txt", tmp_path / "out" / "nope.txt")
         assert not (tmp_path / "out" / "nope.txt").exists()
+
+
+KILLED_OWNER_SCRIPT = """
+import asyncio, sys
+from pathlib import Path
+from harbor.models.task.task import Task
+from harbor.models.trial.paths import TrialPaths
+from slime_harbor.sandbox import BubblewrapEnvironment
+
+async def main(task_dir, base_dir, trial_dir):
+    task = Task(Path(task_dir))
+    paths = TrialPaths(Path(trial_dir))
+    paths.mkdir()
+    sandbox = BubblewrapEnvironment(
+        environment_dir=task.paths.environment_dir, environment_name="t", session_id="t__env",
+        trial_paths=paths, task_env_config=task.config.environment, base_dir=base_dir)
+    await sandbox.start(force_build=False)
+    await sandbox.exec("nohup sleep 1008 > /dev/null 2>&1 &")
+    print(sandbox.sandbox_dir, flush=True)
+    await asyncio.sleep(1000)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+@pytest.mark.asyncio
+async def test_sandbox_of_a_killed_process_dies_with_it_and_is_swept(tmp_path, base_dir):
+    task_dir = write_task(tmp_path)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", KILLED_OWNER_SCRIPT, str(task_dir), str(base_dir), str(tmp_path / "t")],
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[1],
+        text=True,
+    )
+    try:
+        sandbox_dir = Path(owner.stdout.readline().strip())
+        assert sandbox_dir.is_dir() and processes_running("sleep 1008")
+    finally:
+        owner.kill()  # SIGKILL: no stop(), no atexit
+        owner.wait()
+
+    assert await wait_until(lambda: not processes_running("sleep 1008"), timeout=5)
+    assert sandbox_dir.is_dir()  # left behind by the killed process ...
+    async with started_sandbox(task_dir, base_dir, tmp_path):
+        assert not sandbox_dir.exists()  # ... and swept by the next sandbox under the same base_dir
