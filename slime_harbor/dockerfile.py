@@ -175,8 +175,8 @@ def _read_instructions(dockerfile: Path) -> list[Instruction]:
                 text = text.rstrip()[:-1] + nxt
         if _continues(text):
             text = text.rstrip()[:-1]
-        keyword, _, args = text.strip().partition(" ")
-        instructions.append(Instruction(dockerfile, start, keyword.upper(), args.strip()))
+        keyword, *args = text.strip().split(None, 1)
+        instructions.append(Instruction(dockerfile, start, keyword.upper(), "".join(args).strip()))
     return instructions
 
 
@@ -278,17 +278,19 @@ class _RecipeBuilder:
                 self.global_args[name] = default
             elif has_default:
                 self.args[name] = default
-            else:
-                value = self.global_args.get(name, _platform_args().get(name, ""))
-                self.args[name] = value
+            elif name in self.global_args:  # re-declared global ARG: takes its default
+                self.args[name] = self.global_args[name]
+            elif name in _platform_args():
+                self.args[name] = _platform_args()[name]
+            # else: declared without a value and no build args exist, so it stays unset
 
     def _do_env(self, instruction: Instruction) -> None:
-        first, _, rest = instruction.args.partition(" ")
+        first, *rest = instruction.args.split(None, 1) or [""]
         if "=" not in first:
             # Legacy form `ENV KEY value with spaces`.
-            if not rest.strip():
-                raise instruction.error("ENV needs a value")
-            self.env[first] = self._word(instruction, rest.strip())
+            if not first or not rest:
+                raise instruction.error("expected ENV KEY=VALUE ... or ENV KEY VALUE")
+            self.env[first] = self._word(instruction, rest[0])
             return
         # Each pair sees the values set before this instruction, as in Docker.
         pairs = self._words(instruction, instruction.args)

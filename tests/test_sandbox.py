@@ -281,6 +281,48 @@ def test_unsupported_instruction_fails_naming_line_and_instruction(tmp_path, ins
     assert reason in message
 
 
+def test_recipe_follows_docker_variable_and_path_rules(tmp_path):
+    (tmp_path / "a.txt").write_text("a")
+    (tmp_path / ".hidden").write_text("h")
+    (tmp_path / "Dockerfile").write_text(
+        "ARG TAG=24.04\n"
+        "FROM ubuntu:$TAG\n"
+        "ARG TAG\n"
+        "ARG UNSET\n"
+        "ENV A=1\n"
+        "ENV B=\"two words\" C='$A' D=${A}x E=${UNSET:-fallback} F=${A:+set} G=\\$A A=2 H=$A\n"
+        "ENV LEGACY value with  spaces\n"
+        "ENV PATH=/opt/bin:$PATH T=$TAG\n"
+        "WORKDIR app\n"
+        "WORKDIR sub\n"
+        "COPY * ./\n"
+        "COPY a.txt /etc/a.conf\n"
+        "RUN [\"python3\", \"-c\", \"print(1)\"]\n"
+        "RUN\techo $A\n"
+    )
+    recipe = parse_dockerfile(tmp_path / "Dockerfile")
+
+    assert recipe.base_image == "ubuntu:24.04"
+    env = recipe.env
+    assert (env["B"], env["C"], env["D"], env["E"], env["F"], env["G"]) == (
+        "two words", "$A", "1x", "fallback", "set", "$A",
+    )
+    # Within one ENV, values refer to what was set before it (Docker's rule).
+    assert (env["A"], env["H"]) == ("2", "1")
+    assert env["LEGACY"] == "value with  spaces"
+    assert env["PATH"].startswith("/opt/bin:/usr/local/sbin:") and env["T"] == "24.04"
+    assert recipe.workdir == "/app/sub"
+    copy_glob, copy_file = recipe.steps[2], recipe.steps[3]
+    # `*` matches dotfiles (Docker globbing, unlike the shell's); several sources go into a dir.
+    assert {e.source.name for e in copy_glob.entries} == {"a.txt", ".hidden", "Dockerfile"}
+    assert {(e.dest, e.into_dir) for e in copy_glob.entries} == {("/app/sub", True)}
+    assert (copy_file.entries[0].dest, copy_file.entries[0].into_dir) == ("/etc/a.conf", None)
+    exec_form, shell_form = recipe.steps[4], recipe.steps[5]
+    assert exec_form.argv == ("python3", "-c", "print(1)")
+    assert shell_form.argv == ("/bin/sh", "-c", "echo $A") and shell_form.env["TAG"] == "24.04"
+    assert "UNSET" not in shell_form.env
+
+
 @pytest.mark.asyncio
 async def test_failing_run_fails_start_with_its_output(tmp_path, base_dir):
     dockerfile = "FROM ubuntu:24.04\nRUN echo installing && apt-get install -y cowsay\n"
