@@ -63,7 +63,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model_dir or build_tiny_model(tmp)
-        with EmbeddedPolicyServer(model_dir, engine_config=EngineConfig(max_batch_size=max(32, args.concurrency))) as server:
+        with EmbeddedPolicyServer(
+            model_dir, engine_config=EngineConfig(max_batch_size=max(32, args.concurrency))
+        ) as server:
             single, batched = asyncio.run(measure(server.url, args.concurrency, args.rounds, args.max_new_tokens))
             rows = server.engine.stats.max_rows_per_step
     print(f"1 stream:              {single:8.1f} tokens/s (median of {args.rounds})")

@@ -181,7 +181,9 @@ class SamplingEngine:
         stop_ids = frozenset() if params.ignore_eos else self.eos_token_ids | frozenset(params.stop_token_ids)
         with self._cond:  # also serialises draws from the shared seed generator
             seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))
-            request = _Request(rid or uuid.uuid4().hex, prompt_ids, params, stop_ids, torch.Generator().manual_seed(seed))
+            request = _Request(
+                rid or uuid.uuid4().hex, prompt_ids, params, stop_ids, torch.Generator().manual_seed(seed)
+            )
             if self._closing:
                 raise RuntimeError("the engine is closed")
             if request.rid in self._active:
@@ -241,7 +243,10 @@ class SamplingEngine:
 
     @contextlib.contextmanager
     def paused(self):
-        """Hold the engine between two steps (e.g. while editing weights in place)."""
+        """Hold the engine between two steps (e.g. while editing weights in place).
+
+        The engine runs the model as it finds it: put it back in eval() mode before releasing.
+        """
         with self._cond:
             self._pause_waiters += 1
         try:
@@ -366,7 +371,7 @@ class SamplingEngine:
         tokens = _sample_tokens(logprobs, top_k, top_p, exponentials)
         tokens = torch.where(greedy, logprobs.argmax(-1), tokens)
         token_logprobs = logprobs.gather(-1, tokens[:, None])[:, 0]
-        for request, token, logprob in zip(rows, tokens.tolist(), token_logprobs.tolist()):
+        for request, token, logprob in zip(rows, tokens.tolist(), token_logprobs.tolist(), strict=True):
             request.output_ids.append(token)
             request.logprobs.append(logprob)
             request.finish_reason = self._finish_check(request)
@@ -472,8 +477,11 @@ class _Batch:
             return other
         width = max(self.mask.shape[1], other.mask.shape[1])
         kv = [
-            (torch.cat([_left_pad(k1, width), _left_pad(k2, width)]), torch.cat([_left_pad(v1, width), _left_pad(v2, width)]))
-            for (k1, v1), (k2, v2) in zip(_cache_tensors(self.cache), _cache_tensors(other.cache))
+            (
+                torch.cat([_left_pad(k1, width), _left_pad(k2, width)]),
+                torch.cat([_left_pad(v1, width), _left_pad(v2, width)]),
+            )
+            for (k1, v1), (k2, v2) in zip(_cache_tensors(self.cache), _cache_tensors(other.cache), strict=True)
         ]
         mask = torch.cat([_left_pad(self.mask, width, dim=1), _left_pad(other.mask, width, dim=1)])
         return _Batch(self.rows + other.rows, kv, mask, torch.cat([self.next_pos, other.next_pos]))
@@ -485,7 +493,9 @@ class _Batch:
         index = torch.tensor(keep, dtype=torch.long)
         mask = self.mask[index]
         start = int((mask.sum(0) > 0).nonzero()[0])
-        kv = [(k[index.to(k.device), :, start:], v[index.to(v.device), :, start:]) for k, v in _cache_tensors(self.cache)]
+        kv = [
+            (k[index.to(k.device), :, start:], v[index.to(v.device), :, start:]) for k, v in _cache_tensors(self.cache)
+        ]
         return _Batch([self.rows[i] for i in keep], kv, mask[:, start:], self.next_pos[index])
 
 

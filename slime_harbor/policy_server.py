@@ -22,7 +22,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +97,8 @@ class PolicyServer:
         }
         if body.get("return_logprob"):
             meta_info["output_token_logprobs"] = [
-                [logprob, token, None] for logprob, token in zip(generation.logprobs, generation.output_ids)
+                [logprob, token, None]
+                for logprob, token in zip(generation.logprobs, generation.output_ids, strict=True)
             ]
         return {"text": generation.text, "output_ids": generation.output_ids, "meta_info": meta_info}
 
@@ -138,7 +139,11 @@ class PolicyServer:
             "logprobs": None,
         }
         if body.get("logprobs"):
-            choice["logprobs"] = {"content": [self._logprob_entry(t, lp) for t, lp in zip(generation.output_ids, generation.logprobs)]}
+            choice["logprobs"] = {
+                "content": [
+                    self._logprob_entry(t, lp) for t, lp in zip(generation.output_ids, generation.logprobs, strict=True)
+                ]
+            }
         reply: dict[str, Any] = {
             "id": f"chatcmpl-{generation.rid}",
             "object": "chat.completion",
@@ -158,7 +163,12 @@ class PolicyServer:
 
     def _logprob_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
         raw = _token_bytes(self.engine.tokenizer, token_id)
-        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw), "top_logprobs": []}
+        return {
+            "token": raw.decode("utf-8", errors="replace"),
+            "logprob": logprob,
+            "bytes": list(raw),
+            "top_logprobs": [],
+        }
 
     # ----- status -----------------------------------------------------------------------------
 
@@ -185,7 +195,9 @@ class PolicyServer:
         return {"num_running_reqs": running, "num_waiting_reqs": queued}
 
     async def _bad_request(self, request: Request, error: Exception) -> JSONResponse:
-        return JSONResponse(status_code=400, content={"error": {"message": str(error), "type": "BadRequestError", "code": 400}})
+        return JSONResponse(
+            status_code=400, content={"error": {"message": str(error), "type": "BadRequestError", "code": 400}}
+        )
 
 
 def sglang_sampling_params(raw: dict[str, Any]) -> SamplingParams:
@@ -240,10 +252,12 @@ async def _json(request: Request) -> dict[str, Any]:
     return body
 
 
-@lru_cache(maxsize=None)
+@cache
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, inverted: the printable stand-in character -> its byte."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars, extra = {}, 0
     for byte in range(256):
         if byte in printable:

@@ -219,8 +219,9 @@ user assistant system tool thought analysis plan keystrokes duration
 """
 
 
-def build_tokenizer(config: TinyModelConfig = TinyModelConfig()):
+def build_tokenizer(config: TinyModelConfig | None = None):
     """Train the byte-level BPE tokenizer and wrap it as a PreTrainedTokenizerFast."""
+    config = config or TinyModelConfig()
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -251,7 +252,7 @@ def build_tokenizer(config: TinyModelConfig = TinyModelConfig()):
     )
 
 
-def build_tiny_model(out_dir: str | Path, seed: int = 0, config: TinyModelConfig = TinyModelConfig()) -> Path:
+def build_tiny_model(out_dir: str | Path, seed: int = 0, config: TinyModelConfig | None = None) -> Path:
     """Write the tiny policy (weights, config, tokenizer, chat template) to `out_dir`.
 
     The same seed and config give byte-identical files. Returns `out_dir` as a Path.
@@ -259,6 +260,7 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, config: TinyModelConfig
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
+    config = config or TinyModelConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(config)

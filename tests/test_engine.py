@@ -77,14 +77,18 @@ def test_batched_logprobs_match_one_forward_pass(engine, model, tokenizer):
 
 
 def test_temperature_zero_is_greedy_with_raw_logprobs(engine, model, tokenizer):
-    generation = engine.generate(prompts(tokenizer)[1], SamplingParams(temperature=0, max_new_tokens=20, ignore_eos=True))
+    generation = engine.generate(
+        prompts(tokenizer)[1], SamplingParams(temperature=0, max_new_tokens=20, ignore_eos=True)
+    )
     full, targets = recomputed_logprobs(model, generation, 0)
     assert targets.tolist() == full.argmax(-1).tolist()
     assert torch.allclose(full.gather(-1, targets[:, None])[:, 0], torch.tensor(generation.logprobs), atol=1e-4)
 
 
 def test_high_temperature_logprobs_use_scaled_logits(engine, model, tokenizer):
-    generation = engine.generate(prompts(tokenizer)[2], SamplingParams(temperature=2.0, max_new_tokens=20, ignore_eos=True))
+    generation = engine.generate(
+        prompts(tokenizer)[2], SamplingParams(temperature=2.0, max_new_tokens=20, ignore_eos=True)
+    )
     scaled, targets = recomputed_logprobs(model, generation, 2.0)
     unscaled, _ = recomputed_logprobs(model, generation, 1.0)
     reported = torch.tensor(generation.logprobs)
@@ -100,7 +104,10 @@ def test_seed_fixes_the_sample_whatever_shares_the_batch(engine, tokenizer):
     batched = engine.submit(prompt, seeded)
     assert batched.result(timeout=60).output_ids == alone.output_ids
     unseeded = [f.result(timeout=60).output_ids for f in crowd]
-    assert engine.generate(prompt, SamplingParams(max_new_tokens=30, ignore_eos=True, seed=99)).output_ids != alone.output_ids
+    assert (
+        engine.generate(prompt, SamplingParams(max_new_tokens=30, ignore_eos=True, seed=99)).output_ids
+        != alone.output_ids
+    )
     assert len({tuple(ids) for ids in unseeded}) == len(unseeded)
 
 
@@ -114,9 +121,13 @@ def test_stop_token_is_kept_in_ids_and_trimmed_from_text(engine, tokenizer):
     assert generation.output_ids == greedy[:cut]
     assert generation.finish_reason == {"type": "stop", "matched": stop_id}
     assert generation.text == tokenizer.decode(greedy[: cut - 1])
-    kept = engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=10, stop_token_ids=[stop_id], no_stop_trim=True))
+    kept = engine.generate(
+        prompt, SamplingParams(temperature=0, max_new_tokens=10, stop_token_ids=[stop_id], no_stop_trim=True)
+    )
     assert kept.text == tokenizer.decode(greedy[:cut])
-    ignored = engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=10, stop_token_ids=[stop_id], ignore_eos=True))
+    ignored = engine.generate(
+        prompt, SamplingParams(temperature=0, max_new_tokens=10, stop_token_ids=[stop_id], ignore_eos=True)
+    )
     assert ignored.output_ids == greedy and ignored.finish_reason["type"] == "length"
 
 
@@ -135,7 +146,9 @@ def test_eos_ends_the_turn(tiny_model_dir, tokenizer):
         assert generation.output_ids == [tokenizer.eos_token_id]
         assert generation.finish_reason == {"type": "stop", "matched": tokenizer.eos_token_id}
         assert generation.text == ""
-        raw = engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=8, no_stop_trim=True, skip_special_tokens=False))
+        raw = engine.generate(
+            prompt, SamplingParams(temperature=0, max_new_tokens=8, no_stop_trim=True, skip_special_tokens=False)
+        )
         assert raw.text == IM_END
         ignored = engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True))
         assert ignored.finish_reason["type"] == "length" and len(ignored.output_ids) == 8

@@ -43,7 +43,9 @@ def post(url, path, body, timeout=60):
 
 
 def test_generate_speaks_sglang_as_slime_reads_it(policy_server, tokenizer, model):
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "list files"}], add_generation_prompt=True, tokenize=False)
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "list files"}], add_generation_prompt=True, tokenize=False
+    )
     prompt_ids = tokenizer.encode(rendered, add_special_tokens=False)
     # What slime.rollout.sglang_rollout.generate sends.
     sampling_params = {
@@ -58,7 +60,11 @@ def test_generate_speaks_sglang_as_slime_reads_it(policy_server, tokenizer, mode
         "spaces_between_special_tokens": False,
         "custom_params": {"return_top_p_token_ids": True},
     }
-    reply = post(policy_server, "/generate", {"input_ids": prompt_ids, "sampling_params": sampling_params, "return_logprob": True, "rid": "r1"})
+    reply = post(
+        policy_server,
+        "/generate",
+        {"input_ids": prompt_ids, "sampling_params": sampling_params, "return_logprob": True, "rid": "r1"},
+    )
     assert reply.status_code == 200, reply.text
     body = reply.json()
     meta = body["meta_info"]
@@ -77,7 +83,11 @@ def test_generate_speaks_sglang_as_slime_reads_it(policy_server, tokenizer, mode
 
 
 def test_generate_from_text_and_without_logprobs(policy_server, tokenizer):
-    body = post(policy_server, "/generate", {"text": "THOUGHT:", "sampling_params": {"max_new_tokens": 5, **{"ignore_eos": True}}}).json()
+    body = post(
+        policy_server,
+        "/generate",
+        {"text": "THOUGHT:", "sampling_params": {"max_new_tokens": 5, **{"ignore_eos": True}}},
+    ).json()
     assert "output_token_logprobs" not in body["meta_info"]
     assert body["meta_info"]["prompt_tokens"] == len(tokenizer.encode("THOUGHT:"))
     assert body["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
@@ -87,7 +97,11 @@ def test_generate_from_text_and_without_logprobs(policy_server, tokenizer):
 def test_stop_strings_and_stop_token_ids_over_http(policy_server, tokenizer):
     greedy = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True, "skip_special_tokens": False}
     full = post(policy_server, "/generate", {"text": "ls -la", "sampling_params": greedy}).json()["output_ids"]
-    by_token = post(policy_server, "/generate", {"text": "ls -la", "sampling_params": {**greedy, "ignore_eos": False, "stop_token_ids": [full[2]]}}).json()
+    by_token = post(
+        policy_server,
+        "/generate",
+        {"text": "ls -la", "sampling_params": {**greedy, "ignore_eos": False, "stop_token_ids": [full[2]]}},
+    ).json()
     cut = full.index(full[2]) + 1
     assert by_token["output_ids"] == full[:cut]
     assert by_token["meta_info"]["finish_reason"] == {"type": "stop", "matched": full[2]}
@@ -99,9 +113,16 @@ def test_stop_strings_and_stop_token_ids_over_http(policy_server, tokenizer):
 
 async def _abort_while_running(url):
     async with httpx.AsyncClient(timeout=60) as client:
-        running = asyncio.create_task(client.post(url + "/generate", json={"text": "a", "sampling_params": ENDLESS, "return_logprob": True, "rid": "long-1"}))
+        running = asyncio.create_task(
+            client.post(
+                url + "/generate",
+                json={"text": "a", "sampling_params": ENDLESS, "return_logprob": True, "rid": "long-1"},
+            )
+        )
         others = [
-            asyncio.create_task(client.post(url + "/generate", json={"text": "b", "sampling_params": ENDLESS, "rid": f"other-{i}"}))
+            asyncio.create_task(
+                client.post(url + "/generate", json={"text": "b", "sampling_params": ENDLESS, "rid": f"other-{i}"})
+            )
             for i in range(2)
         ]
         while (await client.get(url + "/v1/loads")).json()["num_running_reqs"] < 3:
@@ -183,7 +204,12 @@ def test_chat_completions_through_litellm_carry_token_ids_and_logprobs(policy_se
 
 
 def test_chat_honours_stop_max_tokens_and_context_limit(policy_server, tokenizer):
-    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": 0, "return_token_ids": True}
+    chat = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "temperature": 0,
+        "return_token_ids": True,
+    }
     full = post(policy_server, "/v1/chat/completions", {**chat, "max_tokens": 10, "ignore_eos": True}).json()
     assert full["choices"][0]["finish_reason"] == "length"
     assert len(full["choices"][0]["token_ids"]) == full["usage"]["completion_tokens"] == 10
@@ -193,7 +219,9 @@ def test_chat_honours_stop_max_tokens_and_context_limit(policy_server, tokenizer
     stopped = post(policy_server, "/v1/chat/completions", {**chat, "max_tokens": 10, "stop": [stop]}).json()
     assert stopped["choices"][0]["finish_reason"] == "stop"
     assert stopped["choices"][0]["message"]["content"] == text[: text.index(stop)]
-    huge = post(policy_server, "/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": "ls " * 40000}]})
+    huge = post(
+        policy_server, "/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": "ls " * 40000}]}
+    )
     assert huge.status_code == 400
     assert "maximum context length" in huge.json()["error"]["message"]
 
@@ -202,26 +230,41 @@ def test_harbor_litellm_collects_rollout_details(policy_server, tokenizer):
     from harbor.llms.lite_llm import LiteLLM
 
     # Stop at the first greedy token so the call ends with "stop" (Harbor raises on "length").
-    first = post(policy_server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "go"}], "temperature": 0, "max_tokens": 1, "return_token_ids": True})
+    first = post(
+        policy_server,
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "go"}], "temperature": 0, "max_tokens": 1, "return_token_ids": True},
+    )
     stop_id = first.json()["choices"][0]["token_ids"][0]
     llm = LiteLLM(
         model_name="hosted_vllm/tiny-policy",
         api_base=policy_server + "/v1",
         temperature=0.0,
         collect_rollout_details=True,
-        model_info={"max_input_tokens": 32768, "max_output_tokens": 1024, "input_cost_per_token": 0.0, "output_cost_per_token": 0.0},
+        model_info={
+            "max_input_tokens": 32768,
+            "max_output_tokens": 1024,
+            "input_cost_per_token": 0.0,
+            "output_cost_per_token": 0.0,
+        },
         extra_body={"stop_token_ids": [stop_id]},
     )
     response = asyncio.run(llm.call(prompt="go", message_history=[]))
     assert response.completion_token_ids == [stop_id]
     assert len(response.logprobs) == 1 and response.logprobs[0] <= 0
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "go"}], add_generation_prompt=True, tokenize=False)
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "go"}], add_generation_prompt=True, tokenize=False
+    )
     assert response.prompt_token_ids == tokenizer.encode(rendered, add_special_tokens=False)
 
 
 async def _concurrent_generates(url, n, max_new_tokens):
     async with httpx.AsyncClient(timeout=120) as client:
-        body = {"text": "THOUGHT:", "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True}, "return_logprob": True}
+        body = {
+            "text": "THOUGHT:",
+            "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True},
+            "return_logprob": True,
+        }
         replies = await asyncio.gather(*(client.post(url + "/generate", json=body) for _ in range(n)))
     return [r.json() for r in replies]
 
@@ -251,7 +294,12 @@ def test_embedded_server_can_serve_a_callers_engine(tiny_model_dir):
 
     with SamplingEngine.from_pretrained(tiny_model_dir) as engine:
         with EmbeddedPolicyServer(engine=engine) as server:
-            assert post(server.url, "/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}).status_code == 200
+            assert (
+                post(
+                    server.url, "/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
+                ).status_code
+                == 200
+            )
         assert len(engine.generate([1, 2], timeout=30).output_ids) > 0  # still the caller's, still open
 
 
@@ -264,7 +312,9 @@ def _free_port():
 def test_serve_blocks_until_terminated(tiny_model_dir):
     port = _free_port()
     code = f"from slime_harbor.policy_server import serve; serve({str(tiny_model_dir)!r}, port={port})"
-    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ})
+    process = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ}
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
