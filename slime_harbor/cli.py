@@ -1,4 +1,4 @@
-"""`slime-harbor` command line: make-model, serve, rollout, demo, prepare-data.
+"""`slime-harbor` command line: make-model, serve, rollout, demo, train-local, prepare-data.
 
 Every rollout flag maps to a documented `RolloutConfig` field; with no --policy-url the command
 builds the tiny offline model (cached) and serves it on an embedded server, so it runs anywhere.
@@ -121,6 +121,12 @@ def prepare_data(tasks_dir: Path, out: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train-local"]:  # its flags are LocalTrainConfig's fields: local_trainer parses them
+        from slime_harbor.local_trainer import main as train_local
+
+        train_local(argv[1:])
+        return
     parser = argparse.ArgumentParser(prog="slime-harbor", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -138,6 +144,9 @@ def main(argv: list[str] | None = None) -> None:
 
     p = sub.add_parser("demo", help="the main job on embedded defaults: a short rollout on the bundled tasks")
     p.add_argument("--out", type=Path, default=Path("runs/demo"))
+
+    sub.add_parser("train-local", help="GRPO on this machine: rollouts from the current policy, LoRA updates "
+                   "(see train-local --help)")
 
     p = sub.add_parser("prepare-data", help="write SLiME --prompt-data rows, one per Harbor task")
     p.add_argument("--tasks", type=Path, default=DEFAULT_TASKS)

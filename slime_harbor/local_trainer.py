@@ -1,0 +1,567 @@
+"""GRPO on one machine: Harbor rollouts from the current policy, then a clipped policy-gradient step.
+
+The local counterpart of the SLiME trainer, for CPUs, one GPU and tests. It shares the rollout
+core (rollout.run_rollouts: Harbor Trials, agent, sandbox, verifier, converter) and the maths
+(grpo.py); what is its own is how the policy is served and how its weights are updated:
+
+    one torch module (LoRA adapters on the base model by default)
+      |-- served by a SamplingEngine behind an EmbeddedPolicyServer on loopback: the agents
+      |   sample from it, and the engine reports each token's logprob log_softmax(logits / T)
+      `-- trained in place by AdamW: after each step the engine is told (update_model), so the
+          next rollout samples from the updated weights
+
+One step N:
+    1. rollout: n_samples Harbor trials per task -> output_dir/rollouts/step_N/samples.jsonl
+    2. advantages: reward minus the mean reward of the task's episodes (grpo.group_advantages);
+       removed samples (infra failures) are dropped and counted as aborted
+    3. update: recompute the logprobs of the sampled tokens (log_softmax(logits / T), exactly as
+       the engine does), old logprobs = the rollout's own (so the PPO ratio is pi / pi_sampler),
+       reference logprobs = the base model (adapters disabled, or a frozen copy with --no-lora),
+       loss = grpo.grpo_loss, gradients accumulated over micro-batches, one AdamW step per
+       minibatch (updates_per_rollout minibatches per rollout)
+    4. metrics.json, and checkpoint_N/ every save_every steps; final/ at the end
+
+Run: `slime-harbor train-local --test` (or examples/harbor/harbor_grpo_local.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import dataclasses
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slime_harbor.grpo import GRPOConfig, group_advantages, grpo_loss
+from slime_harbor.rollout import RolloutConfig, run_rollouts
+from slime_harbor.samples import TrainingSample, read_jsonl
+
+BUNDLED_TASKS = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks"
+# --test: five of the easy bundled tasks, short episodes, two steps, a checkpoint after each.
+TEST_TASKS = ["dedupe-lines", "fix-sort-key", "count-errors", "fizzbuzz-params", "top-words"]
+TEST_PRESET: dict[str, Any] = {
+    "task_names": TEST_TASKS, "num_rollouts": 2, "step_limit": 3, "max_new_tokens": 48, "save_every": 1,
+}
+TRAINER_STATE = "trainer_state.json"  # marks a checkpoint dir: step, base model, metrics so far
+OPTIMIZER_STATE = "optimizer.pt"
+RNG_STATE = "rng.pt"
+
+
+@dataclass
+class LocalTrainConfig:
+    """Every knob of a local GRPO run. Each field is a command-line flag (underscores -> dashes)."""
+
+    # --- what to train on ---
+    tasks_dir: Path = BUNDLED_TASKS
+    """Directory of Harbor task dirs (flag --tasks; default: the bundled tasks)."""
+    task_names: list[str] | None = None
+    """Only these task dir names; None = every task in tasks_dir."""
+    agent: str = "native"
+    """native | terminus-2 (agents that sample from the policy being trained)."""
+    env: str = "local"
+    """Where trials run: local (bubblewrap) | docker | <harbor env type> | module:Class."""
+    n_samples: int = 4
+    """Episodes per task per step: the GRPO group size."""
+    concurrency: int = 4
+    """Trials running at once."""
+    step_limit: int = 30
+    """Most agent turns per episode."""
+    max_new_tokens: int = 512
+    """Most tokens sampled per agent turn."""
+    temperature: float = 1.0
+    """Sampling temperature; the trainer scales logits by the same 1/T, so logprobs agree."""
+
+    # --- the policy ---
+    model: str | None = None
+    """Base policy, a Hugging Face model dir; None = the tiny offline model (built once)."""
+    lora: bool = True
+    """Train LoRA adapters (peft) on a frozen base; False (--no-lora) trains every weight."""
+    lora_r: int = 8
+    """LoRA rank."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator (the update is scaled by alpha / r)."""
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Linear layers that get adapters (Qwen / Llama attention projections)."""
+    device: str = "auto"
+    """cpu | cuda | auto (cuda when available). Sampling and training share the device."""
+
+    # --- optimisation ---
+    num_rollouts: int = 50
+    """Training steps; each is one rollout followed by updates_per_rollout optimizer steps."""
+    lr: float = 1e-6
+    """AdamW learning rate (SLiME's GRPO recipe)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (0: no pull towards zero, for adapters or full weights)."""
+    max_grad_norm: float = 1.0
+    """Clip the gradient's global norm to this (SLiME's --clip-grad); <= 0 disables."""
+    kl_coef: float = 0.001
+    """Weight of the low-variance KL penalty towards the base model; 0 disables it."""
+    eps_clip: float = 0.2
+    """PPO ratio clipped below at 1 - eps_clip."""
+    eps_clip_high: float = 0.28
+    """PPO ratio clipped above at 1 + eps_clip_high (clip-higher)."""
+    updates_per_rollout: int = 1
+    """Optimizer steps per rollout (SLiME's --num-steps-per-rollout): the samples are split into
+    this many minibatches. With 1 the update is on-policy (ratio ~ 1); later minibatches see the
+    ratio move, which is what the clip bounds."""
+    micro_batch_size: int = 4
+    """Samples per forward/backward pass; gradients accumulate over them (bounds memory)."""
+
+    # --- bookkeeping ---
+    output_dir: Path | None = None
+    """Where metrics, rollouts, checkpoints and final/ go; None = runs/grpo-local, or the
+    checkpoint's own run dir when resuming."""
+    save_every: int = 10
+    """Write checkpoint_N/ every this many steps (and after the last step); <= 0: only the last."""
+    resume: Path | None = None
+    """A checkpoint_N dir, or a run dir (its latest checkpoint): continue from that step with its
+    weights, optimizer state and RNG state."""
+    seed: int = 0
+    """Seeds torch, Python's random and the sampling engine."""
+    progress: bool = False
+    """Show the per-trial progress bar of each rollout."""
+
+    def grpo(self) -> GRPOConfig:
+        return GRPOConfig(eps_clip=self.eps_clip, eps_clip_high=self.eps_clip_high, kl_coef=self.kl_coef,
+                          use_kl_loss=self.kl_coef > 0)
+
+    def rollout(self, policy_url: str, model_dir: str, out_dir: Path) -> RolloutConfig:
+        return RolloutConfig(
+            tasks_dir=self.tasks_dir, task_names=self.task_names, agent=self.agent, n_samples=self.n_samples,
+            policy_url=policy_url, model_dir=model_dir, env=self.env, concurrency=self.concurrency,
+            out_dir=out_dir, temperature=self.temperature, step_limit=self.step_limit,
+            max_new_tokens=self.max_new_tokens, progress=self.progress,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Samples -> tensors -> logprobs.
+
+
+@dataclass
+class Batch:
+    """Samples left-padded to one width, with per-response-token tensors right-aligned to R."""
+
+    input_ids: torch.Tensor  # [B, W]
+    attention_mask: torch.Tensor  # [B, W]
+    position_ids: torch.Tensor  # [B, W]
+    targets: torch.Tensor  # [B, R] the last R tokens of each row
+    loss_mask: torch.Tensor  # [B, R] 1 = sampled by the policy; 0 = observation, prompt, padding
+    old_logprobs: torch.Tensor  # [B, R] the sampler's logprobs
+    advantages: torch.Tensor  # [B, 1]
+
+
+def make_batch(samples: Sequence[TrainingSample], advantages: Sequence[float], device="cpu") -> Batch:
+    """Left padding puts every response at the end of its row, so one `logits_to_keep` covers all."""
+    width = max(len(s.tokens) for s in samples)
+    resp = max(s.response_length for s in samples)
+    b = len(samples)
+    input_ids = torch.zeros((b, width), dtype=torch.long)
+    attention = torch.zeros((b, width), dtype=torch.long)
+    loss_mask = torch.zeros((b, resp), dtype=torch.float32)
+    old = torch.zeros((b, resp), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        n = s.response_length
+        input_ids[i, width - len(s.tokens):] = torch.tensor(s.tokens)
+        attention[i, width - len(s.tokens):] = 1
+        loss_mask[i, resp - n:] = torch.tensor(s.loss_mask, dtype=torch.float32)
+        old[i, resp - n:] = torch.tensor(s.rollout_log_probs, dtype=torch.float32)
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)  # as the engine's prefill: pads do not shift positions
+    return Batch(
+        input_ids.to(device), attention.to(device), positions.to(device), input_ids[:, width - resp:].to(device),
+        loss_mask.to(device), old.to(device), torch.tensor(list(advantages), dtype=torch.float32)[:, None].to(device),
+    )
+
+
+def token_logprobs(model, batch: Batch, temperature: float) -> torch.Tensor:
+    """[B, R] log pi(token | prefix) of the last R tokens of each row, as the engine computes them:
+    log_softmax(logits / T) over the whole vocabulary, in fp32 (T = 0 means greedy: raw logits)."""
+    resp = batch.targets.shape[1]
+    logits = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+        logits_to_keep=resp + 1, use_cache=False,
+    ).logits[:, :-1].float()  # position j predicts token j + 1: the last R+1 logits predict the last R tokens
+    if temperature > 0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, batch.targets[..., None])[..., 0]
+
+
+def episode_advantages(samples: Sequence[TrainingSample], normalize_std: bool = False) -> list[float]:
+    """Group-relative advantage per sample: each episode (group_index, rollout_id) counts once in
+    its group's baseline, and every piece of a drifted episode gets its episode's advantage."""
+    def key(s):
+        return s.group_index, s.rollout_id if s.rollout_id is not None else s.index
+
+    episodes: dict[tuple, float] = {}
+    for s in samples:
+        episodes.setdefault(key(s), float(s.reward))
+    keys = list(episodes)
+    values = group_advantages([episodes[k] for k in keys], [k[0] for k in keys], normalize_std=normalize_std)
+    by_episode = dict(zip(keys, values.tolist()))
+    return [by_episode[key(s)] for s in samples]
+
+
+def trainable(samples: Sequence[TrainingSample]) -> list[TrainingSample]:
+    """Samples the loss may see: not removed (infra failures), with a reward and a sampled token."""
+    return [s for s in samples if not s.remove_sample and s.reward is not None and any(s.loss_mask)]
+
+
+# --------------------------------------------------------------------------------------------
+# The policy: the module being trained, its reference, and its optimizer.
+
+
+class Policy:
+    """The trained module (a PeftModel with LoRA, or the full model), its frozen reference, and AdamW."""
+
+    def __init__(self, model, reference, tokenizer, base_model: str, cfg: LocalTrainConfig):
+        self.model = model  # also what the engine serves: one module, updated in place
+        self.reference = reference  # None with LoRA: the base is the model with adapters disabled
+        self.tokenizer = tokenizer
+        self.base_model = base_model
+        self.cfg = cfg
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    @classmethod
+    def load(cls, cfg: LocalTrainConfig, base_model: str, device: str, checkpoint: Path | None = None) -> Policy:
+        """The base model with fresh adapters (or a copy as reference), or a checkpoint's weights."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint or base_model)
+        base = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32).to(device)
+        if cfg.lora:
+            from peft import LoraConfig, PeftModel, get_peft_model
+
+            if checkpoint is not None:
+                model = PeftModel.from_pretrained(base, checkpoint, is_trainable=True)
+            else:
+                # lora_dropout 0: the trained forward pass must be the one the engine sampled with.
+                lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
+                                  target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")
+                model = get_peft_model(base, lora)
+            reference = None
+        else:
+            model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).to(device) if checkpoint else base
+            reference = base if checkpoint else copy.deepcopy(base)
+            reference.requires_grad_(False)
+        model.eval()  # no dropout anywhere: training and sampling run the same function
+        policy = cls(model, reference, tokenizer, base_model, cfg)
+        if checkpoint is not None:
+            state = torch.load(Path(checkpoint) / OPTIMIZER_STATE, map_location=device, weights_only=True)
+            policy.optimizer.load_state_dict(state)
+        return policy
+
+    def reference_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
+        with torch.no_grad():
+            if self.reference is not None:
+                return token_logprobs(self.reference, batch, temperature)
+            with self.model.disable_adapter():
+                return token_logprobs(self.model, batch, temperature)
+
+    def save(self, out: Path, *, with_optimizer: bool) -> None:
+        """HF / peft format (loadable with AutoModelForCausalLM.from_pretrained) plus the tokenizer."""
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        if with_optimizer:
+            torch.save(self.optimizer.state_dict(), out / OPTIMIZER_STATE)
+
+
+def update(policy: Policy, samples: Sequence[TrainingSample], advantages: Sequence[float],
+           cfg: LocalTrainConfig, device: str) -> dict[str, float]:
+    """One optimizer step on `samples`: grpo_loss over all of them, accumulated micro-batch by
+    micro-batch with weights that make the sum equal the loss of the whole minibatch."""
+    grpo = cfg.grpo()
+    total_tokens = sum(sum(s.loss_mask) for s in samples)
+    policy.optimizer.zero_grad(set_to_none=True)
+    sums: dict[str, float] = {}
+    for start in range(0, len(samples), cfg.micro_batch_size):
+        micro = samples[start:start + cfg.micro_batch_size]
+        batch = make_batch(micro, advantages[start:start + cfg.micro_batch_size], device)
+        # token-level reduction: the micro-batch's mean weighs by its share of the tokens;
+        # sequence-level: by its share of the samples.
+        share = (batch.loss_mask.sum().item() / total_tokens if grpo.loss_level == "token"
+                 else len(micro) / len(samples))
+        ref = policy.reference_logprobs(batch, cfg.temperature)
+        logprobs = token_logprobs(policy.model, batch, cfg.temperature)
+        loss, metrics = grpo_loss(logprobs, batch.old_logprobs, ref, batch.advantages, batch.loss_mask, grpo)
+        (loss * share).backward()
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + v * share
+    if cfg.max_grad_norm > 0:
+        sums["grad_norm"] = torch.nn.utils.clip_grad_norm_(policy.params, cfg.max_grad_norm).item()
+    policy.optimizer.step()
+    sums["n_tokens"] = float(total_tokens)
+    sums["n_samples"] = float(len(samples))
+    return sums
+
+
+def train_on_samples(policy: Policy, samples: Sequence[TrainingSample], cfg: LocalTrainConfig,
+                     device: str) -> dict[str, Any]:
+    """Advantages, then updates_per_rollout optimizer steps. Skips cleanly (no step, weights and
+    optimizer untouched) when nothing is trainable or every advantage is 0, and says why."""
+    kept = trainable(samples)
+    out: dict[str, Any] = {"n_samples": len(samples), "aborted": len(samples) - len(kept), "n_trained_samples": 0,
+                           "n_tokens": 0, "skipped": None, "updates": []}
+    if not kept:
+        out["skipped"] = "no trainable sample"
+        return out
+    advantages = episode_advantages(kept, normalize_std=cfg.grpo().normalize_std)
+    if all(a == 0.0 for a in advantages):
+        out["skipped"] = "every advantage is 0 (equal rewards within each group)"
+        return out
+    n_minibatches = min(cfg.updates_per_rollout, len(kept))
+    bounds = [round(i * len(kept) / n_minibatches) for i in range(n_minibatches + 1)]
+    for lo, hi in zip(bounds, bounds[1:]):
+        out["updates"].append(update(policy, kept[lo:hi], advantages[lo:hi], cfg, device))
+    out["n_trained_samples"] = len(kept)
+    out["n_tokens"] = int(sum(u["n_tokens"] for u in out["updates"]))
+    # Step-level figures: token-weighted means over the updates.
+    for k in ("loss", "pg_loss", "kl", "clipfrac", "ppo_kl", "ratio_mean"):
+        values = [(u[k], u["n_tokens"]) for u in out["updates"] if k in u]
+        if values:
+            out[k] = sum(v * w for v, w in values) / sum(w for _, w in values)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints.
+
+
+def find_checkpoint(path: Path) -> Path:
+    """`path` itself if it is a checkpoint, else its checkpoint_N with the largest N."""
+    path = Path(path)
+    if (path / TRAINER_STATE).is_file():
+        return path
+    found = sorted((p for p in path.glob("checkpoint_*") if (p / TRAINER_STATE).is_file()),
+                   key=lambda p: int(p.name.split("_")[-1]))
+    if not found:
+        raise FileNotFoundError(f"no checkpoint_N (with {TRAINER_STATE}) in {path}")
+    return found[-1]
+
+
+def save_checkpoint(policy: Policy, out: Path, step: int, metrics: list[dict]) -> None:
+    policy.save(out, with_optimizer=True)
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    torch.save(rng, out / RNG_STATE)
+    state = {"step": step, "base_model": policy.base_model, "lora": policy.cfg.lora, "metrics": metrics}
+    (out / TRAINER_STATE).write_text(json.dumps(state, indent=1))
+
+
+def restore_rng(checkpoint: Path) -> None:
+    rng = torch.load(checkpoint / RNG_STATE, weights_only=False)  # Python's state is a tuple
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+# --------------------------------------------------------------------------------------------
+# The loop.
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu, cuda or auto, got {device!r}")
+    return device
+
+
+def rollout_stats(samples: Sequence[TrainingSample]) -> dict[str, Any]:
+    """Reward mean / std / pass rate over the episodes the verifier scored (one per trial)."""
+    rewards = {}
+    for s in samples:
+        if s.reward is not None and s.status.value in ("completed", "truncated"):
+            rewards.setdefault((s.group_index, s.index), s.reward)
+    values = list(rewards.values())
+    mean = sum(values) / len(values) if values else None
+    return {
+        "reward_mean": mean,
+        "reward_std": math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) if values else None,
+        "pass_rate": sum(v >= 1.0 for v in values) / len(values) if values else None,
+        "n_scored": len(values),
+    }
+
+
+def train(cfg: LocalTrainConfig) -> dict[str, Any]:
+    """Run GRPO steps until step num_rollouts; returns the run summary (also in summary.json)."""
+    from slime_harbor.engine import EngineConfig, SamplingEngine
+    from slime_harbor.policy_server import EmbeddedPolicyServer
+
+    if cfg.agent not in ("native", "terminus-2"):
+        raise ValueError(f"agent {cfg.agent!r} does not sample from the policy; use native or terminus-2")
+    checkpoint = find_checkpoint(cfg.resume) if cfg.resume else None
+    state = json.loads((checkpoint / TRAINER_STATE).read_text()) if checkpoint else None
+    if state and state["lora"] != cfg.lora:
+        raise ValueError(f"{checkpoint} was trained with lora={state['lora']}; pass the same --no-lora setting")
+    base_model = state["base_model"] if state else str(_resolve_model(cfg.model))
+    out = Path(cfg.output_dir or (checkpoint.parent if checkpoint else "runs/grpo-local"))
+    out.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(cfg.device)
+
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    policy = Policy.load(cfg, base_model, device, checkpoint)
+    start = state["step"] if state else 0
+    metrics: list[dict] = list(state["metrics"]) if state else []
+    if checkpoint:
+        restore_rng(checkpoint)
+        print(f"resumed from {checkpoint} at step {start}", file=sys.stderr)
+    (out / "config.json").write_text(json.dumps(_jsonable({**dataclasses.asdict(cfg), "base_model": base_model,
+                                                            "device": device}), indent=1))
+    last_checkpoint = str(checkpoint) if checkpoint else None
+    started = time.monotonic()
+
+    # The engine serves the very module the optimizer updates; a new seed per start so a resumed
+    # run does not replay the samples of the steps before it.
+    engine_config = EngineConfig(device=device, seed=cfg.seed + start)
+    with SamplingEngine(policy.model, policy.tokenizer, engine_config) as engine, \
+            EmbeddedPolicyServer(engine=engine, model_name="policy") as server, asyncio.Runner() as runner:
+        for step in range(start + 1, cfg.num_rollouts + 1):
+            t0 = time.monotonic()
+            step_dir = out / "rollouts" / f"step_{step}"
+            rollout_summary = runner.run(run_rollouts(cfg.rollout(server.url, base_model, step_dir)))
+            samples = read_jsonl(step_dir / "samples.jsonl")
+            t1 = time.monotonic()
+            with engine.paused():  # nothing samples while the weights change
+                result = train_on_samples(policy, samples, cfg, device)
+            if result["updates"]:
+                engine.update_model(policy.model)  # the next rollout samples from the new weights
+            t2 = time.monotonic()
+            record = {"step": step, **rollout_stats(samples), **result,
+                      "weight_version": engine.weight_version,
+                      "errors": len(rollout_summary.get("errors") or {}),
+                      "timings": {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3)}}
+            metrics.append(record)
+            (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+            print(_step_line(record), file=sys.stderr)
+            if step == cfg.num_rollouts or (cfg.save_every > 0 and step % cfg.save_every == 0):
+                save_checkpoint(policy, out / f"checkpoint_{step}", step, metrics)
+                last_checkpoint = str(out / f"checkpoint_{step}")
+
+    policy.save(out / "final", with_optimizer=False)
+    summary = _summary(metrics, cfg, base_model, out, last_checkpoint, time.monotonic() - started)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _resolve_model(model: str | None) -> Path:
+    if model is None:
+        from slime_harbor.cli import ensure_tiny_model
+
+        return ensure_tiny_model()
+    # An absolute dir, so the adapter config of final/ points at the base from anywhere.
+    return Path(model).resolve() if Path(model).exists() else Path(model)
+
+
+def _step_line(r: dict) -> str:
+    def f(x, fmt=".4f"):
+        return "n/a" if x is None else format(x, fmt)
+
+    what = f"skipped ({r['skipped']})" if r["skipped"] else (
+        f"loss {f(r.get('loss'))} kl {f(r.get('kl'), '.2e')} ppo_kl {f(r.get('ppo_kl'), '.2e')} "
+        f"clipfrac {f(r.get('clipfrac'), '.3f')} tokens {r['n_tokens']}")
+    return (f"step {r['step']}: reward {f(r['reward_mean'], '.3f')} pass {f(r['pass_rate'], '.2f')} "
+            f"aborted {r['aborted']}/{r['n_samples']} | {what} | rollout {r['timings']['rollout_s']:.1f}s "
+            f"train {r['timings']['train_s']:.1f}s")
+
+
+def _summary(metrics, cfg, base_model, out, last_checkpoint, seconds) -> dict[str, Any]:
+    rewards = [m["reward_mean"] for m in metrics if m["reward_mean"] is not None]
+    return {
+        "steps": len(metrics),
+        "last_step": metrics[-1]["step"] if metrics else 0,
+        "skipped_steps": [m["step"] for m in metrics if m["skipped"]],
+        "aborted_samples": sum(m["aborted"] for m in metrics),
+        "trained_tokens": sum(m["n_tokens"] for m in metrics),
+        "first_reward_mean": rewards[0] if rewards else None,
+        "last_reward_mean": rewards[-1] if rewards else None,
+        "base_model": base_model,
+        "lora": cfg.lora,
+        "final": str(out / "final"),
+        "last_checkpoint": last_checkpoint,
+        "wall_seconds_this_run": round(seconds, 2),
+    }
+
+
+def _jsonable(d: dict) -> dict:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in d.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# Command line: one flag per field, help from the field's docstring.
+
+
+def _field_docs() -> dict[str, str]:
+    """The docstring under each field of LocalTrainConfig (read from the source)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(LocalTrainConfig))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+
+
+FLAG_NAMES = {"tasks_dir": "--tasks", "lora": "--no-lora"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="slime-harbor train-local", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, argument_default=argparse.SUPPRESS,
+    )
+    p.add_argument("--test", action="store_true",
+                   help=f"quick run: {', '.join(f'{k}={v}' for k, v in TEST_PRESET.items())}; other flags override")
+    docs = _field_docs()
+    defaults = LocalTrainConfig()
+    for f in dataclasses.fields(LocalTrainConfig):
+        flag = FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-"))
+        default = getattr(defaults, f.name)
+        help_text = f"{docs.get(f.name, '')} (default: {default})"
+        if f.name == "lora":
+            p.add_argument(flag, dest="lora", action="store_false", help=docs["lora"])
+        elif f.name == "progress":
+            p.add_argument(flag, action="store_true", help=docs["progress"])
+        elif isinstance(default, list) or f.name == "task_names":
+            p.add_argument(flag, dest=f.name, nargs="+", help=help_text)
+        else:
+            kind = {bool: int, int: int, float: float}.get(type(default), str)
+            if f.name in ("tasks_dir", "output_dir", "resume"):
+                kind = Path
+            p.add_argument(flag, dest=f.name, type=kind, help=help_text)
+    return p
+
+
+def config_from_args(argv: Sequence[str] | None = None) -> LocalTrainConfig:
+    """Defaults, then the --test preset, then the flags given explicitly."""
+    given = vars(build_parser().parse_args(argv))
+    preset = TEST_PRESET if given.pop("test", False) else {}
+    return LocalTrainConfig(**{**preset, **given})
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    cfg = config_from_args(argv)
+    summary = train(cfg)
+    print(json.dumps(summary, indent=1))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
