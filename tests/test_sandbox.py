@@ -448,10 +448,10 @@ async def test_execs_share_processes_and_stop_kills_them_all(tmp_path, base_dir)
         await sandbox.exec("tmux send-keys -t main 'echo typed-into-tmux > /tmp/typed' Enter")
         typed = await sandbox.exec("for i in $(seq 50); do [ -s /tmp/typed ] && break; sleep 0.1; done; cat /tmp/typed")
         assert typed.stdout == "typed-into-tmux\n"
+        assert await wait_until(lambda: processes_running("sleep 1003") and processes_running("sleep 1004"))
         listing = await sandbox.exec("ps -eo args")
         assert "sleep 1003" in listing.stdout and "sleep 1004" in listing.stdout
         assert "tmux new-session" in listing.stdout
-        assert processes_running("sleep 1003") and processes_running("sleep 1004")
 
         # Many execs at once.
         started = time.monotonic()
@@ -542,7 +542,8 @@ async def test_sandbox_of_a_killed_process_dies_with_it_and_is_swept(tmp_path, b
     )
     try:
         sandbox_dir = Path(owner.stdout.readline().strip())
-        assert sandbox_dir.is_dir() and processes_running("sleep 1008")
+        assert sandbox_dir.is_dir()
+        assert await wait_until(lambda: processes_running("sleep 1008"))  # nohup execs it soon
     finally:
         owner.kill()  # SIGKILL: no stop(), no atexit
         owner.wait()
