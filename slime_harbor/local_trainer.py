@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from slime_harbor.grpo import GRPOConfig, group_advantages, grpo_loss
+from slime_harbor.grpo import GRPOConfig, group_advantages, grpo_loss, masked_mean
 from slime_harbor.rollout import RolloutConfig, run_rollouts
 from slime_harbor.samples import TrainingSample, read_jsonl
 
@@ -296,6 +296,8 @@ def update(policy: Policy, samples: Sequence[TrainingSample], advantages: Sequen
         logprobs = token_logprobs(policy.model, batch, cfg.temperature)
         loss, metrics = grpo_loss(logprobs, batch.old_logprobs, ref, batch.advantages, batch.loss_mask, grpo)
         (loss * share).backward()
+        # How far the policy is from the sampler, token by token (ppo_kl's mean can cancel out).
+        metrics["abs_ppo_kl"] = masked_mean((logprobs.detach() - batch.old_logprobs).abs(), batch.loss_mask).item()
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + v * share
     if cfg.max_grad_norm > 0:
@@ -327,7 +329,7 @@ def train_on_samples(policy: Policy, samples: Sequence[TrainingSample], cfg: Loc
     out["n_trained_samples"] = len(kept)
     out["n_tokens"] = int(sum(u["n_tokens"] for u in out["updates"]))
     # Step-level figures: token-weighted means over the updates.
-    for k in ("loss", "pg_loss", "kl", "clipfrac", "ppo_kl", "ratio_mean"):
+    for k in ("loss", "pg_loss", "kl", "clipfrac", "ppo_kl", "abs_ppo_kl", "ratio_mean"):
         values = [(u[k], u["n_tokens"]) for u in out["updates"] if k in u]
         if values:
             out[k] = sum(v * w for v, w in values) / sum(w for _, w in values)
@@ -432,6 +434,7 @@ def train(cfg: LocalTrainConfig) -> dict[str, Any]:
             EmbeddedPolicyServer(engine=engine, model_name="policy") as server, asyncio.Runner() as runner:
         for step in range(start + 1, cfg.num_rollouts + 1):
             t0 = time.monotonic()
+            sampled_version = engine.weight_version  # optimizer steps taken before this rollout
             step_dir = out / "rollouts" / f"step_{step}"
             rollout_summary = runner.run(run_rollouts(cfg.rollout(server.url, base_model, step_dir)))
             samples = read_jsonl(step_dir / "samples.jsonl")
@@ -442,7 +445,7 @@ def train(cfg: LocalTrainConfig) -> dict[str, Any]:
                 engine.update_model(policy.model)  # the next rollout samples from the new weights
             t2 = time.monotonic()
             record = {"step": step, **rollout_stats(samples), **result,
-                      "weight_version": engine.weight_version,
+                      "sampled_weight_version": sampled_version,
                       "errors": len(rollout_summary.get("errors") or {}),
                       "timings": {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3)}}
             metrics.append(record)

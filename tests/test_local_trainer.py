@@ -1,0 +1,258 @@
+"""The local GRPO trainer, end to end and piece by piece: real Harbor trials on the bubblewrap sandbox,
+the tiny model served by the engine that trains it, LoRA via peft, checkpoints and resume.
+
+The tiny random policy scores 0 on every real task (no GRPO signal), so the end-to-end runs use
+tests/fixtures/tasks/vowel-share, whose real verifier scores the vowel share of the agent's text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from slime_harbor.local_trainer import (
+    OPTIMIZER_STATE, LocalTrainConfig, Policy, config_from_args, find_checkpoint, make_batch, token_logprobs,
+    train, train_on_samples,
+)
+from slime_harbor.samples import SampleStatus, TrainingSample, read_jsonl
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURE_TASKS = REPO / "tests" / "fixtures" / "tasks"
+
+
+def run_config(tiny_model_dir, out: Path, **overrides) -> LocalTrainConfig:
+    base = dict(
+        tasks_dir=FIXTURE_TASKS, model=str(tiny_model_dir), n_samples=4, num_rollouts=2, lr=1e-2,
+        updates_per_rollout=2, step_limit=1, max_new_tokens=24, save_every=1, output_dir=out, device="cpu",
+    )
+    base.update(overrides)
+    return LocalTrainConfig(**base)
+
+
+def base_model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+def rollout_logprob_gap(model, samples: list[TrainingSample], temperature: float = 1.0) -> float:
+    """Largest |recomputed - rollout| logprob over the sampled tokens of `samples`."""
+    batch = make_batch(samples, [0.0] * len(samples))
+    with torch.no_grad():
+        lp = token_logprobs(model, batch, temperature)
+    mask = batch.loss_mask.bool()
+    return (lp[mask] - batch.old_logprobs[mask]).abs().max().item()
+
+
+@pytest.fixture(scope="module")
+def trained_run(tiny_model_dir, tmp_path_factory):
+    """Two GRPO steps (2 optimizer steps each) with a checkpoint after each step."""
+    out = tmp_path_factory.mktemp("grpo_run")
+    summary = train(run_config(tiny_model_dir, out))
+    return out, summary
+
+
+@pytest.mark.slow
+def test_run_writes_metrics_checkpoints_and_final(trained_run):
+    out, summary = trained_run
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:
+        assert m["skipped"] is None, m["skipped"]
+        assert m["n_samples"] == 4 and m["aborted"] == 0 and m["n_trained_samples"] == 4
+        assert m["n_tokens"] > 0 and len(m["updates"]) == 2
+        assert m["reward_mean"] is not None and m["reward_std"] > 0  # the group had a signal
+        for key in ("loss", "pg_loss", "kl", "clipfrac", "ppo_kl", "abs_ppo_kl", "ratio_mean"):
+            assert key in m
+        assert set(m["timings"]) == {"rollout_s", "train_s"}
+        assert (out / "rollouts" / f"step_{m['step']}" / "samples.jsonl").is_file()
+    # The engine was handed the updated module after step 1 (version 0 = as loaded).
+    assert [m["sampled_weight_version"] for m in metrics] == [0, 1]
+    for n in (1, 2):
+        ckpt = out / f"checkpoint_{n}"
+        assert (ckpt / "adapter_model.safetensors").is_file() and (ckpt / OPTIMIZER_STATE).is_file()
+    assert find_checkpoint(out) == out / "checkpoint_2"
+    assert summary["last_step"] == 2 and summary["skipped_steps"] == []
+    assert json.loads((out / "summary.json").read_text()) == summary
+
+    from transformers import AutoModelForCausalLM
+
+    final = AutoModelForCausalLM.from_pretrained(out / "final")  # peft adapter dir, base found by path
+    samples = read_jsonl(out / "rollouts" / "step_2" / "samples.jsonl")
+    assert rollout_logprob_gap(final.eval(), samples) > 1e-3  # final moved on from step 2's sampler
+
+
+@pytest.mark.slow
+def test_ppo_ratio_is_real_and_rollouts_sample_the_current_policy(trained_run, tiny_model_dir):
+    out, _ = trained_run
+    metrics = json.loads((out / "metrics.json").read_text())
+    for m in metrics:
+        first, second = m["updates"]
+        # The first minibatch is trained by the weights that sampled it: ratio 1 up to float noise.
+        assert first["abs_ppo_kl"] < 1e-4 and abs(first["ratio_mean"] - 1) < 1e-4
+        # The second comes after an optimizer step (lr 1e-2): old logprobs are the rollout's, not a
+        # detached copy of the current ones, so the ratio has moved.
+        assert second["abs_ppo_kl"] > 1e-3
+    # After step 1 the policy differs from the base: KL to the reference is not 0 at step 2's start.
+    assert metrics[1]["updates"][0]["kl"] > 1e-4
+
+    # Step 2's rollout was sampled by the weights of checkpoint_1 (the engine served the updated
+    # module), not by the base model.
+    samples = read_jsonl(out / "rollouts" / "step_2" / "samples.jsonl")
+    cfg = run_config(tiny_model_dir, out)
+    after_step_1 = Policy.load(cfg, str(tiny_model_dir), "cpu", checkpoint=out / "checkpoint_1")
+    assert rollout_logprob_gap(after_step_1.model, samples) < 1e-3
+    assert rollout_logprob_gap(base_model(tiny_model_dir), samples) > 1e-2
+
+
+@pytest.mark.slow
+def test_lora_keeps_base_weights_and_reference_is_the_base(trained_run, tiny_model_dir):
+    out, _ = trained_run
+    cfg = run_config(tiny_model_dir, out)
+    policy = Policy.load(cfg, str(tiny_model_dir), "cpu", checkpoint=out / "checkpoint_2")
+    base = base_model(tiny_model_dir)
+    trained = policy.model.get_base_model().state_dict()
+    lora_b = [v for k, v in trained.items() if "lora_B" in k]
+    assert lora_b and any(v.abs().max() > 0 for v in lora_b)  # the adapters were trained
+    for name, value in base.state_dict().items():
+        key = name if name in trained else name.replace(".weight", ".base_layer.weight")
+        assert torch.equal(trained[key], value), name
+
+    samples = read_jsonl(out / "rollouts" / "step_2" / "samples.jsonl")
+    batch = make_batch(samples, [0.0] * len(samples))
+    with torch.no_grad():
+        expected = token_logprobs(base, batch, 1.0)
+        current = token_logprobs(policy.model, batch, 1.0)
+    reference = policy.reference_logprobs(batch, 1.0)
+    mask = batch.loss_mask.bool()
+    assert torch.allclose(reference[mask], expected[mask], atol=1e-5)
+    assert (current[mask] - expected[mask]).abs().max() > 1e-3  # and the adapters are back on after
+
+
+@pytest.mark.slow
+def test_resume_continues_the_step_counter_with_the_optimizer_state(trained_run, tiny_model_dir, tmp_path):
+    out, _ = trained_run
+    cfg = run_config(tiny_model_dir, out)
+    saved = torch.load(out / "checkpoint_1" / OPTIMIZER_STATE, weights_only=True)
+    restored = Policy.load(cfg, str(tiny_model_dir), "cpu", checkpoint=out / "checkpoint_1").optimizer.state_dict()
+    assert saved["state"].keys() == restored["state"].keys() and saved["state"]
+    for k, state in saved["state"].items():
+        assert torch.equal(state["exp_avg"], restored["state"][k]["exp_avg"])
+        assert torch.equal(state["step"], restored["state"][k]["step"])
+
+    resumed = tmp_path / "resumed"
+    summary = train(run_config(tiny_model_dir, resumed, resume=out / "checkpoint_1"))
+    metrics = json.loads((resumed / "metrics.json").read_text())
+    original = json.loads((out / "metrics.json").read_text())
+    assert [m["step"] for m in metrics] == [1, 2] and metrics[0] == original[0]
+    assert not (resumed / "rollouts" / "step_1").exists()  # step 1 was not run again
+    assert summary["last_step"] == 2 and (resumed / "checkpoint_2" / OPTIMIZER_STATE).is_file()
+    # 2 optimizer steps per rollout: AdamW's step count is 4 only if step 1's state was restored.
+    state = torch.load(resumed / "checkpoint_2" / OPTIMIZER_STATE, weights_only=True)["state"]
+    assert all(int(s["step"]) == 4 for s in state.values())
+
+
+def sample(tokenizer, model, prompt: str, response: str, reward, group=0, index=0, removed=False):
+    """A sample whose rollout logprobs are the model's own (as the engine would report)."""
+    p = tokenizer.encode(prompt, add_special_tokens=False)
+    r = tokenizer.encode(response, add_special_tokens=False)
+    s = TrainingSample(tokens=p + r, response_length=len(r), loss_mask=[1] * len(r), rollout_log_probs=[0.0] * len(r),
+                       reward=reward, status=SampleStatus.COMPLETED, group_index=group, index=index, rollout_id=index,
+                       remove_sample=removed)
+    with torch.no_grad():
+        s.rollout_log_probs = token_logprobs(model, make_batch([s], [0.0]), 1.0)[0].tolist()
+    return s
+
+
+def fresh_policy(tiny_model_dir, **overrides) -> Policy:
+    torch.manual_seed(0)
+    cfg = LocalTrainConfig(model=str(tiny_model_dir), lr=1e-2, device="cpu", **overrides)
+    return Policy.load(cfg, str(tiny_model_dir), "cpu")
+
+
+def trainable_state(policy: Policy) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in policy.params]
+
+
+def test_removed_samples_are_not_trained(tiny_model_dir):
+    runs = []
+    for with_removed in (False, True):
+        policy = fresh_policy(tiny_model_dir)
+        tok, model = policy.tokenizer, policy.model
+        samples = [
+            sample(tok, model, "say hi", "hello there", 1.0, index=0),
+            sample(tok, model, "say hi", "ls -la", 0.0, index=1),
+        ]
+        if with_removed:
+            bad = sample(tok, model, "say hi", "echo aborted", 1.0, index=2, removed=True)
+            bad.tokens = [10**9] * len(bad.tokens)  # would crash the embedding if it were ever trained on
+            bad.status = SampleStatus.ABORTED
+            samples.insert(1, bad)
+        result = train_on_samples(policy, samples, policy.cfg, "cpu")
+        runs.append((result, trainable_state(policy)))
+    (clean, clean_weights), (mixed, mixed_weights) = runs
+    assert mixed["aborted"] == 1 and clean["aborted"] == 0
+    assert mixed["n_trained_samples"] == clean["n_trained_samples"] == 2
+    assert mixed["n_tokens"] == clean["n_tokens"]
+    assert all(torch.equal(a, b) for a, b in zip(clean_weights, mixed_weights))
+    assert any(not torch.equal(a, b) for a, b in zip(clean_weights, trainable_state(fresh_policy(tiny_model_dir))))
+
+
+@pytest.mark.parametrize("rewards, removed, reason", [
+    ([0.0, 0.0], [False, False], "every advantage is 0"),
+    ([1.0, 0.0], [True, True], "no trainable sample"),
+])
+def test_no_signal_skips_the_step_cleanly(tiny_model_dir, rewards, removed, reason):
+    policy = fresh_policy(tiny_model_dir)
+    before = trainable_state(policy)
+    samples = [sample(policy.tokenizer, policy.model, "q", text, r, index=i, removed=x)
+               for i, (text, r, x) in enumerate(zip(["a b", "c d"], rewards, removed))]
+    result = train_on_samples(policy, samples, policy.cfg, "cpu")
+    assert result["skipped"].startswith(reason) and result["updates"] == [] and result["n_tokens"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, trainable_state(policy)))
+    assert policy.optimizer.state_dict()["state"] == {}
+
+
+def test_full_model_training_keeps_a_frozen_reference(tiny_model_dir, tmp_path):
+    policy = fresh_policy(tiny_model_dir, lora=False)
+    base = base_model(tiny_model_dir)
+    samples = [sample(policy.tokenizer, policy.model, "q", "hello", 1.0, index=0),
+               sample(policy.tokenizer, policy.model, "q", "ls", 0.0, index=1)]
+    train_on_samples(policy, samples, policy.cfg, "cpu")
+    assert len(policy.params) == len(list(base.parameters()))  # every weight is trained
+    ref = policy.reference.state_dict()
+    assert all(torch.equal(ref[k], v) for k, v in base.state_dict().items())
+    assert any(not torch.equal(p, base.state_dict()[k]) for k, p in policy.model.state_dict().items())
+
+    from slime_harbor.local_trainer import save_checkpoint
+
+    save_checkpoint(policy, tmp_path / "checkpoint_1", 1, [])
+    again = Policy.load(policy.cfg, str(tiny_model_dir), "cpu", checkpoint=tmp_path / "checkpoint_1")
+    loaded = again.model.state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in policy.model.state_dict().items())
+    assert all(torch.equal(again.reference.state_dict()[k], v) for k, v in base.state_dict().items())
+
+
+def test_flags_test_preset_and_overrides():
+    cfg = config_from_args(["--test", "--n-samples", "2", "--no-lora", "--task-names", "dedupe-lines"])
+    assert cfg.num_rollouts == 2 and cfg.save_every == 1 and cfg.max_new_tokens == 48  # from the preset
+    assert cfg.n_samples == 2 and cfg.lora is False and cfg.task_names == ["dedupe-lines"]  # given
+    assert cfg.lr == 1e-6 and cfg.kl_coef == 0.001 and cfg.eps_clip_high == 0.28  # defaults
+    plain = config_from_args([])
+    assert plain == LocalTrainConfig()
+    assert config_from_args(["--resume", "runs/x"]).resume == Path("runs/x")
+
+
+@pytest.mark.slow
+def test_integration_script():
+    """scripts/test_integration.sh: the whole local run on the shipped entry points."""
+    env = {**os.environ, "PYTHON": str(REPO / ".venv" / "bin" / "python")}
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "test_integration.sh")], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "integration OK" in proc.stdout
