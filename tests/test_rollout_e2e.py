@@ -19,16 +19,22 @@ from slime_harbor.samples import SampleStatus, read_jsonl
 EASY_TASKS = ["dedupe-lines", "fix-sort-key"]
 
 
-def bwrap_processes() -> list[str]:
-    out = subprocess.run(["pgrep", "-a", "bwrap"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if line.strip()]
+def trial_names(out_dir: Path) -> list[str]:
+    return [p.name for p in (out_dir / "trials").iterdir() if p.is_dir()]
 
 
-def sandbox_dirs() -> set[str]:
+def leftovers(out_dir: Path) -> tuple[list[str], list[str]]:
+    """Processes and sandbox dirs that belong to this rollout's trials (named after them), so
+    tests running beside this one cannot confuse the check."""
     from slime_harbor.sandbox import default_sandbox_root
 
+    names = trial_names(out_dir)
+    assert names
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
+    procs = [line for line in ps if any(n in line for n in names)]
     root = Path(default_sandbox_root())
-    return {p.name for p in root.iterdir()} if root.exists() else set()
+    dirs = [p.name for p in root.iterdir() if any(n in p.name for n in names)] if root.exists() else []
+    return procs, dirs
 
 
 def config(tmp_path, policy_server, tiny_model_dir, **overrides) -> RolloutConfig:
@@ -191,7 +197,6 @@ def test_dead_policy_server_is_aborted_not_penalised(tmp_path, tiny_model_dir):
 
 
 def test_cancelled_rollout_leaves_nothing_and_keeps_finished_samples(tmp_path, policy_server, tiny_model_dir):
-    before_dirs = sandbox_dirs()
     cfg = config(tmp_path, policy_server, tiny_model_dir, agent="oracle", task_names=EASY_TASKS, n_samples=3,
                  concurrency=2)
 
@@ -213,14 +218,15 @@ def test_cancelled_rollout_leaves_nothing_and_keeps_finished_samples(tmp_path, p
     assert all(s.reward == 1.0 for s in finished)  # what finished is kept intact
     summary = json.loads((cfg.out_dir / "summary.json").read_text())
     assert summary["interrupted"] is True and summary["n_trials"] == len(finished)
-    assert bwrap_processes() == []
-    assert sandbox_dirs() <= before_dirs
+    assert len(trial_names(cfg.out_dir)) > len(finished)  # some trials were cut off mid-flight
+    assert leftovers(cfg.out_dir) == ([], [])
 
 
 def test_timed_out_trial_leaves_no_process_or_sandbox(tmp_path, policy_server, tiny_model_dir):
     # A task whose agent budget is far too small for the agent: Harbor's timeout fires mid-episode.
     task = tmp_path / "tasks" / "slow"
     src = DEFAULT_TASKS / EASY_TASKS[0]
+    task.parent.mkdir()
     subprocess.run(["cp", "-r", str(src), str(task)], check=True)
     toml = (task / "task.toml").read_text()
     import re
@@ -228,7 +234,6 @@ def test_timed_out_trial_leaves_no_process_or_sandbox(tmp_path, policy_server, t
     toml = re.sub(r"(\[agent\][^\[]*?timeout_sec\s*=\s*)[0-9.]+", r"\g<1>1.0", toml, flags=re.S)
     (task / "task.toml").write_text(toml)
     (task / "solution" / "solve.sh").write_text("#!/bin/bash\nsleep 300\n")
-    before_dirs = sandbox_dirs()
     cfg = config(tmp_path, policy_server, tiny_model_dir, agent="oracle", tasks_dir=task.parent, task_names=None,
                  n_samples=1)
     summary = asyncio.run(run_rollouts(cfg))
@@ -236,6 +241,4 @@ def test_timed_out_trial_leaves_no_process_or_sandbox(tmp_path, policy_server, t
     assert s.metadata["exception_type"] == "AgentTimeoutError"
     assert s.status == SampleStatus.TRUNCATED and s.reward == 0.0
     assert summary["n_trials"] == 1
-    assert bwrap_processes() == []
-    assert not any("sleep 300" in p for p in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines())
-    assert sandbox_dirs() <= before_dirs
+    assert leftovers(cfg.out_dir) == ([], [])
