@@ -9,4 +9,10 @@ The chain, one module per arrow:
 The policy is served by SGLang in production and by policy_server.py (tiny_model.py) here.
 """
 
+import os
+
+# LiteLLM (used by Harbor's terminus-2) downloads its model-cost map on import unless told to use
+# the copy it ships; rollouts must not reach the internet for that.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 __version__ = "0.1.0"
