@@ -53,6 +53,7 @@ import json
 import os
 import posixpath
 import re
+import select
 import shutil
 import signal
 import stat
@@ -94,6 +95,10 @@ _INIT_SCRIPT = f"""cp -a {_ETC_TEMPLATE_MOUNT}/. /etc/ &&
 printf '127.0.0.1\\t%s\\n' "$(hostname)" >> /etc/hosts &&
 echo ready && exec sleep infinity"""
 _INIT_READY_TIMEOUT_SEC = 30
+# /proc/PID/ns names an exec enters (net only when the sandbox has a network of its own).
+_ENTERED_NAMESPACES = ("user", "mnt", "pid", "ipc", "uts", "net")
+_NSENTER_FLAGS = {"user": "user", "mnt": "mount", "pid": "pid", "ipc": "ipc", "uts": "uts",
+                  "net": "net"}  # fmt: skip
 _ROOT_USERS = (None, "root", 0, "0")
 # Host directories shared read-only; symlinks among them (merged /usr) are recreated instead.
 _HOST_TOOL_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -174,6 +179,11 @@ class BubblewrapEnvironment(BaseEnvironment):
         self._etc_template: Path | None = None
         self._init: asyncio.subprocess.Process | None = None
         self._init_pid: int | None = None
+        # Open handles on the sandbox's namespaces and root, which execs enter. Holding them
+        # (instead of naming pid 1 to nsenter) means a dead sandbox fails the exec: a recycled
+        # pid can never send a command into some other process's namespaces, or the host's.
+        self._namespace_fds: dict[str, int] = {}
+        self._pid1_fd: int | None = None  # a pidfd: readable once pid 1 has exited
         self._execs: set[asyncio.subprocess.Process] = set()
         self._stopped = False
 
@@ -267,6 +277,11 @@ class BubblewrapEnvironment(BaseEnvironment):
                 await asyncio.wait_for(self._init.wait(), timeout=30)
             except TimeoutError:
                 self.logger.error(f"sandbox init {self._init.pid} did not exit after SIGKILL")
+        for fd in [*self._namespace_fds.values(), self._pid1_fd]:
+            if fd is not None:
+                os.close(fd)
+        self._namespace_fds.clear()
+        self._pid1_fd = None
         if self.sandbox_dir is None:
             return
         _live_sandboxes.pop(self.sandbox_dir, None)
@@ -327,7 +342,18 @@ class BubblewrapEnvironment(BaseEnvironment):
             raise RuntimeError(
                 f"bubblewrap sandbox did not start: {log_path.read_text(errors='replace')}"
             )
-        self._init_pid = json.loads(info)["child-pid"]
+        self._open_namespaces(json.loads(info))
+
+    def _open_namespaces(self, info: dict) -> None:
+        pid = info["child-pid"]
+        self._pid1_fd = os.pidfd_open(pid)
+        for name in _ENTERED_NAMESPACES:
+            self._namespace_fds[name] = os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY)
+        self._namespace_fds["root"] = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY)
+        # bwrap reported these inodes itself, so the handles are this sandbox's, not a reused pid's.
+        if os.fstat(self._namespace_fds["pid"]).st_ino != info["pid-namespace"]:
+            raise RuntimeError("bubblewrap sandbox exited while starting")
+        self._init_pid = pid
 
     def _bwrap_argv(self, info_fd: int) -> list[str]:
         argv = [
@@ -408,9 +434,12 @@ class BubblewrapEnvironment(BaseEnvironment):
         """
         if self._init_pid is None or self._stopped:
             raise RuntimeError("the sandbox is not running")
+        if select.select([self._pid1_fd], [], [], 0)[0]:
+            raise RuntimeError("the sandbox exited unexpectedly (its pid 1 was killed)")
         with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
             proc = await asyncio.create_subprocess_exec(
                 *self._nsenter_argv(), "/usr/bin/env", "-C", cwd, *argv,
+                pass_fds=tuple(self._namespace_fds.values()),
                 stdin=stdin if stdin is not None else asyncio.subprocess.DEVNULL,
                 stdout=stdout if stdout is not None else out_file,
                 stderr=err_file,
@@ -435,14 +464,14 @@ class BubblewrapEnvironment(BaseEnvironment):
             return _Completed(proc.returncode, out_file.read(), err_file.read())
 
     def _nsenter_argv(self) -> list[str]:
-        argv = [_host_tool("nsenter"), f"--target={self._init_pid}", "--user", "--mount"]
-        argv += ["--pid", "--ipc"]
+        argv = [_host_tool("nsenter")]
+        for name in _ENTERED_NAMESPACES:
+            if name != "net" or not self.shares_host_network:
+                argv.append(f"--{_NSENTER_FLAGS[name]}=/proc/self/fd/{self._namespace_fds[name]}")
+        argv.append(f"--root=/proc/self/fd/{self._namespace_fds['root']}")
         # Keep our uid (it is root inside): for a non-root host user bwrap denies setgroups
         # in the namespace, so nsenter's default switch to uid/gid 0 would fail.
-        argv += ["--uts", "--root", "--preserve-credentials"]
-        if not self.shares_host_network:
-            argv.append("--net")
-        return [*argv, "--"]
+        return [*argv, "--preserve-credentials", "--"]
 
     async def _check(self, argv: list[str], what: str, **kwargs) -> _Completed:
         done = await self._run(argv, **kwargs)
