@@ -259,6 +259,8 @@ class Policy:
         if checkpoint is not None:
             state = torch.load(Path(checkpoint) / OPTIMIZER_STATE, map_location=device, weights_only=True)
             policy.optimizer.load_state_dict(state)
+            for group in policy.optimizer.param_groups:  # the state carries on; this run's flags set the rates
+                group["lr"], group["weight_decay"] = cfg.lr, cfg.weight_decay
         return policy
 
     def reference_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:

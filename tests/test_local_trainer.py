@@ -145,6 +145,10 @@ def test_resume_continues_the_step_counter_with_the_optimizer_state(trained_run,
         assert torch.equal(state["exp_avg"], restored["state"][k]["exp_avg"])
         assert torch.equal(state["step"], restored["state"][k]["step"])
 
+    new_lr = run_config(tiny_model_dir, out, lr=5e-3)
+    groups = Policy.load(new_lr, str(tiny_model_dir), "cpu", checkpoint=out / "checkpoint_1").optimizer.param_groups
+    assert all(g["lr"] == 5e-3 for g in groups)  # the state carries on; the flags given now set the rate
+
     resumed = tmp_path / "resumed"
     summary = train(run_config(tiny_model_dir, resumed, resume=out / "checkpoint_1"))
     metrics = json.loads((resumed / "metrics.json").read_text())
