@@ -191,6 +191,28 @@ def group_advantages(
     return advantages
 
 
+def episode_advantages(samples: Sequence, rewards: Sequence[float] | None = None, normalize_std: bool = False) -> list[float]:
+    """Group-relative advantage per sample, where each EPISODE counts once in its group's baseline.
+
+    An episode is (group_index, rollout_id or index): the converter splits an episode whose
+    tokens drifted into several samples sharing one rollout_id, and those pieces must neither
+    weigh their episode twice in the mean nor get different advantages. Pass only kept samples
+    (not remove_sample); `rewards` defaults to each sample's `.reward`.
+    """
+    rewards = [float(s.reward) for s in samples] if rewards is None else [float(r) for r in rewards]
+
+    def key(s):
+        return s.group_index, s.rollout_id if s.rollout_id is not None else s.index
+
+    episodes: dict[tuple, float] = {}
+    for s, r in zip(samples, rewards, strict=True):
+        episodes.setdefault(key(s), r)
+    keys = list(episodes)
+    values = group_advantages([episodes[k] for k in keys], [k[0] for k in keys], normalize_std=normalize_std)
+    by_episode = dict(zip(keys, values.tolist()))
+    return [by_episode[key(s)] for s in samples]
+
+
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Mean of `values` where mask is 1 (over all elements, or along `dim`).
 

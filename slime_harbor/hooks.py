@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from slime_harbor.grpo import group_advantages
+from slime_harbor.grpo import episode_advantages
 from slime_harbor.rollout import RolloutConfig, run_episode
 from slime_harbor.samples import SampleStatus, TrainingSample
 
@@ -144,16 +144,10 @@ def reward_post_process(args, samples):
     """
     flat = [s for group in samples for s in group] if samples and isinstance(samples[0], list) else list(samples)
     raw = [float(s.get_reward_value(args)) if s.reward is not None else 0.0 for s in flat]
-    episodes: dict[tuple, float] = {}
-    for s, r in zip(flat, raw):
-        if not s.remove_sample:
-            episodes.setdefault((s.group_index, s.rollout_id if s.rollout_id is not None else s.index), r)
-    keys = list(episodes)
+    kept = [i for i, s in enumerate(flat) if not s.remove_sample]
     normalize = bool(getattr(args, "grpo_std_normalization", False))
-    advantages = group_advantages([episodes[k] for k in keys], [k[0] for k in keys], normalize_std=normalize)
-    by_episode = dict(zip(keys, advantages.tolist()))
-    rewards = [
-        0.0 if s.remove_sample else by_episode[(s.group_index, s.rollout_id if s.rollout_id is not None else s.index)]
-        for s in flat
-    ]
+    advantages = episode_advantages([flat[i] for i in kept], [raw[i] for i in kept], normalize_std=normalize)
+    rewards = [0.0] * len(flat)
+    for i, a in zip(kept, advantages):
+        rewards[i] = a
     return raw, rewards

@@ -12,7 +12,7 @@ core (rollout.run_rollouts: Harbor Trials, agent, sandbox, verifier, converter) 
 
 One step N:
     1. rollout: n_samples Harbor trials per task -> output_dir/rollouts/step_N/samples.jsonl
-    2. advantages: reward minus the mean reward of the task's episodes (grpo.group_advantages);
+    2. advantages: reward minus the mean reward of the task's episodes (grpo.episode_advantages);
        removed samples (infra failures) are dropped and counted as aborted
     3. update: recompute the logprobs of the sampled tokens (log_softmax(logits / T), exactly as
        the engine does), old logprobs = the rollout's own (so the PPO ratio is pi / pi_sampler),
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from slime_harbor.grpo import GRPOConfig, group_advantages, grpo_loss, masked_mean
+from slime_harbor.grpo import GRPOConfig, episode_advantages, grpo_loss, masked_mean
 from slime_harbor.rollout import RolloutConfig, run_rollouts
 from slime_harbor.samples import TrainingSample, read_jsonl
 
@@ -194,21 +194,6 @@ def token_logprobs(model, batch: Batch, temperature: float) -> torch.Tensor:
     if temperature > 0:
         logits = logits / temperature
     return torch.log_softmax(logits, dim=-1).gather(-1, batch.targets[..., None])[..., 0]
-
-
-def episode_advantages(samples: Sequence[TrainingSample], normalize_std: bool = False) -> list[float]:
-    """Group-relative advantage per sample: each episode (group_index, rollout_id) counts once in
-    its group's baseline, and every piece of a drifted episode gets its episode's advantage."""
-    def key(s):
-        return s.group_index, s.rollout_id if s.rollout_id is not None else s.index
-
-    episodes: dict[tuple, float] = {}
-    for s in samples:
-        episodes.setdefault(key(s), float(s.reward))
-    keys = list(episodes)
-    values = group_advantages([episodes[k] for k in keys], [k[0] for k in keys], normalize_std=normalize_std)
-    by_episode = dict(zip(keys, values.tolist()))
-    return [by_episode[key(s)] for s in samples]
 
 
 def trainable(samples: Sequence[TrainingSample]) -> list[TrainingSample]:
