@@ -44,10 +44,11 @@ if [ ! -f "$stamp" ]; then
     rm -f "$VENV"/.installed-* && touch "$stamp"
 fi
 
-# System tools the local sandbox needs: bubblewrap (the sandbox itself) and tmux (terminus-2
-# drives a tmux session inside the sandbox).
+# System tools the local sandbox needs: bubblewrap (the sandbox itself), nsenter from util-linux
+# (each command joins the sandbox's namespaces) and tmux (terminus-2 drives a tmux session inside).
 missing=()
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+command -v nsenter >/dev/null 2>&1 || missing+=(util-linux)
 command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
