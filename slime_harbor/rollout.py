@@ -200,9 +200,12 @@ async def run_episode(
     try:
         trial = await Trial.create(config)
         result = await asyncio.wait_for(trial.run(), hard_timeout_sec(task_path, cfg.timeout_multiplier))
+    except asyncio.CancelledError:
+        await _finish_environment_stop(trial)
+        raise
     except TimeoutError:
-        # wait_for cancelled the trial; Harbor's cancellation path stopped the sandbox and
-        # recorded a CancelledError in the result, which classifies as aborted.
+        # wait_for cancelled the trial, which recorded a CancelledError (classified aborted).
+        await _finish_environment_stop(trial)
         result = trial.result
     except Exception as exc:  # the trial could not even be created (malformed task dir, bad config)
         log.warning("trial for %s failed before running: %s", task_path.name, exc)
@@ -221,6 +224,30 @@ async def run_episode(
         samples=samples, seconds=time.monotonic() - started, trial_dir=first.metadata.get("trial_dir"),
         error=None if first.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED) else first.metadata.get("status_reason"),
     )
+
+
+async def _finish_environment_stop(trial) -> None:
+    """Wait until the trial's environment is really stopped.
+
+    Harbor stops the environment in a shielded task, and a trial cancelled a second time returns
+    before that task ends; when the event loop then closes, the teardown dies half done (a
+    sandbox dir or container left behind). Calling stop() again joins the teardown (our sandbox
+    shares one stop task; Harbor's other environments tolerate a second stop).
+    """
+    environment = getattr(trial, "agent_environment", None)
+    if environment is None:
+        return
+    stop = asyncio.ensure_future(environment.stop(delete=trial.config.environment.delete))
+    cancelled = None
+    while not stop.done():
+        try:
+            await asyncio.shield(stop)
+        except asyncio.CancelledError as exc:  # keep waiting, then pass the cancellation on
+            cancelled = exc
+    if not stop.cancelled() and stop.exception() is not None:
+        log.warning("stopping the environment of %s failed: %s", trial.config.trial_name, stop.exception())
+    if cancelled is not None:
+        raise cancelled
 
 
 def _failed_sample(task_name: str, group_index: int, index: int, exc: BaseException) -> TrainingSample:
@@ -266,13 +293,14 @@ async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
             sink.flush()
             bar.update(episode)
 
-        jobs = [
-            one(task_path, group_index, group_index * cfg.n_samples + k)
-            for group_index, task_path in enumerate(tasks)
-            for k in range(cfg.n_samples)
-        ]
         try:
-            await asyncio.gather(*jobs)
+            # A TaskGroup, not gather: on Ctrl-C / cancellation it cancels every trial and waits
+            # for all of them to finish tearing down. gather returns at the first cancelled
+            # child, and the event loop's shutdown would then cut the others' sandbox teardown.
+            async with asyncio.TaskGroup() as group:
+                for group_index, task_path in enumerate(tasks):
+                    for k in range(cfg.n_samples):
+                        group.create_task(one(task_path, group_index, group_index * cfg.n_samples + k))
         except (asyncio.CancelledError, KeyboardInterrupt):
             interrupted = True
             raise

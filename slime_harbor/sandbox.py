@@ -186,6 +186,7 @@ class BubblewrapEnvironment(BaseEnvironment):
         self._pid1_fd: int | None = None  # a pidfd: readable once pid 1 has exited
         self._execs: set[asyncio.subprocess.Process] = set()
         self._stopped = False
+        self._stop_task: asyncio.Future | None = None
 
     @staticmethod
     def type() -> str:
@@ -268,8 +269,17 @@ class BubblewrapEnvironment(BaseEnvironment):
             await self._check(["mkdir", "-p", "--", self.task_env_config.workdir], "workdir")
 
     async def stop(self, delete: bool) -> None:
-        if self._stopped:
-            return
+        """Kill everything in the sandbox and (delete=True) remove its directory.
+
+        Every caller waits for the same teardown: Harbor runs stop() under asyncio.shield, and a
+        caller cancelled twice returns early while the teardown goes on, so whoever calls again
+        (the rollout runner does, after a cancellation) must be able to wait for it to finish.
+        """
+        if self._stop_task is None:
+            self._stop_task = asyncio.ensure_future(self._stop(delete))
+        await asyncio.shield(self._stop_task)
+
+    async def _stop(self, delete: bool) -> None:
         self._stopped = True
         self._kill_all()
         if self._init is not None:
