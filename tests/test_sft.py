@@ -1,0 +1,118 @@
+"""SFT on the tiny model: the loss falls, only masked-in tokens count, multi-turn episodes are
+in the native agent's token format, and early stopping stops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slime_harbor.agent import BASH_BLOCK, format_observation, initial_prompt_ids, observation_ids
+from slime_harbor.sft import (
+    SFTConfig, agent_reply, completion_nll, masked_token_logprobs, native_agent_episode, sequence_logprob,
+    sequence_nll, sft, sft_model_dir, sft_sequences,
+)
+
+INSTRUCTION = "Rename the file water.txt to house.txt."
+REPLIES = [agent_reply("I will rename the file.", "mv water.txt house.txt"), agent_reply("The task is done.", "submit")]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture
+def model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def episode(tokenizer):
+    return native_agent_episode(tokenizer, INSTRUCTION, REPLIES, [(0, "")])
+
+
+def test_agent_reply_parses_as_one_command():
+    assert [BASH_BLOCK.findall(r) for r in REPLIES] == [["mv water.txt house.txt"], ["submit"]]
+
+
+def test_episode_is_prompt_replies_and_observation_with_mask_on_replies(tokenizer, episode):
+    ids, mask = episode
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    prompt = initial_prompt_ids(tokenizer, INSTRUCTION)
+    reply_1 = tokenizer.encode(REPLIES[0], add_special_tokens=False) + [im_end]
+    observation = observation_ids(tokenizer, format_observation(0, ""), closed=True)
+    reply_2 = tokenizer.encode(REPLIES[1], add_special_tokens=False) + [im_end]
+    assert ids == prompt + reply_1 + observation + reply_2
+    assert mask == [0] * len(prompt) + [1] * len(reply_1) + [0] * len(observation) + [1] * len(reply_2)
+    with pytest.raises(ValueError):
+        native_agent_episode(tokenizer, INSTRUCTION, REPLIES, [])
+
+
+def test_loss_counts_masked_in_tokens_only(model, episode):
+    """Without gradients: the loss is the mean NLL over the mask's 1s and nothing else."""
+    ids, mask = episode
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1]
+        nll = -torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+        trained = torch.tensor(mask[1:], dtype=torch.bool)
+        assert sequence_nll(model, [episode]).item() == pytest.approx(nll[trained].mean().item(), rel=1e-5)
+        assert sequence_logprob(model, [episode]).item() == pytest.approx(-nll[trained].sum().item(), rel=1e-5)
+        # Observation tokens carry real NLL, so counting them would change the loss...
+        everything = (ids, [1] * len(ids))
+        assert abs(sequence_nll(model, [everything]).item() - sequence_nll(model, [episode]).item()) > 1e-3
+        # ...and masked-out tokens after the last trained one change nothing, whatever they are.
+        padded = (ids + ids[:40], mask + [0] * 40)
+        assert sequence_nll(model, [padded]).item() == pytest.approx(sequence_nll(model, [episode]).item(), rel=1e-6)
+        # Right padding in a batch does not move a row's figures.
+        short = (ids[:100], mask[:100])
+        batched = sequence_logprob(model, [episode, short])
+        alone = sequence_logprob(model, [short])
+        assert batched[1].item() == pytest.approx(alone.item(), rel=1e-5)
+
+
+def test_observation_tokens_get_no_gradient_of_their_own(model, episode):
+    """A masked-out target receives no gradient: the logprob tensor's grad is zero there."""
+    ids, mask = episode
+    logprobs, target_mask = masked_token_logprobs(model, [episode])
+    logprobs.retain_grad()
+    (-(logprobs * target_mask).sum() / target_mask.sum()).backward()
+    grad = logprobs.grad[0]
+    assert torch.all(grad[~target_mask[0]] == 0) and torch.all(grad[target_mask[0]] != 0)
+    assert target_mask[0].tolist() == [bool(m) for m in mask[1:]]
+
+
+def test_sft_on_episodes_lowers_their_nll(model, episode):
+    with torch.no_grad():
+        before = sequence_nll(model, [episode]).item()
+    losses = sft_sequences(model, [episode], SFTConfig(steps=30, batch_size=2, lr=3e-3))
+    with torch.no_grad():
+        after = sequence_nll(model, [episode]).item()
+    assert after < 0.2 * before and losses[-1] < losses[0]
+
+
+def test_sft_on_pairs_lowers_completion_nll(model, tokenizer):
+    prompt = initial_prompt_ids(tokenizer, INSTRUCTION)
+    pairs = [(prompt, tokenizer.encode(REPLIES[0], add_special_tokens=False))]
+    with torch.no_grad():
+        before = completion_nll(model, pairs).item()
+    sft(model, pairs, SFTConfig(steps=20, batch_size=2))
+    with torch.no_grad():
+        assert completion_nll(model, pairs).item() < 0.3 * before
+
+
+def test_until_stops_early_and_model_dir_round_trips(tiny_model_dir, episode, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    seen = []
+    losses = sft_model_dir(tiny_model_dir, tmp_path, config=SFTConfig(steps=50, batch_size=2), sequences=[episode],
+                           until=lambda step, model: seen.append(step) or step == 7)
+    assert len(losses) == 7 and seen == list(range(1, 8))
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert sequence_nll(saved, [episode]).item() < losses[0]  # the trained weights were saved
+    with pytest.raises(ValueError):
+        sft_model_dir(tiny_model_dir, tmp_path / "nothing")

@@ -1,0 +1,169 @@
+"""Procedural task families: generated dirs are Harbor tasks, real trials on the bubblewrap sandbox
+score the oracle 1 and doing nothing (or nearly the right thing) 0, splits never share an
+instance, and the SFT oracle episode is the native agent's token format."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from harbor.models.task.task import Task
+
+from slime_harbor import task_families as tf
+from slime_harbor.agent import BASH_BLOCK, SUBMIT_COMMAND, format_observation, initial_prompt_ids, observation_ids
+from slime_harbor.rollout import RolloutConfig, run_rollouts
+
+REPO = Path(__file__).resolve().parent.parent
+ALLOWED_DOCKERFILE_INSTRUCTIONS = {"FROM", "WORKDIR", "COPY", "ENV", "RUN"}
+
+# A plausible wrong answer per family: the verifier must tell it from the skill.
+NEAR_MISSES = {
+    "write-word": lambda i: f"echo {i.key[0]}s > {i.key[1]}",
+    "rename-file": lambda i: f"cp {i.key[0]} {i.key[1]}",  # the source must go
+    "copy-file": lambda i: f"mv {i.key[0]} {i.key[1]}",  # the source must stay
+    "replace-word": lambda i: f"sed -i 's/{i.key[0]}/{i.key[1]}/' {i.key[2]} && echo {i.key[0]} >> {i.key[2]}",
+    "make-dir": lambda i: f"touch {i.key[0]}",  # a file, not a directory
+    "delete-file": lambda i: "rm *.txt",  # the other files must survive
+    "count-lines": lambda i: f"echo 1 > {i.key[1]}",
+}
+
+
+def rollout(tasks_dir: Path, agent: str, out: Path) -> dict:
+    cfg = RolloutConfig(tasks_dir=tasks_dir, agent=agent, n_samples=1, concurrency=4, out_dir=out, progress=False)
+    return asyncio.run(run_rollouts(cfg))
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory) -> list[Path]:
+    """Two held-out instances per family."""
+    return tf.generate(tmp_path_factory.mktemp("families"), n=2, seed=0, split="heldout")
+
+
+def test_every_family_is_generated(tasks):
+    assert sorted({tf.family_of(p.name) for p in tasks}) == sorted(tf.FAMILIES)
+    assert len(tasks) == 2 * len(tf.FAMILIES)
+
+
+def test_generated_tasks_load_with_harbor(tasks):
+    for path in tasks:
+        task = Task(path)
+        assert task.instruction.strip() and task.config.environment.workdir == tf.WORKDIR
+        assert task.config.metadata["family"] == tf.family_of(path.name)
+        env = path / "environment"
+        for line in (env / "Dockerfile").read_text().splitlines():
+            keyword, *args = shlex.split(line)
+            assert keyword in ALLOWED_DOCKERFILE_INSTRUCTIONS, line
+            if keyword == "COPY":
+                assert (env / args[0]).is_file()
+        assert "/logs/verifier/reward.txt" in (path / "tests" / "test.sh").read_text()
+
+
+def test_oracle_arguments_are_copied_from_the_instruction():
+    """The skill to learn is copying: every name in the oracle command appears in the instruction."""
+    for family in tf.FAMILIES:
+        for inst in tf.instances(family, 5, seed=3):
+            assert all(k in inst.instruction for k in inst.key), inst
+            assert all(k in inst.command for k in inst.key), inst
+            assert len(inst.command) <= 40
+
+
+@pytest.mark.slow
+def test_oracle_scores_one_and_nop_zero_in_real_trials(tasks, tmp_path):
+    tasks_dir = tasks[0].parent
+    for agent, expected in (("oracle", 1.0), ("nop", 0.0)):
+        summary = rollout(tasks_dir, agent, tmp_path / agent)
+        assert summary["errors"] == {}, summary["errors"]
+        assert summary["per_task_rewards"] == {p.name: [expected] for p in tasks}, agent
+
+
+@pytest.mark.slow
+def test_near_misses_score_zero_in_real_trials(tasks, tmp_path):
+    """The oracle agent runs solution/solve.sh: swap in a wrong command, keep everything else."""
+    tasks_dir = tmp_path / "near_miss_tasks"
+    for path in tasks[::2]:  # one instance per family
+        inst = instance_of(path)
+        copy = shutil.copytree(path, tasks_dir / path.name)
+        (copy / "solution" / "solve.sh").write_text(f"cd {tf.WORKDIR}\n{NEAR_MISSES[inst.family](inst)}\n")
+    summary = rollout(tasks_dir, "oracle", tmp_path / "trials")
+    assert summary["errors"] == {}
+    assert summary["per_task_rewards"] == {p.name: [0.0] for p in sorted(tasks_dir.iterdir())}
+
+
+def instance_of(path: Path) -> tf.Instance:
+    """The held-out instance (seed 0) a generated task dir was written from."""
+    for inst in tf.instances(tf.family_of(path.name), 2, seed=0, split="heldout"):
+        if inst.name == path.name:
+            return inst
+    raise KeyError(path.name)
+
+
+def test_oracle_commands_are_silent_and_succeed(tmp_path):
+    """oracle_episode assumes the command's observation is return code 0 and no output."""
+    for family in tf.FAMILIES:
+        inst = tf.instances(family, 1, seed=0)[0]
+        workdir = tmp_path / family
+        workdir.mkdir()
+        for name, content in inst.files.items():
+            (workdir / name).write_text(content)
+        done = subprocess.run(["bash", "-c", inst.command], cwd=workdir, capture_output=True, text=True)
+        assert (done.returncode, done.stdout, done.stderr) == (0, "", ""), inst.command
+
+
+def test_splits_are_disjoint_and_draws_reproducible():
+    for family in tf.FAMILIES:
+        train = tf.instances(family, 8, seed=0, split="train")
+        heldout = tf.instances(family, 8, seed=0, split="heldout")
+        assert {i.split for i in train} == {"train"} and {i.split for i in heldout} == {"heldout"}
+        assert not {i.key for i in train} & {i.key for i in heldout}
+        # Disjoint across seeds too: the split is a function of the instance, not of the draw.
+        other_seed = tf.instances(family, 8, seed=1, split="heldout")
+        assert not {i.key for i in train} & {i.key for i in other_seed}
+        assert [i.key for i in other_seed] != [i.key for i in heldout]
+        assert tf.instances(family, 8, seed=0, split="train") == train
+        assert len({i.key for i in train}) == len({i.name for i in train}) == 8
+
+
+def test_a_family_runs_out_of_instances():
+    n = len(tf.WORDS) + 1  # make-dir has one instance per word, split between train and held-out
+    with pytest.raises(ValueError, match="fewer than"):
+        tf.instances("make-dir", n, seed=0)
+    assert 0 < len(tf.instances("make-dir", n, seed=0, strict=False)) < n
+
+
+def test_oracle_episode_is_the_native_agent_token_format():
+    from transformers import AutoTokenizer
+
+    from slime_harbor.cli import ensure_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(ensure_tiny_model())
+    inst = tf.instances("rename-file", 1, seed=0)[0]
+    ids, mask = tf.oracle_episode(tok, inst)
+    prompt = initial_prompt_ids(tok, inst.instruction)
+    observation = observation_ids(tok, format_observation(0, ""), closed=True)
+    assert ids[: len(prompt)] == prompt and not any(mask[: len(prompt)])
+    # prompt | reply 1 | observation | reply 2: replies (closed by <|im_end|>) trained on, the rest not
+    first_reply_end = mask.index(0, len(prompt))
+    assert ids[first_reply_end: first_reply_end + len(observation)] == observation
+    replies = tok.decode(ids[len(prompt):first_reply_end]), tok.decode(ids[first_reply_end + len(observation):])
+    assert all(r.endswith("<|im_end|>") for r in replies)
+    assert [BASH_BLOCK.findall(r)[0] for r in replies] == [inst.command, SUBMIT_COMMAND]
+    assert mask == ([0] * len(prompt) + [1] * (first_reply_end - len(prompt)) + [0] * len(observation)
+                    + [1] * (len(ids) - first_reply_end - len(observation)))
+
+
+def test_command_line_writes_tasks(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "slime_harbor.task_families", "--out", str(tmp_path), "--n", "1", "--seed", "5",
+         "--split", "heldout", "--families", "make-dir", "copy-file"],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert [tf.family_of(n) for n in written] == ["copy-file", "make-dir"]
+    assert all(tf.split_of(tf.family_of(n), inst.key) == "heldout"
+               for n in written for inst in tf.instances(tf.family_of(n), 1, seed=5, split="heldout"))
