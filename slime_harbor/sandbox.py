@@ -296,7 +296,17 @@ class BubblewrapEnvironment(BaseEnvironment):
             return
         _live_sandboxes.pop(self.sandbox_dir, None)
         if delete:
-            await asyncio.to_thread(_remove_tree, self.sandbox_dir)
+            # A start() cancelled mid-way may still have a worker thread populating the root for
+            # a moment, and killed processes need a moment to die: sweep and retry briefly.
+            for attempt in range(10):
+                try:
+                    await asyncio.to_thread(_remove_tree, self.sandbox_dir)
+                    break
+                except OSError:
+                    if attempt == 9:
+                        raise
+                    self._kill_all()
+                    await asyncio.sleep(0.2)
         else:
             self.logger.info(f"Sandbox directory kept at {self.sandbox_dir}")
 
@@ -310,6 +320,16 @@ class BubblewrapEnvironment(BaseEnvironment):
             _signal(os.killpg, self._init.pid)  # failed or interrupted before pid 1 was known
         for proc in list(self._execs):
             _signal(os.killpg, proc.pid)
+        # Belt and braces: a start() cancelled between spawning bwrap and learning pid 1's pid,
+        # or an exec spawned while we were stopping, escapes the bookkeeping above. Every process
+        # of this sandbox carries its marker in its environment, so find them all and kill them.
+        if self.sandbox_dir is not None:
+            for pid in _pids_with_marker(self._marker):
+                _signal(os.kill, pid)
+
+    @property
+    def _marker(self) -> str:
+        return self.sandbox_dir.name if self.sandbox_dir is not None else ""
 
     @property
     def _rootfs(self) -> Path:
@@ -333,7 +353,8 @@ class BubblewrapEnvironment(BaseEnvironment):
                     stderr=log,
                     pass_fds=(info_write,),
                     start_new_session=True,
-                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                    # The marker is inherited by pid 1; _kill_all sweeps by it (see there).
+                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), MARKER_VAR: self._marker},
                 )
         finally:
             os.close(info_write)
@@ -454,7 +475,7 @@ class BubblewrapEnvironment(BaseEnvironment):
                 stdout=stdout if stdout is not None else out_file,
                 stderr=err_file,
                 # Our own commands (tar, mkdir ...) get the standard PATH, whatever ENV says.
-                env=env if env is not None else {**self._base_env, "PATH": DEFAULT_PATH},
+                env={**(env if env is not None else {**self._base_env, "PATH": DEFAULT_PATH}), MARKER_VAR: self._marker},
                 start_new_session=True,  # its own process group, killed as a whole
             )  # fmt: skip
             self._execs.add(proc)
@@ -649,6 +670,25 @@ def _sweep_stale_sandboxes(base_dir: Path) -> None:
         if namespace == our_namespace and _owner_stamp(int(pid)) != stamp:
             with contextlib.suppress(FileNotFoundError):  # another sweeper got there first
                 _remove_tree(path)
+
+
+MARKER_VAR = "SLIME_HARBOR_SANDBOX"
+
+
+def _pids_with_marker(marker: str) -> list[int]:
+    """Host pids whose environment holds SLIME_HARBOR_SANDBOX=<marker>."""
+    needle = f"{MARKER_VAR}={marker}".encode()
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    pids.append(int(name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return pids
 
 
 def _remove_tree(path: Path) -> None:
