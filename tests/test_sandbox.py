@@ -227,6 +227,35 @@ async def test_cancelled_trial_leaves_nothing(tmp_path, base_dir):
     assert not trial.agent_environment.sandbox_dir.exists()
 
 
+@pytest.mark.asyncio
+async def test_start_cancelled_at_any_point_leaves_nothing(tmp_path, base_dir):
+    """Ctrl-C lands anywhere in start(): before bwrap runs, while it sets up, mid Dockerfile RUN.
+    Whatever the moment, stop() must kill every process of the sandbox and remove its dir."""
+    import random
+
+    from slime_harbor.sandbox import _pids_with_marker
+
+    task_dir = write_task(tmp_path)
+    task = Task(task_dir)
+    rng = random.Random(0)
+    for i in range(25):
+        trial_paths = TrialPaths(tmp_path / f"trial{i}")
+        trial_paths.mkdir()
+        environment = BubblewrapEnvironment(
+            environment_dir=task.paths.environment_dir, environment_name=task.name, session_id=f"cancel{i}__env",
+            trial_paths=trial_paths, task_env_config=task.config.environment, base_dir=base_dir,
+        )
+        starting = asyncio.create_task(environment.start(force_build=False))
+        await asyncio.sleep(rng.uniform(0, 0.15))
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        await asyncio.wait_for(environment.stop(delete=True), 30)
+        if environment.sandbox_dir is not None:
+            assert _pids_with_marker(environment.sandbox_dir.name) == []
+            assert not environment.sandbox_dir.exists()
+
+
 # --- the Dockerfile -------------------------------------------------------------------------
 
 
