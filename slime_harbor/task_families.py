@@ -91,6 +91,9 @@ class Instance:
     instruction: str
     command: str
     """The oracle: one shell command run in the work dir."""
+    near_miss: str
+    """A plausible wrong command the verifier rejects (cp for mv, touch for mkdir, ...), silent
+    like the oracle: for tests, and for demonstrations of an imperfect demonstrator."""
     thought: str
     """The THOUGHT an oracle-style reply gives before the command (one per family)."""
     files: dict[str, str]
@@ -149,7 +152,7 @@ def write_word(rng: random.Random) -> Instance:
     return Instance(
         family="write-word", key=(word, target),
         instruction=f"Write the word {word} into the file {target}.",
-        command=f"echo {word} > {target}", thought="I will write the word into the file.",
+        command=f"echo {word} > {target}", near_miss=f"touch {target}", thought="I will write the word into the file.",
         files=_distractors(rng, used),
         check=f'[ "$(cat {target} 2>/dev/null)" = {word} ]',
     )
@@ -162,7 +165,7 @@ def rename_file(rng: random.Random) -> Instance:
     return Instance(
         family="rename-file", key=(source, dest),
         instruction=f"Rename the file {source} to {dest}.",
-        command=f"mv {source} {dest}", thought="I will rename the file.",
+        command=f"mv {source} {dest}", near_miss=f"cp {source} {dest}", thought="I will rename the file.",
         files={source: content, **_distractors(rng, used)},
         check=f"[ ! -e {source} ] && cmp -s /tests/expected {dest}", expected=content,
     )
@@ -175,7 +178,7 @@ def copy_file(rng: random.Random) -> Instance:
     return Instance(
         family="copy-file", key=(source, dest),
         instruction=f"Copy the file {source} to {dest}.",
-        command=f"cp {source} {dest}", thought="I will copy the file.",
+        command=f"cp {source} {dest}", near_miss=f"mv {source} {dest}", thought="I will copy the file.",
         files={source: content, **_distractors(rng, used)},
         check=f"cmp -s /tests/expected {source} && cmp -s /tests/expected {dest}", expected=content,
     )
@@ -190,41 +193,43 @@ def replace_word(rng: random.Random) -> Instance:
     lines = _text(rng, rng.randint(2, 3), avoid=filler).splitlines(keepends=True)
     at = rng.randrange(len(lines))
     words = lines[at].split()
-    words.insert(rng.randint(0, len(words)), old)
+    for _ in range(2):  # twice on one line: sed without /g replaces only the first
+        words.insert(rng.randint(0, len(words)), old)
     lines[at] = " ".join(words) + "\n"
     content = "".join(lines)
     return Instance(
         family="replace-word", key=(old, new, target),
         instruction=f"In the file {target}, replace every `{old}` with `{new}`.",
-        command=f"sed -i 's/{old}/{new}/g' {target}", thought="I will replace the word in the file.",
+        command=f"sed -i 's/{old}/{new}/g' {target}", near_miss=f"sed -i 's/{old}/{new}/' {target}",
+        thought="I will replace the word in the file.",
         files={target: content, **_distractors(rng, used)},
         check=f"cmp -s /tests/expected {target}", expected=content.replace(old, new),
     )
 
 
-def make_dir(rng: random.Random) -> Instance:
+def make_dirs(rng: random.Random) -> Instance:
     used: set[str] = set()
-    name = rng.choice(WORDS)
-    used.add(name)
+    first, second = rng.sample(WORDS, 2)
+    used.update((first, second))
     return Instance(
-        family="make-dir", key=(name,),
-        instruction=f"Create a directory named {name}.",
-        command=f"mkdir {name}", thought="I will create the directory.",
-        files=_distractors(rng, used), check=f"[ -d {name} ]",
+        family="make-dirs", key=(first, second),
+        instruction=f"Create the directories {first} and {second}.",
+        command=f"mkdir {first} {second}", near_miss=f"touch {first} {second}", thought="I will create the directories.",
+        files=_distractors(rng, used), check=f"[ -d {first} ] && [ -d {second} ]",
     )
 
 
-def delete_file(rng: random.Random) -> Instance:
+def delete_files(rng: random.Random) -> Instance:
     used: set[str] = set()
-    target = _file(rng, used)
+    first, second = _file(rng, used), _file(rng, used)
     others = _distractors(rng, used)
     return Instance(
-        family="delete-file", key=(target,),
-        instruction=f"Delete the file {target}.",
-        command=f"rm {target}", thought="I will delete the file.",
-        files={target: _text(rng, 1), **others},
+        family="delete-files", key=(first, second),
+        instruction=f"Delete the files {first} and {second}.",
+        command=f"rm {first} {second}", near_miss=f"rm {first}", thought="I will delete the files.",
+        files={first: _text(rng, 1), second: _text(rng, 1), **others},
         # The other files must survive: `rm *` is not the skill.
-        check=" && ".join([f"[ ! -e {target} ]", *(f"[ -f {f} ]" for f in others)]),
+        check=" && ".join([f"[ ! -e {first} ] && [ ! -e {second} ]", *(f"[ -f {f} ]" for f in others)]),
     )
 
 
@@ -236,9 +241,11 @@ def count_lines(rng: random.Random) -> Instance:
     return Instance(
         family="count-lines", key=(source, dest),
         instruction=f"Write the number of lines in {source} into the file {dest}.",
-        command=f"wc -l < {source} > {dest}", thought="I will count the lines of the file.",
+        # `wc -l FILE` would also print the file's name: the number alone is asked for.
+        command=f"wc -l < {source} > {dest}", near_miss=f"wc -l {source} > {dest}",
+        thought="I will count the lines of the file.",
         files={source: content, **_distractors(rng, used)},
-        check=f'read -r n _ < {dest} && [ "$n" = {n} ]',
+        check=f'[ "$(cat {dest} 2>/dev/null)" = {n} ]',
     )
 
 
@@ -247,8 +254,8 @@ FAMILIES: dict[str, Callable[[random.Random], Instance]] = {
     "rename-file": rename_file,
     "copy-file": copy_file,
     "replace-word": replace_word,
-    "make-dir": make_dir,
-    "delete-file": delete_file,
+    "make-dirs": make_dirs,
+    "delete-files": delete_files,
     "count-lines": count_lines,
 }
 
@@ -284,7 +291,9 @@ def write_task(inst: Instance, tasks_dir: Path) -> Path:
     for sub in ("environment", "solution", "tests"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     (root / "task.toml").write_text(TASK_TOML.format(family=inst.family, workdir=WORKDIR))
-    (root / "instruction.md").write_text(inst.instruction + "\n")
+    # Verbatim, no trailing newline: Harbor hands the file's text to the agent as is, and the SFT
+    # episodes (oracle_episode) must render the very prompt tokens the agent will see.
+    (root / "instruction.md").write_text(inst.instruction)
     dockerfile = ["FROM python:3.11-slim", f"WORKDIR {WORKDIR}"]
     for name, content in sorted(inst.files.items()):
         (root / "environment" / name).write_text(content)
@@ -313,14 +322,15 @@ def generate(out_dir: Path, n: int, seed: int, split: str = "train",
 DONE_THOUGHT = "The task is done."
 
 
-def oracle_episode(tokenizer, inst: Instance):
+def oracle_episode(tokenizer, inst: Instance, command: str | None = None):
     """The native agent's token sequence of an oracle-style episode and its loss mask: the
-    instance's command, its observation, then `submit`. Every family's command is silent and
-    succeeds, so its observation is return code 0 with empty output."""
+    instance's command (or `command`, e.g. inst.near_miss), its observation, then `submit`. Every
+    family's command and near miss is silent and succeeds, so the observation is return code 0
+    with empty output."""
     from slime_harbor.agent import SUBMIT_COMMAND
     from slime_harbor.sft import agent_reply, native_agent_episode
 
-    replies = [agent_reply(inst.thought, inst.command), agent_reply(DONE_THOUGHT, SUBMIT_COMMAND)]
+    replies = [agent_reply(inst.thought, command or inst.command), agent_reply(DONE_THOUGHT, SUBMIT_COMMAND)]
     return native_agent_episode(tokenizer, inst.instruction, replies, [(0, "")])
 
 

@@ -21,18 +21,6 @@ from slime_harbor.rollout import RolloutConfig, run_rollouts
 REPO = Path(__file__).resolve().parent.parent
 ALLOWED_DOCKERFILE_INSTRUCTIONS = {"FROM", "WORKDIR", "COPY", "ENV", "RUN"}
 
-# A plausible wrong answer per family: the verifier must tell it from the skill.
-NEAR_MISSES = {
-    "write-word": lambda i: f"echo {i.key[0]}s > {i.key[1]}",
-    "rename-file": lambda i: f"cp {i.key[0]} {i.key[1]}",  # the source must go
-    "copy-file": lambda i: f"mv {i.key[0]} {i.key[1]}",  # the source must stay
-    "replace-word": lambda i: f"sed -i 's/{i.key[0]}/{i.key[1]}/' {i.key[2]} && echo {i.key[0]} >> {i.key[2]}",
-    "make-dir": lambda i: f"touch {i.key[0]}",  # a file, not a directory
-    "delete-file": lambda i: "rm *.txt",  # the other files must survive
-    "count-lines": lambda i: f"echo 1 > {i.key[1]}",
-}
-
-
 def rollout(tasks_dir: Path, agent: str, out: Path) -> dict:
     cfg = RolloutConfig(tasks_dir=tasks_dir, agent=agent, n_samples=1, concurrency=4, out_dir=out, progress=False)
     return asyncio.run(run_rollouts(cfg))
@@ -52,7 +40,8 @@ def test_every_family_is_generated(tasks):
 def test_generated_tasks_load_with_harbor(tasks):
     for path in tasks:
         task = Task(path)
-        assert task.instruction.strip() and task.config.environment.workdir == tf.WORKDIR
+        assert task.instruction == instance_of(path).instruction  # what oracle_episode renders
+        assert task.config.environment.workdir == tf.WORKDIR
         assert task.config.metadata["family"] == tf.family_of(path.name)
         env = path / "environment"
         for line in (env / "Dockerfile").read_text().splitlines():
@@ -88,10 +77,28 @@ def test_near_misses_score_zero_in_real_trials(tasks, tmp_path):
     for path in tasks[::2]:  # one instance per family
         inst = instance_of(path)
         copy = shutil.copytree(path, tasks_dir / path.name)
-        (copy / "solution" / "solve.sh").write_text(f"cd {tf.WORKDIR}\n{NEAR_MISSES[inst.family](inst)}\n")
+        (copy / "solution" / "solve.sh").write_text(f"cd {tf.WORKDIR}\n{inst.near_miss}\n")
     summary = rollout(tasks_dir, "oracle", tmp_path / "trials")
     assert summary["errors"] == {}
     assert summary["per_task_rewards"] == {p.name: [0.0] for p in sorted(tasks_dir.iterdir())}
+
+
+@pytest.mark.slow
+def test_a_native_agent_trial_sees_the_prompt_of_the_oracle_episode(tasks, tiny_model_dir, policy_server, tmp_path):
+    """SFT must train on the very prompt tokens the agent sends in a real trial."""
+    from transformers import AutoTokenizer
+
+    from slime_harbor.samples import read_jsonl
+
+    path = tasks[0]
+    cfg = RolloutConfig(tasks_dir=path.parent, task_names=[path.name], agent="native", n_samples=1,
+                        policy_url=policy_server, model_dir=str(tiny_model_dir), step_limit=1, max_new_tokens=8,
+                        out_dir=tmp_path, progress=False)
+    asyncio.run(run_rollouts(cfg))
+    [sample] = read_jsonl(tmp_path / "samples.jsonl")
+    ids, mask = tf.oracle_episode(AutoTokenizer.from_pretrained(tiny_model_dir), instance_of(path))
+    prompt = sample.tokens[: len(sample.tokens) - sample.response_length]
+    assert prompt == ids[: mask.index(1)]
 
 
 def instance_of(path: Path) -> tf.Instance:
@@ -102,16 +109,17 @@ def instance_of(path: Path) -> tf.Instance:
     raise KeyError(path.name)
 
 
-def test_oracle_commands_are_silent_and_succeed(tmp_path):
+def test_oracle_commands_and_near_misses_are_silent_and_succeed(tmp_path):
     """oracle_episode assumes the command's observation is return code 0 and no output."""
     for family in tf.FAMILIES:
         inst = tf.instances(family, 1, seed=0)[0]
-        workdir = tmp_path / family
-        workdir.mkdir()
-        for name, content in inst.files.items():
-            (workdir / name).write_text(content)
-        done = subprocess.run(["bash", "-c", inst.command], cwd=workdir, capture_output=True, text=True)
-        assert (done.returncode, done.stdout, done.stderr) == (0, "", ""), inst.command
+        for command in (inst.command, inst.near_miss):
+            workdir = tmp_path / f"{family}-{command == inst.command}"
+            workdir.mkdir()
+            for name, content in inst.files.items():
+                (workdir / name).write_text(content)
+            done = subprocess.run(["bash", "-c", command], cwd=workdir, capture_output=True, text=True)
+            assert (done.returncode, done.stdout, done.stderr) == (0, "", ""), command
 
 
 def test_splits_are_disjoint_and_draws_reproducible():
@@ -129,10 +137,10 @@ def test_splits_are_disjoint_and_draws_reproducible():
 
 
 def test_a_family_runs_out_of_instances():
-    n = len(tf.WORDS) + 1  # make-dir has one instance per word, split between train and held-out
+    n = len(tf.WORDS) ** 2  # make-dirs has fewer: two distinct words, split between train and held-out
     with pytest.raises(ValueError, match="fewer than"):
-        tf.instances("make-dir", n, seed=0)
-    assert 0 < len(tf.instances("make-dir", n, seed=0, strict=False)) < n
+        tf.instances("make-dirs", n, seed=0)
+    assert 0 < len(tf.instances("make-dirs", n, seed=0, strict=False)) < n
 
 
 def test_oracle_episode_is_the_native_agent_token_format():
@@ -159,11 +167,11 @@ def test_oracle_episode_is_the_native_agent_token_format():
 def test_command_line_writes_tasks(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "slime_harbor.task_families", "--out", str(tmp_path), "--n", "1", "--seed", "5",
-         "--split", "heldout", "--families", "make-dir", "copy-file"],
+         "--split", "heldout", "--families", "make-dirs", "copy-file"],
         capture_output=True, text=True, cwd=REPO, timeout=120,
     )
     assert done.returncode == 0, done.stderr
     written = sorted(p.name for p in tmp_path.iterdir())
-    assert [tf.family_of(n) for n in written] == ["copy-file", "make-dir"]
+    assert [tf.family_of(n) for n in written] == ["copy-file", "make-dirs"]
     assert all(tf.split_of(tf.family_of(n), inst.key) == "heldout"
                for n in written for inst in tf.instances(tf.family_of(n), 1, seed=5, split="heldout"))
