@@ -16,7 +16,9 @@ dir that the bubblewrap sandbox runs:
 The oracle command is short and its arguments appear in the instruction verbatim, with the same
 tokenization (a space before names and words; backquotes where the command has no space, as in
 sed's `s/old/new/g`), so a 2-layer model can learn to copy them. The verifier checks behaviour
-(end state of the work dir, distractor files untouched), so doing nothing scores 0.
+(end state of the work dir, distractor files untouched), so doing nothing scores 0, and so
+does each instance's near miss: a plausible wrong command (cp for mv, touch for mkdir, ...)
+that tests run and that bench/learning.py's imperfect demonstrator uses.
 
 Train and held-out instances are disjoint by construction: an instance's split is a hash of its
 family and the parameters the instruction names, so no seed can put one instance in both.
