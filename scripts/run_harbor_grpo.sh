@@ -19,8 +19,9 @@
 # --custom-config-path (CUSTOM_CONFIG_PATH, default examples/harbor/configs/harbor_grpo.yaml);
 # relative paths in it resolve against this repository, where training is started. The
 # preflight reads harbor_env and harbor_tasks_dir from it.
-# The prompt data (PROMPT_DATA) is written from the tasks dir by `slime-harbor prepare-data`
-# when the file does not exist yet.
+# The prompt data is written from the configured tasks dir by `slime-harbor prepare-data` on
+# every launch, so it always matches harbor_tasks_dir; a PROMPT_DATA you name is used as it is
+# when the file exists (and written from the tasks dir when it does not).
 set -euo pipefail
 
 REPO_ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -104,6 +105,7 @@ source "$MODEL_FILE"
 set -u
 
 CUSTOM_CONFIG_PATH="$(abspath "${CUSTOM_CONFIG_PATH:-$REPO_ROOT/examples/harbor/configs/harbor_grpo.yaml}" "$PWD")"
+PROMPT_DATA_GIVEN="${PROMPT_DATA:+1}"
 PROMPT_DATA="$(abspath "${PROMPT_DATA:-$REPO_ROOT/runs/harbor_prompts.jsonl}" "$PWD")"
 
 CKPT_ARGS=()
@@ -258,7 +260,7 @@ cd "$REPO_ROOT"
 if [ "$PREFLIGHT" = 1 ]; then preflight; fi
 export PYTHONUNBUFFERED=1  # keeps ray from buffering the job's stdout/stderr
 
-if [ ! -f "$PROMPT_DATA" ]; then
+if [ -z "$PROMPT_DATA_GIVEN" ] || [ ! -f "$PROMPT_DATA" ]; then
    tasks_dir="$(config_tasks_dir)"
    mkdir -p "$(dirname "$PROMPT_DATA")"
    echo "writing $PROMPT_DATA from $tasks_dir"

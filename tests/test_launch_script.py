@@ -5,6 +5,7 @@ check the flags SLiME will get. A fake SLiME checkout in tmp holds only the mode
 script sources. The preflight tests run the real checks on this machine (no slime, no GPU here).
 """
 
+import json
 import os
 import shlex
 import shutil
@@ -222,6 +223,46 @@ def test_launch_writes_prompts_starts_ray_and_always_stops_it(fake_slime, tmp_pa
     assert [line.split()[:2] for line in lines] == [["start", "--head"], ["job", "submit"], ["stop", "--force"]]
     assert "--num-gpus 1" in lines[0]
     assert lines[1].endswith("--use-wandb") and "--eps-clip-high 0.28" in lines[1]
+
+
+def test_default_prompt_data_follows_the_configured_tasks_and_a_named_file_is_kept(fake_slime, tmp_path):
+    """The default prompt file is rewritten from harbor_tasks_dir on every launch (a stale file
+    from another tasks dir is never trained on); a PROMPT_DATA the user names is used as it is."""
+    repo = tmp_path / "repo"  # a copy of the script, so the default file lands in tmp, not here
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPT, repo / "scripts" / SCRIPT.name)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ray").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "ray").chmod(0o755)
+    bundled = REPO / "examples" / "harbor" / "tasks"
+    env = {"SLIME_DIR": str(fake_slime), "MODEL": "tiny", "NUM_GPUS": "1", "PYTHON": sys.executable,
+           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    def launch(task_names, **extra):
+        tasks = tmp_path / "tasks" / "-".join(task_names)
+        for name in task_names:
+            shutil.copytree(bundled / name, tasks / name)
+        config = tmp_path / f"{tasks.name}.yaml"
+        config.write_text(f"harbor_tasks_dir: {tasks}\n")
+        proc = subprocess.run(["bash", str(repo / "scripts" / SCRIPT.name), "--skip-preflight"],
+                              env={**env, "CUSTOM_CONFIG_PATH": str(config), **extra},
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+
+    def labels(path):
+        return sorted(json.loads(line)["label"] for line in path.read_text().splitlines())
+
+    default = repo / "runs" / "harbor_prompts.jsonl"
+    launch(["dedupe-lines", "fix-sort-key"])
+    assert labels(default) == ["dedupe-lines", "fix-sort-key"]
+    launch(["top-words"])  # another tasks dir: the default file follows it
+    assert labels(default) == ["top-words"]
+
+    named = tmp_path / "mine.jsonl"
+    named.write_text(json.dumps({"prompt": "p", "label": "fizzbuzz-params", "metadata": {}}) + "\n")
+    launch(["config-parser"], PROMPT_DATA=str(named))
+    assert labels(named) == ["fizzbuzz-params"]  # kept as the user wrote it
 
 
 def test_plugin_config_sets_every_hook_setting_and_documents_it():
