@@ -10,6 +10,12 @@ the local trainer and `slime-harbor rollout` use) against SLiME's SGLang router,
 tokens drifted between turns. Infra failures come back with `remove_sample=True` and status
 aborted/failed: they are never trained as a low reward.
 
+Aborts: SLiME's rollout ends a round by aborting every SGLang request until the servers are idle
+and setting its GenerateState.aborted; then it waits for the pending generate calls. A trial whose
+agent was running a command at that moment would go on to its step limit, so `generate` watches
+that flag: it cancels the trial (the sandbox is torn down before the call returns) and returns an
+aborted, removed sample. Trials still queued behind harbor_concurrency do not start.
+
 Plugin settings, read from `args` (set them with SLiME's --custom-config-path YAML):
     harbor_agent                     native | terminus-2 | module:Class            (native)
     harbor_env                       local | docker | <harbor env type> | module:Class  (local)
@@ -28,6 +34,8 @@ with --over-sampling-batch-size larger than --rollout-batch-size.
 from __future__ import annotations
 
 import asyncio
+import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from slime_harbor.grpo import episode_advantages
@@ -101,6 +109,37 @@ def _failed(sample, status: SampleStatus, why: str):
     return sample
 
 
+def slime_rollout_aborted() -> bool:
+    """Whether SLiME's rollout has aborted this round (its GenerateState singleton's flag). Read
+    from the module SLiME already imported, never imported or created here: outside a SLiME
+    rollout there is nothing to abort."""
+    module = sys.modules.get("slime.rollout.sglang_rollout")
+    state_class = getattr(module, "GenerateState", None)
+    state = getattr(state_class, "_instances", {}).get(state_class) if state_class is not None else None
+    return bool(getattr(state, "aborted", False))
+
+
+async def run_unless_aborted(episode: Awaitable, aborted: Callable[[], bool], poll_seconds: float = 0.5):
+    """Await `episode` (a run_episode call); if aborted() turns true first, cancel it, wait for its
+    teardown and return None. A cancellation of the caller is passed on the same way."""
+    task = asyncio.ensure_future(episode)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=poll_seconds)
+            if not task.done() and aborted():
+                task.cancel()
+                try:
+                    await task  # run_episode stops the sandbox before re-raising
+                except asyncio.CancelledError:
+                    pass
+                return None
+        return task.result()
+    except asyncio.CancelledError:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise
+
+
 async def generate(args, sample, sampling_params, evaluation: bool = False):
     """SLiME custom generate: one Harbor trial for `sample`'s task."""
     task_dir = resolve_task_dir(args, sample)
@@ -110,10 +149,15 @@ async def generate(args, sample, sampling_params, evaluation: bool = False):
     loop_key = id(asyncio.get_running_loop())
     semaphore = _semaphores.setdefault(loop_key, asyncio.Semaphore(int(setting(args, "harbor_concurrency"))))
     async with semaphore:
-        episode = await run_episode(
-            task_dir, cfg, group_index=sample.group_index or 0, index=sample.index or 0,
-            trials_dir=Path(setting(args, "harbor_trials_dir")),
+        if slime_rollout_aborted():
+            return _failed(sample, SampleStatus.ABORTED, "rollout aborted by SLiME before the trial started")
+        episode = await run_unless_aborted(
+            run_episode(task_dir, cfg, group_index=sample.group_index or 0, index=sample.index or 0,
+                        trials_dir=Path(setting(args, "harbor_trials_dir"))),
+            slime_rollout_aborted,
         )
+    if episode is None:
+        return _failed(sample, SampleStatus.ABORTED, "rollout aborted by SLiME during the trial")
     return to_slime_samples(sample, episode.samples)
 
 

@@ -100,3 +100,73 @@ def test_generate_hook_runs_a_real_trial(tmp_path, policy_server, tiny_model_dir
     # A label that names no task is an unusable rollout: removed, never a -1.
     missing = asyncio.run(generate(args, Sample(index=0, prompt="p", label="no-such-task"), {}))
     assert missing.remove_sample and missing.status == Sample.Status.FAILED and missing.reward == 0.0
+
+
+def test_a_slime_abort_stops_the_trial_and_tears_the_sandbox_down(tmp_path, policy_server, tiny_model_dir):
+    """SLiME's abort can land while the agent runs a command (no request to abort on the server):
+    the watched flag must cancel the trial, and its sandbox must be gone when the call returns."""
+    import time
+
+    from slime_harbor.hooks import run_unless_aborted
+    from slime_harbor.rollout import RolloutConfig, run_episode
+    from test_rollout_e2e import leftovers
+
+    cfg = RolloutConfig(agent="native", policy_url=policy_server, model_dir=str(tiny_model_dir),
+                        step_limit=30, max_new_tokens=48, progress=False)
+    out = tmp_path / "out"
+    started = time.monotonic()
+    flag_at: list[float] = []
+
+    def aborted() -> bool:
+        if time.monotonic() - started > 4.0:
+            flag_at.append(flag_at[0] if flag_at else time.monotonic())
+            return True
+        return False
+
+    episode = asyncio.run(run_unless_aborted(
+        run_episode(DEFAULT_TASKS / "dedupe-lines", cfg, group_index=0, index=0, trials_dir=out / "trials"),
+        aborted, poll_seconds=0.2))
+    assert episode is None  # 30 turns of the random model take far longer than 4 s
+    assert time.monotonic() - flag_at[0] < 20  # cancelled, not run to the step limit
+    procs, dirs = leftovers(out)
+    assert procs == [] and dirs == []
+
+    # Not aborted: the episode comes back as it is.
+    short = RolloutConfig(**{**cfg.__dict__, "step_limit": 1})
+    episode = asyncio.run(run_unless_aborted(
+        run_episode(DEFAULT_TASKS / "dedupe-lines", short, group_index=0, index=1, trials_dir=out / "trials"),
+        lambda: False, poll_seconds=0.2))
+    assert episode is not None and episode.samples[0].response_length > 0
+
+
+@needs_slime
+def test_generate_returns_an_aborted_removed_sample_once_slime_aborted(tmp_path, monkeypatch):
+    """The flag is read from SLiME's GenerateState singleton (its SingletonMeta registry). The real
+    slime.rollout.sglang_rollout needs ray, so a module holding a GenerateState stands in for it."""
+    import types
+
+    from slime.utils.misc import SingletonMeta
+    from slime.utils.types import Sample
+
+    from slime_harbor.hooks import generate, slime_rollout_aborted
+
+    class GenerateState(metaclass=SingletonMeta):
+        def __init__(self):
+            self.aborted = False
+
+    module = types.ModuleType("slime.rollout.sglang_rollout")
+    module.GenerateState = GenerateState
+    monkeypatch.setitem(sys.modules, "slime.rollout.sglang_rollout", module)
+    assert not slime_rollout_aborted()  # no state yet: not created by reading it
+    assert GenerateState not in SingletonMeta._instances
+    try:
+        GenerateState().aborted = True
+        assert slime_rollout_aborted()
+        args = SimpleNamespace(sglang_router_ip="127.0.0.1", sglang_router_port=9, harbor_trials_dir=str(tmp_path / "trials"))
+        task = DEFAULT_TASKS / "dedupe-lines"
+        sample = Sample(index=0, prompt="p", label=task.name, metadata={"task_dir": str(task)})
+        out = asyncio.run(generate(args, sample, {}))
+        assert out.status == Sample.Status.ABORTED and out.remove_sample and out.reward == 0.0
+        assert not (tmp_path / "trials").exists()  # no trial was started
+    finally:
+        SingletonMeta._instances.pop(GenerateState, None)
