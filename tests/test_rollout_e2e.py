@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from slime_harbor.cli import DEFAULT_TASKS
-from slime_harbor.rollout import RolloutConfig, run_rollouts
+from slime_harbor.rollout import RolloutConfig, run_episode, run_rollouts
 from slime_harbor.samples import SampleStatus, read_jsonl
 
 EASY_TASKS = ["dedupe-lines", "fix-sort-key"]
@@ -241,4 +241,31 @@ def test_timed_out_trial_leaves_no_process_or_sandbox(tmp_path, policy_server, t
     assert s.metadata["exception_type"] == "AgentTimeoutError"
     assert s.status == SampleStatus.TRUNCATED and s.reward == 0.0
     assert summary["n_trials"] == 1
+    assert leftovers(cfg.out_dir) == ([], [])
+
+
+def test_server_abort_mid_generation_ends_the_episode_aborted_and_untrained(tmp_path, policy_server, tiny_model_dir):
+    """SLiME ends a rollout round with POST /abort_request {"abort_all": true} while requests run:
+    the agent must stop on the aborted turn, and the episode must come back aborted and removed
+    (never scored), with its sandbox gone."""
+    import httpx
+
+    cfg = config(tmp_path, policy_server, tiny_model_dir, step_limit=30, max_new_tokens=4000)
+
+    async def run_and_abort():
+        episode = asyncio.create_task(run_episode(DEFAULT_TASKS / EASY_TASKS[0], cfg, group_index=0, index=0,
+                                                  trials_dir=cfg.out_dir / "trials"))
+        async with httpx.AsyncClient() as client:
+            while not episode.done():  # wait for a generation in flight, then abort everything
+                if (await client.get(policy_server + "/v1/loads")).json()["num_running_reqs"] > 0:
+                    aborted = (await client.post(policy_server + "/abort_request", json={"abort_all": True})).json()
+                    if aborted["aborted"]:
+                        break
+                await asyncio.sleep(0.05)
+        return await episode
+
+    episode = asyncio.run(run_and_abort())
+    assert episode.status == SampleStatus.ABORTED and episode.reward is None
+    assert all(s.remove_sample and s.reward is None for s in episode.samples)
+    assert "abort" in episode.error
     assert leftovers(cfg.out_dir) == ([], [])
