@@ -29,3 +29,21 @@ def policy_server(tiny_model_dir):
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    """The tiny model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    """The tiny model in fp32, eval mode: the trainer's view, for recomputing logprobs. One per
+    module, and read-only (a module that trains a model overrides this with its own copy)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()

@@ -13,21 +13,10 @@ import time
 import httpx
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from slime_harbor.policy_server import EmbeddedPolicyServer
 
 ENDLESS = {"max_new_tokens": 10**6, "ignore_eos": True}
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
 def recomputed(model, prompt_ids, output_ids, temperature):

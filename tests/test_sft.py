@@ -16,15 +16,9 @@ INSTRUCTION = "Rename the file water.txt to house.txt."
 REPLIES = [agent_reply("I will rename the file.", "mv water.txt house.txt"), agent_reply("The task is done.", "submit")]
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
 @pytest.fixture
 def model(tiny_model_dir):
+    """A fresh copy per test (conftest's is shared by a module): these tests train it in place."""
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()

@@ -5,14 +5,9 @@ import time
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen3ForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3ForCausalLM
 
 from slime_harbor.tiny_model import ENDOFTEXT, IM_END, IM_START, TinyModelConfig, build_tiny_model
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 def _files(directory):
