@@ -127,17 +127,12 @@ async def run_unless_aborted(episode: Awaitable, aborted: Callable[[], bool], po
         while not task.done():
             await asyncio.wait({task}, timeout=poll_seconds)
             if not task.done() and aborted():
-                task.cancel()
-                try:
-                    await task  # run_episode stops the sandbox before re-raising
-                except asyncio.CancelledError:
-                    pass
                 return None
         return task.result()
-    except asyncio.CancelledError:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise
+    finally:  # aborted, or the caller cancelled: the episode goes too, its teardown awaited
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)  # run_episode stops the sandbox first
 
 
 async def generate(args, sample, sampling_params, evaluation: bool = False):

@@ -131,6 +131,19 @@ def test_a_slime_abort_stops_the_trial_and_tears_the_sandbox_down(tmp_path, poli
     procs, dirs = leftovers(out)
     assert procs == [] and dirs == []
 
+    # The caller cancelled (SLiME's worker shutting down): the cancellation passes on, nothing is left.
+    async def cancel_after(seconds):
+        call = asyncio.ensure_future(run_unless_aborted(
+            run_episode(DEFAULT_TASKS / "dedupe-lines", cfg, group_index=1, index=0, trials_dir=out / "trials"),
+            lambda: False, poll_seconds=0.2))
+        await asyncio.sleep(seconds)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        return leftovers(out)  # checked before asyncio.run would cancel what is left behind
+
+    assert asyncio.run(cancel_after(4.0)) == ([], [])
+
     # Not aborted: the episode comes back as it is.
     short = RolloutConfig(**{**cfg.__dict__, "step_limit": 1})
     episode = asyncio.run(run_unless_aborted(
