@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from slime_harbor.agent import format_observation, initial_prompt_ids, observation_ids
+from slime_harbor.grpo import masked_mean
 
 Pair = tuple[list[int], list[int]]  # (prompt ids, completion ids)
 MaskedSequence = tuple[list[int], list[int]]  # (token ids, loss mask of the same length)
@@ -95,7 +96,7 @@ def masked_token_logprobs(model, batch: Sequence[MaskedSequence], pad_id: int = 
 def sequence_nll(model, batch: Sequence[MaskedSequence], pad_id: int = 0) -> torch.Tensor:
     """Mean NLL of the masked-in tokens of the batch (the SFT loss)."""
     logprobs, mask = masked_token_logprobs(model, batch, pad_id)
-    return -(logprobs * mask).sum() / mask.sum().clamp(min=1)
+    return -masked_mean(logprobs, mask)
 
 
 def sequence_logprob(model, batch: Sequence[MaskedSequence], pad_id: int = 0) -> torch.Tensor:
