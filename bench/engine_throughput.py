@@ -21,9 +21,9 @@ import time
 
 import httpx
 
-from slime_harbor.engine import EngineConfig
-from slime_harbor.policy_server import EmbeddedPolicyServer
-from slime_harbor.tiny_model import build_tiny_model
+from slime_harbor.policy.engine import EngineConfig
+from slime_harbor.policy.server import EmbeddedPolicyServer
+from slime_harbor.policy.tiny_model import build_tiny_model
 
 
 async def tokens_per_second(client: httpx.AsyncClient, url: str, concurrency: int, max_new_tokens: int) -> float:

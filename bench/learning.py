@@ -1,7 +1,7 @@
 """Does the local GRPO trainer learn? Held-out success of the tiny model before and after GRPO.
 
 From the tiny offline model (2 layers, 128 wide, random weights), with a fixed seed:
-    1. tasks: procedural Harbor task families (slime_harbor.task_families: write a word into a
+    1. tasks: procedural Harbor task families (slime_harbor.tasks.families: write a word into a
        file, rename, copy, make dirs, delete files, count lines), training instances and
        held-out instances (disjoint by construction: unseen combinations of names and words)
     2. SFT warm start on native-agent episodes of training instances (command, observation,
@@ -9,7 +9,7 @@ From the tiny offline model (2 layers, 128 wide, random weights), with a fixed s
        demonstrations use the family's near miss (cp for mv, touch for mkdir, `wc -l F` for
        `wc -l < F`, ...). SFT stops early, once the policy would sample the oracle episode of
        unseen training instances with probability sft_target
-    3. GRPO: slime_harbor.local_trainer.train on fresh training instances every step (real Harbor
+    3. GRPO: slime_harbor.trainers.local.train on fresh training instances every step (real Harbor
        trials on the bubblewrap sandbox, the native agent sampling from the module being
        trained, reward from each task's verifier)
     4. held-out success (verifier reward 1) of the base model, after SFT and during/after GRPO,
@@ -49,13 +49,13 @@ from pathlib import Path
 
 import torch
 
-from slime_harbor import task_families
-from slime_harbor.engine import EngineConfig
-from slime_harbor.local_trainer import LocalTrainConfig, train
-from slime_harbor.policy_server import EmbeddedPolicyServer
+from slime_harbor.tasks import families as task_families
+from slime_harbor.policy.engine import EngineConfig
+from slime_harbor.trainers.local import LocalTrainConfig, train
+from slime_harbor.policy.server import EmbeddedPolicyServer
 from slime_harbor.rollout import RolloutConfig, run_rollouts
-from slime_harbor.sft import SFTConfig, sequence_logprob, sft_model_dir
-from slime_harbor.tiny_model import build_tiny_model
+from slime_harbor.trainers.sft import SFTConfig, sequence_logprob, sft_model_dir
+from slime_harbor.policy.tiny_model import build_tiny_model
 
 
 @dataclass

@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from slime_harbor.cli import DEFAULT_TASKS, policy_endpoint
-from slime_harbor.rollout import RolloutConfig, agent_config, discover_tasks, environment_config, run_rollouts
+from slime_harbor.policy.server import policy_endpoint
+from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig, agent_config, discover_tasks, environment_config, run_rollouts
 
 
 async def harbor_job(cfg: RolloutConfig, jobs_dir: Path) -> tuple[float, int]:

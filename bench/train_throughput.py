@@ -4,7 +4,7 @@ A fixed batch: one prompt, --batch-size completions of exactly --completion-toke
 from the model by our SamplingEngine (so old logprobs are real sampler logprobs), rewards 0..B-1.
 Both sides do the same work per step, on LoRA adapters (peft) over the same base weights:
     reference forward (adapters disabled, no grad) + policy forward + loss + backward + AdamW step
-    ours: slime_harbor.local_trainer.update (grpo_loss, token-level mean, low_var_kl)
+    ours: slime_harbor.trainers.local.update (grpo_loss, token-level mean, low_var_kl)
     TRL:  GRPOTrainer._get_per_token_logps_and_entropies (reference) + GRPOTrainer.compute_loss
           with loss_type="bnpo" (token-level mean), beta = kl coef, epsilon 0.2 / 0.28
 Reported: trained tokens/s of each (median over --steps after --warmup) and their ratio. Before
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from slime_harbor.engine import EngineConfig, SamplingEngine, SamplingParams
+from slime_harbor.policy.engine import EngineConfig, SamplingEngine, SamplingParams
 from slime_harbor.grpo import grpo_loss
-from slime_harbor.local_trainer import LocalTrainConfig, Policy, make_batch, token_logprobs, update
+from slime_harbor.trainers.local import LocalTrainConfig, Policy, make_batch, token_logprobs, update
 from slime_harbor.samples import SampleStatus, TrainingSample
 
 PROMPT = "Write a shell command that counts the lines of every .py file, then submit.\n"
@@ -122,7 +122,7 @@ def loss_agreement(ours: Policy, trainer, samples, advantages, cfg: LocalTrainCo
 
 def build_model(hidden_size: int, layers: int, out: Path) -> str:
     """The tiny model's tokenizer and architecture, scaled up (random weights)."""
-    from slime_harbor.tiny_model import TinyModelConfig, build_tiny_model
+    from slime_harbor.policy.tiny_model import TinyModelConfig, build_tiny_model
 
     heads = max(hidden_size // 64, 2)
     config = TinyModelConfig(hidden_size=hidden_size, intermediate_size=3 * hidden_size, num_hidden_layers=layers,
@@ -147,7 +147,7 @@ def main() -> None:
         if a.hidden_size:
             a.model_dir = build_model(a.hidden_size, a.layers, Path(tmp) / "model")
         elif a.model_dir is None:
-            from slime_harbor.cli import ensure_tiny_model
+            from slime_harbor.policy.tiny_model import ensure_tiny_model
 
             a.model_dir = str(ensure_tiny_model())
         run(a, Path(tmp))

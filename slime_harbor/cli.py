@@ -8,48 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 
-from slime_harbor.rollout import RolloutConfig
-
-DEFAULT_TASKS = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SLIME_HARBOR_CACHE", Path.home() / ".cache" / "slime-harbor"))
-
-
-def ensure_tiny_model(seed: int = 0) -> Path:
-    """The offline tiny model, built once per seed and reused."""
-    from slime_harbor.tiny_model import build_tiny_model
-
-    out = cache_dir() / f"tiny-model-seed{seed}"
-    if not (out / "config.json").exists():
-        print(f"building the tiny offline policy model in {out}", file=sys.stderr)
-        build_tiny_model(out, seed=seed)
-    return out
-
-
-@contextlib.contextmanager
-def policy_endpoint(cfg: RolloutConfig):
-    """Yield cfg with policy_url/model_dir set: the given server, or an embedded one on loopback."""
-    if cfg.agent not in ("native", "terminus-2") or cfg.policy_url:
-        if cfg.agent in ("native", "terminus-2") and not cfg.model_dir:
-            raise SystemExit("--model (the policy's HF dir, for its tokenizer) is required with --policy-url")
-        yield cfg
-        return
-    from slime_harbor.policy_server import EmbeddedPolicyServer
-
-    model_dir = cfg.model_dir or str(ensure_tiny_model())
-    with EmbeddedPolicyServer(model_dir, model_name=cfg.model_name) as server:
-        print(f"embedded policy server for {model_dir} at {server.url}", file=sys.stderr)
-        yield dataclasses.replace(cfg, policy_url=server.url, model_dir=model_dir)
-
+from slime_harbor.policy.tiny_model import build_tiny_model, ensure_tiny_model
+from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig
 
 def add_rollout_args(p: argparse.ArgumentParser, defaults: RolloutConfig) -> None:
     p.add_argument("--tasks", type=Path, default=DEFAULT_TASKS, help="Harbor task dirs (default: bundled tasks)")
@@ -82,6 +46,7 @@ def rollout_config(a: argparse.Namespace) -> RolloutConfig:
 
 
 def run_rollout_command(cfg: RolloutConfig) -> dict:
+    from slime_harbor.policy.server import policy_endpoint
     from slime_harbor.rollout import run_rollouts
 
     with policy_endpoint(cfg) as cfg:
@@ -123,7 +88,7 @@ def prepare_data(tasks_dir: Path, out: Path) -> int:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["train-local"]:  # its flags are LocalTrainConfig's fields: local_trainer parses them
-        from slime_harbor.local_trainer import main as train_local
+        from slime_harbor.trainers.local import main as train_local
 
         train_local(argv[1:])
         return
@@ -154,11 +119,9 @@ def main(argv: list[str] | None = None) -> None:
 
     a = parser.parse_args(argv)
     if a.command == "make-model":
-        from slime_harbor.tiny_model import build_tiny_model
-
         print(build_tiny_model(a.out, seed=a.seed))
     elif a.command == "serve":
-        from slime_harbor.policy_server import serve
+        from slime_harbor.policy.server import serve
 
         serve(a.model or str(ensure_tiny_model()), host=a.host, port=a.port)
     elif a.command == "rollout":

@@ -27,7 +27,9 @@ from typing import Any
 from slime_harbor.converter import trial_to_samples
 from slime_harbor.samples import SampleStatus, TrainingSample
 
-LOCAL_SANDBOX = "slime_harbor.sandbox:BubblewrapEnvironment"
+DEFAULT_TASKS = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks"
+"""The bundled example tasks."""
+LOCAL_SANDBOX = "slime_harbor.environments.bubblewrap:BubblewrapEnvironment"
 NATIVE_AGENT = "slime_harbor.agent:NativeAgent"
 # Slack on top of the task's own agent + verifier + build timeouts before we cancel a trial that
 # Harbor's own timeouts failed to end (a hung container teardown, a stuck verifier upload).

@@ -13,7 +13,7 @@ def tiny_model_dir(tmp_path_factory):
     """The tiny Qwen3 policy (weights, tokenizer, chat template), built once per test session."""
     import torch
 
-    from slime_harbor.tiny_model import build_tiny_model
+    from slime_harbor.policy.tiny_model import build_tiny_model
 
     torch.set_num_threads(2)  # tests share 2 cores with sandboxes and servers
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"), seed=0)
@@ -22,7 +22,7 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture
 def policy_server(tiny_model_dir):
     """Base URL (http://127.0.0.1:PORT) of an embedded policy server on the tiny model."""
-    from slime_harbor.policy_server import EmbeddedPolicyServer
+    from slime_harbor.policy.server import EmbeddedPolicyServer
 
     server = EmbeddedPolicyServer(tiny_model_dir)
     try:

@@ -14,7 +14,7 @@ from harbor.trial.trial import Trial
 
 TASKS_DIR = Path(__file__).resolve().parents[1] / "examples" / "harbor" / "tasks"
 TASK_DIRS = sorted(path for path in TASKS_DIR.iterdir() if path.is_dir())
-SANDBOX_IMPORT_PATH = "slime_harbor.sandbox:BubblewrapEnvironment"
+SANDBOX_IMPORT_PATH = "slime_harbor.environments.bubblewrap:BubblewrapEnvironment"
 # The local sandbox replays only these Dockerfile instructions.
 ALLOWED_DOCKERFILE_INSTRUCTIONS = {"FROM", "WORKDIR", "COPY", "ENV", "RUN"}
 CONCURRENT_TRIALS = 4

@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from slime_harbor.engine import EngineConfig, SamplingEngine, SamplingParams
-from slime_harbor.tiny_model import IM_END, TinyModelConfig, build_tiny_model
+from slime_harbor.policy.engine import EngineConfig, SamplingEngine, SamplingParams
+from slime_harbor.policy.tiny_model import IM_END, TinyModelConfig, build_tiny_model
 
 
 @pytest.fixture

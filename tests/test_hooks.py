@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from slime_harbor.cli import DEFAULT_TASKS, prepare_data
+from slime_harbor.cli import prepare_data
+from slime_harbor.rollout import DEFAULT_TASKS
 from slime_harbor.hooks import reward_post_process
 
 HAVE_SLIME = importlib.util.find_spec("slime") is not None

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_harbor.local_trainer import (
+from slime_harbor.trainers.local import (
     OPTIMIZER_STATE, LocalTrainConfig, Policy, config_from_args, find_checkpoint, make_batch, token_logprobs,
     train, train_on_samples,
 )
@@ -233,7 +233,7 @@ def test_full_model_training_keeps_a_frozen_reference(tiny_model_dir, tmp_path):
     assert all(torch.equal(ref[k], v) for k, v in base.state_dict().items())
     assert any(not torch.equal(p, base.state_dict()[k]) for k, p in policy.model.state_dict().items())
 
-    from slime_harbor.local_trainer import save_checkpoint
+    from slime_harbor.trainers.local import save_checkpoint
 
     save_checkpoint(policy, tmp_path / "checkpoint_1", 1, [])
     again = Policy.load(policy.cfg, str(tiny_model_dir), "cpu", checkpoint=tmp_path / "checkpoint_1")

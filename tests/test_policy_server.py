@@ -14,7 +14,7 @@ import httpx
 import pytest
 import torch
 
-from slime_harbor.policy_server import EmbeddedPolicyServer
+from slime_harbor.policy.server import EmbeddedPolicyServer
 
 ENDLESS = {"max_new_tokens": 10**6, "ignore_eos": True}
 
@@ -279,7 +279,7 @@ def test_embedded_server_stops_cleanly(tiny_model_dir):
 
 
 def test_embedded_server_can_serve_a_callers_engine(tiny_model_dir):
-    from slime_harbor.engine import SamplingEngine
+    from slime_harbor.policy.engine import SamplingEngine
 
     with SamplingEngine.from_pretrained(tiny_model_dir) as engine:
         with EmbeddedPolicyServer(engine=engine) as server:
@@ -300,7 +300,7 @@ def _free_port():
 
 def test_serve_blocks_until_terminated(tiny_model_dir):
     port = _free_port()
-    code = f"from slime_harbor.policy_server import serve; serve({str(tiny_model_dir)!r}, port={port})"
+    code = f"from slime_harbor.policy.server import serve; serve({str(tiny_model_dir)!r}, port={port})"
     process = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ}
     )

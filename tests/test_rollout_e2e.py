@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_harbor.cli import DEFAULT_TASKS
-from slime_harbor.rollout import RolloutConfig, run_episode, run_rollouts
+from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig, run_episode, run_rollouts
 from slime_harbor.samples import SampleStatus, read_jsonl
 
 EASY_TASKS = ["dedupe-lines", "fix-sort-key"]
@@ -25,7 +24,7 @@ def trial_names(out_dir: Path) -> list[str]:
 def leftovers(out_dir: Path) -> tuple[list[str], list[str]]:
     """Processes and sandbox dirs that belong to this rollout's trials (named after them), so
     tests running beside this one cannot confuse the check."""
-    from slime_harbor.sandbox import default_sandbox_root
+    from slime_harbor.environments.bubblewrap import default_sandbox_root
 
     names = trial_names(out_dir)
     assert names
@@ -93,7 +92,7 @@ def responsive_model_dir(tiny_model_dir, tmp_path_factory):
     from transformers import AutoTokenizer
 
     from slime_harbor.agent import initial_prompt_ids
-    from slime_harbor.sft import SFTConfig, sft_model_dir
+    from slime_harbor.trainers.sft import SFTConfig, sft_model_dir
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     pairs = []
@@ -116,7 +115,7 @@ def responsive_model_dir(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def responsive_server(responsive_model_dir):
-    from slime_harbor.policy_server import EmbeddedPolicyServer
+    from slime_harbor.policy.server import EmbeddedPolicyServer
 
     with EmbeddedPolicyServer(responsive_model_dir) as server:
         yield server.url

@@ -24,10 +24,10 @@ from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfi
 from harbor.models.trial.paths import TrialPaths
 from harbor.trial.trial import Trial
 
-from slime_harbor.dockerfile import DockerfileError, parse_dockerfile
-from slime_harbor.sandbox import BubblewrapEnvironment, ExecTimeoutError
+from slime_harbor.environments.dockerfile import DockerfileError, parse_dockerfile
+from slime_harbor.environments.bubblewrap import BubblewrapEnvironment, ExecTimeoutError
 
-SANDBOX_IMPORT_PATH = "slime_harbor.sandbox:BubblewrapEnvironment"
+SANDBOX_IMPORT_PATH = "slime_harbor.environments.bubblewrap:BubblewrapEnvironment"
 
 DOCKERFILE = """\
 # syntax=docker/dockerfile:1
@@ -233,7 +233,7 @@ async def test_start_cancelled_at_any_point_leaves_nothing(tmp_path, base_dir):
     Whatever the moment, stop() must kill every process of the sandbox and remove its dir."""
     import random
 
-    from slime_harbor.sandbox import _pids_with_marker
+    from slime_harbor.environments.bubblewrap import _pids_with_marker
 
     task_dir = write_task(tmp_path)
     task = Task(task_dir)
@@ -558,7 +558,7 @@ import asyncio, sys
 from pathlib import Path
 from harbor.models.task.task import Task
 from harbor.models.trial.paths import TrialPaths
-from slime_harbor.sandbox import BubblewrapEnvironment
+from slime_harbor.environments.bubblewrap import BubblewrapEnvironment
 
 async def main(task_dir, base_dir, trial_dir):
     task = Task(Path(task_dir))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from harbor.models.task.task import Task
 
-from slime_harbor import task_families as tf
+from slime_harbor.tasks import families as tf
 from slime_harbor.agent import BASH_BLOCK, SUBMIT_COMMAND, format_observation, initial_prompt_ids, observation_ids
 from slime_harbor.rollout import RolloutConfig, run_rollouts
 
@@ -146,7 +146,7 @@ def test_a_family_runs_out_of_instances():
 def test_oracle_episode_is_the_native_agent_token_format():
     from transformers import AutoTokenizer
 
-    from slime_harbor.cli import ensure_tiny_model
+    from slime_harbor.policy.tiny_model import ensure_tiny_model
 
     tok = AutoTokenizer.from_pretrained(ensure_tiny_model())
     inst = tf.instances("rename-file", 1, seed=0)[0]
@@ -166,7 +166,7 @@ def test_oracle_episode_is_the_native_agent_token_format():
 
 def test_command_line_writes_tasks(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "slime_harbor.task_families", "--out", str(tmp_path), "--n", "1", "--seed", "5",
+        [sys.executable, "-m", "slime_harbor.tasks.families", "--out", str(tmp_path), "--n", "1", "--seed", "5",
          "--split", "heldout", "--families", "make-dirs", "copy-file"],
         capture_output=True, text=True, cwd=REPO, timeout=120,
     )

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3ForCausalLM
 
-from slime_harbor.tiny_model import ENDOFTEXT, IM_END, IM_START, TinyModelConfig, build_tiny_model
+from slime_harbor.policy.tiny_model import ENDOFTEXT, IM_END, IM_START, TinyModelConfig, build_tiny_model
 
 
 def _files(directory):

@@ -4,7 +4,7 @@
     python examples/harbor/harbor_grpo_local.py --model QWEN_DIR --num-rollouts 50 --output-dir runs/q
     python examples/harbor/harbor_grpo_local.py --resume runs/q   # continue from the latest checkpoint
 
-Every flag is a field of slime_harbor.local_trainer.LocalTrainConfig (see --help); this file
+Every flag is a field of slime_harbor.trainers.local.LocalTrainConfig (see --help); this file
 only forwards to it, as `slime-harbor train-local` does.
 """
 
@@ -14,7 +14,7 @@ import sys
 # LiteLLM (used by Harbor's terminus-2) fetches a cost map from the internet unless told not to.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from slime_harbor.local_trainer import main  # noqa: E402
+from slime_harbor.trainers.local import main  # noqa: E402
 
 if __name__ == "__main__":
     main(sys.argv[1:])

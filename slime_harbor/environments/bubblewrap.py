@@ -2,8 +2,8 @@
 
 Use it wherever Harbor takes an environment::
 
-    EnvironmentConfig(import_path="slime_harbor.sandbox:BubblewrapEnvironment")
-    harbor run -p TASK -a oracle -e slime_harbor.sandbox:BubblewrapEnvironment
+    EnvironmentConfig(import_path="slime_harbor.environments.bubblewrap:BubblewrapEnvironment")
+    harbor run -p TASK -a oracle -e slime_harbor.environments.bubblewrap:BubblewrapEnvironment
 
 No Docker, no images: the host's own tools (/usr and the /bin, /lib* it links to) are mounted
 read-only, and everything else the sandbox can write lives in one per-trial directory on the
@@ -12,7 +12,7 @@ host (``<base_dir>/<session>-<id>/rootfs``) bound as the sandbox's ``/``: the ta
 private in-memory copy of what any host user may read of the host's /etc (no /etc/shadow).
 Harbor's log mounts (/logs/agent, /logs/verifier, /logs/artifacts) are bound to the trial
 directory, so Harbor reads them in place. /proc is the sandbox's own, /dev a minimal one.
-The task's environment/Dockerfile is replayed on top (see :mod:`slime_harbor.dockerfile`).
+The task's environment/Dockerfile is replayed on top (see :mod:`slime_harbor.environments.dockerfile`).
 
 How processes are kept together and torn down: ``start()`` launches one long-lived bwrap
 "init" with its own user (sandbox root = the host user), pid, ipc, uts and (unless the task
@@ -74,7 +74,7 @@ from harbor.environments.capabilities import (
 from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
 from harbor.models.trial.paths import TrialPaths
 
-from slime_harbor.dockerfile import (
+from slime_harbor.environments.dockerfile import (
     DEFAULT_PATH,
     BuildRecipe,
     CopyEntry,

@@ -23,7 +23,7 @@ that tests run and that bench/learning.py's imperfect demonstrator uses.
 Train and held-out instances are disjoint by construction: an instance's split is a hash of its
 family and the parameters the instruction names, so no seed can put one instance in both.
 
-    python -m slime_harbor.task_families --out DIR --n 4 --seed 0 [--split heldout]
+    python -m slime_harbor.tasks.families --out DIR --n 4 --seed 0 [--split heldout]
 """
 
 from __future__ import annotations
@@ -330,7 +330,7 @@ def oracle_episode(tokenizer, inst: Instance, command: str | None = None):
     family's command and near miss is silent and succeeds, so the observation is return code 0
     with empty output."""
     from slime_harbor.agent import SUBMIT_COMMAND
-    from slime_harbor.sft import agent_reply, native_agent_episode
+    from slime_harbor.trainers.sft import agent_reply, native_agent_episode
 
     replies = [agent_reply(inst.thought, command or inst.command), agent_reply(DONE_THOUGHT, SUBMIT_COMMAND)]
     return native_agent_episode(tokenizer, inst.instruction, replies, [(0, "")])

@@ -1,6 +1,6 @@
 """Read a task's ``environment/Dockerfile`` into steps that a sandbox without images can replay.
 
-The local sandbox (:mod:`slime_harbor.sandbox`) has no image builder: it runs the host's own
+The local sandbox (:mod:`slime_harbor.environments.bubblewrap`) has no image builder: it runs the host's own
 tools read-only and gives every trial a private writable root. What a Dockerfile adds on top of
 its base image is replayed there, instruction by instruction:
 

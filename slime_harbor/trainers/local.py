@@ -43,10 +43,9 @@ from typing import Any
 import torch
 
 from slime_harbor.grpo import GRPOConfig, episode_advantages, grpo_loss, masked_mean
-from slime_harbor.rollout import RolloutConfig, run_rollouts
+from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig, run_rollouts
 from slime_harbor.samples import TrainingSample, read_jsonl
 
-BUNDLED_TASKS = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks"
 # --test: five of the easy bundled tasks, short episodes, two steps, a checkpoint after each.
 TEST_TASKS = ["dedupe-lines", "fix-sort-key", "count-errors", "fizzbuzz-params", "top-words"]
 TEST_PRESET: dict[str, Any] = {
@@ -62,7 +61,7 @@ class LocalTrainConfig:
     """Every knob of a local GRPO run. Each field is a command-line flag (underscores -> dashes)."""
 
     # --- what to train on ---
-    tasks_dir: Path = BUNDLED_TASKS
+    tasks_dir: Path = DEFAULT_TASKS
     """Directory of Harbor task dirs (flag --tasks; default: the bundled tasks)."""
     task_names: list[str] | None = None
     """Only these task dir names; None = every task in tasks_dir."""
@@ -387,8 +386,8 @@ def rollout_stats(samples: Sequence[TrainingSample]) -> dict[str, Any]:
 
 def train(cfg: LocalTrainConfig) -> dict[str, Any]:
     """Run GRPO steps until step num_rollouts; returns the run summary (also in summary.json)."""
-    from slime_harbor.engine import EngineConfig, SamplingEngine
-    from slime_harbor.policy_server import EmbeddedPolicyServer
+    from slime_harbor.policy.engine import EngineConfig, SamplingEngine
+    from slime_harbor.policy.server import EmbeddedPolicyServer
 
     if cfg.agent not in ("native", "terminus-2"):
         raise ValueError(f"agent {cfg.agent!r} does not sample from the policy; use native or terminus-2")
@@ -450,7 +449,7 @@ def train(cfg: LocalTrainConfig) -> dict[str, Any]:
 
 def _resolve_model(model: str | None) -> Path:
     if model is None:
-        from slime_harbor.cli import ensure_tiny_model
+        from slime_harbor.policy.tiny_model import ensure_tiny_model
 
         return ensure_tiny_model()
     # An absolute dir, so the adapter config of final/ points at the base from anywhere.

@@ -19,7 +19,10 @@ Run it with `serve(model_dir)` (blocking, the CLI's `slime-harbor serve`) or in-
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import socket
+import sys
 import threading
 import time
 from functools import cache
@@ -29,7 +32,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from slime_harbor.engine import EngineConfig, SamplingEngine, SamplingParams
+from slime_harbor.policy.engine import EngineConfig, SamplingEngine, SamplingParams
+from slime_harbor.policy.tiny_model import ensure_tiny_model
 
 # SGLang sampling params we accept without implementing, with the value that makes them no-ops.
 # Any other value would change the distribution the logprobs are reported for, so it is refused.
@@ -364,3 +368,18 @@ def serve(
         pass
     finally:
         engine.close()
+
+
+@contextlib.contextmanager
+def policy_endpoint(cfg):
+    """Yield a RolloutConfig with policy_url/model_dir set: the given server, or an embedded one
+    on loopback serving cfg.model_dir (default: the tiny offline model)."""
+    if cfg.agent not in ("native", "terminus-2") or cfg.policy_url:
+        if cfg.agent in ("native", "terminus-2") and not cfg.model_dir:
+            raise SystemExit("--model (the policy's HF dir, for its tokenizer) is required with --policy-url")
+        yield cfg
+        return
+    model_dir = cfg.model_dir or str(ensure_tiny_model())
+    with EmbeddedPolicyServer(model_dir, model_name=cfg.model_name) as server:
+        print(f"embedded policy server for {model_dir} at {server.url}", file=sys.stderr)
+        yield dataclasses.replace(cfg, policy_url=server.url, model_dir=model_dir)

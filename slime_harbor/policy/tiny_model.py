@@ -13,6 +13,8 @@ token ids, logprobs, chat rendering and weight updates are exercised exactly as 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -298,4 +300,18 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, config: TinyModelConfig
     )
     model.save_pretrained(out)
     (out / "tiny_model.json").write_text(json.dumps({"seed": seed, **asdict(config)}, indent=2) + "\n")
+    return out
+
+
+def cache_dir() -> Path:
+    """Where built tiny models are cached ($SLIME_HARBOR_CACHE, else ~/.cache/slime-harbor)."""
+    return Path(os.environ.get("SLIME_HARBOR_CACHE", Path.home() / ".cache" / "slime-harbor"))
+
+
+def ensure_tiny_model(seed: int = 0) -> Path:
+    """The offline tiny model, built once per seed and reused."""
+    out = cache_dir() / f"tiny-model-seed{seed}"
+    if not (out / "config.json").exists():
+        print(f"building the tiny offline policy model in {out}", file=sys.stderr)
+        build_tiny_model(out, seed=seed)
     return out
