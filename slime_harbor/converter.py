@@ -26,13 +26,14 @@ from typing import Any
 
 from slime_harbor.samples import SampleStatus, TrainingSample
 
-# Exceptions that mean the infrastructure failed, not the policy: the sample is aborted.
-INFRA_EXCEPTIONS = frozenset(
+# Transient infrastructure failures: the policy is not to blame and a new trial may well succeed
+# (sandbox start, policy server unreachable, cancellation). Status ABORTED: never trained, and the
+# SLiME hook may run the task again within its retry budget.
+TRANSIENT_EXCEPTIONS = frozenset(
     {
         "CancelledError",
         "PolicyServerError",
         "EnvironmentStartTimeoutError",
-        "SandboxBuildFailedError",
         "SandboxError",
         "HealthcheckError",
         "AgentSetupTimeoutError",
@@ -40,6 +41,10 @@ INFRA_EXCEPTIONS = frozenset(
         "DockerError",
     }
 )
+# Permanent failures: running the task again gives the same result (an image that does not build,
+# a Dockerfile we cannot replay). Status FAILED: never trained and never retried. A verifier that
+# wrote no reward and a task dir Harbor rejects are FAILED too (see classify / run_episode).
+PERMANENT_EXCEPTIONS = frozenset({"SandboxBuildFailedError", "DockerfileError"})
 TRUNCATING_EXITS = frozenset({"step_limit", "context_limit"})
 
 
@@ -102,16 +107,37 @@ def scalar_reward(rewards: dict[str, float] | None) -> float | None:
     return values[0] if len(values) == 1 else sum(values) / len(values)
 
 
+def environment_start_failed(result) -> bool:
+    """The trial raised while its environment was starting (or failing its healthcheck): the agent
+    was never set up. Build failures are excluded: they are permanent, not worth a retry."""
+    exc = result.exception_info
+    return (
+        exc is not None
+        and exc.exception_type not in PERMANENT_EXCEPTIONS
+        and exc.exception_type != "CancelledError"
+        and result.environment_setup is not None
+        and result.agent_setup is None
+    )
+
+
 def classify(result) -> tuple[SampleStatus, float | None, str]:
-    """(status, reward, why) of a finished trial. Only verifier-scored episodes keep a reward."""
+    """(status, reward, why) of a finished trial. Only verifier-scored episodes keep a reward.
+
+    ABORTED = transient infra failure (may be retried), FAILED = permanent (never retried).
+    """
     rewards = result.verifier_result.rewards if result.verifier_result else None
     reward = scalar_reward(rewards)
     exc = result.exception_info
     exc_type = exc.exception_type if exc else None
     meta = (result.agent_result.metadata if result.agent_result else None) or {}
     exit_status = meta.get("exit_status")
-    if exc_type in INFRA_EXCEPTIONS or exit_status == "aborted":
-        return SampleStatus.ABORTED, None, f"{exc_type or 'policy abort'}: {exc.exception_message if exc else exit_status}"
+    if exc_type in PERMANENT_EXCEPTIONS:
+        return SampleStatus.FAILED, None, f"{exc_type}: {exc.exception_message}"
+    if exc_type in TRANSIENT_EXCEPTIONS or exit_status == "aborted" or environment_start_failed(result):
+        why = f"{exc_type}: {exc.exception_message}" if exc else f"policy abort: {exit_status}"
+        if environment_start_failed(result):
+            why = f"environment start failed: {why}"
+        return SampleStatus.ABORTED, None, why
     if reward is None:
         why = f"{exc_type}: {exc.exception_message}" if exc else "verifier produced no reward"
         return SampleStatus.FAILED, None, why

@@ -2,19 +2,46 @@
 
     --custom-generate-function-path        slime_harbor.hooks.generate
     --custom-reward-post-process-path      slime_harbor.hooks.reward_post_process
+    --dynamic-sampling-filter-path         slime_harbor.hooks.dynamic_sampling_filter
     --custom-config-path                   examples/harbor/configs/harbor_grpo.yaml  (keys below)
 
 `generate` runs ONE Harbor trial for the sample's task (`rollout.run_episode`, the same function
 the local trainer and `slime-harbor rollout` use) against SLiME's SGLang router, converts it
-(`converter.trial_to_samples`) and returns a `Sample`, or a list sharing `rollout_id` when the
-tokens drifted between turns. Infra failures come back with `remove_sample=True` and status
-aborted/failed: they are never trained as a low reward.
+(`converter.trial_to_samples`) and returns a LIST of Samples sharing `rollout_id` (the sample's
+index) on every path: one sample normally, several when the tokens drifted between turns, one
+removed placeholder for a failure. SLiME flattens a batch with `while isinstance(data[0], list)`,
+so a batch mixing bare Samples and lists crashes it; one shape everywhere is the fix (SLiME's
+examples/coding_agent_rl/generate.py returns lists too). Known and accepted: SLiME's contract test
+`test_custom_generate_function_path_supports_user_override` asserts a bare Sample for a sample
+with no task; it is narrower than SLiME's runtime (its own coding-agent example fails it too).
+That one assertion fails with this hook; every other plugin contract passes.
+
+Failures are never trained as a low reward: they come back `remove_sample=True` with status
+    ABORTED  transient infra failure (sandbox did not start, policy server unreachable,
+             cancellation, SLiME aborting the round): the hook runs the task again while the
+             task's retry budget (harbor_max_retries_per_task) lasts;
+    FAILED   permanent (no such task, task dir Harbor rejects, image that does not build,
+             verifier that wrote no reward, retry budget spent): never retried.
+An environment that fails to start is first retried inside run_episode (RolloutConfig.
+env_start_retries, with backoff). Counts: `sample.metadata["harbor_retries"]`, and
+`hook_metrics()` (module-level counters: episodes, statuses, retries, budget exhaustions).
+Under SLiME's fully-async rollout an ABORTED sample would send its whole group back to the
+buffer, which is why only transient failures are ABORTED.
 
 Aborts: SLiME's rollout ends a round by aborting every SGLang request until the servers are idle
 and setting its GenerateState.aborted; then it waits for the pending generate calls. A trial whose
 agent was running a command at that moment would go on to its step limit, so `generate` watches
 that flag: it cancels the trial (the sandbox is torn down before the call returns) and returns an
 aborted, removed sample. Trials still queued behind harbor_concurrency do not start.
+
+SLiME's sampling params reach the agent: temperature/top_p/top_k/max_new_tokens, stop,
+stop_token_ids, skip_special_tokens, no_stop_trim, sampling_seed (deterministic inference),
+custom_params.return_top_p_token_ids (--rollout-top-p < 1: every sample, placeholders too,
+carries rollout_top_p_token_ids/offsets); sample.session_id is sent as X-SMG-Routing-Key;
+--rollout-max-context-len bounds an episode's context. What cannot apply raises a one-line
+HookConfigError on the first generate call: --use-rollout-routing-replay (our agents cannot return
+routed experts), --partial-rollout (a Harbor trial cannot resume), and for agents other than the
+native one, top-p token ids, stop_token_ids and sampling_seed.
 
 Plugin settings, read from `args` (set them with SLiME's --custom-config-path YAML):
     harbor_agent                     native | terminus-2 | module:Class            (native)
@@ -25,17 +52,24 @@ Plugin settings, read from `args` (set them with SLiME's --custom-config-path YA
     harbor_reward_mapping            raw | pm1 (2r-1)                               (raw)
     harbor_step_limit                agent turns per episode (30)
     harbor_trials_dir                where Harbor writes trial dirs (runs/slime-trials)
+    harbor_max_retries_per_task      transient-failure reruns per task, over the process (3)
+    harbor_retry_backoff_sec         wait before a rerun (2.0)
+    harbor_env_start_retries         environment start retries inside one episode (2)
 
-Dynamic filtering: groups whose rewards are all equal carry no GRPO signal. Use SLiME's filter
-    --dynamic-sampling-filter-path slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std
-with --over-sampling-batch-size larger than --rollout-batch-size.
+Dynamic filtering: groups whose kept episodes all got the same reward carry no GRPO signal. Use
+    --dynamic-sampling-filter-path slime_harbor.hooks.dynamic_sampling_filter
+with --over-sampling-batch-size larger than --rollout-batch-size. (SLiME's check_reward_nonzero_std
+crashes on our list-shaped results and counts removed samples' 0.0 as rewards.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
+from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from slime_harbor.grpo import episode_advantages
@@ -51,9 +85,28 @@ DEFAULTS = {
     "harbor_reward_mapping": "raw",
     "harbor_step_limit": 30,
     "harbor_trials_dir": "runs/slime-trials",
+    "harbor_max_retries_per_task": 3,
+    "harbor_retry_backoff_sec": 2.0,
+    "harbor_env_start_retries": 2,
 }
 
+log = logging.getLogger(__name__)
+
 _semaphores: dict[int, asyncio.Semaphore] = {}
+
+METRICS: Counter = Counter()
+"""Process-wide counts, for logs and tests: episodes, status/<status>, retries,
+retry_budget_exhausted. `hook_metrics()` returns a copy."""
+RETRIES_BY_TASK: Counter = Counter()
+"""Transient-failure reruns spent per task name (the retry budget is per task, per process)."""
+
+
+class HookConfigError(ValueError):
+    """A SLiME setting this hook cannot honour; raised on the first generate call."""
+
+
+def hook_metrics() -> dict[str, int]:
+    return {**METRICS, **{f"retries/{task}": n for task, n in RETRIES_BY_TASK.items()}}
 
 
 def setting(args, key: str):
@@ -61,7 +114,64 @@ def setting(args, key: str):
     return DEFAULTS[key] if value is None else value
 
 
-def rollout_config(args, sampling_params: dict) -> RolloutConfig:
+def wants_top_p_ids(sampling_params: dict) -> bool:
+    """SLiME asks for the top-p nucleus ids (--rollout-top-p < 1) through custom_params."""
+    return bool((sampling_params.get("custom_params") or {}).get("return_top_p_token_ids"))
+
+
+def check_supported(args, sampling_params: dict) -> None:
+    """Raise HookConfigError for a SLiME setting no agent of ours can honour."""
+    if getattr(args, "use_rollout_routing_replay", False):
+        raise HookConfigError("--use-rollout-routing-replay: Harbor agents cannot return routed experts; drop the flag")
+    if getattr(args, "partial_rollout", False):
+        raise HookConfigError("--partial-rollout: a Harbor trial cannot be resumed from a partial sample; drop the flag")
+    agent = setting(args, "harbor_agent")
+    if agent not in ("native", "terminus-2"):
+        return  # an agent of the user's own: it owns its sampling
+    if agent != "native":
+        for name, unsupported in [
+            ("--rollout-top-p < 1 (top-p token ids)", wants_top_p_ids(sampling_params)),
+            ("--rollout-stop-token-ids", bool(sampling_params.get("stop_token_ids"))),
+            ("sampling_seed (--sglang-enable-deterministic-inference)", sampling_params.get("sampling_seed") is not None),
+        ]:
+            if unsupported:
+                raise HookConfigError(f"{name} is only honoured by harbor_agent=native, not {agent!r}")
+
+
+def agent_kwargs(args, sample, sampling_params: dict) -> dict:
+    """SLiME's per-request sampling options and routing key, in the agent's own vocabulary."""
+    agent = setting(args, "harbor_agent")
+    max_context = getattr(args, "rollout_max_context_len", None)
+    routing_key = getattr(sample, "session_id", None)
+    if agent == "native":
+        extra = {
+            "stop": list(sampling_params.get("stop") or []),
+            "stop_token_ids": list(sampling_params.get("stop_token_ids") or []),
+            "skip_special_tokens": bool(sampling_params.get("skip_special_tokens", False)),
+            "no_stop_trim": bool(sampling_params.get("no_stop_trim", True)),
+            "sampling_seed": sampling_params.get("sampling_seed"),
+            "return_top_p_token_ids": wants_top_p_ids(sampling_params),
+            "routing_key": routing_key,
+            "max_context_len": max_context,
+        }
+        return extra
+    if agent == "terminus-2":
+        call = {}
+        if sampling_params.get("stop"):
+            call["stop"] = list(sampling_params["stop"])
+        body = {k: sampling_params[k] for k in ("skip_special_tokens", "no_stop_trim") if k in sampling_params}
+        if body:
+            call["extra_body"] = body
+        if routing_key:
+            call["extra_headers"] = {"X-SMG-Routing-Key": str(routing_key)}
+        extra = {"llm_call_kwargs": call}
+        if max_context:
+            extra["model_info"] = {"max_input_tokens": int(max_context)}
+        return extra
+    return {}
+
+
+def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
     """SLiME args + per-call sampling params -> the RolloutConfig our core understands."""
     router = f"http://{getattr(args, 'sglang_router_ip', None)}:{getattr(args, 'sglang_router_port', None)}"
     return RolloutConfig(
@@ -77,6 +187,8 @@ def rollout_config(args, sampling_params: dict) -> RolloutConfig:
         timeout_multiplier=float(setting(args, "harbor_trial_timeout_multiplier")),
         reward_mapping=setting(args, "harbor_reward_mapping"),
         progress=False,
+        agent_kwargs=agent_kwargs(args, sample, sampling_params),
+        env_start_retries=int(setting(args, "harbor_env_start_retries")),
     )
 
 
@@ -93,8 +205,9 @@ def resolve_task_dir(args, sample) -> Path | None:
     return None
 
 
-def _failed(sample, status: SampleStatus, why: str):
-    """SLiME's pattern for an unusable rollout: a minimal sample that is removed from the loss."""
+def _placeholder(sample, status: SampleStatus, why: str, top_p_ids: bool, **metadata) -> list:
+    """SLiME's pattern for an unusable rollout: a minimal sample removed from the loss, in a list
+    like every other result. With top-p replay on, it carries well-formed empty top-p data."""
     from slime.utils.types import Sample
 
     sample.tokens = [0, 0]
@@ -102,11 +215,24 @@ def _failed(sample, status: SampleStatus, why: str):
     sample.response_length = 1
     sample.loss_mask = [0]
     sample.rollout_log_probs = [0.0]
+    sample.rollout_top_p_token_ids = [] if top_p_ids else None
+    sample.rollout_top_p_token_offsets = [0, 0] if top_p_ids else None
     sample.reward = 0.0
     sample.status = Sample.Status(status.value)
     sample.remove_sample = True
-    sample.metadata = {**(sample.metadata if isinstance(sample.metadata, dict) else {}), "status_reason": why}
-    return sample
+    sample.rollout_id = _rollout_id(sample)
+    sample.metadata = {**(sample.metadata if isinstance(sample.metadata, dict) else {}), "status_reason": why, **metadata}
+    _count(status)
+    return [sample]
+
+
+def _rollout_id(sample) -> int:
+    return sample.index if sample.index is not None else 0
+
+
+def _count(status: SampleStatus) -> None:
+    METRICS["episodes"] += 1
+    METRICS[f"status/{status.value}"] += 1
 
 
 def slime_rollout_aborted() -> bool:
@@ -135,43 +261,91 @@ async def run_unless_aborted(episode: Awaitable, aborted: Callable[[], bool], po
             await asyncio.gather(task, return_exceptions=True)  # run_episode stops the sandbox first
 
 
-async def generate(args, sample, sampling_params, evaluation: bool = False):
-    """SLiME custom generate: one Harbor trial for `sample`'s task."""
+async def generate(args, sample, sampling_params, evaluation: bool = False) -> list:
+    """SLiME custom generate: one Harbor trial for `sample`'s task -> list[Sample] (one rollout_id)."""
+    check_supported(args, sampling_params)
+    top_p_ids = wants_top_p_ids(sampling_params)
     task_dir = resolve_task_dir(args, sample)
     if task_dir is None:
-        return _failed(sample, SampleStatus.FAILED, f"no Harbor task for label {sample.label!r} / metadata")
-    cfg = rollout_config(args, sampling_params)
+        return _placeholder(sample, SampleStatus.FAILED, f"no Harbor task for label {sample.label!r} / metadata", top_p_ids)
+    cfg = rollout_config(args, sampling_params, sample)
     loop_key = id(asyncio.get_running_loop())
     semaphore = _semaphores.setdefault(loop_key, asyncio.Semaphore(int(setting(args, "harbor_concurrency"))))
+    budget = int(setting(args, "harbor_max_retries_per_task"))
+    retries = 0
     async with semaphore:
-        if slime_rollout_aborted():
-            return _failed(sample, SampleStatus.ABORTED, "rollout aborted by SLiME before the trial started")
-        episode = await run_unless_aborted(
-            run_episode(task_dir, cfg, group_index=sample.group_index or 0, index=sample.index or 0,
-                        trials_dir=Path(setting(args, "harbor_trials_dir"))),
-            slime_rollout_aborted,
-        )
-    if episode is None:
-        return _failed(sample, SampleStatus.ABORTED, "rollout aborted by SLiME during the trial")
-    return to_slime_samples(sample, episode.samples)
+        while True:
+            if slime_rollout_aborted():
+                return _placeholder(sample, SampleStatus.ABORTED, "rollout aborted by SLiME before the trial started",
+                                    top_p_ids, harbor_retries=retries)
+            episode = await run_unless_aborted(
+                run_episode(task_dir, cfg, group_index=sample.group_index or 0, index=sample.index or 0,
+                            trials_dir=Path(setting(args, "harbor_trials_dir"))),
+                slime_rollout_aborted,
+            )
+            if episode is None:
+                return _placeholder(sample, SampleStatus.ABORTED, "rollout aborted by SLiME during the trial",
+                                    top_p_ids, harbor_retries=retries)
+            if episode.status != SampleStatus.ABORTED or slime_rollout_aborted():
+                break
+            # A transient infra failure: run the task again while its budget lasts.
+            if RETRIES_BY_TASK[task_dir.name] >= budget:
+                METRICS["retry_budget_exhausted"] += 1
+                for piece in episode.samples:
+                    piece.status = SampleStatus.FAILED  # permanent from here on: never retried
+                    piece.metadata["status_reason"] = (
+                        f"retry budget of {budget} for {task_dir.name} spent; last: {piece.metadata.get('status_reason')}")
+                break
+            RETRIES_BY_TASK[task_dir.name] += 1
+            METRICS["retries"] += 1
+            retries += 1
+            log.warning("task %s: transient failure (%s); rerun %d", task_dir.name, episode.error, retries)
+            await asyncio.sleep(float(setting(args, "harbor_retry_backoff_sec")))
+    return to_slime_samples(sample, episode.samples, top_p_ids=top_p_ids, harbor_retries=retries)
 
 
-def to_slime_samples(sample, pieces: list[TrainingSample]):
+def to_slime_samples(sample, pieces: list[TrainingSample], top_p_ids: bool = False, **metadata) -> list:
     """Fill SLiME's sample with our result; extra pieces (token drift) become siblings."""
     from slime.utils.types import Sample
 
     first = pieces[0]
     if first.response_length == 0:  # nothing the policy sampled (infra failure, agent crashed first)
-        return _failed(sample, first.status, first.metadata.get("status_reason", "no tokens"))
-    rollout_id = sample.index if sample.index is not None else 0
+        return _placeholder(sample, first.status, first.metadata.get("status_reason", "no tokens"), top_p_ids,
+                            **{**first.metadata, **metadata})
+    rollout_id = _rollout_id(sample)
     out = []
     for k, piece in enumerate(pieces):
         target = sample if k == 0 else Sample(prompt=sample.prompt, label=sample.label, group_index=sample.group_index,
-                                              index=sample.index, metadata=dict(sample.metadata or {}))
+                                              index=sample.index, session_id=sample.session_id,
+                                              metadata=dict(sample.metadata or {}))
         piece.rollout_id = rollout_id
         piece.prompt = ""  # keep SLiME's own prompt (the task instruction)
-        out.append(piece.to_slime(target))
-    return out[0] if len(out) == 1 else out
+        piece.metadata.update(metadata)
+        s = piece.to_slime(target)
+        if top_p_ids and (getattr(s, "rollout_top_p_token_ids", None) is None
+                          or getattr(s, "rollout_top_p_token_offsets", None) is None):
+            raise HookConfigError("--rollout-top-p < 1 but the policy server returned no top-p token ids "
+                                  "(serve the policy with SLiME's SGLang patch)")
+        out.append(s)
+    _count(first.status)
+    return out
+
+
+def _flatten(samples) -> list:
+    """SLiME hands post-process hooks a flat list; a filter gets a group whose items may be lists."""
+    out = []
+    for s in samples:
+        out.extend(_flatten(s) if isinstance(s, list) else [s])
+    return out
+
+
+def reward_value(args, sample) -> float:
+    """The scalar reward, as Sample.get_reward_value reads it, but tolerant of an args without
+    reward_key (SLiME's runtime-hook contract passes a bare object)."""
+    if sample.reward is None:
+        return 0.0
+    key = getattr(args, "reward_key", None)
+    return float(sample.reward[key] if key and isinstance(sample.reward, dict) else sample.reward)
 
 
 def reward_post_process(args, samples):
@@ -181,8 +355,8 @@ def reward_post_process(args, samples):
     or a rollout fans out into several samples. Here a group is a group_index, each episode counts
     once (siblings share rollout_id), and removed samples get 0 and no say in their group's mean.
     """
-    flat = [s for group in samples for s in group] if samples and isinstance(samples[0], list) else list(samples)
-    raw = [float(s.get_reward_value(args)) if s.reward is not None else 0.0 for s in flat]
+    flat = _flatten(samples)
+    raw = [reward_value(args, s) for s in flat]
     kept = [i for i, s in enumerate(flat) if not s.remove_sample]
     normalize = bool(getattr(args, "grpo_std_normalization", False))
     advantages = episode_advantages([flat[i] for i in kept], [raw[i] for i in kept], normalize_std=normalize)
@@ -190,3 +364,35 @@ def reward_post_process(args, samples):
     for i, a in zip(kept, advantages):
         rewards[i] = a
     return raw, rewards
+
+
+def dynamic_sampling_filter(args, samples, **kwargs):
+    """--dynamic-sampling-filter-path: keep a group only when its kept episodes' rewards differ.
+
+    `samples` is one SLiME group: one generate result per prompt copy, each a list of Samples here
+    (bare Samples are accepted too). An episode counts once however many samples it fanned out into
+    (its siblings share rollout_id); removed samples (infra failures) carry no reward and are
+    ignored. Fewer than two scored episodes, or all equal: no GRPO signal, drop.
+    """
+    episodes: dict = {}
+    for s in _flatten(samples):
+        if s.remove_sample:
+            continue
+        key = s.rollout_id if s.rollout_id is not None else ("index", s.index, id(s))
+        episodes.setdefault(key, reward_value(args, s))
+    rewards = list(episodes.values())
+    if len(rewards) < 2:
+        return DynamicFilterOutput(keep=False, reason=f"fewer_than_2_scored_episodes_{len(rewards)}")
+    keep = max(rewards) - min(rewards) > 1e-6
+    return DynamicFilterOutput(keep=keep, reason=None if keep else f"zero_std_{round(rewards[0], 1)}")
+
+
+try:  # SLiME's own result type when slime is importable (its call_dynamic_filter checks the type)
+    from slime.rollout.filter_hub.base_types import DynamicFilterOutput
+except ImportError:  # the same fields, so the filter runs (and is tested) without slime
+
+    @dataclass
+    class DynamicFilterOutput:
+        keep: bool
+        reason: str | None = None
+        keep_when_insufficient: bool = False

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slime_harbor.converter import trial_to_samples
+from slime_harbor.converter import environment_start_failed, trial_to_samples
 from slime_harbor.samples import SampleStatus, TrainingSample
 
 DEFAULT_TASKS = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks"
@@ -76,6 +76,16 @@ class RolloutConfig:
     """raw: verifier reward as is; pm1: reward r in [0,1] -> 2r-1."""
     progress: bool = True
     """Show a progress bar on stderr."""
+    agent_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra AgentConfig kwargs on top of the ones built here (the SLiME hook passes SLiME's
+    per-request sampling options this way). For terminus-2, `llm_call_kwargs` and `model_info`
+    are merged key by key into the defaults."""
+    env_start_retries: int = 2
+    """Extra attempts when a trial's environment fails to start (a transient infra failure: the
+    sandbox or container did not come up, its healthcheck failed). Each attempt is a new trial;
+    after the last one the episode is ABORTED (removed, counted, never scored)."""
+    env_start_backoff_sec: float = 1.0
+    """Wait before the first retry of an environment start; doubled for each further retry."""
 
 
 @dataclass
@@ -123,11 +133,12 @@ def agent_config(cfg: RolloutConfig):
                 "top_p": cfg.top_p,
                 "top_k": cfg.top_k,
                 "max_new_tokens": cfg.max_new_tokens,
+                **cfg.agent_kwargs,
             },
         )
     if cfg.agent == "terminus-2":
         context = _max_context(cfg.model_dir)
-        return AgentConfig(
+        config = AgentConfig(
             name="terminus-2",
             model_name=f"hosted_vllm/{cfg.model_name}",
             kwargs={
@@ -150,6 +161,10 @@ def agent_config(cfg: RolloutConfig):
             },
             env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "HOSTED_VLLM_API_KEY": "none"},
         )
+        for key, value in cfg.agent_kwargs.items():
+            merge = key in ("llm_call_kwargs", "model_info") and isinstance(value, dict)
+            config.kwargs[key] = {**config.kwargs[key], **value} if merge else value
+        return config
     if ":" in cfg.agent:
         return AgentConfig(import_path=cfg.agent, model_name=cfg.model_name)
     return AgentConfig(name=cfg.agent)
@@ -184,12 +199,32 @@ async def run_episode(
     tokenizer=None,
 ) -> Episode:
     """Run one Harbor Trial of `task_path` and convert it. Never raises for trial failures:
-    they come back as an Episode with status aborted/failed (cancellation still propagates)."""
+    they come back as an Episode with status aborted (transient) / failed (permanent);
+    cancellation still propagates. An environment that fails to start is retried
+    cfg.env_start_retries times with backoff; `metadata["env_start_attempts"]` says how often."""
+    started = time.monotonic()
+    attempts = 0
+    while True:
+        attempts += 1
+        episode = await _run_trial_once(task_path, cfg, group_index=group_index, index=index,
+                                        trials_dir=trials_dir, tokenizer=tokenizer, started=started)
+        retry = episode.samples[0].metadata.get("environment_start_failed") and attempts <= cfg.env_start_retries
+        if not retry:
+            break
+        delay = cfg.env_start_backoff_sec * 2 ** (attempts - 1)
+        log.warning("environment of %s failed to start (attempt %d): %s; retrying in %.1fs",
+                    Path(task_path).name, attempts, episode.error, delay)
+        await asyncio.sleep(delay)
+    for s in episode.samples:
+        s.metadata["env_start_attempts"] = attempts
+    return episode
+
+
+async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, trials_dir, tokenizer, started) -> Episode:
     from harbor.models.trial.config import TaskConfig, TrialConfig
     from harbor.trial.trial import Trial
 
     task_path = Path(task_path)
-    started = time.monotonic()
     config = TrialConfig(
         task=TaskConfig(path=task_path.resolve()),
         trial_name=f"{task_path.name}__g{group_index}_{index}__{uuid.uuid4().hex[:6]}",
@@ -209,7 +244,7 @@ async def run_episode(
         # wait_for cancelled the trial, which recorded a CancelledError (classified aborted).
         await _finish_environment_stop(trial)
         result = trial.result
-    except Exception as exc:  # the trial could not even be created (malformed task dir, bad config)
+    except Exception as exc:  # the trial could not even be created (malformed task dir, bad config): permanent
         log.warning("trial for %s failed before running: %s", task_path.name, exc)
         return Episode(
             task_name=task_path.name, group_index=group_index, index=index, status=SampleStatus.FAILED,
@@ -220,6 +255,8 @@ async def run_episode(
         result, group_index=group_index, index=index, tokenizer=tokenizer, reward_mapping=cfg.reward_mapping
     )
     first = samples[0]
+    if environment_start_failed(result):
+        first.metadata["environment_start_failed"] = True
     return Episode(
         task_name=task_path.name, group_index=group_index, index=index, status=first.status,
         reward=first.reward if first.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED) else None,
