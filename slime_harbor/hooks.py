@@ -65,6 +65,7 @@ crashes on our list-shaped results and counts removed samples' 0.0 as rewards.)
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sys
 from collections import Counter
@@ -73,7 +74,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slime_harbor.grpo import episode_advantages
-from slime_harbor.rollout import RolloutConfig, run_episode
+from slime_harbor.rollout import RolloutConfig, load_tokenizer, run_episode
 from slime_harbor.samples import SampleStatus, TrainingSample
 
 DEFAULTS = {
@@ -107,6 +108,12 @@ class HookConfigError(ValueError):
 
 def hook_metrics() -> dict[str, int]:
     return {**METRICS, **{f"retries/{task}": n for task, n in RETRIES_BY_TASK.items()}}
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(model_dir: str | None):
+    """The policy's tokenizer, loaded once per rollout worker: it decodes `sample.response`."""
+    return load_tokenizer(model_dir)
 
 
 def setting(args, key: str):
@@ -154,14 +161,16 @@ def agent_kwargs(args, sample, sampling_params: dict) -> dict:
             "routing_key": routing_key,
             "max_context_len": max_context,
         }
-        return extra
+        # Only what differs from the agent's defaults (empty stop lists, special tokens kept,
+        # stop strings not trimmed, no seed, no top-p ids, no routing key, the model's context).
+        defaults = {"skip_special_tokens": False, "no_stop_trim": True, "return_top_p_token_ids": False}
+        return {k: v for k, v in extra.items() if v not in (None, []) and defaults.get(k, object()) != v}
     if agent == "terminus-2":
         call = {}
         if sampling_params.get("stop"):
             call["stop"] = list(sampling_params["stop"])
-        body = {k: sampling_params[k] for k in ("skip_special_tokens", "no_stop_trim") if k in sampling_params}
-        if body:
-            call["extra_body"] = body
+        # skip_special_tokens / no_stop_trim shape SGLang's /generate text; terminus-2 reads the
+        # chat API's message text, which must stay clean to be re-rendered next turn: not sent.
         if routing_key:
             call["extra_headers"] = {"X-SMG-Routing-Key": str(routing_key)}
         extra = {"llm_call_kwargs": call}
@@ -208,8 +217,6 @@ def resolve_task_dir(args, sample) -> Path | None:
 def _placeholder(sample, status: SampleStatus, why: str, top_p_ids: bool, **metadata) -> list:
     """SLiME's pattern for an unusable rollout: a minimal sample removed from the loss, in a list
     like every other result. With top-p replay on, it carries well-formed empty top-p data."""
-    from slime.utils.types import Sample
-
     sample.tokens = [0, 0]
     sample.response = ""
     sample.response_length = 1
@@ -218,7 +225,7 @@ def _placeholder(sample, status: SampleStatus, why: str, top_p_ids: bool, **meta
     sample.rollout_top_p_token_ids = [] if top_p_ids else None
     sample.rollout_top_p_token_offsets = [0, 0] if top_p_ids else None
     sample.reward = 0.0
-    sample.status = Sample.Status(status.value)
+    sample.status = type(sample).Status(status.value)
     sample.remove_sample = True
     sample.rollout_id = _rollout_id(sample)
     sample.metadata = {**(sample.metadata if isinstance(sample.metadata, dict) else {}), "status_reason": why, **metadata}
@@ -280,7 +287,7 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
                                     top_p_ids, harbor_retries=retries)
             episode = await run_unless_aborted(
                 run_episode(task_dir, cfg, group_index=sample.group_index or 0, index=sample.index or 0,
-                            trials_dir=Path(setting(args, "harbor_trials_dir"))),
+                            trials_dir=Path(setting(args, "harbor_trials_dir")), tokenizer=_tokenizer(cfg.model_dir)),
                 slime_rollout_aborted,
             )
             if episode is None:
@@ -305,9 +312,8 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
 
 
 def to_slime_samples(sample, pieces: list[TrainingSample], top_p_ids: bool = False, **metadata) -> list:
-    """Fill SLiME's sample with our result; extra pieces (token drift) become siblings."""
-    from slime.utils.types import Sample
-
+    """Fill SLiME's sample with our result; extra pieces (token drift) become siblings of its class."""
+    Sample = type(sample)
     first = pieces[0]
     if first.response_length == 0:  # nothing the policy sampled (infra failure, agent crashed first)
         return _placeholder(sample, first.status, first.metadata.get("status_reason", "no tokens"), top_p_ids,

@@ -88,10 +88,13 @@ class TrainingSample:
         return cls(**kwargs)
 
     def to_slime(self, sample=None):
-        """Fill (or create) a `slime.utils.types.Sample` with these fields. Needs slime."""
-        from slime.utils.types import Sample
+        """Fill `sample` (SLiME's Sample, or any object shaped like it) with these fields; with no
+        sample, create a `slime.utils.types.Sample` (needs slime)."""
+        if sample is None:
+            from slime.utils.types import Sample
 
-        s = sample if sample is not None else Sample()
+            sample = Sample()
+        s, Sample = sample, type(sample)
         s.tokens = list(self.tokens)
         s.response_length = self.response_length
         s.loss_mask = list(self.loss_mask)
