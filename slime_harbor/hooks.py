@@ -327,6 +327,7 @@ def to_slime_samples(sample, pieces: list[TrainingSample], top_p_ids: bool = Fal
         piece.rollout_id = rollout_id
         piece.prompt = ""  # keep SLiME's own prompt (the task instruction)
         piece.metadata.update(metadata)
+        target.rollout_top_p_token_ids = target.rollout_top_p_token_offsets = None  # none left from a reused sample
         s = piece.to_slime(target)
         if top_p_ids and (getattr(s, "rollout_top_p_token_ids", None) is None
                           or getattr(s, "rollout_top_p_token_offsets", None) is None):
