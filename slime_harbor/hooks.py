@@ -45,6 +45,7 @@ native one, top-p token ids, stop_token_ids and sampling_seed.
 
 Plugin settings, read from `args` (set them with SLiME's --custom-config-path YAML):
     harbor_agent                     native | terminus-2 | module:Class            (native)
+                                     (a prompt row's metadata.harbor_agent overrides it per sample)
     harbor_env                       local | docker | <harbor env type> | module:Class  (local)
     harbor_tasks_dir                 where task dirs named by the sample's label live
     harbor_concurrency               trials running at once in this rollout worker (8)
@@ -126,13 +127,18 @@ def wants_top_p_ids(sampling_params: dict) -> bool:
     return bool((sampling_params.get("custom_params") or {}).get("return_top_p_token_ids"))
 
 
-def check_supported(args, sampling_params: dict) -> None:
-    """Raise HookConfigError for a SLiME setting no agent of ours can honour."""
+def agent_for(args, sample) -> str:
+    """The sample's own `metadata["harbor_agent"]` (a prompt row may name one), else harbor_agent."""
+    metadata = getattr(sample, "metadata", None)
+    return (metadata.get("harbor_agent") if isinstance(metadata, dict) else None) or setting(args, "harbor_agent")
+
+
+def check_supported(args, sampling_params: dict, agent: str) -> None:
+    """Raise HookConfigError for a SLiME setting the agent (or every agent of ours) cannot honour."""
     if getattr(args, "use_rollout_routing_replay", False):
         raise HookConfigError("--use-rollout-routing-replay: Harbor agents cannot return routed experts; drop the flag")
     if getattr(args, "partial_rollout", False):
         raise HookConfigError("--partial-rollout: a Harbor trial cannot be resumed from a partial sample; drop the flag")
-    agent = setting(args, "harbor_agent")
     if agent not in ("native", "terminus-2"):
         return  # an agent of the user's own: it owns its sampling
     if agent != "native":
@@ -147,7 +153,7 @@ def check_supported(args, sampling_params: dict) -> None:
 
 def agent_kwargs(args, sample, sampling_params: dict) -> dict:
     """SLiME's per-request sampling options and routing key, in the agent's own vocabulary."""
-    agent = setting(args, "harbor_agent")
+    agent = agent_for(args, sample)
     max_context = getattr(args, "rollout_max_context_len", None)
     routing_key = getattr(sample, "session_id", None)
     if agent == "native":
@@ -184,7 +190,7 @@ def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
     """SLiME args + per-call sampling params -> the RolloutConfig our core understands."""
     router = f"http://{getattr(args, 'sglang_router_ip', None)}:{getattr(args, 'sglang_router_port', None)}"
     return RolloutConfig(
-        agent=setting(args, "harbor_agent"),
+        agent=agent_for(args, sample),
         env=setting(args, "harbor_env"),
         policy_url=router,
         model_dir=getattr(args, "hf_checkpoint", None),
@@ -270,7 +276,7 @@ async def run_unless_aborted(episode: Awaitable, aborted: Callable[[], bool], po
 
 async def generate(args, sample, sampling_params, evaluation: bool = False) -> list:
     """SLiME custom generate: one Harbor trial for `sample`'s task -> list[Sample] (one rollout_id)."""
-    check_supported(args, sampling_params)
+    check_supported(args, sampling_params, agent_for(args, sample))
     top_p_ids = wants_top_p_ids(sampling_params)
     task_dir = resolve_task_dir(args, sample)
     if task_dir is None:

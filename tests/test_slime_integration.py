@@ -1,0 +1,334 @@
+"""SLiME's own rollout loop drives our hook, end to end, on this machine.
+
+SLiME's `generate_rollout` (slime.rollout.sglang_rollout) reads the prompts file `slime-harbor
+prepare-data` wrote through SLiME's own data source, calls `slime_harbor.hooks.generate` for every
+sample, and ends the round with its own abort; real Harbor trials run in the local bubblewrap
+sandbox against the embedded policy server standing in for the SGLang router (or, in the router
+variant, the real sglang-router in front of two embedded servers). Then RolloutManager's own
+`_get_rollout_data` (validation + flattening), `_post_process_rewards` (with our post-process) and
+`_convert_samples_to_train_data`, and SLiME's policy loss (slime.utils.ppo_utils) on the result.
+
+The round: a group of the native agent, a group of terminus-2 (whose re-rendered history may drift
+from the sampled tokens: the converter then splits the episode), a task whose image does not build
+(permanent: FAILED, not retried), and a surplus group still running when SLiME ends the round (its
+abort cancels the trial; the sandbox is gone when the round returns). The verifier of the sampled
+tasks flips a coin, so the untrained policy still gets rewards that differ within a group.
+
+Stubbed, because they need a GPU or an engine that cannot run here (nothing else is):
+  - `ray` (remote/get, util.scheduling_strategies): RolloutManager is a Ray actor class; its
+    methods run here on a minimal self instead (its __init__ starts SGLang engines on GPUs).
+  - `sglang.srt.{server_args,utils,constants}`: SGLang's engine; only names imported at module load.
+  - Megatron: not stubbed but avoided; slime/backends/megatron_utils/loss.py needs it, so the loss
+    is SLiME's compute_policy_loss from slime/utils/ppo_utils.py, reduced per rollout as SLiME does.
+
+Run: PYTHONPATH=$PWD:<a THUDM/slime checkout> .venv/bin/python -m pytest tests/test_slime_integration.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import types
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+from slime_harbor import hooks
+from slime_harbor.cli import prepare_data
+from slime_harbor.rollout import DEFAULT_TASKS
+
+try:
+    HAVE_SLIME = importlib.util.find_spec("slime") is not None
+except ModuleNotFoundError:
+    HAVE_SLIME = False
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not HAVE_SLIME, reason="slime is not importable (PYTHONPATH=<a THUDM/slime checkout>)"),
+]
+
+# Fixtures shared with the end-to-end rollout tests: the tiny model after a short SFT, so the
+# native agent's commands run and terminus-2 gets parseable JSON.
+from test_rollout_e2e import leftovers, responsive_model_dir  # noqa: E402,F401
+
+REPO = Path(__file__).resolve().parent.parent
+N_PER_PROMPT = 2
+
+
+# ---- stubs (see the module docstring) ---------------------------------------------------------
+
+def _install_stubs() -> list[str]:
+    """Put the stand-ins for ray and SGLang's engine in sys.modules where the real ones are missing."""
+    added = []
+
+    def module(name, **attrs):
+        if name in sys.modules:
+            return sys.modules[name]
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        sys.modules[name] = m
+        added.append(name)
+        return m
+
+    if importlib.util.find_spec("ray") is None:
+        ray = module("ray", remote=lambda *a, **k: a[0] if a and callable(a[0]) else (lambda cls: cls), get=lambda x: x)
+        ray.util = module("ray.util")
+        ray.util.scheduling_strategies = module("ray.util.scheduling_strategies", PlacementGroupSchedulingStrategy=object)
+    if importlib.util.find_spec("sglang") is None:
+        module("sglang")
+        module("sglang.srt")
+        module("sglang.srt.server_args", ServerArgs=type("ServerArgs", (), {}))
+        module("sglang.srt.utils", kill_process_tree=lambda *a, **k: None)
+        module("sglang.srt.constants", GPU_MEMORY_TYPE_CUDA_GRAPH="cuda_graph", GPU_MEMORY_TYPE_KV_CACHE="kv_cache",
+               GPU_MEMORY_TYPE_WEIGHTS="weights")
+    return added
+
+
+@pytest.fixture(scope="module")
+def slime_modules():
+    added = _install_stubs()
+    from slime.ray import rollout as ray_rollout
+
+    yield ray_rollout
+    for name in added:  # SLiME's modules imported with them stay; nothing else sees the stubs
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture(autouse=True)
+def fresh_state(monkeypatch):
+    """SLiME's GenerateState is a process-wide singleton (it holds the router address and the
+    abort flag); each test starts without one, and our hook's counters start at zero."""
+    monkeypatch.setattr(hooks, "METRICS", Counter())
+    monkeypatch.setattr(hooks, "RETRIES_BY_TASK", Counter())
+    yield
+    from slime.utils.misc import SingletonMeta
+
+    for cls in [c for c in SingletonMeta._instances if c.__name__ == "GenerateState"]:
+        SingletonMeta._instances.pop(cls)
+
+
+# ---- tasks, prompts, args ----------------------------------------------------------------------
+
+COIN_VERIFIER = """#!/bin/bash
+# A coin flip: the untrained policy rarely solves anything, and GRPO needs rewards that differ.
+mkdir -p /logs/verifier
+echo $((RANDOM % 2)) > /logs/verifier/reward.txt
+"""
+
+
+def make_tasks(root: Path) -> Path:
+    """coin (sampled by the policy), broken-image (its Dockerfile fails), slow (the oracle sleeps)."""
+    tasks = root / "tasks"
+    base = DEFAULT_TASKS / "dedupe-lines"
+    for name in ("coin", "broken-image", "slow"):
+        shutil.copytree(base, tasks / name)
+    (tasks / "coin" / "tests" / "test.sh").write_text(COIN_VERIFIER)
+    with open(tasks / "broken-image" / "environment" / "Dockerfile", "a") as f:
+        f.write("RUN exit 3\n")
+    (tasks / "slow" / "solution" / "solve.sh").write_text("#!/bin/bash\nsleep 600\n")
+    return tasks
+
+
+def write_prompts(tasks: Path, out: Path, rows_for) -> Path:
+    """`slime-harbor prepare-data`, then each row as the round needs it (an agent per row)."""
+    prepare_data(tasks, out / "all.jsonl")
+    by_name = {json.loads(line)["label"]: json.loads(line) for line in (out / "all.jsonl").read_text().splitlines()}
+    prompts = out / "prompts.jsonl"
+    with open(prompts, "w") as f:
+        for label, agent in rows_for:
+            row = json.loads(json.dumps(by_name[label]))
+            if agent:
+                row["metadata"]["harbor_agent"] = agent
+            f.write(json.dumps(row) + "\n")
+    return prompts
+
+
+def slime_args(policy_url: str, model_dir: Path, prompts: Path, tmp_path: Path, *flags: str):
+    """SLiME's own argument parser and defaults, plus the values its validation / launcher set."""
+    import argparse
+
+    from slime.utils.arguments import get_slime_extra_args_provider
+
+    parser = argparse.ArgumentParser()
+    get_slime_extra_args_provider()(parser)
+    args = parser.parse_args([
+        "--hf-checkpoint", str(model_dir), "--prompt-data", str(prompts),
+        "--input-key", "prompt", "--label-key", "label", "--metadata-key", "metadata",
+        "--n-samples-per-prompt", str(N_PER_PROMPT), "--rollout-max-response-len", "96",
+        "--custom-generate-function-path", "slime_harbor.hooks.generate",
+        "--custom-reward-post-process-path", "slime_harbor.hooks.reward_post_process",
+        *flags,
+    ])
+    host, port = policy_url.removeprefix("http://").split(":")
+    # Set by slime_validate_args / SGLang's parser / the launch script in a real run.
+    args.sglang_router_ip, args.sglang_router_port = host, int(port)
+    args.sglang_server_concurrency, args.rollout_num_engines, args.sglang_dp_size = 8, 1, None
+    args.router_policy, args.load_debug_rollout_data = None, None
+    if args.over_sampling_batch_size is None:
+        args.over_sampling_batch_size = args.rollout_batch_size
+    # Our plugin settings (--custom-config-path YAML in a real run).
+    args.harbor_step_limit, args.harbor_trials_dir = 2, str(tmp_path / "trials")
+    args.harbor_retry_backoff_sec = 0.0
+    return args
+
+
+class Manager:
+    """RolloutManager's own methods on a minimal self: its __init__ starts Ray actors and SGLang
+    engines. `_get_rollout_data` calls the rollout function, validates rollout ids and flattens."""
+
+    def __init__(self, ray_rollout, args, data_source):
+        from slime.utils.misc import load_function
+
+        cls = getattr(ray_rollout.RolloutManager, "__ray_actor_class__", ray_rollout.RolloutManager)
+        self._get_rollout_data = cls._get_rollout_data.__get__(self)
+        self._post_process_rewards = cls._post_process_rewards.__get__(self)
+        self._convert_samples_to_train_data = cls._convert_samples_to_train_data.__get__(self)
+        self.args, self.data_source = args, data_source
+        self.generate_rollout = load_function(args.rollout_function_path)
+        self.custom_reward_post_process_func = load_function(args.custom_reward_post_process_path)
+        self.custom_convert_samples_to_train_data_func = None
+
+
+# ---- checks on what SLiME made of our samples ---------------------------------------------------
+
+def check_train_data(samples, train, tokenizer_dir):
+    """The train data is our samples token for token (re-derived from Harbor's trial records),
+    removed samples carry no loss, and each episode counts once."""
+    from harbor.models.trial.result import TrialResult
+
+    from slime_harbor.converter import trial_to_samples
+
+    assert train["tokens"] == [s.tokens for s in samples]
+    assert train["response_lengths"] == [s.response_length for s in samples]
+    assert train["rollout_ids"] == [s.rollout_id for s in samples] and None not in train["rollout_ids"]
+    by_rollout = defaultdict(list)
+    for i, s in enumerate(samples):
+        by_rollout[s.rollout_id].append(i)
+        mask = train["loss_masks"][i]
+        assert len(mask) == s.response_length == len(train["rollout_log_probs"][i])
+        if s.remove_sample:
+            assert sum(mask) == 0 and train["rewards"][i] == 0.0
+            continue
+        # Harbor's own record of the trial, converted again: the same tokens, mask and logprobs.
+        result = TrialResult.model_validate_json((Path(s.metadata["trial_dir"]) / "result.json").read_text())
+        pieces = trial_to_samples(result, group_index=s.group_index, index=s.index)
+        piece = pieces[s.metadata["segment"]]
+        assert s.tokens == piece.tokens and mask == piece.loss_mask and s.rollout_log_probs == piece.rollout_log_probs
+        assert s.response and s.response_length > 0 and sum(mask) > 0
+    for rid, idx in by_rollout.items():
+        # Siblings of one episode share one denominator: the episode is one token-weighted mean.
+        assert {train["rollout_mask_sums"][i] for i in idx} == {sum(sum(train["loss_masks"][i]) for i in idx)}
+        assert len({train["rewards"][i] for i in idx}) == 1  # one advantage per episode
+    # Group advantages: kept episodes only, each once.
+    groups = defaultdict(dict)
+    for i, s in enumerate(samples):
+        if not s.remove_sample:
+            groups[s.group_index][s.rollout_id] = (train["raw_reward"][i], train["rewards"][i])
+    for episodes in groups.values():
+        mean = sum(r for r, _ in episodes.values()) / len(episodes)
+        for raw, adv in episodes.values():
+            assert adv == pytest.approx(raw - mean)
+    return by_rollout
+
+
+def check_policy_loss(train, by_rollout):
+    """SLiME's clipped policy loss on the train data, reduced per rollout with rollout_mask_sums
+    (as its loss reducer does): removed samples get no gradient, masked tokens none, and each
+    episode's gradient weighs |advantage| in total however many samples it fanned out into."""
+    import torch
+
+    from slime.utils.ppo_utils import compute_policy_loss
+
+    log_probs = [torch.tensor(lp, dtype=torch.float64, requires_grad=True) for lp in train["rollout_log_probs"]]
+    total = 0.0
+    for i, lp in enumerate(log_probs):
+        old = torch.tensor(train["rollout_log_probs"][i], dtype=torch.float64)
+        advantages = torch.full_like(old, float(train["rewards"][i]))
+        pg_loss, clipfrac = compute_policy_loss(old - lp, advantages, 0.2, 0.28)
+        mask = torch.tensor(train["loss_masks"][i], dtype=torch.float64)
+        total = total + (pg_loss * mask).sum() / max(train["rollout_mask_sums"][i], 1)
+        assert float(clipfrac.sum()) == 0.0  # on-policy: ratio 1
+    total.backward()
+    for rid, idx in by_rollout.items():
+        grads = torch.cat([log_probs[i].grad for i in idx])
+        mask = torch.cat([torch.tensor(train["loss_masks"][i], dtype=torch.float64) for i in idx])
+        assert torch.all(grads[mask == 0] == 0)
+        assert float(grads.abs().sum()) == pytest.approx(abs(train["rewards"][idx[0]]), abs=1e-9)
+
+
+# ---- the round ----------------------------------------------------------------------------------
+
+def run_round(ray_rollout, front_url, model_dir, tmp_path, flags=()):
+    """One SLiME rollout round through our hook; returns (flat samples, train data, args)."""
+    from slime.rollout.data_source import RolloutDataSourceWithBuffer
+    from slime.utils import http_utils
+
+    tasks = make_tasks(tmp_path)
+    prompts = write_prompts(tasks, tmp_path, [("coin", None), ("coin", "terminus-2"), ("broken-image", None),
+                                              ("slow", "oracle")])
+    args = slime_args(front_url, model_dir, prompts, tmp_path, "--rollout-batch-size", "3",
+                      "--over-sampling-batch-size", "4", *flags)
+    args.harbor_tasks_dir = str(tasks)
+    http_utils.init_http_client(args)  # SLiME's HTTP client (its abort talks to the router with it)
+    manager = Manager(ray_rollout, args, RolloutDataSourceWithBuffer(args))
+    samples, metrics = manager._get_rollout_data(rollout_id=0)
+    train = manager._convert_samples_to_train_data(samples)
+    return samples, train, args
+
+
+def check_round(samples, train, args, tmp_path, model_dir):
+    labels = Counter((s.label, s.metadata.get("harbor_agent", "native")) for s in samples)
+    # The three groups that finished first are the batch; the slow one was cut by SLiME's abort.
+    assert {label for label, _ in labels} == {"coin", "broken-image"}
+    episodes = {s.rollout_id for s in samples}
+    assert len(episodes) == 3 * N_PER_PROMPT
+    native = [s for s in samples if s.label == "coin" and "harbor_agent" not in s.metadata]
+    terminus = [s for s in samples if s.metadata.get("harbor_agent") == "terminus-2"]
+    broken = [s for s in samples if s.label == "broken-image"]
+    assert len(native) == N_PER_PROMPT and all(not s.remove_sample for s in native), [s.metadata for s in native]
+    for s in broken:  # permanent: FAILED, removed, not retried
+        assert s.status.value == "failed" and s.remove_sample and "SandboxBuildFailedError" in s.metadata["status_reason"] or \
+            "DockerfileError" in s.metadata["status_reason"]
+    assert hooks.hook_metrics().get("retries", 0) == 0
+    # terminus-2: one sample per aligned stretch; drift splits an episode into siblings.
+    kept_t2 = [s for s in terminus if not s.remove_sample]
+    assert kept_t2, [s.metadata.get("status_reason") for s in terminus]
+    for rid in {s.rollout_id for s in kept_t2}:
+        siblings = [s for s in kept_t2 if s.rollout_id == rid]
+        assert len(siblings) == 1 + siblings[0].metadata["drift_count"]
+    by_rollout = check_train_data(samples, train, model_dir)
+    check_policy_loss(train, by_rollout)
+    # The slow group's trials were started and then cancelled by SLiME's abort: aborted, gone.
+    slow_trials = [p for p in (tmp_path / "trials").iterdir() if p.name.startswith("slow__")]
+    assert len(slow_trials) == N_PER_PROMPT
+    assert hooks.hook_metrics()["status/aborted"] == N_PER_PROMPT
+    procs, dirs = leftovers(tmp_path)
+    assert procs == [] and dirs == []
+    # Our filter on the groups SLiME returned agrees with the rewards it saw.
+    return {"n_samples": len(samples), "drift": sum(len([s for s in terminus if s.rollout_id == r]) - 1
+                                                  for r in {s.rollout_id for s in terminus})}
+
+
+@pytest.fixture(scope="module")
+def embedded_front(responsive_model_dir):
+    """The embedded policy server as the router. SLiME's abort lists the router's workers first
+    (GET /workers, a router endpoint): the server answers it with itself."""
+    from slime_harbor.policy.server import EmbeddedPolicyServer
+
+    with EmbeddedPolicyServer(responsive_model_dir) as server:
+        server.policy.app.add_api_route("/workers", lambda: {"workers": [{"url": server.url}]}, methods=["GET"])
+        yield server.url
+
+
+def test_slime_generate_rollout_drives_our_hook(slime_modules, embedded_front, responsive_model_dir, tmp_path):
+    samples, train, args = run_round(slime_modules, embedded_front, responsive_model_dir, tmp_path)
+    check_round(samples, train, args, tmp_path, responsive_model_dir)
