@@ -151,46 +151,31 @@ def check_supported(args, sampling_params: dict, agent: str) -> None:
                 raise HookConfigError(f"{name} is only honoured by harbor_agent=native, not {agent!r}")
 
 
-def agent_kwargs(args, sample, sampling_params: dict) -> dict:
-    """SLiME's per-request sampling options and routing key, in the agent's own vocabulary."""
-    agent = agent_for(args, sample)
-    max_context = getattr(args, "rollout_max_context_len", None)
-    routing_key = getattr(sample, "session_id", None)
-    if agent == "native":
-        extra = {
-            "stop": list(sampling_params.get("stop") or []),
-            "stop_token_ids": list(sampling_params.get("stop_token_ids") or []),
-            "skip_special_tokens": bool(sampling_params.get("skip_special_tokens", False)),
-            "no_stop_trim": bool(sampling_params.get("no_stop_trim", True)),
-            "sampling_seed": sampling_params.get("sampling_seed"),
-            "return_top_p_token_ids": wants_top_p_ids(sampling_params),
-            "routing_key": routing_key,
-            "max_context_len": max_context,
-        }
-        # Only what differs from the agent's defaults (empty stop lists, special tokens kept,
-        # stop strings not trimmed, no seed, no top-p ids, no routing key, the model's context).
-        defaults = {"skip_special_tokens": False, "no_stop_trim": True, "return_top_p_token_ids": False}
-        return {k: v for k, v in extra.items() if v not in (None, []) and defaults.get(k, object()) != v}
-    if agent == "terminus-2":
-        call = {}
-        if sampling_params.get("stop"):
-            call["stop"] = list(sampling_params["stop"])
-        # skip_special_tokens / no_stop_trim shape SGLang's /generate text; terminus-2 reads the
-        # chat API's message text, which must stay clean to be re-rendered next turn: not sent.
-        if routing_key:
-            call["extra_headers"] = {"X-SMG-Routing-Key": str(routing_key)}
-        extra = {"llm_call_kwargs": call}
-        if max_context:
-            extra["model_info"] = {"max_input_tokens": int(max_context)}
-        return extra
-    return {}
+def terminus_kwargs(args, sample, sampling_params: dict) -> dict:
+    """SLiME's stop strings, routing key and context size in terminus-2's own kwargs (the native
+    agent takes them as RolloutConfig fields). skip_special_tokens / no_stop_trim shape SGLang's
+    /generate text; terminus-2 reads the chat API's message text, which must stay clean to be
+    re-rendered next turn, so they are not sent."""
+    call = {}
+    if sampling_params.get("stop"):
+        call["stop"] = list(sampling_params["stop"])
+    if getattr(sample, "session_id", None):
+        call["extra_headers"] = {"X-SMG-Routing-Key": str(sample.session_id)}
+    extra = {"llm_call_kwargs": call}
+    if getattr(args, "rollout_max_context_len", None):
+        extra["model_info"] = {"max_input_tokens": int(args.rollout_max_context_len)}
+    return extra
 
 
 def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
-    """SLiME args + per-call sampling params -> the RolloutConfig our core understands."""
+    """SLiME args + per-call sampling params (+ the sample's routing key) -> our RolloutConfig.
+
+    skip_special_tokens and no_stop_trim change only the text SGLang returns, never the token ids;
+    the native agent decodes the ids itself, so they need nothing from it."""
     router = f"http://{getattr(args, 'sglang_router_ip', None)}:{getattr(args, 'sglang_router_port', None)}"
+    agent = agent_for(args, sample)
     return RolloutConfig(
-        agent=agent_for(args, sample),
+        agent=agent,
         env=setting(args, "harbor_env"),
         policy_url=router,
         model_dir=getattr(args, "hf_checkpoint", None),
@@ -198,11 +183,17 @@ def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
         top_p=float(sampling_params.get("top_p", 1.0)),
         top_k=int(sampling_params.get("top_k", -1)),
         max_new_tokens=int(sampling_params.get("max_new_tokens", 512)),
+        max_context_len=getattr(args, "rollout_max_context_len", None),
+        stop=list(sampling_params.get("stop") or []),
+        stop_token_ids=list(sampling_params.get("stop_token_ids") or []),
+        return_top_p_token_ids=wants_top_p_ids(sampling_params),
+        sampling_seed=sampling_params.get("sampling_seed"),
+        routing_key=getattr(sample, "session_id", None),
         step_limit=int(setting(args, "harbor_step_limit")),
         timeout_multiplier=float(setting(args, "harbor_trial_timeout_multiplier")),
         reward_mapping=setting(args, "harbor_reward_mapping"),
         progress=False,
-        agent_kwargs=agent_kwargs(args, sample, sampling_params),
+        agent_kwargs=terminus_kwargs(args, sample, sampling_params) if agent == "terminus-2" else {},
         env_start_retries=int(setting(args, "harbor_env_start_retries")),
     )
 

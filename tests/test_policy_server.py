@@ -223,6 +223,31 @@ def test_slimes_sampling_params_and_routing_header(policy_server, tokenizer):
     assert by_string["text"].endswith(stop) and stop not in generate(stop=[stop], no_stop_trim=False)["text"]
 
 
+async def _client_turns(url, params, routing_key):
+    from slime_harbor.policy.client import PolicyClient
+
+    client = PolicyClient(url)
+    try:
+        return [await client.generate([5, 6, 7], params, routing_key=routing_key) for _ in range(2)]
+    finally:
+        await client.aclose()
+
+
+def test_client_passes_seed_top_p_and_routing_key(policy_server):
+    from slime_harbor.policy.client import SamplingParams
+
+    params = SamplingParams(top_p=0.6, max_new_tokens=10, sampling_seed=5, return_top_p_token_ids=True,
+                            stop_token_ids=[3])
+    first, second = asyncio.run(_client_turns(policy_server, params, "session-1"))
+    assert first.token_ids == second.token_ids and first.logprobs == pytest.approx(second.logprobs, abs=1e-5)
+    ids, offsets = first.top_p_token_ids, first.top_p_token_offsets
+    assert len(offsets) == len(first.token_ids) + 1 and offsets[0] == 0 and offsets[-1] == len(ids)
+    assert all(t in ids[a:b] for t, a, b in zip(first.token_ids, offsets, offsets[1:]))
+    assert 3 not in first.token_ids[:-1]  # stop_token_ids reached the server
+    plain = asyncio.run(_client_turns(policy_server, SamplingParams(max_new_tokens=4), None))[0]
+    assert plain.top_p_token_ids is None and plain.top_p_token_offsets is None
+
+
 async def _abort_while_running(url):
     async with httpx.AsyncClient(timeout=60) as client:
         running = asyncio.create_task(
@@ -265,6 +290,7 @@ def test_abort_request_ends_running_generations(policy_server):
         ({"input_ids": [[1, 2]], "sampling_params": {}}, "batched"),
         ({"input_ids": [10**7]}, "token ids"),
         ({"input_ids": [1], "stream": True}, "stream"),
+        ({"input_ids": [1, 2], "sampling_params": {"custom_params": 5}}, "custom_params"),
         ({"sampling_params": {}}, "input_ids"),
     ],
 )

@@ -542,6 +542,7 @@ class _Truncation:
         self.vocab = logprobs.shape[-1]
         self.rows = ((top_k > 0) | (top_p < 1)).nonzero()[:, 0]
         self.order = self.keep = None
+        self._position: dict[int, int] = {}
         if not len(self.rows):
             return
         k = top_k[self.rows]
