@@ -131,6 +131,10 @@ opt ROLLOUT_ARGS --num-steps-per-rollout 1     # one optimizer step per rollout:
 opt ROLLOUT_ARGS --custom-generate-function-path slime_harbor.hooks.generate
 # Group advantages by group_index over kept samples (SLiME's default assumes full groups).
 opt ROLLOUT_ARGS --custom-reward-post-process-path slime_harbor.hooks.reward_post_process
+# Drop groups whose kept episodes all got one reward (no GRPO signal); SLiME then fetches more
+# prompts in batches of --over-sampling-batch-size, and aborts what is still running at the end.
+opt ROLLOUT_ARGS --dynamic-sampling-filter-path slime_harbor.hooks.dynamic_sampling_filter
+opt ROLLOUT_ARGS --over-sampling-batch-size 12
 ROLLOUT_ARGS+=(--custom-config-path "$CUSTOM_CONFIG_PATH")
 
 GRPO_ARGS=()

@@ -25,8 +25,9 @@ Failures are never trained as a low reward: they come back `remove_sample=True` 
 An environment that fails to start is first retried inside run_episode (RolloutConfig.
 env_start_retries, with backoff). Counts: `sample.metadata["harbor_retries"]`, and
 `hook_metrics()` (module-level counters: episodes, statuses, retries, budget exhaustions).
-Under SLiME's fully-async rollout an ABORTED sample would send its whole group back to the
-buffer, which is why only transient failures are ABORTED.
+SLiME's fully-async rollout sends a group holding an ABORTED Sample back to its buffer, which is
+why only transient failures are ABORTED; its check looks at the group's items, which are our
+lists, so in practice nothing of ours is requeued and the hook's own budgeted reruns are the retry.
 
 Aborts: SLiME's rollout ends a round by aborting every SGLang request until the servers are idle
 and setting its GenerateState.aborted; then it waits for the pending generate calls. A trial whose
@@ -313,6 +314,12 @@ def to_slime_samples(sample, pieces: list[TrainingSample], top_p_ids: bool = Fal
     Sample = type(sample)
     first = pieces[0]
     if first.response_length == 0:  # nothing the policy sampled (infra failure, agent crashed first)
+        if first.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED):
+            # The trial ran, but no token ids came back: e.g. terminus-2 behind sglang-router 0.3.2,
+            # which drops prompt_token_ids / token_ids from chat replies. Counted, never trained.
+            METRICS["no_tokens"] += 1
+            log.warning("%s: a finished trial recorded no token ids (agent %s); the sample is removed",
+                        first.metadata.get("task_name"), first.metadata.get("agent"))
         return _placeholder(sample, first.status, first.metadata.get("status_reason", "no tokens"), top_p_ids,
                             **{**first.metadata, **metadata})
     rollout_id = _rollout_id(sample)

@@ -39,6 +39,8 @@ GRPO_DEFAULTS = {
     "--metadata-key": "metadata",
     "--custom-generate-function-path": "slime_harbor.hooks.generate",
     "--custom-reward-post-process-path": "slime_harbor.hooks.reward_post_process",
+    "--dynamic-sampling-filter-path": "slime_harbor.hooks.dynamic_sampling_filter",
+    "--over-sampling-batch-size": "12",
 }
 
 

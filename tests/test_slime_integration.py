@@ -56,12 +56,33 @@ pytestmark = [
     pytest.mark.skipif(not HAVE_SLIME, reason="slime is not importable (PYTHONPATH=<a THUDM/slime checkout>)"),
 ]
 
-# Fixtures shared with the end-to-end rollout tests: the tiny model after a short SFT, so the
-# native agent's commands run and terminus-2 gets parseable JSON.
-from test_rollout_e2e import leftovers, responsive_model_dir  # noqa: E402,F401
+from test_rollout_e2e import NATIVE_REPLY, TERMINUS_REPLY, leftovers  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 N_PER_PROMPT = 2
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model after a short SFT on the one instruction of this round, so both agents answer
+    in their format and end their turn (the untrained model rambles to its token limit every turn,
+    and terminus-2 then never finishes a parseable turn before the task's timeout)."""
+    from transformers import AutoTokenizer
+
+    from slime_harbor.agent import initial_prompt_ids
+    from slime_harbor.trainers.sft import SFTConfig, sft_model_dir
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    instruction = (DEFAULT_TASKS / "dedupe-lines" / "instruction.md").read_text()
+    terminus_prompt = tok.apply_chat_template(
+        [{"role": "user", "content": f"You are an AI assistant solving command-line tasks.\n{instruction}"}],
+        add_generation_prompt=True, tokenize=True)
+    terminus_prompt = terminus_prompt if isinstance(terminus_prompt, list) else terminus_prompt["input_ids"]
+    pairs = [(initial_prompt_ids(tok, instruction), tok.encode(NATIVE_REPLY, add_special_tokens=False)),
+             (list(terminus_prompt), tok.encode(TERMINUS_REPLY, add_special_tokens=False))]
+    out = tmp_path_factory.mktemp("policy")
+    sft_model_dir(tiny_model_dir, out, pairs, SFTConfig(steps=30, batch_size=2))
+    return out
 
 
 # ---- stubs (see the module docstring) ---------------------------------------------------------
@@ -132,6 +153,10 @@ def make_tasks(root: Path) -> Path:
     for name in ("coin", "broken-image", "slow"):
         shutil.copytree(base, tasks / name)
     (tasks / "coin" / "tests" / "test.sh").write_text(COIN_VERIFIER)
+    toml = tasks / "coin" / "task.toml"  # bounds an episode of the untrained policy on a busy machine
+    toml.write_text(toml.read_text().replace("[agent]\ntimeout_sec = 120.0", "[agent]\ntimeout_sec = 45.0"))
+    slow = tasks / "slow" / "task.toml"  # outlasts the round: SLiME's abort must be what ends it
+    slow.write_text(slow.read_text().replace("[agent]\ntimeout_sec = 120.0", "[agent]\ntimeout_sec = 900.0"))
     with open(tasks / "broken-image" / "environment" / "Dockerfile", "a") as f:
         f.write("RUN exit 3\n")
     (tasks / "slow" / "solution" / "solve.sh").write_text("#!/bin/bash\nsleep 600\n")
@@ -163,9 +188,10 @@ def slime_args(policy_url: str, model_dir: Path, prompts: Path, tmp_path: Path, 
     args = parser.parse_args([
         "--hf-checkpoint", str(model_dir), "--prompt-data", str(prompts),
         "--input-key", "prompt", "--label-key", "label", "--metadata-key", "metadata",
-        "--n-samples-per-prompt", str(N_PER_PROMPT), "--rollout-max-response-len", "96",
+        "--n-samples-per-prompt", str(N_PER_PROMPT), "--rollout-max-response-len", "128",
         "--custom-generate-function-path", "slime_harbor.hooks.generate",
         "--custom-reward-post-process-path", "slime_harbor.hooks.reward_post_process",
+        "--disable-grpo-std-normalization",  # as scripts/run_harbor_grpo.sh: advantages = r - group mean
         *flags,
     ])
     host, port = policy_url.removeprefix("http://").split(":")
@@ -285,7 +311,7 @@ def run_round(ray_rollout, front_url, model_dir, tmp_path, flags=()):
     return samples, train, args
 
 
-def check_round(samples, train, args, tmp_path, model_dir):
+def check_round(samples, train, args, tmp_path, model_dir, terminus_tokens=True):
     labels = Counter((s.label, s.metadata.get("harbor_agent", "native")) for s in samples)
     # The three groups that finished first are the batch; the slow one was cut by SLiME's abort.
     assert {label for label, _ in labels} == {"coin", "broken-image"}
@@ -299,9 +325,15 @@ def check_round(samples, train, args, tmp_path, model_dir):
         assert s.status.value == "failed" and s.remove_sample and "SandboxBuildFailedError" in s.metadata["status_reason"] or \
             "DockerfileError" in s.metadata["status_reason"]
     assert hooks.hook_metrics().get("retries", 0) == 0
-    # terminus-2: one sample per aligned stretch; drift splits an episode into siblings.
     kept_t2 = [s for s in terminus if not s.remove_sample]
-    assert kept_t2, [s.metadata.get("status_reason") for s in terminus]
+    if not terminus_tokens:
+        # sglang-router 0.3.2 drops prompt_token_ids / token_ids from chat replies: terminus-2's
+        # trials run and are scored, but carry no tokens, so they are removed and counted.
+        assert kept_t2 == [] and all(s.metadata.get("no_tokens") for s in terminus)
+        assert hooks.hook_metrics()["no_tokens"] == N_PER_PROMPT
+        terminus = []
+    # terminus-2: one sample per aligned stretch; drift splits an episode into siblings.
+    assert kept_t2 or not terminus_tokens, [s.metadata.get("status_reason") for s in terminus]
     for rid in {s.rollout_id for s in kept_t2}:
         siblings = [s for s in kept_t2 if s.rollout_id == rid]
         assert len(siblings) == 1 + siblings[0].metadata["drift_count"]
@@ -319,16 +351,150 @@ def check_round(samples, train, args, tmp_path, model_dir):
 
 
 @pytest.fixture(scope="module")
-def embedded_front(responsive_model_dir):
+def embedded_front(policy_dir):
     """The embedded policy server as the router. SLiME's abort lists the router's workers first
     (GET /workers, a router endpoint): the server answers it with itself."""
     from slime_harbor.policy.server import EmbeddedPolicyServer
 
-    with EmbeddedPolicyServer(responsive_model_dir) as server:
+    with EmbeddedPolicyServer(policy_dir) as server:
         server.policy.app.add_api_route("/workers", lambda: {"workers": [{"url": server.url}]}, methods=["GET"])
         yield server.url
 
 
-def test_slime_generate_rollout_drives_our_hook(slime_modules, embedded_front, responsive_model_dir, tmp_path):
-    samples, train, args = run_round(slime_modules, embedded_front, responsive_model_dir, tmp_path)
-    check_round(samples, train, args, tmp_path, responsive_model_dir)
+def test_slime_generate_rollout_drives_our_hook(slime_modules, embedded_front, policy_dir, tmp_path):
+    samples, train, args = run_round(slime_modules, embedded_front, policy_dir, tmp_path)
+    print("round:", check_round(samples, train, args, tmp_path, policy_dir))
+
+
+# ---- the real SGLang router in front of two embedded servers ------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def router_front(policy_dir):
+    """sglang-router (cache_aware, its default policy) on loopback before two embedded servers.
+    Its metrics listener gets its own loopback port (the default 0.0.0.0:29000 collides with any
+    other router); the router is killed, with its process group, whatever happens."""
+    import httpx
+
+    from slime_harbor.policy.server import EmbeddedPolicyServer
+
+    router_bin = REPO / ".venv" / "bin" / "sglang-router"
+    if not router_bin.exists():
+        pytest.skip("sglang-router is not installed in .venv")
+    servers = [EmbeddedPolicyServer(policy_dir), EmbeddedPolicyServer(policy_dir)]
+    port = _free_port()
+    router = subprocess.Popen(
+        [str(router_bin), "launch", "--host", "127.0.0.1", "--port", str(port),
+         "--worker-urls", *[s.url for s in servers], "--prometheus-host", "127.0.0.1",
+         "--prometheus-port", str(_free_port()), "--log-level", "warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert router.poll() is None, "sglang-router exited while starting"
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "sglang-router did not become healthy in 60 s"
+            time.sleep(0.5)
+        yield url, servers
+    finally:
+        os.killpg(router.pid, signal.SIGKILL)
+        router.wait(timeout=30)
+        for s in servers:
+            s.stop()
+
+
+def test_slime_round_through_the_real_sglang_router(slime_modules, router_front, policy_dir, tmp_path):
+    """The same round with sglang-router 0.3.2 in front: our agents' X-SMG-Routing-Key header
+    (sample.session_id) is accepted (0.3.2 has no consistent_hashing policy to use it), SLiME's
+    abort finds the workers through the router's /workers. Found here: the router drops
+    prompt_token_ids and token_ids from /v1/chat/completions replies, so terminus-2 (which reads
+    them) records no tokens behind it; its samples are removed and counted, never mis-trained."""
+    url, servers = router_front
+    samples, train, args = run_round(slime_modules, url, policy_dir, tmp_path)
+    print("router round:", check_round(samples, train, args, tmp_path, policy_dir, terminus_tokens=False))
+    assert all(s.session_id for s in samples)  # SLiME gave every sample one; our agent sent it
+
+
+def test_abort_through_the_router(slime_modules, router_front):
+    """SLiME aborts a round by asking the router for its workers and sending each /abort_request
+    {"abort_all": true} (server_control.abort_servers_until_idle). A generation running behind
+    the router ends with finish_reason abort. The router itself has no /abort_request in 0.3.2."""
+    import httpx
+
+    from slime.backends.sglang_utils.server_control import abort_servers_until_idle
+
+    url, servers = router_front
+
+    async def scenario():
+        async with httpx.AsyncClient(timeout=120) as client:
+            long = asyncio.create_task(client.post(f"{url}/generate", json={
+                "input_ids": [1, 2, 3], "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 4000, "temperature": 1.0, "ignore_eos": True}},
+                headers={"X-SMG-Routing-Key": "session-1"}))
+            await asyncio.sleep(2.0)
+            workers = [w["url"] for w in (await client.get(f"{url}/workers")).json()["workers"]]
+            assert sorted(workers) == sorted(s.url for s in servers)
+            router_abort = await client.post(f"{url}/abort_request", json={"abort_all": True})
+            await abort_servers_until_idle(workers)
+            reply = (await long).json()
+            return router_abort.status_code, reply
+
+    from slime.utils import http_utils
+
+    http_utils.init_http_client(types.SimpleNamespace(rollout_num_engines=2, sglang_server_concurrency=4))
+    status, reply = asyncio.run(scenario())
+    assert status == 404  # sglang-router 0.3.2: aborts go to the workers, as SLiME sends them
+    assert reply["meta_info"]["finish_reason"]["type"] == "abort"
+    assert len(reply["meta_info"]["output_token_logprobs"]) < 4000
+
+
+# ---- SLiME's fully-async rollout ---------------------------------------------------------------
+
+def test_fully_async_rollout_drives_our_hook(slime_modules, embedded_front, policy_dir, tmp_path):
+    """slime.rollout.fully_async_rollout (examples/fully_async): a background worker keeps groups
+    in flight across rounds and sends a group with an ABORTED sample back to the buffer. With our
+    list-shaped results its check (`s.status` on each item of a group) sees lists, never ABORTED,
+    so nothing of ours is requeued: aborted samples reach training removed (no loss), and a
+    transient failure is retried inside the hook (its budget), not by the buffer."""
+    from slime.rollout import fully_async_rollout
+    from slime.rollout.data_source import RolloutDataSourceWithBuffer
+    from slime.rollout.sglang_rollout import GenerateState
+    from slime.utils import http_utils
+
+    tasks = make_tasks(tmp_path)
+    prompts = write_prompts(tasks, tmp_path, [("coin", None), ("broken-image", None)])
+    args = slime_args(embedded_front, policy_dir, prompts, tmp_path, "--rollout-batch-size", "2",
+                      "--rollout-function-path", "slime.rollout.fully_async_rollout.generate_rollout_fully_async")
+    args.harbor_tasks_dir = str(tasks)
+    args.sglang_server_concurrency = 2  # two groups in flight
+    http_utils.init_http_client(args)
+    data_source = RolloutDataSourceWithBuffer(args)
+    manager = Manager(slime_modules, args, data_source)
+    try:
+        samples, _ = manager._get_rollout_data(rollout_id=0)
+        train = manager._convert_samples_to_train_data(samples)
+    finally:
+        worker = fully_async_rollout._global_worker
+        GenerateState(args).aborted = True  # SLiME pausing for a weight update: our trials stop
+        fully_async_rollout._stop_global_worker()
+        if worker is not None:
+            worker.worker_thread.join(timeout=120)
+            assert not worker.worker_thread.is_alive()
+    assert {s.label for s in samples} == {"coin", "broken-image"}
+    by_rollout = check_train_data(samples, train, policy_dir)
+    check_policy_loss(train, by_rollout)
+    assert len(by_rollout) == 2 * N_PER_PROMPT  # each episode once
+    assert data_source.buffer == []  # nothing requeued
+    procs, dirs = leftovers(tmp_path)
+    assert procs == [] and dirs == []
