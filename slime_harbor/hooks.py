@@ -4,6 +4,8 @@
     --custom-reward-post-process-path      slime_harbor.hooks.reward_post_process
     --dynamic-sampling-filter-path         slime_harbor.hooks.dynamic_sampling_filter
     --custom-config-path                   examples/harbor/configs/harbor_grpo.yaml  (keys below)
+    --rollout-function-path                slime_harbor.hooks.generate_rollout_fully_async
+                                           (only with SLiME's fully-async training, train_async.py)
 
 `generate` runs ONE Harbor trial for the sample's task (`rollout.run_episode`, the same function
 the local trainer and `slime-harbor rollout` use) against SLiME's SGLang router, converts it
@@ -407,3 +409,32 @@ except ImportError:  # the same fields, so the filter runs (and is tested) witho
         keep: bool
         reason: str | None = None
         keep_when_insufficient: bool = False
+
+
+def generate_rollout_fully_async(args, rollout_id, data_source, evaluation: bool = False):
+    """--rollout-function-path for SLiME's fully-async rollout with this hook.
+
+    SLiME's own `slime.rollout.fully_async_rollout.generate_rollout_fully_async` orders the groups
+    it collected by `getattr(item, "index")` of each group's items; for list results (ours, and
+    SLiME's coding-agent example's) that is `list.index`, a method, and the round dies with a
+    TypeError. This runs SLiME's own background worker (`_get_global_worker`: in-flight groups
+    across rounds, the same backpressure) and collects the same way, ordering groups by their
+    first Sample's index.
+    """
+    from slime.rollout import fully_async_rollout
+    from slime.utils.async_utils import run
+
+    if evaluation:
+        raise ValueError("fully-async rollout doesn't support evaluation mode")
+
+    async def collect() -> list:
+        worker = fully_async_rollout._get_global_worker(args, data_source)
+        collected: dict = {}
+        while len(collected) < args.rollout_batch_size:
+            completed = worker.get_completed_groups(limit=args.rollout_batch_size - len(collected))
+            collected.update(completed)
+            if not completed:
+                await asyncio.sleep(0.05)
+        return sorted(collected.values(), key=lambda group: _flatten(group)[0].index or 0)
+
+    return run(collect())

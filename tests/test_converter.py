@@ -93,6 +93,9 @@ def test_mismatched_logprobs_are_rejected():
         (dict(rewards=None, exc_type="PolicyServerError"), SampleStatus.ABORTED, True),
         (dict(rewards=None, exc_type="CancelledError"), SampleStatus.ABORTED, True),
         (dict(rewards={"reward": 1.0}, exit_status="aborted"), SampleStatus.ABORTED, True),
+        # Permanent: an image that does not build fails the same way every time (never retried).
+        (dict(rewards=None, exc_type="SandboxBuildFailedError"), SampleStatus.FAILED, True),
+        (dict(rewards=None, exc_type="DockerfileError"), SampleStatus.FAILED, True),
     ],
 )
 def test_status_and_removal(kwargs, status, removed):

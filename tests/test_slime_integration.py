@@ -452,8 +452,11 @@ def test_abort_through_the_router(slime_modules, router_front):
 
     from slime.utils import http_utils
 
-    http_utils.init_http_client(types.SimpleNamespace(rollout_num_engines=2, sglang_server_concurrency=4))
-    status, reply = asyncio.run(scenario())
+    from slime.utils.async_utils import run
+
+    http_utils.init_http_client(types.SimpleNamespace(rollout_num_engines=2, sglang_server_concurrency=4,
+                                                      use_distributed_post=False))
+    status, reply = run(scenario())  # on SLiME's own loop, where its HTTP client lives
     assert status == 404  # sglang-router 0.3.2: aborts go to the workers, as SLiME sends them
     assert reply["meta_info"]["finish_reason"]["type"] == "abort"
     assert len(reply["meta_info"]["output_token_logprobs"]) < 4000
@@ -474,15 +477,22 @@ def test_fully_async_rollout_drives_our_hook(slime_modules, embedded_front, poli
 
     tasks = make_tasks(tmp_path)
     prompts = write_prompts(tasks, tmp_path, [("coin", None), ("broken-image", None)])
+    # With --rollout-top-p < 1 SLiME asks for top-p replay and its conversion asserts well-formed
+    # rollout_top_p_token_ids/offsets on every sample, placeholders of failed trials included.
     args = slime_args(embedded_front, policy_dir, prompts, tmp_path, "--rollout-batch-size", "2",
-                      "--rollout-function-path", "slime.rollout.fully_async_rollout.generate_rollout_fully_async")
+                      "--rollout-function-path", "slime_harbor.hooks.generate_rollout_fully_async",
+                      "--rollout-top-p", "0.95")
     args.harbor_tasks_dir = str(tasks)
     args.sglang_server_concurrency = 2  # two groups in flight
     http_utils.init_http_client(args)
     data_source = RolloutDataSourceWithBuffer(args)
     manager = Manager(slime_modules, args, data_source)
     try:
-        samples, _ = manager._get_rollout_data(rollout_id=0)
+        # SLiME's own rollout function orders its groups by getattr(item, "index"): for our list
+        # results that is list.index (a method) and the round dies; ours, on SLiME's same worker:
+        with pytest.raises(TypeError, match="int"):
+            fully_async_rollout.generate_rollout_fully_async(args, 0, data_source)
+        samples, _ = manager._get_rollout_data(rollout_id=1)
         train = manager._convert_samples_to_train_data(samples)
     finally:
         worker = fully_async_rollout._global_worker
@@ -496,5 +506,10 @@ def test_fully_async_rollout_drives_our_hook(slime_modules, embedded_front, poli
     check_policy_loss(train, by_rollout)
     assert len(by_rollout) == 2 * N_PER_PROMPT  # each episode once
     assert data_source.buffer == []  # nothing requeued
+    for i, s in enumerate(samples):  # top-p replay data, as SLiME's conversion checked it
+        offsets = list(train["rollout_top_p_token_offsets"][i])
+        assert len(offsets) == s.response_length + 1 and offsets[-1] == len(train["rollout_top_p_token_ids"][i])
+        if not s.remove_sample:
+            assert offsets[-1] > 0
     procs, dirs = leftovers(tmp_path)
     assert procs == [] and dirs == []
