@@ -78,8 +78,14 @@ def policy_dir(tiny_model_dir, tmp_path_factory):
         [{"role": "user", "content": f"You are an AI assistant solving command-line tasks.\n{instruction}"}],
         add_generation_prompt=True, tokenize=True)
     terminus_prompt = terminus_prompt if isinstance(terminus_prompt, list) else terminus_prompt["input_ids"]
+    # terminus-2's reply is taught one character per token: its JSON parses, but when terminus-2
+    # re-renders the history next turn the chat template tokenizes that text canonically, so the
+    # next prompt does not extend the sampled tokens: real drift, which splits the episode.
+    body = TERMINUS_REPLY.removesuffix("<|im_end|>")
+    char_ids = [i for ch in body for i in tok.encode(ch, add_special_tokens=False)]
+    assert char_ids != tok.encode(body, add_special_tokens=False) and tok.decode(char_ids) == body
     pairs = [(initial_prompt_ids(tok, instruction), tok.encode(NATIVE_REPLY, add_special_tokens=False)),
-             (list(terminus_prompt), tok.encode(TERMINUS_REPLY, add_special_tokens=False))]
+             (list(terminus_prompt), char_ids + tok.encode("<|im_end|>", add_special_tokens=False))]
     out = tmp_path_factory.mktemp("policy")
     sft_model_dir(tiny_model_dir, out, pairs, SFTConfig(steps=30, batch_size=2))
     return out
@@ -154,7 +160,7 @@ def make_tasks(root: Path) -> Path:
         shutil.copytree(base, tasks / name)
     (tasks / "coin" / "tests" / "test.sh").write_text(COIN_VERIFIER)
     toml = tasks / "coin" / "task.toml"  # bounds an episode of the untrained policy on a busy machine
-    toml.write_text(toml.read_text().replace("[agent]\ntimeout_sec = 120.0", "[agent]\ntimeout_sec = 45.0"))
+    toml.write_text(toml.read_text().replace("[agent]\ntimeout_sec = 120.0", "[agent]\ntimeout_sec = 90.0"))
     slow = tasks / "slow" / "task.toml"  # outlasts the round: SLiME's abort must be what ends it
     slow.write_text(slow.read_text().replace("[agent]\ntimeout_sec = 120.0", "[agent]\ntimeout_sec = 900.0"))
     with open(tasks / "broken-image" / "environment" / "Dockerfile", "a") as f:
@@ -188,7 +194,7 @@ def slime_args(policy_url: str, model_dir: Path, prompts: Path, tmp_path: Path, 
     args = parser.parse_args([
         "--hf-checkpoint", str(model_dir), "--prompt-data", str(prompts),
         "--input-key", "prompt", "--label-key", "label", "--metadata-key", "metadata",
-        "--n-samples-per-prompt", str(N_PER_PROMPT), "--rollout-max-response-len", "128",
+        "--n-samples-per-prompt", str(N_PER_PROMPT), "--rollout-max-response-len", "160",
         "--custom-generate-function-path", "slime_harbor.hooks.generate",
         "--custom-reward-post-process-path", "slime_harbor.hooks.reward_post_process",
         "--disable-grpo-std-normalization",  # as scripts/run_harbor_grpo.sh: advantages = r - group mean
@@ -337,6 +343,8 @@ def check_round(samples, train, args, tmp_path, model_dir, terminus_tokens=True)
     for rid in {s.rollout_id for s in kept_t2}:
         siblings = [s for s in kept_t2 if s.rollout_id == rid]
         assert len(siblings) == 1 + siblings[0].metadata["drift_count"]
+    if terminus_tokens:  # drift happened: an episode came back as several samples, one rollout_id
+        assert any(s.metadata["drift_count"] > 0 for s in kept_t2), [s.metadata["turns"] for s in kept_t2]
     by_rollout = check_train_data(samples, train, model_dir)
     check_policy_loss(train, by_rollout)
     # The slow group's trials were started and then cancelled by SLiME's abort: aborted, gone.
