@@ -87,7 +87,7 @@ def policy_dir(tiny_model_dir, tmp_path_factory):
     pairs = [(initial_prompt_ids(tok, instruction), tok.encode(NATIVE_REPLY, add_special_tokens=False)),
              (list(terminus_prompt), char_ids + tok.encode("<|im_end|>", add_special_tokens=False))]
     out = tmp_path_factory.mktemp("policy")
-    sft_model_dir(tiny_model_dir, out, pairs, SFTConfig(steps=30, batch_size=2))
+    sft_model_dir(tiny_model_dir, out, pairs, SFTConfig(steps=40, batch_size=2))
     return out
 
 
@@ -307,8 +307,10 @@ def run_round(ray_rollout, front_url, model_dir, tmp_path, flags=()):
     tasks = make_tasks(tmp_path)
     prompts = write_prompts(tasks, tmp_path, [("coin", None), ("coin", "terminus-2"), ("broken-image", None),
                                               ("slow", "oracle")])
+    # A low temperature: the briefly trained policy then repeats what it was taught (terminus-2's
+    # one-character-per-token reply, whose re-rendering drifts) instead of sampling its tail.
     args = slime_args(front_url, model_dir, prompts, tmp_path, "--rollout-batch-size", "3",
-                      "--over-sampling-batch-size", "4", *flags)
+                      "--over-sampling-batch-size", "4", "--rollout-temperature", "0.3", *flags)
     args.harbor_tasks_dir = str(tasks)
     http_utils.init_http_client(args)  # SLiME's HTTP client (its abort talks to the router with it)
     manager = Manager(ray_rollout, args, RolloutDataSourceWithBuffer(args))
