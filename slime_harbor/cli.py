@@ -1,4 +1,4 @@
-"""`slime-harbor` command line: make-model, serve, rollout, demo, train-local, prepare-data.
+"""`slime-harbor` command line: make-model, serve, rollout, demo, train-local, prepare-data, view.
 
 Every rollout flag maps to a documented `RolloutConfig` field; with no --policy-url the command
 builds the tiny offline model (cached) and serves it on an embedded server, so it runs anywhere.
@@ -99,12 +99,16 @@ class CommandFailed(Exception):
 
 
 def most_common_error(summary: dict) -> str:
-    errors = [e for e in (summary.get("errors") or {}).values() if e]
+    """The most common kind of error (the text before its first colon, e.g. the exception type),
+    shown by its first message, with how many trials had it."""
+    errors = [" ".join(e.split()) for e in (summary.get("errors") or {}).values() if e]
     if not errors:
         return "no reason recorded"
-    reason, count = Counter(errors).most_common(1)[0]
-    reason = " ".join(reason.split())
-    return f"{reason[:300]}{'...' if len(reason) > 300 else ''}" + (f" ({count}x)" if len(errors) > 1 else "")
+    kinds = Counter(e.split(":", 1)[0] for e in errors)
+    kind, count = kinds.most_common(1)[0]
+    reason = next(e for e in errors if e.split(":", 1)[0] == kind)
+    reason = reason if len(reason) <= 300 else reason[:300] + "..."
+    return reason + (f" ({count} trials)" if count > 1 else "")
 
 
 def check_policy_server(url: str, timeout: float = 10.0) -> None:
@@ -130,6 +134,35 @@ def print_summary(summary: dict, out: Path) -> None:
     print(f"samples: {summary['n_samples']} written, {summary['n_trainable_samples']} trainable, "
           f"token drift points: {summary['drift_count']}")
     print(f"wall time: {summary['wall_seconds']}s   output: {out}/samples.jsonl, {out}/summary.json, {out}/trials/")
+    print(f"browse the trials: slime-harbor view {out}")
+
+
+def view(out: Path, host: str = "127.0.0.1", port: int = 0) -> None:
+    """Serve Harbor's own viewer (its prebuilt page and API) over OUT, in jobs mode: OUT/trials is
+    a Harbor job dir (harbor_job.py), listed as the job "trials". Blocks until SIGINT / SIGTERM."""
+    import socket
+
+    import uvicorn
+    from harbor.cli.view import STATIC_DIR
+    from harbor.viewer import create_app
+
+    from slime_harbor.harbor_job import HarborJob, is_job_dir
+
+    out = Path(out)
+    if is_job_dir(out) and not is_job_dir(out / "trials"):  # given OUT/trials itself
+        out = out.parent
+    if not is_job_dir(out / "trials") and (out / "trials").is_dir() and (out / "summary.json").is_file():
+        HarborJob.backfill(out)  # an output made before rollouts wrote Harbor's job files
+        print(f"wrote Harbor's job files into {out / 'trials'}", file=sys.stderr)
+    if not is_job_dir(out / "trials"):
+        raise ConfigError(f"{out} is not a rollout output: no Harbor job dir at {out / 'trials'}")
+    if port == 0:
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            port = probe.getsockname()[1]
+    app = create_app(out.resolve(), mode="jobs", static_dir=STATIC_DIR if STATIC_DIR.exists() else None)
+    print(f"Harbor viewer for {out}: http://{host}:{port}/  (Ctrl-C stops it)", flush=True)
+    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
 
 
 def prepare_data(tasks_dir: Path, out: Path) -> int:
@@ -193,6 +226,12 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
     sub.add_parser("train-local", help="GRPO on this machine: rollouts from the current policy, LoRA updates "
                    "(see train-local --help)")
 
+    p = sub.add_parser("view", help="browse a rollout's trials in Harbor's viewer (counts, rewards, errors, "
+                       "trajectories)")
+    p.add_argument("out", type=Path, help="a rollout's --out dir (OUT/trials is its Harbor job dir)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0: a free port")
+
     p = sub.add_parser("prepare-data", help="write SLiME --prompt-data rows, one per Harbor task")
     p.add_argument("--tasks", type=Path, default=DEFAULT_TASKS)
     p.add_argument("--out", type=Path, required=True)
@@ -211,6 +250,8 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
         cfg = RolloutConfig(tasks_dir=DEFAULT_TASKS, agent="native", n_samples=2, concurrency=4,
                             step_limit=4, max_new_tokens=96, out_dir=a.out, reward_mapping=a.reward_mapping)
         run_rollout_command(cfg, guard)
+    elif a.command == "view":
+        view(a.out, host=a.host, port=a.port)
     elif a.command == "prepare-data":
         try:
             n = prepare_data(a.tasks, a.out)

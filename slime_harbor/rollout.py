@@ -5,7 +5,9 @@ One episode = one real Harbor Trial (agent + sandbox + verifier) = `run_episode`
 
     OUT/samples.jsonl   one TrainingSample per line, appended as each trial finishes
     OUT/summary.json    counts by status, rewards, drift, timings (also after Ctrl-C)
-    OUT/trials/         Harbor's own trial dirs (config, result, agent logs, verifier output)
+    OUT/trials/         a Harbor job dir: Harbor's own trial dirs (config, result, agent logs,
+                        verifier output) with the job's config.json and result.json beside them
+                        (harbor_job.py), so `harbor view OUT` / `slime-harbor view OUT` show the run
 
 `run_episode` is the unit the SLiME hook (hooks.py) and the local trainer call too.
 """
@@ -26,6 +28,7 @@ from typing import Any
 
 from slime_harbor.converter import trial_to_samples
 from slime_harbor.exits import ConfigError, one_line
+from slime_harbor.harbor_job import HarborJob
 from slime_harbor.samples import SampleStatus, TrainingSample
 
 DEFAULT_TASKS = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks"
@@ -341,6 +344,7 @@ async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
     tasks = check_config(cfg)
     out = Path(cfg.out_dir)
     (out / "trials").mkdir(parents=True, exist_ok=True)
+    job = HarborJob(out / "trials", cfg, tasks)
     tokenizer = load_tokenizer(cfg.model_dir)
     semaphore = asyncio.Semaphore(cfg.concurrency)
     episodes: list[Episode] = []
@@ -352,10 +356,12 @@ async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
 
         async def one(task_path: Path, group_index: int, index: int) -> None:
             async with semaphore:
+                job.trial_started()
                 episode = await run_episode(
                     task_path, cfg, group_index=group_index, index=index, trials_dir=out / "trials", tokenizer=tokenizer
                 )
             episodes.append(episode)
+            job.trial_finished(episode)
             for s in episode.samples:  # written as soon as the trial ends: Ctrl-C loses nothing finished
                 sink.write(s.to_json() + "\n")
             sink.flush()
@@ -376,6 +382,7 @@ async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
             bar.close()
             summary = summarize(episodes, cfg, time.monotonic() - started, interrupted)
             (out / "summary.json").write_text(json.dumps(summary, indent=2))
+            job.finish(interrupted)
     return summary
 
 
