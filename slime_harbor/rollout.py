@@ -307,8 +307,9 @@ def _check_agent(cfg: RolloutConfig) -> None:
         AgentFactory.get_agent_class_from_config(agent_config(cfg))
     except Exception as exc:
         if ":" not in cfg.agent:
+            examples = ", ".join(AgentFactory.registered_names()[:4])
             raise ConfigError(f"unknown agent {cfg.agent!r}: use native, terminus-2, oracle, nop, another Harbor "
-                              f"agent name ({', '.join(AgentFactory.registered_names()[:4])}, ...) or module:Class") from None
+                              f"agent name ({examples}, ...) or module:Class") from None
         raise ConfigError(f"agent {cfg.agent!r} cannot be imported: {one_line(exc)}") from None
 
 

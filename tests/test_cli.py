@@ -8,6 +8,7 @@ kept, summary.json written with interrupted=true, no sandbox left) with exit cod
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -286,3 +287,49 @@ def test_train_local_sigterm_keeps_metrics_and_checkpoints(tmp_path):
     assert not (out / "final").exists()
     assert json.loads((step2 / "summary.json").read_text())["interrupted"] is True
     assert leftovers(step2) == ([], [])
+
+
+# ------------------------------------------------------------------------------------------
+# SignalGuard in-process: the mechanics the commands rely on.
+
+
+def test_signal_guard_cancels_the_coroutine_then_raises_interrupted():
+    from slime_harbor.exits import Interrupted, SignalGuard
+
+    cleaned = []
+
+    async def work():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(30)
+        finally:
+            cleaned.append(True)  # what run_rollouts does here: tear down, write summary.json
+
+    before = signal.getsignal(signal.SIGTERM)
+    with SignalGuard() as guard, pytest.raises(Interrupted) as caught:
+        guard.run(work())
+    assert cleaned == [True] and caught.value.exit_code == 143
+    assert signal.getsignal(signal.SIGTERM) == before  # the previous handler is back
+
+
+def test_signal_guard_lets_a_deferred_block_finish():
+    from slime_harbor.exits import Interrupted, SignalGuard
+
+    steps = []
+    with SignalGuard() as guard, pytest.raises(Interrupted) as caught:
+        with guard.deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+            steps.append("update finished")
+        steps.append("never reached")
+    assert steps == ["update finished"] and caught.value.exit_code == 130
+
+
+def test_an_unentered_guard_changes_nothing():
+    from slime_harbor.exits import SignalGuard
+
+    async def answer():
+        return 42
+
+    assert SignalGuard().run(answer()) == 42
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -47,7 +47,8 @@ def test_rollout_writes_a_harbor_job_dir(tmp_path):
     result = JobResult.model_validate_json((job_dir / "result.json").read_text())
     assert result.n_total_trials == 4 and result.finished_at is not None
     stats = result.stats
-    assert (stats.n_completed_trials, stats.n_errored_trials, stats.n_pending_trials, stats.n_running_trials) == (4, 2, 0, 0)
+    counts = (stats.n_completed_trials, stats.n_errored_trials, stats.n_pending_trials, stats.n_running_trials)
+    assert counts == (4, 2, 0, 0)
     (evals,) = stats.evals.values()
     assert evals.metrics == [{"mean": 0.5}]  # Harbor's Mean: a trial without reward counts 0
     assert set(evals.exception_stats) == {"RewardFileNotFoundError"}
@@ -114,6 +115,7 @@ def chromium(*args: str, url: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow  # a native-agent rollout on the tiny model, then three page loads: ~50 s on 2 shared cores
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian package `chromium`)")
 def test_viewer_page_lists_our_trials_and_a_native_trajectory(tmp_path):
     """A real native-agent rollout (tiny model), `slime-harbor view OUT`, and the page as Chromium
