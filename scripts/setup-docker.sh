@@ -281,7 +281,7 @@ ensure_image() {  # IMAGE: reuse when present (and, if ours, from the current re
     rc=0; have_label=$(dk label "$image" slime-harbor.recipe 2>/dev/null) || rc=$?
     if [ -z "$recipe" ]; then
         if [ $rc = 0 ]; then ready+=("$image"); return 0; fi
-        say "WARNING: $image is named by a bundled task but this script cannot emulate it and it is not present (tasks using it cannot run on Docker here)"
+        say "WARNING: cannot provide $image: it is not present and this script only emulates python:3.11[-slim][-bookworm] and debian:bookworm[-slim] (tasks FROM $image cannot run on Docker here)"
         warned+=("$image")
         return 0
     fi
