@@ -2,22 +2,21 @@
 
 Fast tests: the committed examples/harbor/tasks-swe/ dirs regenerate byte for byte, record
 validation, swebench's own defaults. Docker tests (slow; skipped when no dockerd answers or
-SLIME_HARBOR_NO_DOCKER is set): the task images build (cached after the first build, which pip
-installs swebench into the grader venv), and the verifier grades with swebench's harness inside a
-container with no network: the gold patch resolves every bundled instance (reward 1), no change
-resolves none (0), a partial fix and a fix that breaks a PASS_TO_PASS test do not resolve (0), and a
-test patch that cannot apply writes no reward at all.
+SLIME_HARBOR_NO_DOCKER is set) run real Harbor trials on our DockerEnvironment (containers with no
+network; images cached after the first build, which pip installs swebench into the grader venv)
+with --reward-mapping pm1: Harbor's oracle agent (the gold patch) resolves every bundled instance
+(reward 1 -> +1), nop resolves none (0 -> -1), a partial fix and a fix that breaks a PASS_TO_PASS
+test do not resolve, and a test patch that cannot apply writes no reward: the trial fails and is
+removed, never scored -1.
 """
 
 from __future__ import annotations
 
 import filecmp
-import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
@@ -175,7 +174,7 @@ def test_generated_eval_script_resets_test_files_first():
     assert "rm -rf -- tests/test_merge_order.py" in generated_eval_script(intervals)  # created by test_patch
 
 
-# ---------------------------------------------------------------- Docker: real images, swebench grading
+# ---------------------------------------------------------------- Docker: real Harbor trials
 
 
 def docker_client():
@@ -191,64 +190,28 @@ def docker_client():
     return client
 
 
-def build_task_image(client, task: Path) -> str:
-    """Build the task's environment/ (host network for pip/apt; layers cached across runs)."""
-    tag = f"slime-harbor-test/{task.name.lower()}:swebench"
-    client.images.build(path=str(task / "environment"), tag=tag, network_mode="host", rm=True, labels=LABEL,
-                        timeout=1800)
-    return tag
-
-
-def tar_dir(src: Path, arcname: str) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.add(str(src), arcname=arcname)
-    return buf.getvalue()
-
-
-def run_verifier(client, task: Path, agent: str) -> tuple[str | None, dict | None, str]:
-    """What Harbor's oracle / nop agent and its verifier do, in a container with no network.
-
-    Returns (reward.txt contents or None, report.json or None, test_output.txt).
-    """
-    image = build_task_image(client, task)
-    container = client.containers.run(image, ["sleep", "infinity"], detach=True, network_mode="none",
-                                      labels=LABEL, working_dir="/testbed")
-    try:
-        container.put_archive("/", tar_dir(task / "tests", "tests"))
-        if agent == "oracle":
-            container.put_archive("/", tar_dir(task / "solution", "solution"))
-            rc, out = container.exec_run(["bash", "/solution/solve.sh"])
-            assert rc == 0, out.decode()
-        rc, out = container.exec_run(["bash", "/tests/test.sh"])
-
-        def read(path):
-            rc, data = container.exec_run(["cat", path])
-            return data.decode() if rc == 0 else None
-
-        report = read("/logs/verifier/report.json")
-        return read("/logs/verifier/reward.txt"), json.loads(report) if report else None, read(
-            "/logs/verifier/test_output.txt") or out.decode()
-    finally:
-        container.remove(force=True)
-
-
 @pytest.fixture(scope="module")
 def client():
     return docker_client()
 
 
-@pytest.fixture(scope="module")
-def bundled_tasks(tmp_path_factory):
-    return convert(INSTANCES, tmp_path_factory.mktemp("tasks-swe"))
+def rollout(tasks_dir: Path, agent: str, out: Path) -> dict[str, dict]:
+    """One real Harbor trial per task (our DockerEnvironment, --reward-mapping pm1): task -> sample."""
+    import asyncio
+
+    from slime_harbor.rollout import RolloutConfig, run_rollouts
+
+    cfg = RolloutConfig(tasks_dir=tasks_dir, agent=agent, n_samples=1, env="docker", concurrency=3,
+                        out_dir=out, reward_mapping="pm1", progress=False)
+    asyncio.run(run_rollouts(cfg))
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    return {s["metadata"]["task_name"]: s for s in samples}
 
 
-def variant(tmp_path: Path, suffix: str, **changes) -> Path:
-    """tinycalc-1 with some fields replaced, converted into its own task dir."""
-    row = {**absolute_env(records()[0]), **changes}
-    row["instance_id"] = f"{row['instance_id']}-{suffix}"
-    [task] = convert(write_jsonl(tmp_path / f"{suffix}.jsonl", [row]), tmp_path / "tasks")
-    return task
+def verifier_files(sample: dict) -> dict[str, str]:
+    """What the trial's verifier left in its trial dir (reward.txt, report.json, test_output.txt)."""
+    verifier = Path(sample["metadata"]["trial_dir"]) / "verifier"
+    return {p.name: p.read_text() for p in verifier.iterdir() if p.is_file()}
 
 
 def patch_against_base(new_files: dict[str, str]) -> str:
@@ -267,82 +230,98 @@ def patch_against_base(new_files: dict[str, str]) -> str:
 PARSE_PY = '''def parse_number(text):
     """Parse a decimal number written as text."""
 {body}'''
-
-
-@pytest.mark.slow
-def test_grader_imports_swebench_with_no_network(client, bundled_tasks):
-    image = build_task_image(client, bundled_tasks[0])
-    out = client.containers.run(image, ["/opt/swebench-grader/bin/python", "-c",
-                                        "import swebench, swebench.harness.grading, swebench.harness.utils; "
-                                        "print(swebench.__version__)"],
-                                network_mode="none", labels=LABEL, remove=True)
-    assert out.decode().strip() == "5.0.2"
-    # ...and the repo's own Python does not see it
-    container = client.containers.run(image, ["python", "-c", "import swebench"], detach=True,
-                                      network_mode="none", labels=LABEL)
-    try:
-        assert container.wait(timeout=60)["StatusCode"] != 0
-    finally:
-        container.remove(force=True)
-
-
-@pytest.mark.slow
-def test_oracle_resolves_every_bundled_instance(client, bundled_tasks):
-    for task in bundled_tasks:
-        reward, report, log = run_verifier(client, task, "oracle")
-        assert reward == "1\n", f"{task.name}: {report}\n{log[-2000:]}"
-        assert report["resolved"] is True
-        status = report["tests_status"]
-        assert status["FAIL_TO_PASS"]["failure"] == [] and status["PASS_TO_PASS"]["failure"] == []
-        assert len(status["FAIL_TO_PASS"]["success"]) >= 2 and len(status["PASS_TO_PASS"]["success"]) >= 2
-
-
-@pytest.mark.slow
-def test_nop_resolves_no_bundled_instance(client, bundled_tasks):
-    for task in bundled_tasks:
-        reward, report, log = run_verifier(client, task, "nop")
-        assert reward == "0\n", f"{task.name}: {report}\n{log[-2000:]}"
-        assert report["resolved"] is False and report["tests_status"]["FAIL_TO_PASS"]["success"] == []
-        assert report["tests_status"]["PASS_TO_PASS"]["failure"] == []
-
-
-@pytest.mark.slow
-def test_partial_fix_does_not_resolve(client, tmp_path):
-    # Strips whitespace but still rejects negative integers: one FAIL_TO_PASS test of two passes.
-    partial = PARSE_PY.format(body='''    text = text.strip()
+# Strips whitespace but still rejects negative integers: one FAIL_TO_PASS test of two passes.
+PARTIAL_FIX = PARSE_PY.format(body='''    text = text.strip()
     if "." in text:
         return float(text)
     if text.isdigit():
         return int(text)
     raise ValueError(f"not a number: {text!r}")
 ''')
-    task = variant(tmp_path, "partial", patch=patch_against_base({"tinycalc/parse.py": partial}))
-    reward, report, log = run_verifier(client, task, "oracle")
-    assert reward == "0\n", log[-2000:]
-    f2p = report["tests_status"]["FAIL_TO_PASS"]
-    assert f2p["success"] == ["tests/test_parse.py::test_surrounding_whitespace"]
-    assert f2p["failure"] == ["tests/test_parse.py::test_negative_integer"]
-
-
-@pytest.mark.slow
-def test_fix_that_breaks_a_pass_to_pass_test_does_not_resolve(client, tmp_path):
-    # Parses everything as float: every FAIL_TO_PASS value compares equal, but "42" is no longer an int.
-    breaking = PARSE_PY.format(body='''    return float(text.strip())
+# The gold fix, except that words now come back as None instead of raising: test_rejects_words fails.
+BREAKS_P2P = PARSE_PY.format(body='''    text = text.strip()
+    if "." in text:
+        return float(text)
+    digits = text[1:] if text.startswith(("+", "-")) else text
+    if digits.isdigit():
+        return int(text)
+    return None
 ''')
-    task = variant(tmp_path, "breaks-p2p", patch=patch_against_base({"tinycalc/parse.py": breaking}))
-    reward, report, log = run_verifier(client, task, "oracle")
-    assert reward == "0\n", log[-2000:]
-    status = report["tests_status"]
-    assert "tests/test_parse.py::test_integer" in status["PASS_TO_PASS"]["failure"]
 
 
 @pytest.mark.slow
-def test_test_patch_that_cannot_apply_writes_no_reward(client, tmp_path):
-    row = records()[0]
-    broken = row["test_patch"].replace('         parse_number("forty")', '         parse_number("fifty")')
-    assert broken != row["test_patch"]
-    task = variant(tmp_path, "infra", test_patch=broken)
-    reward, report, log = run_verifier(client, task, "oracle")
-    assert reward is None, log[-2000:]
-    assert ">>>>> Patch Apply Failed" in log
-    assert report["slime_harbor_infra_failure"] == "Patch Apply Failed" and report["resolved"] is False
+def test_grader_imports_swebench_with_no_network(client, tmp_path):
+    """The grader venv in a built task image imports swebench's harness offline; the repo's Python can't see it."""
+    [task] = convert(write_jsonl(tmp_path / "i.jsonl", [absolute_env(records()[0])]), tmp_path / "tasks")
+    tag = "slime-harbor-test/swebench-grader:latest"
+    client.images.build(path=str(task / "environment"), tag=tag, network_mode="host", rm=True, labels=LABEL,
+                        timeout=1800)
+    checks = {
+        ("/opt/swebench-grader/bin/python", "-c", "import swebench.harness.grading, swebench.harness.utils"): 0,
+        ("python", "-c", "import swebench"): 1,
+    }
+    for command, expected in checks.items():
+        container = client.containers.run(tag, list(command), detach=True, network_mode="none", labels=LABEL)
+        try:
+            assert container.wait(timeout=120)["StatusCode"] == expected, container.logs().decode()
+        finally:
+            container.remove(force=True)
+
+
+@pytest.mark.slow
+def test_oracle_resolves_every_bundled_instance_nop_none(client, tmp_path):
+    ids = sorted(r["instance_id"] for r in records())
+    oracle = rollout(TASKS_SWE, "oracle", tmp_path / "oracle")
+    assert sorted(oracle) == ids
+    for name, sample in oracle.items():
+        files = verifier_files(sample)
+        assert sample["metadata"]["raw_rewards"] == {"reward": 1.0}, (name, files.get("test_output.txt", "")[-2000:])
+        assert sample["reward"] == 1.0 and sample["status"] == "completed"
+        report = json.loads(files["report.json"])
+        assert report["resolved"] is True and report["tests_status"]["FAIL_TO_PASS"]["failure"] == []
+        assert len(report["tests_status"]["PASS_TO_PASS"]["success"]) >= 2
+
+    nop = rollout(TASKS_SWE, "nop", tmp_path / "nop")
+    for name, sample in nop.items():
+        files = verifier_files(sample)
+        assert sample["metadata"]["raw_rewards"] == {"reward": 0.0}, (name, files.get("test_output.txt", "")[-2000:])
+        assert sample["reward"] == -1.0 and sample["status"] == "completed"  # pm1: unresolved is -1
+        report = json.loads(files["report.json"])
+        assert report["tests_status"]["FAIL_TO_PASS"]["success"] == []
+        assert report["tests_status"]["PASS_TO_PASS"]["failure"] == []
+
+
+@pytest.mark.slow
+def test_wrong_fixes_do_not_resolve_and_infra_failure_is_not_scored(client, tmp_path):
+    base = absolute_env(records()[0])
+    broken_test_patch = base["test_patch"].replace('         parse_number("forty")', '         parse_number("fifty")')
+    assert broken_test_patch != base["test_patch"]
+    variants = {
+        "partial": {"patch": patch_against_base({"tinycalc/parse.py": PARTIAL_FIX})},
+        "breaks-p2p": {"patch": patch_against_base({"tinycalc/parse.py": BREAKS_P2P})},
+        "infra": {"test_patch": broken_test_patch},  # the gold fix, but the tests cannot be set up
+    }
+    rows = [{**base, **change, "instance_id": f"{base['instance_id']}-{name}"} for name, change in variants.items()]
+    convert(write_jsonl(tmp_path / "variants.jsonl", rows), tmp_path / "tasks")
+    # Harbor's oracle agent applies each variant's "gold" patch
+    got = rollout(tmp_path / "tasks", "oracle", tmp_path / "out")
+    iid = base["instance_id"]
+
+    partial = got[f"{iid}-partial"]
+    assert partial["metadata"]["raw_rewards"] == {"reward": 0.0} and partial["reward"] == -1.0
+    f2p = json.loads(verifier_files(partial)["report.json"])["tests_status"]["FAIL_TO_PASS"]
+    assert f2p == {"success": ["tests/test_parse.py::test_surrounding_whitespace"],
+                   "failure": ["tests/test_parse.py::test_negative_integer"]}
+
+    breaks = got[f"{iid}-breaks-p2p"]
+    assert breaks["metadata"]["raw_rewards"] == {"reward": 0.0} and breaks["reward"] == -1.0
+    status = json.loads(verifier_files(breaks)["report.json"])["tests_status"]
+    assert status["FAIL_TO_PASS"]["failure"] == [] and status["PASS_TO_PASS"]["failure"] == ["tests/test_parse.py::test_rejects_words"]
+
+    infra = got[f"{iid}-infra"]
+    files = verifier_files(infra)
+    assert "reward.txt" not in files and ">>>>> Patch Apply Failed" in files["test_output.txt"]
+    assert json.loads(files["report.json"])["slime_harbor_infra_failure"] == "Patch Apply Failed"
+    # Harbor: RewardFileNotFoundError -> our converter: failed, no reward, removed (never scored -1)
+    assert infra["status"] == "failed" and infra["reward"] is None and infra["remove_sample"] is True
+    assert infra["metadata"]["exception_type"] == "RewardFileNotFoundError"
