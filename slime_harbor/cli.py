@@ -147,6 +147,8 @@ def main(argv: list[str] | None = None) -> None:
             tasks = convert(a.instances, a.out, SwebenchTaskOptions(image_namespace=a.image_namespace))
         except InstanceError as e:
             raise SystemExit(f"slime-harbor swebench-tasks: error: {e}") from None
+        except ModuleNotFoundError as e:  # swebench names images, parsers and scripts
+            raise SystemExit(f"slime-harbor swebench-tasks: error: {e}; install swebench==5.0.2") from None
         print(f"wrote {len(tasks)} Harbor tasks to {a.out}")
 
 

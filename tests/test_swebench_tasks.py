@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("swebench", reason="swebench (5.0.2) is not installed: swebench-tasks needs it")
+
 from slime_harbor.cli import main as cli_main
 from slime_harbor.tasks.swebench import convert, load_instances
 
