@@ -1,12 +1,12 @@
 """SWE-bench instances as Harbor tasks (slime_harbor/tasks/swebench.py, `slime-harbor swebench-tasks`).
 
 Fast tests: the committed examples/harbor/tasks-swe/ dirs regenerate byte for byte, record
-validation, swebench's own defaults. Docker tests (slow; skipped when no dockerd answers or
+validation, swebench's own defaults, the grader's reward (or none) on eval logs. Docker tests (slow; skipped when no dockerd answers or
 SLIME_HARBOR_NO_DOCKER is set) run real Harbor trials on our DockerEnvironment (containers with no
 network; images cached after the first build, which pip installs swebench into the grader venv)
 with --reward-mapping pm1: Harbor's oracle agent (the gold patch) resolves every bundled instance
 (reward 1 -> +1), nop resolves none (0 -> -1), a partial fix and a fix that breaks a PASS_TO_PASS
-test do not resolve, and a test patch that cannot apply writes no reward: the trial fails and is
+test do not resolve, tests the agent rewrote are reset before grading, and a test patch that cannot apply writes no reward: the trial fails and is
 removed, never scored -1.
 """
 
@@ -176,6 +176,48 @@ def test_generated_eval_script_resets_test_files_first():
     assert "rm -rf -- tests/test_merge_order.py" in generated_eval_script(intervals)  # created by test_patch
 
 
+# ---------------------------------------------------------------- the grader on test logs, no Docker
+
+F2P = ["tests/test_parse.py::test_negative_integer", "tests/test_parse.py::test_surrounding_whitespace"]
+P2P = ["tests/test_parse.py::test_integer", "tests/test_parse.py::test_float", "tests/test_parse.py::test_rejects_words"]
+
+
+def pytest_log(failed: list[str] = (), exit_code: int | None = None, before: str = "") -> str:
+    """A log shaped like tests/eval.sh's (set -x trace, pytest -rA summary, exit code line)."""
+    lines = [f"{'FAILED' if t in failed else 'PASSED'} {t}" for t in F2P + P2P]
+    code = (1 if failed else 0) if exit_code is None else exit_code
+    return (f"{before}+ : '>>>>> Start Test Output'\n+ pytest -rA tests/test_parse.py\n" + "\n".join(lines)
+            + f"\n+ SWEBENCH_TEST_EXIT_CODE={code}\n+ : '>>>>> End Test Output'\n>>>>> Test Exit Code: {code}\n")
+
+
+GRADE_CASES = [  # (case, log, reward.txt or None when no reward file may be written)
+    ("resolved", pytest_log(), "1\n"),
+    ("one FAIL_TO_PASS fails", pytest_log(failed=[F2P[0]]), "0\n"),
+    ("a PASS_TO_PASS test fails", pytest_log(failed=[P2P[2]]), "0\n"),
+    ("tests ran, nothing parsed", "+ : '>>>>> Start Test Output'\nno tests ran\n+ : '>>>>> End Test Output'\n", "0\n"),
+    ("passes printed, exit code 1", pytest_log(exit_code=1), "0\n"),
+    ("test patch did not apply", "error: patch failed\n>>>>> Patch Apply Failed\n", None),
+    ("test files not reset", "error: pathspec\n>>>>> Reset Failed\n", None),
+    ("timed out", "+ : '>>>>> Start Test Output'\n+ pytest\n>>>>> Tests Timed Out\n", None),
+    ("no output markers", "bash: /tests/eval.sh: No such file or directory\n", None),
+    ("environment fault", "+ : '>>>>> Start Test Output'\nCannot allocate memory\n+ : '>>>>> End Test Output'\n", None),
+]
+
+
+@pytest.mark.parametrize("case,log,expected", GRADE_CASES, ids=[c[0] for c in GRADE_CASES])
+def test_grader_reward_from_log(tmp_path, case, log, expected):
+    """tests/grade.py (swebench's get_eval_report) on eval logs: 1 / 0, or no reward for infra failures."""
+    from slime_harbor.tasks import swebench_grade
+
+    instance = TASKS_SWE / "slime-harbor__tinycalc-1" / "tests" / "instance.json"
+    (tmp_path / "test_output.txt").write_text(log)
+    swebench_grade.main(str(instance), str(tmp_path / "test_output.txt"), str(tmp_path / "verifier"))
+    reward = tmp_path / "verifier" / "reward.txt"
+    assert (reward.read_text() if reward.exists() else None) == expected
+    report = json.loads((tmp_path / "verifier" / "report.json").read_text())
+    assert (report["slime_harbor_infra_failure"] is None) == (expected is not None)
+
+
 # ---------------------------------------------------------------- Docker: real Harbor trials
 
 
@@ -302,6 +344,11 @@ def test_wrong_fixes_do_not_resolve_and_infra_failure_is_not_scored(client, tmp_
         "partial": {"patch": patch_against_base({"tinycalc/parse.py": PARTIAL_FIX})},
         "breaks-p2p": {"patch": patch_against_base({"tinycalc/parse.py": BREAKS_P2P})},
         "infra": {"test_patch": broken_test_patch},  # the gold fix, but the tests cannot be set up
+        # no fix; the FAIL_TO_PASS tests written into the test file as stubs that pass: the verifier
+        # resets the file before applying test_patch, so they neither pass nor block the patch
+        "tampers-tests": {"patch": patch_against_base({"tests/test_parse.py": (
+            TASKS_SWE / base["environment_dir"] / "repo" / "tests" / "test_parse.py").read_text()
+            + "\n\ndef test_negative_integer():\n    pass\n\n\ndef test_surrounding_whitespace():\n    pass\n"})},
     }
     rows = [{**base, **change, "instance_id": f"{base['instance_id']}-{name}"} for name, change in variants.items()]
     convert(write_jsonl(tmp_path / "variants.jsonl", rows), tmp_path / "tasks")
@@ -319,6 +366,10 @@ def test_wrong_fixes_do_not_resolve_and_infra_failure_is_not_scored(client, tmp_
     assert breaks["metadata"]["raw_rewards"] == {"reward": 0.0} and breaks["reward"] == -1.0
     status = json.loads(verifier_files(breaks)["report.json"])["tests_status"]
     assert status["FAIL_TO_PASS"]["failure"] == [] and status["PASS_TO_PASS"]["failure"] == ["tests/test_parse.py::test_rejects_words"]
+
+    tampered = got[f"{iid}-tampers-tests"]
+    assert tampered["metadata"]["raw_rewards"] == {"reward": 0.0} and tampered["reward"] == -1.0
+    assert json.loads(verifier_files(tampered)["report.json"])["tests_status"]["FAIL_TO_PASS"]["success"] == []
 
     infra = got[f"{iid}-infra"]
     files = verifier_files(infra)

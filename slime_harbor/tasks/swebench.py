@@ -19,7 +19,8 @@ the published datasets):
 Optional record fields, each defaulting to what swebench itself would use:
     environment_dir  a folder (relative to the JSONL) whose Dockerfile builds the repo at /testbed
                      at base_commit; default: FROM swebench's published image for the instance
-    image            the instance image name (default: swebench's naming, namespace "swebench")
+    image            the instance image to build FROM when there is no environment_dir
+                     (default: swebench's naming, namespace "swebench")
     eval_script      swebench 5 datasets carry the eval script: used as is when present
     test_cmd         the test command, run with the test files of test_patch appended
                      (default: pytest -rA, as swebench runs pytest repos)
@@ -194,7 +195,8 @@ def parse_record(record: dict, base_dir: Path, where: str, options: SwebenchTask
         instance_id=iid, repo=text["repo"], base_commit=text["base_commit"],
         problem_statement=text["problem_statement"], patch=text["patch"], test_patch=text["test_patch"],
         fail_to_pass=lists["FAIL_TO_PASS"], pass_to_pass=lists["PASS_TO_PASS"], version=str(version),
-        image=optional["image"] or instance_image(iid, options.image_namespace),
+        # An instance built from its own environment_dir has no published image to name.
+        image=optional["image"] or ("" if env_dir else instance_image(iid, options.image_namespace)),
         log_parser=log_parser, eval_type=eval_type, eval_script=optional["eval_script"],
         test_cmd=optional["test_cmd"] or DEFAULT_TEST_CMD, environment_dir=env_dir,
     )
@@ -355,6 +357,7 @@ def dockerfile(inst: Instance, options: SwebenchTaskOptions) -> str:
     """The task's Dockerfile: the instance's own (or swebench's image), the grader after its FROM."""
     if inst.environment_dir is None:
         return f"FROM {inst.image}\n{grader_block(options)}"
+    # environment_dir wins over image: its Dockerfile builds the repo
     path = inst.environment_dir / "Dockerfile"
     lines = path.read_text().splitlines(keepends=True)
     at = last_from_line(path) + 1
@@ -404,7 +407,7 @@ def task_toml(inst: Instance, options: SwebenchTaskOptions) -> str:
         "swebench_repo": inst.repo,
         "swebench_version": inst.version,
         "swebench_base_commit": inst.base_commit,
-        "swebench_image": inst.image if inst.environment_dir is None else "",
+        "swebench_image": inst.image,
     }
     meta = "".join(f"{k} = {toml_str(v)}\n" for k, v in metadata.items() if v)
     return f"""schema_version = "1.4"
