@@ -149,6 +149,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"slime-harbor swebench-tasks: error: {e}") from None
         except ModuleNotFoundError as e:  # swebench names images, parsers and scripts
             raise SystemExit(f"slime-harbor swebench-tasks: error: {e}; install swebench==5.0.2") from None
+        except OSError as e:  # an unwritable --out, a file in the way
+            raise SystemExit(f"slime-harbor swebench-tasks: error: {e}") from None
         print(f"wrote {len(tasks)} Harbor tasks to {a.out}")
 
 

@@ -139,6 +139,18 @@ def test_bad_record_from_the_command_line_has_no_traceback(tmp_path):
     assert "slime-harbor__tinycalc-1" in proc.stderr and "'FAIL_TO_PASS'" in proc.stderr
 
 
+def test_unreadable_input_and_output_are_one_line_errors(tmp_path):
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(b"\xff\xfe{}\n")
+    blocker = tmp_path / "file"
+    blocker.write_text("in the way")
+    for instances, out in ((binary, tmp_path / "o"), (tmp_path / "absent.jsonl", tmp_path / "o"),
+                           (INSTANCES, blocker / "sub")):
+        with pytest.raises(SystemExit) as e:
+            cli_main(["swebench-tasks", "--instances", str(instances), "--out", str(out)])
+        assert "\n" not in str(e.value.code) and str(e.value.code).startswith("slime-harbor swebench-tasks: error:")
+
+
 def test_swebench_defaults_for_a_published_instance(tmp_path):
     """No environment_dir, log_parser or eval_script: swebench's own image name and repo parser."""
     from swebench.harness.log_parsers import PARSER_REGISTRY

@@ -107,8 +107,12 @@ def load_instances(path: Path, options: SwebenchTaskOptions | None = None) -> li
     path = Path(path)
     if not path.is_file():
         raise InstanceError(f"{path}: no such file")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise InstanceError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     instances, seen = [], set()
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
