@@ -305,19 +305,27 @@ BREAKS_P2P = PARSE_PY.format(body='''    text = text.strip()
 ''')
 
 
-@pytest.mark.slow
-def test_grader_imports_swebench_with_no_network(client, tmp_path):
-    """The grader venv in a built task image imports swebench's harness offline; the repo's Python can't see it."""
-    [task] = convert(write_jsonl(tmp_path / "i.jsonl", [absolute_env(records()[0])]), tmp_path / "tasks")
+@pytest.fixture(scope="module")
+def tinycalc_image(client, tmp_path_factory):
+    """The image of the tinycalc-1 task (its environment plus the grader venv), built with the SDK."""
+    out = tmp_path_factory.mktemp("tinycalc")
+    [task] = convert(write_jsonl(out / "i.jsonl", [absolute_env(records()[0])]), out / "tasks")
     tag = "slime-harbor-test/swebench-grader:latest"
     client.images.build(path=str(task / "environment"), tag=tag, network_mode="host", rm=True, labels=LABEL,
                         timeout=1800)
+    return tag
+
+
+@pytest.mark.slow
+def test_grader_imports_swebench_with_no_network(client, tinycalc_image):
+    """The grader venv imports swebench's harness offline; the repo's own Python cannot see it."""
     checks = {
         ("/opt/swebench-grader/bin/python", "-c", "import swebench.harness.grading, swebench.harness.utils"): 0,
         ("python", "-c", "import swebench"): 1,
     }
     for command, expected in checks.items():
-        container = client.containers.run(tag, list(command), detach=True, network_mode="none", labels=LABEL)
+        container = client.containers.run(tinycalc_image, list(command), detach=True, network_mode="none",
+                                          labels=LABEL)
         try:
             assert container.wait(timeout=120)["StatusCode"] == expected, container.logs().decode()
         finally:
@@ -390,3 +398,25 @@ def test_wrong_fixes_do_not_resolve_and_infra_failure_is_not_scored(client, tmp_
     # Harbor: RewardFileNotFoundError -> our converter: failed, no reward, removed (never scored -1)
     assert infra["status"] == "failed" and infra["reward"] is None and infra["remove_sample"] is True
     assert infra["metadata"]["exception_type"] == "RewardFileNotFoundError"
+
+
+@pytest.mark.slow
+def test_record_without_environment_dir_builds_from_the_instance_image(client, tinycalc_image, tmp_path):
+    """The published-image path: FROM swebench's image name plus the grader. Nothing can be pulled:
+    the instance image is a local stand-in under a test namespace, tinycalc-1's task image (its
+    grader venv already there, so the task's grader step is satisfied offline and fast)."""
+    row = records()[0]
+    stand_in = f"slime-harbor-test/sweb.eval.x86_64.{row['instance_id']}:latest".replace("__", "_1776_").lower()
+    client.images.get(tinycalc_image).tag(stand_in)
+    try:
+        published = {k: v for k, v in row.items() if k != "environment_dir"}
+        instances = write_jsonl(tmp_path / "published.jsonl", [published])
+        cli_main(["swebench-tasks", "--instances", str(instances), "--out", str(tmp_path / "tasks"),
+                  "--image-namespace", "slime-harbor-test"])
+        task = tmp_path / "tasks" / row["instance_id"]
+        assert (task / "environment" / "Dockerfile").read_text().startswith(f"FROM {stand_in}\n")
+        assert sorted(p.name for p in (task / "environment").iterdir()) == ["Dockerfile"]
+        [sample] = rollout(tmp_path / "tasks", "oracle", tmp_path / "out").values()
+        assert sample["metadata"]["raw_rewards"] == {"reward": 1.0}, verifier_files(sample).get("test_output.txt")
+    finally:
+        client.images.remove(stand_in)  # the tag only: the task image built on it keeps the layers
