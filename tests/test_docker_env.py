@@ -46,6 +46,9 @@ if _SKIP is None:
     import slime_harbor.environments.docker as dockerenv
     from slime_harbor.environments.bubblewrap import ExecTimeoutError
 
+# The sample checks of the bubblewrap end-to-end tests, reused as they are.
+from test_rollout_e2e import NATIVE_REPLY, check_sample_against_model, masked_spans  # noqa: E402
+
 
 def client():
     return dockerenv.docker_client()
@@ -305,23 +308,46 @@ def test_a_group_of_four_builds_the_image_once(tmp_path, monkeypatch):
 # --- the native agent, Ctrl-C and crashes ---------------------------------------------------------
 
 
-def test_native_agent_samples_in_docker_are_token_exact(tmp_path, policy_server, tiny_model_dir, model, tokenizer):
-    from test_rollout_e2e import check_sample_against_model, masked_spans
+@pytest.fixture(scope="module")
+def ls_policy(tiny_model_dir, tmp_path_factory):
+    """(server URL, model dir, fp32 model): the tiny model after 15 SFT steps on one task's first
+    turn, so it answers `ls` (test_rollout_e2e's responsive model, at a fraction of the cost)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from slime_harbor.agent import initial_prompt_ids
+    from slime_harbor.policy.server import EmbeddedPolicyServer
+    from slime_harbor.trainers.sft import SFTConfig, sft_model_dir
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    instruction = (DEFAULT_TASKS / "dedupe-lines" / "instruction.md").read_text()
+    pairs = [(initial_prompt_ids(tok, instruction), tok.encode(NATIVE_REPLY, add_special_tokens=False))]
+    out = tmp_path_factory.mktemp("ls_policy")
+    losses = sft_model_dir(tiny_model_dir, out, pairs, SFTConfig(steps=15, batch_size=1))
+    assert losses[-1] < 0.05 * losses[0]
+    with EmbeddedPolicyServer(out) as server:
+        yield server.url, out, AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+
+
+def test_native_agent_samples_in_docker_are_token_exact(tmp_path, ls_policy, tokenizer):
+    """test_rollout_e2e's token-exactness checks, with the agent's commands running in Docker."""
+    policy_url, model_dir, hf_model = ls_policy
     summary, samples = rollout(tmp_path, agent="native", task_names=["dedupe-lines"], n_samples=2,
-                               policy_url=policy_server, model_dir=str(tiny_model_dir), step_limit=3,
+                               policy_url=policy_url, model_dir=str(model_dir), step_limit=3,
                                max_new_tokens=48)  # fmt: skip
     assert summary["status_counts"]["aborted"] == 0 and summary["status_counts"]["failed"] == 0, summary["errors"]
     assert summary["drift_count"] == 0
     for s in samples:
         assert s.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED) and s.reward is not None
-        assert check_sample_against_model(s, model, 1.0) < 1e-4
+        assert check_sample_against_model(s, hf_model, 1.0) < 1e-4
         trajectory = json.loads((Path(s.metadata["trial_dir"]) / "agent" / "trajectory.json").read_text())
         observations = [st["observation"]["results"][0]["content"] for st in trajectory["steps"] if st.get("observation")]
         spans = [tokenizer.decode(span) for span in masked_spans(s)]
         assert len(spans) == s.metadata["turns"] - 1 and len(observations) >= len(spans)
         for text, obs in zip(spans, observations):
             assert text.removeprefix("<|im_end|>") == f"\n<|im_start|>user\n{obs}<|im_end|>\n<|im_start|>assistant\n"
+    # The SFT'd policy answers `ls`: its commands really ran in the container and came back.
+    assert any("<returncode>0</returncode>" in tokenizer.decode(s.response_ids) for s in samples)
     assert no_container_of_run(dockerenv.RUN_ID)
 
 
