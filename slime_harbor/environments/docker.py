@@ -486,7 +486,8 @@ class DockerEnvironment(BaseEnvironment):
         """What the worker runs for one command: ``docker exec -w CWD -e ... -u USER bash -c``."""
         q = shlex.quote
         lines = [
-            f"cd -- {q(cwd)} 2>/dev/null || {{ echo {q(f'chdir to cwd ({cwd!r}) failed: no such file or directory')} >&2; exit 126; }}"
+            f"cd -- {q(cwd)} 2>/dev/null || {{ echo {q(f'chdir to cwd ({cwd!r}) failed: no such file or directory')} >&2; exit 126; }}",
+            "unset OLDPWD",  # as in a fresh exec (cd set it)
         ]
         lines += [f"export {k}={q(v)}" for k, v in env.items()]
         run = f"{self._shell()} -c {q(command)}"

@@ -46,7 +46,7 @@ _STARTED_TIMEOUT_SEC = 120.0
 
 _LOOP = r"""
 w=$1; d=$2
-if [ -n "$BASH_VERSION" ]; then set -m; b=1; else b=0; fi
+if [ -n "$BASH_VERSION" ]; then set -m; b=1; SHLVL=0; else b=0; fi
 if command -v setpriv >/dev/null 2>&1; then p=1; else p=0; fi
 IFS= read -r _ || exit 0
 printf 'H %s %s\n' "$b" "$p"
@@ -208,9 +208,11 @@ class ExecServer:
         self.has_bash = False
         self.has_setpriv = False
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
         """Start the first worker and learn what the image has (raises ExecServerUnavailable)."""
+        self._loop = asyncio.get_running_loop()
         worker = await self._spawn()
         self._idle.append(worker)
 
@@ -254,6 +256,11 @@ class ExecServer:
 
     async def run(self, script: str, timeout_sec: float | None = None) -> Completed:
         """Run one job file; on timeout its process group is killed and ``timed_out`` is set."""
+        if self._loop is not asyncio.get_running_loop():
+            # Workers' streams belong to the event loop that made them: start afresh in this one.
+            for worker in list(self._all):
+                self._discard(worker)
+            self._loop = asyncio.get_running_loop()
         worker = self._idle.pop() if self._idle else await self._spawn()
         try:
             job, pgid = await worker.start_job(script)
