@@ -1,13 +1,15 @@
 """SWE-bench instances as Harbor tasks (slime_harbor/tasks/swebench.py, `slime-harbor swebench-tasks`).
 
 Fast tests: the committed examples/harbor/tasks-swe/ dirs regenerate byte for byte, record
-validation, swebench's own defaults, the grader's reward (or none) on eval logs. Docker tests (slow; skipped when no dockerd answers or
-SLIME_HARBOR_NO_DOCKER is set) run real Harbor trials on our DockerEnvironment (containers with no
-network; images cached after the first build, which pip installs swebench into the grader venv)
-with --reward-mapping pm1: Harbor's oracle agent (the gold patch) resolves every bundled instance
-(reward 1 -> +1), nop resolves none (0 -> -1), a partial fix and a fix that breaks a PASS_TO_PASS
-test do not resolve, tests the agent rewrote are reset before grading, and a test patch that cannot apply writes no reward: the trial fails and is
-removed, never scored -1.
+validation, swebench's own defaults, the grader's reward (or none) on eval logs.
+
+Docker tests (slow; skipped when no dockerd answers or SLIME_HARBOR_NO_DOCKER is set) run real
+Harbor trials on our DockerEnvironment (containers with no network; images cached after the first
+build, which pip installs swebench into the grader venv) with --reward-mapping pm1: Harbor's oracle
+agent (the gold patch) resolves every bundled instance (reward 1 -> +1), nop resolves none
+(0 -> -1), a partial fix and a fix that breaks a PASS_TO_PASS test do not resolve, tests the agent
+rewrote are reset before grading, and a test patch that cannot apply or tests that time out write
+no reward: the trial fails and is removed, never scored -1.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import pytest
 pytest.importorskip("swebench", reason="swebench (5.0.2) is not installed: swebench-tasks needs it")
 
 from slime_harbor.cli import main as cli_main
-from slime_harbor.tasks.swebench import convert, load_instances
+from slime_harbor.tasks.swebench import TEST_TIMEOUT_MARGIN_SEC, SwebenchTaskOptions, convert, load_instances
 
 ROOT = Path(__file__).resolve().parent.parent
 TASKS_SWE = ROOT / "examples" / "harbor" / "tasks-swe"
@@ -251,13 +253,13 @@ def client():
     return docker_client()
 
 
-def rollout(tasks_dir: Path, agent: str, out: Path) -> dict[str, dict]:
+def rollout(tasks_dir: Path, agent: str, out: Path, concurrency: int = 3) -> dict[str, dict]:
     """One real Harbor trial per task (our DockerEnvironment, --reward-mapping pm1): task -> sample."""
     import asyncio
 
     from slime_harbor.rollout import RolloutConfig, run_rollouts
 
-    cfg = RolloutConfig(tasks_dir=tasks_dir, agent=agent, n_samples=1, env="docker", concurrency=3,
+    cfg = RolloutConfig(tasks_dir=tasks_dir, agent=agent, n_samples=1, env="docker", concurrency=concurrency,
                         out_dir=out, reward_mapping="pm1", progress=False)
     asyncio.run(run_rollouts(cfg))
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
@@ -372,8 +374,12 @@ def test_wrong_fixes_do_not_resolve_and_infra_failure_is_not_scored(client, tmp_
     }
     rows = [{**base, **change, "instance_id": f"{base['instance_id']}-{name}"} for name, change in variants.items()]
     convert(write_jsonl(tmp_path / "variants.jsonl", rows), tmp_path / "tasks")
+    # The gold fix, but the tests hang past their budget (the verifier timeout less the grader's margin)
+    hangs = {**base, "instance_id": f"{base['instance_id']}-hangs", "test_cmd": "sleep 600; pytest -rA"}
+    convert(write_jsonl(tmp_path / "hangs.jsonl", [hangs]), tmp_path / "tasks",
+            SwebenchTaskOptions(verifier_timeout_sec=TEST_TIMEOUT_MARGIN_SEC + 15))
     # Harbor's oracle agent applies each variant's "gold" patch
-    got = rollout(tmp_path / "tasks", "oracle", tmp_path / "out")
+    got = rollout(tmp_path / "tasks", "oracle", tmp_path / "out", concurrency=len(rows) + 1)
     iid = base["instance_id"]
 
     partial = got[f"{iid}-partial"]
@@ -398,6 +404,12 @@ def test_wrong_fixes_do_not_resolve_and_infra_failure_is_not_scored(client, tmp_
     # Harbor: RewardFileNotFoundError -> our converter: failed, no reward, removed (never scored -1)
     assert infra["status"] == "failed" and infra["reward"] is None and infra["remove_sample"] is True
     assert infra["metadata"]["exception_type"] == "RewardFileNotFoundError"
+
+    hung = got[f"{iid}-hangs"]
+    files = verifier_files(hung)
+    assert "reward.txt" not in files and files["test_output.txt"].rstrip().endswith(">>>>> Tests Timed Out")
+    assert json.loads(files["report.json"])["slime_harbor_infra_failure"] == "Tests Timed Out"
+    assert hung["status"] == "failed" and hung["reward"] is None and hung["remove_sample"] is True
 
 
 @pytest.mark.slow
