@@ -1,4 +1,4 @@
-"""`slime-harbor` command line: make-model, serve, rollout, demo, train-local, prepare-data.
+"""`slime-harbor` command line: make-model, serve, rollout, demo, train-local, prepare-data, swebench-tasks.
 
 Every rollout flag maps to a documented `RolloutConfig` field; with no --policy-url the command
 builds the tiny offline model (cached) and serves it on an embedded server, so it runs anywhere.
@@ -117,6 +117,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tasks", type=Path, default=DEFAULT_TASKS)
     p.add_argument("--out", type=Path, required=True)
 
+    p = sub.add_parser("swebench-tasks", help="convert SWE-bench instance records (JSONL) into Harbor task dirs, "
+                       "graded offline by swebench's own harness")
+    p.add_argument("--instances", type=Path, required=True, help="JSONL of SWE-bench instance records")
+    p.add_argument("--out", type=Path, required=True, help="writes OUT/<instance_id>/ per record")
+    p.add_argument("--image-namespace", default="swebench", help="namespace of the published instance images")
+
     a = parser.parse_args(argv)
     if a.command == "make-model":
         print(build_tiny_model(a.out, seed=a.seed))
@@ -134,6 +140,18 @@ def main(argv: list[str] | None = None) -> None:
     elif a.command == "prepare-data":
         n = prepare_data(a.tasks, a.out)
         print(f"wrote {n} prompts to {a.out}")
+    elif a.command == "swebench-tasks":
+        from slime_harbor.tasks.swebench import InstanceError, SwebenchTaskOptions, convert
+
+        try:
+            tasks = convert(a.instances, a.out, SwebenchTaskOptions(image_namespace=a.image_namespace))
+        except InstanceError as e:
+            raise SystemExit(f"slime-harbor swebench-tasks: error: {e}") from None
+        except ModuleNotFoundError as e:  # swebench names images, parsers and scripts
+            raise SystemExit(f"slime-harbor swebench-tasks: error: {e}; install swebench==5.0.2") from None
+        except OSError as e:  # an unwritable --out, a file in the way
+            raise SystemExit(f"slime-harbor swebench-tasks: error: {e}") from None
+        print(f"wrote {len(tasks)} Harbor tasks to {a.out}")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from slime_harbor.samples import SampleStatus, TrainingSample
 DEFAULT_TASKS = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks"
 """The bundled example tasks."""
 LOCAL_SANDBOX = "slime_harbor.environments.bubblewrap:BubblewrapEnvironment"
+DOCKER_SANDBOX = "slime_harbor.environments.docker:DockerEnvironment"
 NATIVE_AGENT = "slime_harbor.agent:NativeAgent"
 # Slack on top of the task's own agent + verifier + build timeouts before we cancel a trial that
 # Harbor's own timeouts failed to end (a hung container teardown, a stuck verifier upload).
@@ -57,7 +58,8 @@ class RolloutConfig:
     model_name: str = "policy"
     """Name the OpenAI-compatible endpoint serves the policy under (terminus-2)."""
     env: str = "local"
-    """local (bubblewrap) | docker | daytona | modal | ... | module:Class import path."""
+    """local (bubblewrap) | docker (ours, Engine API) | harbor-docker (Harbor's, docker compose) |
+    daytona | modal | ... (Harbor's environment types) | module:Class import path."""
     concurrency: int = 4
     """Trials running at once."""
     out_dir: Path = Path("runs/rollout")
@@ -180,9 +182,21 @@ def environment_config(env: str):
 
     if env == "local":
         return EnvironmentConfig(import_path=LOCAL_SANDBOX, delete=True)
+    if env == "docker":
+        return EnvironmentConfig(import_path=DOCKER_SANDBOX, delete=True)
+    if env == "harbor-docker":  # Harbor's own, one `docker compose` process per call
+        return EnvironmentConfig(type="docker", delete=True)
     if ":" in env:
         return EnvironmentConfig(import_path=env, delete=True)
     return EnvironmentConfig(type=env, delete=True)
+
+
+def preflight_environment(env: str) -> None:
+    """One clear error before any trial starts when the environment cannot run here."""
+    if env == "docker":
+        from slime_harbor.environments.docker import check_docker
+
+        check_docker()  # DockerUnavailableError: no daemon answers
 
 
 def hard_timeout_sec(task_path: Path, multiplier: float) -> float:
@@ -291,6 +305,7 @@ def load_tokenizer(model_dir: str | None):
 async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
     """Run n_samples trials per task; stream samples to OUT/samples.jsonl; return the summary."""
     tasks = discover_tasks(cfg.tasks_dir, cfg.task_names)
+    preflight_environment(cfg.env)
     if cfg.agent in ("native", "terminus-2") and not (cfg.policy_url and cfg.model_dir):
         raise ValueError(f"agent {cfg.agent} needs policy_url and model_dir")
     out = Path(cfg.out_dir)
