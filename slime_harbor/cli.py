@@ -1,4 +1,5 @@
-"""`slime-harbor` command line: make-model, serve, rollout, demo, train-local, prepare-data, view.
+"""`slime-harbor` command line: make-model, serve, rollout, demo, train-local, prepare-data, swebench-tasks,
+view.
 
 Every rollout flag maps to a documented `RolloutConfig` field; with no --policy-url the command
 builds the tiny offline model (cached) and serves it on an embedded server, so it runs anywhere.
@@ -62,7 +63,7 @@ def rollout_config(a: argparse.Namespace) -> RolloutConfig:
 def run_rollout_command(cfg: RolloutConfig, guard: SignalGuard) -> dict:
     """Check everything that can be checked before a trial starts, run, print the summary; a run
     in which no trial was scored ends with EXIT_ALL_FAILED and the most common reason."""
-    from slime_harbor.rollout import check_config, run_rollouts
+    from slime_harbor.rollout import check_config, check_environment_runs, run_rollouts
 
     if cfg.policy_url:
         if cfg.agent in ("native", "terminus-2") and not cfg.model_dir:
@@ -70,6 +71,7 @@ def run_rollout_command(cfg: RolloutConfig, guard: SignalGuard) -> dict:
         check_policy_server(cfg.policy_url)
     check_config(dataclasses.replace(cfg, policy_url=cfg.policy_url or "embedded",
                                      model_dir=cfg.model_dir or "embedded"))  # before building a model
+    check_environment_runs(cfg.env)
     from slime_harbor.policy.server import policy_endpoint  # torch: imported once the flags are known good
 
     with policy_endpoint(cfg) as cfg:
@@ -236,6 +238,12 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
     p.add_argument("--tasks", type=Path, default=DEFAULT_TASKS)
     p.add_argument("--out", type=Path, required=True)
 
+    p = sub.add_parser("swebench-tasks", help="convert SWE-bench instance records (JSONL) into Harbor task dirs, "
+                       "graded offline by swebench's own harness")
+    p.add_argument("--instances", type=Path, required=True, help="JSONL of SWE-bench instance records")
+    p.add_argument("--out", type=Path, required=True, help="writes OUT/<instance_id>/ per record")
+    p.add_argument("--image-namespace", default="swebench", help="namespace of the published instance images")
+
     a = parser.parse_args(argv)
     if a.command == "make-model":
         print(build_tiny_model(a.out, seed=a.seed))
@@ -258,6 +266,18 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
         except FileNotFoundError as exc:
             raise ConfigError(str(exc)) from None
         print(f"wrote {n} prompts to {a.out}")
+    elif a.command == "swebench-tasks":
+        from slime_harbor.tasks.swebench import InstanceError, SwebenchTaskOptions, convert
+
+        try:
+            tasks = convert(a.instances, a.out, SwebenchTaskOptions(image_namespace=a.image_namespace))
+        except InstanceError as e:
+            raise SystemExit(f"slime-harbor swebench-tasks: error: {e}") from None
+        except ModuleNotFoundError as e:  # swebench names images, parsers and scripts
+            raise SystemExit(f"slime-harbor swebench-tasks: error: {e}; install swebench==5.0.2") from None
+        except OSError as e:  # an unwritable --out, a file in the way
+            raise SystemExit(f"slime-harbor swebench-tasks: error: {e}") from None
+        print(f"wrote {len(tasks)} Harbor tasks to {a.out}")
 
 
 if __name__ == "__main__":

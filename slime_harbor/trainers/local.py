@@ -49,7 +49,7 @@ import torch
 
 from slime_harbor.exits import ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
 from slime_harbor.grpo import GRPOConfig, episode_advantages, grpo_loss, masked_mean
-from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig, check_config, run_rollouts
+from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig, check_config, check_environment_runs, run_rollouts
 from slime_harbor.samples import TrainingSample, read_jsonl
 
 # --test: five of the easy bundled tasks, short episodes, two steps, a checkpoint after each.
@@ -599,6 +599,7 @@ def check_train_config(cfg: LocalTrainConfig) -> None:
         raise ConfigError(f"model: {cfg.model} does not exist (and is not a hub id org/name)")
     # Tasks, agent and environment, as a rollout checks them (the policy server is ours).
     check_config(cfg.rollout("http://embedded", cfg.model or "embedded", Path("unused")))
+    check_environment_runs(cfg.env)
 
 
 def main(argv: Sequence[str] | None = None, guard: SignalGuard | None = None) -> dict[str, Any]:
