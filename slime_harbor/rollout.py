@@ -5,7 +5,9 @@ One episode = one real Harbor Trial (agent + sandbox + verifier) = `run_episode`
 
     OUT/samples.jsonl   one TrainingSample per line, appended as each trial finishes
     OUT/summary.json    counts by status, rewards, drift, timings (also after Ctrl-C)
-    OUT/trials/         Harbor's own trial dirs (config, result, agent logs, verifier output)
+    OUT/trials/         a Harbor job dir: Harbor's own trial dirs (config, result, agent logs,
+                        verifier output) with the job's config.json and result.json beside them
+                        (harbor_job.py), so `harbor view OUT` / `slime-harbor view OUT` show the run
 
 `run_episode` is the unit the SLiME hook (hooks.py) and the local trainer call too.
 """
@@ -25,11 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from slime_harbor.converter import environment_start_failed, trial_to_samples
+from slime_harbor.exits import ConfigError, one_line
+from slime_harbor.harbor_job import HarborJob
 from slime_harbor.samples import SampleStatus, TrainingSample
 
 DEFAULT_TASKS = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks"
 """The bundled example tasks."""
 LOCAL_SANDBOX = "slime_harbor.environments.bubblewrap:BubblewrapEnvironment"
+DOCKER_SANDBOX = "slime_harbor.environments.docker:DockerEnvironment"
 NATIVE_AGENT = "slime_harbor.agent:NativeAgent"
 # Slack on top of the task's own agent + verifier + build timeouts before we cancel a trial that
 # Harbor's own timeouts failed to end (a hung container teardown, a stuck verifier upload).
@@ -57,7 +62,8 @@ class RolloutConfig:
     model_name: str = "policy"
     """Name the OpenAI-compatible endpoint serves the policy under (terminus-2)."""
     env: str = "local"
-    """local (bubblewrap) | docker | daytona | modal | ... | module:Class import path."""
+    """local (bubblewrap) | docker (ours, Engine API) | harbor-docker (Harbor's, docker compose) |
+    daytona | modal | ... (Harbor's environment types) | module:Class import path."""
     concurrency: int = 4
     """Trials running at once."""
     out_dir: Path = Path("runs/rollout")
@@ -195,9 +201,29 @@ def environment_config(env: str):
 
     if env == "local":
         return EnvironmentConfig(import_path=LOCAL_SANDBOX, delete=True)
+    if env == "docker":
+        return EnvironmentConfig(import_path=DOCKER_SANDBOX, delete=True)
+    if env == "harbor-docker":  # Harbor's own, one `docker compose` process per call
+        return EnvironmentConfig(type="docker", delete=True)
     if ":" in env:
         return EnvironmentConfig(import_path=env, delete=True)
     return EnvironmentConfig(type=env, delete=True)
+
+
+def preflight_environment(env: str) -> None:
+    """One clear error before any trial starts when the environment cannot run here."""
+    if env == "docker":
+        from slime_harbor.environments.docker import check_docker
+
+        check_docker()  # DockerUnavailableError: no daemon answers
+
+
+def check_environment_runs(env: str) -> None:
+    """preflight_environment as a ConfigError, which the command line prints as one line."""
+    try:
+        preflight_environment(env)
+    except RuntimeError as exc:  # DockerUnavailableError: no daemon answers
+        raise ConfigError(f"env {env!r} cannot run here: {one_line(exc)}") from None
 
 
 def hard_timeout_sec(task_path: Path, multiplier: float) -> float:
@@ -317,6 +343,74 @@ def _failed_sample(task_name: str, group_index: int, index: int, exc: BaseExcept
     )
 
 
+def check_config(cfg: RolloutConfig) -> list[Path]:
+    """Refuse, before any trial starts, what would otherwise hang, fail every trial or die in a
+    traceback mid-run: bad numbers, a missing or empty tasks dir, a task Harbor cannot load
+    (named by its task.toml), an agent or environment that does not resolve. Returns the tasks."""
+    checks = [
+        (cfg.n_samples >= 1, f"n_samples must be at least 1, got {cfg.n_samples}"),
+        (cfg.concurrency >= 1, f"concurrency must be at least 1, got {cfg.concurrency}"),
+        (cfg.step_limit >= 1, f"step_limit must be at least 1, got {cfg.step_limit}"),
+        (cfg.max_new_tokens >= 1, f"max_new_tokens must be at least 1, got {cfg.max_new_tokens}"),
+        (cfg.temperature >= 0, f"temperature must be >= 0, got {cfg.temperature}"),
+        (0 < cfg.top_p <= 1, f"top_p must be in (0, 1], got {cfg.top_p}"),
+        (cfg.top_k == -1 or cfg.top_k >= 1, f"top_k must be -1 (off) or at least 1, got {cfg.top_k}"),
+        (cfg.timeout_multiplier > 0, f"timeout_multiplier must be > 0, got {cfg.timeout_multiplier}"),
+        (cfg.reward_mapping in ("raw", "pm1"), f"reward_mapping must be raw or pm1, got {cfg.reward_mapping!r}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    if cfg.agent in ("native", "terminus-2") and not (cfg.policy_url and cfg.model_dir):
+        raise ConfigError(f"agent {cfg.agent} needs policy_url and model_dir")
+    try:
+        tasks = discover_tasks(cfg.tasks_dir, cfg.task_names)
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
+    from harbor.models.task.task import Task
+
+    for task in tasks:
+        try:
+            Task(task)
+        except Exception as exc:  # TOML syntax, schema (pydantic), missing tests/instruction
+            raise ConfigError(f"task {task / 'task.toml'} cannot be loaded: {one_line(exc)}") from None
+    _check_agent(cfg)
+    _check_environment(cfg.env)
+    return tasks
+
+
+def _check_agent(cfg: RolloutConfig) -> None:
+    from harbor.agents.factory import AgentFactory
+
+    try:
+        AgentFactory.get_agent_class_from_config(agent_config(cfg))
+    except Exception as exc:
+        if ":" not in cfg.agent:
+            examples = ", ".join(AgentFactory.registered_names()[:4])
+            raise ConfigError(f"unknown agent {cfg.agent!r}: use native, terminus-2, oracle, nop, another Harbor "
+                              f"agent name ({examples}, ...) or module:Class") from None
+        raise ConfigError(f"agent {cfg.agent!r} cannot be imported: {one_line(exc)}") from None
+
+
+def _check_environment(env: str) -> None:
+    try:
+        config = environment_config(env)
+    except Exception:
+        raise ConfigError(f"unknown env {env!r}: use local, docker, another Harbor environment type "
+                          f"(daytona, modal, ...) or module:Class") from None
+    try:
+        if config.import_path:
+            from harbor.utils.import_path import import_class
+
+            import_class(config.import_path, label="environment")
+        else:
+            from harbor.environments.factory import _load_environment_class
+
+            _load_environment_class(config.type)
+    except Exception as exc:  # an import path that does not import, an extra not installed
+        raise ConfigError(f"env {env!r} cannot be loaded: {one_line(exc)}") from None
+
+
 def load_tokenizer(model_dir: str | None):
     if not model_dir:
         return None
@@ -327,11 +421,11 @@ def load_tokenizer(model_dir: str | None):
 
 async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
     """Run n_samples trials per task; stream samples to OUT/samples.jsonl; return the summary."""
-    tasks = discover_tasks(cfg.tasks_dir, cfg.task_names)
-    if cfg.agent in ("native", "terminus-2") and not (cfg.policy_url and cfg.model_dir):
-        raise ValueError(f"agent {cfg.agent} needs policy_url and model_dir")
+    tasks = check_config(cfg)
+    preflight_environment(cfg.env)
     out = Path(cfg.out_dir)
     (out / "trials").mkdir(parents=True, exist_ok=True)
+    job = HarborJob(out / "trials", cfg, tasks)
     tokenizer = load_tokenizer(cfg.model_dir)
     semaphore = asyncio.Semaphore(cfg.concurrency)
     episodes: list[Episode] = []
@@ -343,10 +437,12 @@ async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
 
         async def one(task_path: Path, group_index: int, index: int) -> None:
             async with semaphore:
+                job.trial_started()
                 episode = await run_episode(
                     task_path, cfg, group_index=group_index, index=index, trials_dir=out / "trials", tokenizer=tokenizer
                 )
             episodes.append(episode)
+            job.trial_finished(episode)
             for s in episode.samples:  # written as soon as the trial ends: Ctrl-C loses nothing finished
                 sink.write(s.to_json() + "\n")
             sink.flush()
@@ -367,6 +463,7 @@ async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
             bar.close()
             summary = summarize(episodes, cfg, time.monotonic() - started, interrupted)
             (out / "summary.json").write_text(json.dumps(summary, indent=2))
+            job.finish(interrupted)
     return summary
 
 

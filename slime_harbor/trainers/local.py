@@ -21,6 +21,11 @@ One step N:
        minibatch (updates_per_rollout minibatches per rollout)
     4. metrics.json, and checkpoint_N/ every save_every steps; final/ at the end
 
+SIGINT / SIGTERM (from the command line): a rollout in flight is cancelled (sandboxes torn down,
+the step is not counted); an update in flight finishes with its metrics and scheduled checkpoint.
+Then summary.json is written with "interrupted": true, no final/, and the process exits 130 / 143;
+`--resume` continues from the last checkpoint.
+
 Run: `slime-harbor train-local --test` (or examples/harbor/harbor_grpo_local.py).
 """
 
@@ -42,8 +47,9 @@ from typing import Any
 
 import torch
 
+from slime_harbor.exits import ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
 from slime_harbor.grpo import GRPOConfig, episode_advantages, grpo_loss, masked_mean
-from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig, run_rollouts
+from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig, check_config, check_environment_runs, run_rollouts
 from slime_harbor.samples import TrainingSample, read_jsonl
 
 # --test: five of the easy bundled tasks, short episodes, two steps, a checkpoint after each.
@@ -79,6 +85,8 @@ class LocalTrainConfig:
     """Most tokens sampled per agent turn."""
     temperature: float = 1.0
     """Sampling temperature; the trainer scales logits by the same 1/T, so logprobs agree."""
+    reward_mapping: str = "raw"
+    """raw: the verifier's reward as is; pm1: reward r in [0, 1] -> 2r - 1 (pass +1, fail -1)."""
 
     # --- the policy ---
     model: str | None = None
@@ -139,7 +147,7 @@ class LocalTrainConfig:
             tasks_dir=self.tasks_dir, task_names=self.task_names, agent=self.agent, n_samples=self.n_samples,
             policy_url=policy_url, model_dir=model_dir, env=self.env, concurrency=self.concurrency,
             out_dir=out_dir, temperature=self.temperature, step_limit=self.step_limit,
-            max_new_tokens=self.max_new_tokens, progress=self.progress,
+            max_new_tokens=self.max_new_tokens, reward_mapping=self.reward_mapping, progress=self.progress,
         )
 
 
@@ -364,7 +372,7 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be cpu, cuda or auto, got {device!r}")
+        raise ConfigError(f"device must be cpu, cuda or auto, got {device!r}")
     return device
 
 
@@ -384,17 +392,19 @@ def rollout_stats(samples: Sequence[TrainingSample]) -> dict[str, Any]:
     }
 
 
-def train(cfg: LocalTrainConfig) -> dict[str, Any]:
-    """Run GRPO steps until step num_rollouts; returns the run summary (also in summary.json)."""
+def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None) -> dict[str, Any]:
+    """Run GRPO steps until step num_rollouts; returns the run summary (also in summary.json).
+    With an entered SignalGuard (the command line's), a signal stops the run in order (see the
+    module doc) and Interrupted is raised after summary.json is written."""
     from slime_harbor.policy.engine import EngineConfig, SamplingEngine
     from slime_harbor.policy.server import EmbeddedPolicyServer
 
-    if cfg.agent not in ("native", "terminus-2"):
-        raise ValueError(f"agent {cfg.agent!r} does not sample from the policy; use native or terminus-2")
+    check_train_config(cfg)
+    guard = guard or SignalGuard()  # not entered: signals keep their usual effect
     checkpoint = find_checkpoint(cfg.resume) if cfg.resume else None
     state = json.loads((checkpoint / TRAINER_STATE).read_text()) if checkpoint else None
     if state and state["lora"] != cfg.lora:
-        raise ValueError(f"{checkpoint} was trained with lora={state['lora']}; pass the same --no-lora setting")
+        raise ConfigError(f"{checkpoint} was trained with lora={state['lora']}; pass the same --no-lora setting")
     base_model = state["base_model"] if state else str(_resolve_model(cfg.model))
     out = Path(cfg.output_dir or (checkpoint.parent if checkpoint else "runs/grpo-local"))
     out.mkdir(parents=True, exist_ok=True)
@@ -412,38 +422,51 @@ def train(cfg: LocalTrainConfig) -> dict[str, Any]:
                                                             "device": device}), indent=1))
     last_checkpoint = str(checkpoint) if checkpoint else None
     started = time.monotonic()
+    interrupted: Interrupted | None = None
 
     # The engine serves the very module the optimizer updates; a new seed per start so a resumed
     # run does not replay the samples of the steps before it.
     engine_config = EngineConfig(device=device, seed=cfg.seed + start)
-    with SamplingEngine(policy.model, policy.tokenizer, engine_config) as engine, \
-            EmbeddedPolicyServer(engine=engine, model_name="policy") as server, asyncio.Runner() as runner:
-        for step in range(start + 1, cfg.num_rollouts + 1):
-            t0 = time.monotonic()
-            sampled_version = engine.weight_version  # optimizer steps taken before this rollout
-            step_dir = out / "rollouts" / f"step_{step}"
-            rollout_summary = runner.run(run_rollouts(cfg.rollout(server.url, base_model, step_dir)))
-            samples = read_jsonl(step_dir / "samples.jsonl")
-            t1 = time.monotonic()
-            with engine.paused():  # nothing samples while the weights change
-                result = train_on_samples(policy, samples, cfg, device)
-            if result["updates"]:
-                engine.update_model(policy.model)  # the next rollout samples from the new weights
-            t2 = time.monotonic()
-            record = {"step": step, **rollout_stats(samples), **result,
-                      "sampled_weight_version": sampled_version,
-                      "errors": len(rollout_summary.get("errors") or {}),
-                      "timings": {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3)}}
-            metrics.append(record)
-            (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
-            print(_step_line(record), file=sys.stderr)
-            if step == cfg.num_rollouts or (cfg.save_every > 0 and step % cfg.save_every == 0):
-                save_checkpoint(policy, out / f"checkpoint_{step}", step, metrics)
-                last_checkpoint = str(out / f"checkpoint_{step}")
+    try:
+        with SamplingEngine(policy.model, policy.tokenizer, engine_config) as engine, \
+                EmbeddedPolicyServer(engine=engine, model_name="policy") as server, asyncio.Runner() as runner:
+            for step in range(start + 1, cfg.num_rollouts + 1):
+                t0 = time.monotonic()
+                sampled_version = engine.weight_version  # optimizer steps taken before this rollout
+                step_dir = out / "rollouts" / f"step_{step}"
+                rollout_summary = guard.run(run_rollouts(cfg.rollout(server.url, base_model, step_dir)), runner)
+                # From here the step runs to its end (update, metrics, checkpoint) even if a
+                # signal arrives; the signal is raised after it.
+                with guard.deferred():
+                    samples = read_jsonl(step_dir / "samples.jsonl")
+                    t1 = time.monotonic()
+                    with engine.paused():  # nothing samples while the weights change
+                        result = train_on_samples(policy, samples, cfg, device)
+                    if result["updates"]:
+                        engine.update_model(policy.model)  # the next rollout samples from the new weights
+                    t2 = time.monotonic()
+                    record = {"step": step, **rollout_stats(samples), **result,
+                              "sampled_weight_version": sampled_version,
+                              "errors": len(rollout_summary.get("errors") or {}),
+                              "timings": {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3)}}
+                    metrics.append(record)
+                    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+                    print(_step_line(record), file=sys.stderr)
+                    if step == cfg.num_rollouts or (cfg.save_every > 0 and step % cfg.save_every == 0):
+                        save_checkpoint(policy, out / f"checkpoint_{step}", step, metrics)
+                        last_checkpoint = str(out / f"checkpoint_{step}")
+    except Interrupted as exc:
+        interrupted = exc
 
-    policy.save(out / "final", with_optimizer=False)
+    if interrupted is None:
+        policy.save(out / "final", with_optimizer=False)
     summary = _summary(metrics, cfg, base_model, out, last_checkpoint, time.monotonic() - started)
+    summary["interrupted"] = interrupted is not None
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    if interrupted is not None:
+        print(f"interrupted after step {summary['last_step']}: metrics in {out}/metrics.json, "
+              f"last checkpoint {last_checkpoint or 'none'}", file=sys.stderr)
+        raise interrupted
     return summary
 
 
@@ -480,7 +503,7 @@ def _summary(metrics, cfg, base_model, out, last_checkpoint, seconds) -> dict[st
         "last_reward_mean": rewards[-1] if rewards else None,
         "base_model": base_model,
         "lora": cfg.lora,
-        "final": str(out / "final"),
+        "final": str(out / "final") if (out / "final").is_dir() else None,
         "last_checkpoint": last_checkpoint,
         "wall_seconds_this_run": round(seconds, 2),
     }
@@ -512,7 +535,7 @@ FLAG_NAMES = {"tasks_dir": "--tasks", "lora": "--no-lora"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineArgumentParser(
         prog="slime-harbor train-local", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter, argument_default=argparse.SUPPRESS,
     )
@@ -530,6 +553,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(flag, action="store_true", help=docs["progress"])
         elif isinstance(default, list) or f.name == "task_names":
             p.add_argument(flag, dest=f.name, nargs="+", help=help_text)
+        elif f.name == "reward_mapping":
+            p.add_argument(flag, choices=["raw", "pm1"], help=help_text)
         else:
             kind = {bool: int, int: int, float: float}.get(type(default), str)
             if f.name in ("tasks_dir", "output_dir", "resume"):
@@ -545,11 +570,60 @@ def config_from_args(argv: Sequence[str] | None = None) -> LocalTrainConfig:
     return LocalTrainConfig(**{**preset, **given})
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def check_train_config(cfg: LocalTrainConfig) -> None:
+    """Refuse, before a model is loaded, a setting that cannot work (ConfigError, one line)."""
+    at_least_1 = ["num_rollouts", "n_samples", "concurrency", "step_limit", "max_new_tokens", "updates_per_rollout",
+                  "micro_batch_size", "lora_r", "lora_alpha"]
+    for name in at_least_1:
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+    for name in ("lr", "weight_decay", "kl_coef", "eps_clip", "eps_clip_high", "temperature"):
+        if not getattr(cfg, name) >= 0:  # also refuses nan
+            raise ConfigError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    if not cfg.lr > 0:
+        raise ConfigError(f"lr must be > 0, got {cfg.lr}")
+    if cfg.agent not in ("native", "terminus-2"):
+        raise ConfigError(f"agent {cfg.agent!r} does not sample from the policy; use native or terminus-2")
+    resolve_device(cfg.device)
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device cuda was asked for, but torch sees no CUDA device")
+    if cfg.resume is not None:
+        if not Path(cfg.resume).exists():
+            raise ConfigError(f"resume: {cfg.resume} does not exist")
+        try:
+            find_checkpoint(cfg.resume)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"resume: {exc}") from None
+    looks_like_hub_id = cfg.model is not None and cfg.model.count("/") == 1 and not cfg.model.startswith((".", "/"))
+    if cfg.model is not None and not Path(cfg.model).exists() and not looks_like_hub_id:
+        raise ConfigError(f"model: {cfg.model} does not exist (and is not a hub id org/name)")
+    # Tasks, agent and environment, as a rollout checks them (the policy server is ours).
+    check_config(cfg.rollout("http://embedded", cfg.model or "embedded", Path("unused")))
+    check_environment_runs(cfg.env)
+
+
+def main(argv: Sequence[str] | None = None, guard: SignalGuard | None = None) -> dict[str, Any]:
+    """`slime-harbor train-local`: bad flags are one line (exit 2); SIGINT / SIGTERM stop in
+    order (exit 130 / 143). `guard` is the command line's, already entered; run directly
+    (examples/harbor/harbor_grpo_local.py, python -m), main installs its own."""
+    if guard is None:
+        with SignalGuard() as own:
+            return _exit_cleanly(lambda: main(argv, own))
     cfg = config_from_args(argv)
-    summary = train(cfg)
+    check_train_config(cfg)
+    summary = train(cfg, guard)
     print(json.dumps(summary, indent=1))
     return summary
+
+
+def _exit_cleanly(run):
+    try:
+        return run()
+    except Interrupted as exc:
+        raise SystemExit(exc.exit_code) from None
+    except ConfigError as exc:
+        print(f"slime-harbor train-local: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
