@@ -451,3 +451,20 @@ def test_environment_start_failures_are_retried_with_backoff(tmp_path, monkeypat
         assert episode.reward == 1.0
     else:
         assert first.remove_sample and first.reward is None and episode.reward is None
+
+
+@needs_slime
+def test_slimes_own_filter_fails_on_our_groups_and_ours_does_not():
+    """Why the hook ships its own filter: SLiME's check_reward_nonzero_std calls get_reward_value
+    on each group item (our lists have none) and counts a removed sample's 0.0 as a reward."""
+    from slime.rollout.filter_hub.dynamic_sampling_filters import check_reward_nonzero_std
+    from slime.utils.types import Sample
+
+    args = SimpleNamespace(reward_key=None)
+    listed = [[Sample(index=0, rollout_id=0, reward=1.0)], [Sample(index=1, rollout_id=1, reward=0.0)]]
+    with pytest.raises(AttributeError):
+        check_reward_nonzero_std(args, listed)
+    assert dynamic_sampling_filter(args, listed).keep
+    removed = [Sample(index=0, reward=1.0), Sample(index=1, reward=1.0), Sample(index=2, reward=0.0, remove_sample=True)]
+    assert check_reward_nonzero_std(args, removed).keep  # kept: a group without signal
+    assert not dynamic_sampling_filter(args, removed).keep

@@ -160,7 +160,7 @@ def make_tasks(root: Path) -> Path:
         shutil.copytree(base, tasks / name)
     (tasks / "coin" / "tests" / "test.sh").write_text(COIN_VERIFIER)
     toml = tasks / "coin" / "task.toml"  # bounds an episode of the untrained policy on a busy machine
-    toml.write_text(toml.read_text().replace("[agent]\ntimeout_sec = 120.0", "[agent]\ntimeout_sec = 90.0"))
+    toml.write_text(toml.read_text().replace("[agent]\ntimeout_sec = 120.0", "[agent]\ntimeout_sec = 60.0"))
     slow = tasks / "slow" / "task.toml"  # outlasts the round: SLiME's abort must be what ends it
     slow.write_text(slow.read_text().replace("[agent]\ntimeout_sec = 120.0", "[agent]\ntimeout_sec = 900.0"))
     with open(tasks / "broken-image" / "environment" / "Dockerfile", "a") as f:
@@ -345,8 +345,12 @@ def check_round(samples, train, args, tmp_path, model_dir, terminus_tokens=True)
     for rid in {s.rollout_id for s in kept_t2}:
         siblings = [s for s in kept_t2 if s.rollout_id == rid]
         assert len(siblings) == 1 + siblings[0].metadata["drift_count"]
-    if terminus_tokens:  # drift happened: an episode came back as several samples, one rollout_id
-        assert any(s.metadata["drift_count"] > 0 for s in kept_t2), [s.metadata["turns"] for s in kept_t2]
+        turns = sum(len(s.metadata["turn_indices"]) for s in siblings)
+        if terminus_tokens and turns >= 2:
+            # The taught one-char-per-token reply re-renders differently: the episode drifted and
+            # came back as several samples sharing one rollout_id. (A terminus-2 episode cut by the
+            # task's timeout after one turn, which a loaded machine can cause, has nothing to drift.)
+            assert siblings[0].metadata["drift_count"] >= 1 and len(siblings) >= 2, turns
     by_rollout = check_train_data(samples, train, model_dir)
     check_policy_loss(train, by_rollout)
     # The slow group's trials were started and then cancelled by SLiME's abort: aborted, gone.
