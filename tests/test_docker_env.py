@@ -195,6 +195,9 @@ PARITY_CASES = [
     ("id; echo $HOME", None, None, "1234"),
     ("cat; echo stdin-was-empty", None, None, None),
     ("kill -9 $$", None, None, None),
+    # Through an Engine API exec (a user:group, an env name no shell can export).
+    ("id; echo $HOME; pwd", "/tmp", None, "nobody:nogroup"),
+    ("env | grep -c '^A-B=1$'; echo err >&2; exit 4", None, {"A-B": "1"}, None),
 ]
 
 
@@ -228,6 +231,14 @@ def test_timeout_kills_the_whole_process_tree(started):
     procs = container.exec_run(["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"]).output.decode()
     assert "sleep 1000" not in procs
     assert loop.run_until_complete(environment.exec("echo still-usable")).stdout == "still-usable\n"
+
+
+def test_timeout_kills_the_tree_of_an_engine_api_exec_too(started):
+    environment, container, loop = started
+    with pytest.raises(ExecTimeoutError):
+        loop.run_until_complete(environment.exec("sleep 1001 & sleep 1001", timeout_sec=1, user="root:root"))
+    procs = container.exec_run(["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"]).output.decode()
+    assert "sleep 1001" not in procs
 
 
 def test_cpus_and_memory_are_enforced_and_visible_inside(started):

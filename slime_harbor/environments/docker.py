@@ -46,6 +46,7 @@ import os
 import posixpath
 import re
 import shlex
+import signal
 import socket
 import tarfile
 import tempfile
@@ -61,7 +62,7 @@ from harbor.models.trial.config import ResourceMode
 from harbor.models.trial.paths import TrialPaths
 
 from slime_harbor.environments.bubblewrap import ExecTimeoutError, _owner_stamp, _tail, _write_dir_archive
-from slime_harbor.environments.docker_exec import WORKER_DIR, Completed, ExecServer, ExecServerError, ExecServerUnavailable
+from slime_harbor.environments.docker_exec import Completed, ExecServer, ExecServerError, ExecServerUnavailable
 
 ENV_TYPE = "slime-docker"
 LABEL = "slime-harbor"
@@ -277,7 +278,6 @@ class DockerEnvironment(BaseEnvironment):
         self._image_workdir = "/"
         self._image_env_keys: set[str] = set()
         self._server: ExecServer | None = None
-        self._use_api_exec = False
         self._stop_task: asyncio.Future | None = None
 
     @staticmethod
@@ -347,8 +347,8 @@ class DockerEnvironment(BaseEnvironment):
             await self._server.start()
         except ExecServerUnavailable:
             self._server.close()
-            self._server, self._use_api_exec = None, True
-        if not self._use_api_exec and not self._server.has_bash:
+            self._server = None
+        if self._server is not None and not self._server.has_bash:
             self.logger.debug(f"{self.image} has no bash: commands run with /bin/sh")
         writable = self._mount_targets(writable_only=True)
         if writable:  # bind mounts exist already; chmod so a non-root agent can write its logs
@@ -408,14 +408,14 @@ class DockerEnvironment(BaseEnvironment):
         wait for it to finish).
         """
         if self._stop_task is None:
+            if self._server is not None:
+                self._server.close()  # on the event loop: its streams belong to it
             self._stop_task = asyncio.ensure_future(asyncio.to_thread(self._stop_blocking, delete))
         await asyncio.shield(self._stop_task)
 
     def _stop_blocking(self, delete: bool) -> None:
         import docker
 
-        if self._server is not None:
-            self._server.close()
         api = self._client.api
         ids = {self.container_id} - {None}
         if delete:
@@ -511,15 +511,13 @@ class DockerEnvironment(BaseEnvironment):
     async def _api_exec(self, command: str, *, cwd: str, env: dict[str, str], user, timeout_sec) -> Completed:
         """One Engine API exec (images without setpriv / bash+setsid, exotic env names or users).
 
-        Docker starts each exec as a session leader, so a timeout kills its process group: the
-        exec records its pid in a file first, and a root exec kills ``-pid``.
+        Docker starts each exec as a session leader, so a timeout kills its process group, from
+        the host (the daemon reports the exec's pid; checked to be in this container first).
         """
-        pid_file = f"{WORKER_DIR}/api-{uuid.uuid4().hex[:12]}.pid"
-        argv = ["/bin/sh", "-c", 'echo $$ > "$0" 2>/dev/null; exec "$@"', pid_file, self._shell(), "-c", command]
         api = self._client.api
         exec_id = await asyncio.to_thread(
-            api.exec_create, self.container_id, argv, stdout=True, stderr=True, workdir=cwd,
-            environment=env or None, user="" if user is None else str(user),
+            api.exec_create, self.container_id, [self._shell(), "-c", command], stdout=True, stderr=True,
+            workdir=cwd, environment=env or None, user="" if user is None else str(user),
         )  # fmt: skip
         exec_id = exec_id["Id"]
 
@@ -534,20 +532,24 @@ class DockerEnvironment(BaseEnvironment):
         except TimeoutError:
             timed_out = True
         except BaseException:
-            await self._api_kill(pid_file)
+            await asyncio.to_thread(self._kill_exec_session, exec_id)
             raise
         if timed_out:
-            await self._api_kill(pid_file)
-            out, err = await task
+            await asyncio.to_thread(self._kill_exec_session, exec_id)
+            try:  # its output ends when the killed group's last pipe holder is gone
+                out, err = await asyncio.wait_for(asyncio.shield(task), 30)
+            except TimeoutError:  # not killable from here (a remote daemon): give up on it
+                out, err = b"", b""
         rc = (await asyncio.to_thread(api.exec_inspect, exec_id))["ExitCode"]
         return Completed(rc if rc is not None else -1, out, err, timed_out=timed_out)
 
-    async def _api_kill(self, pid_file: str) -> None:
-        script = f'read -r p < {pid_file} && kill -KILL -- "-$p" 2>/dev/null; rm -f {pid_file}; exit 0'
-        with contextlib.suppress(Exception):
-            exec_id = await asyncio.to_thread(self._client.api.exec_create, self.container_id,
-                                              ["/bin/sh", "-c", script], user="root")  # fmt: skip
-            await asyncio.to_thread(self._client.api.exec_start, exec_id["Id"])
+    def _kill_exec_session(self, exec_id: str) -> None:
+        pid = self._client.api.exec_inspect(exec_id).get("Pid")
+        try:
+            if pid and self.container_id in Path(f"/proc/{pid}/cgroup").read_text():
+                os.killpg(pid, signal.SIGKILL)
+        except OSError:  # gone already, or a daemon on another host (nothing to kill from here)
+            pass
 
     async def _root_check(self, command: str, what: str) -> str:
         done = await self._run(command, cwd="/", env={}, user="root", timeout_sec=_API_TIMEOUT_SEC)
