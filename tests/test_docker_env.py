@@ -111,6 +111,13 @@ def no_container_of_run(run_id: str) -> bool:
     return containers_labelled(f"slime-harbor.run={run_id}") == []
 
 
+def no_container_of_trials(samples) -> bool:
+    """None of these samples' trials left a container (other tests' containers may be running)."""
+    trials = {Path(s.metadata["trial_dir"]).name for s in samples}
+    assert trials
+    return all(containers_labelled(f"slime-harbor.trial={t}") == [] for t in trials)
+
+
 # --- through real Harbor Trials -----------------------------------------------------------------
 
 
@@ -121,7 +128,7 @@ def test_oracle_scores_1_and_nop_0_on_every_bundled_task(tmp_path):
         summary, samples = rollout(tmp_path, agent=agent)
         assert summary["n_trials"] == len(tasks) and not summary["errors"], summary["errors"]
         assert {s.metadata["task_name"]: s.reward for s in samples} == dict.fromkeys(tasks, expected)
-    assert no_container_of_run(dockerenv.RUN_ID)
+        assert no_container_of_trials(samples)
 
 
 def test_harbor_own_docker_environment_runs_an_oracle_trial(tmp_path):
@@ -359,7 +366,7 @@ def test_native_agent_samples_in_docker_are_token_exact(tmp_path, ls_policy, tok
             assert text.removeprefix("<|im_end|>") == f"\n<|im_start|>user\n{obs}<|im_end|>\n<|im_start|>assistant\n"
     # The SFT'd policy answers `ls`: its commands really ran in the container and came back.
     assert any("<returncode>0</returncode>" in tokenizer.decode(s.response_ids) for s in samples)
-    assert no_container_of_run(dockerenv.RUN_ID)
+    assert no_container_of_trials(samples)
 
 
 def test_sigint_mid_rollout_removes_every_container_and_keeps_finished_samples(tmp_path):
