@@ -179,16 +179,18 @@ def _lock_dir() -> Path:
     return path
 
 
-def _build_image(context: Path, tag: str, task_name: str, timeout_sec: float) -> None:
-    """Build ``context`` as ``tag`` unless it exists; one builder at a time across processes."""
+def _build_image(context: Path, tag: str, task_name: str, timeout_sec: float, force: bool = False) -> None:
+    """Build ``context`` as ``tag`` unless it exists (``force``: rebuild anyway); one builder at a
+    time across processes."""
     import docker
 
     client = docker_client()
     with open(_lock_dir() / (re.sub(r"[^A-Za-z0-9_.-]", "_", tag) + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        with contextlib.suppress(docker.errors.ImageNotFound):
-            client.api.inspect_image(tag)
-            return  # built by an earlier run, or by another process while we waited
+        if not force:
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                client.api.inspect_image(tag)
+                return  # built by an earlier run, or by another process while we waited
         log_lines: list[str] = []
         error = None
         try:
@@ -210,8 +212,9 @@ def _build_image(context: Path, tag: str, task_name: str, timeout_sec: float) ->
             )
 
 
-async def ensure_image(context: Path, tag: str, task_name: str, timeout_sec: float) -> None:
-    """Wait for ``tag`` to exist, building it once per process however many trials ask at once."""
+async def ensure_image(context: Path, tag: str, task_name: str, timeout_sec: float, force: bool = False) -> None:
+    """Wait for ``tag`` to exist, building it once per process however many trials ask at once
+    (``force``: the first build in this process rebuilds even an existing image)."""
     with _image_builds_lock:
         future = _image_builds.get(tag)
         if future is None:
@@ -221,7 +224,7 @@ async def ensure_image(context: Path, tag: str, task_name: str, timeout_sec: flo
 
             def build() -> None:
                 try:
-                    _build_image(context, tag, task_name, timeout_sec)
+                    _build_image(context, tag, task_name, timeout_sec, force)
                 except BaseException as exc:
                     if not isinstance(exc, SandboxBuildFailedError):
                         exc = SandboxBuildFailedError(f"building the image of task {task_name} failed: {exc}")
@@ -339,7 +342,7 @@ class DockerEnvironment(BaseEnvironment):
             await asyncio.to_thread(self._check_prebuilt_image)
         else:
             await ensure_image(self.environment_dir, self.image, self.environment_name,
-                               self.task_env_config.build_timeout_sec)  # fmt: skip
+                               self.task_env_config.build_timeout_sec, force_build)  # fmt: skip
         # Recorded as soon as it exists, so a stop() racing this start() removes it.
         await asyncio.to_thread(self._create_container)
         try:
@@ -386,6 +389,10 @@ class DockerEnvironment(BaseEnvironment):
         )  # fmt: skip
         self.container_id = created["Id"]
         _live_containers[self.container_id] = self
+        if self._stop_task is not None:  # stop() ran while we were creating it (a cancelled start)
+            api.remove_container(self.container_id, force=True)
+            _live_containers.pop(self.container_id, None)
+            raise RuntimeError("the environment was stopped while its container was being created")
         api.start(self.container_id)
         config = api.inspect_container(self.container_id)["Config"]
         self._image_workdir = config.get("WorkingDir") or "/"
@@ -585,9 +592,9 @@ class DockerEnvironment(BaseEnvironment):
         with tempfile.TemporaryFile() as archive:
             await asyncio.to_thread(_write_dir_archive, archive, Path(source_dir))
             archive.seek(0)
-            await self._put_archive(target_dir, archive.read(), f"upload_dir {source_dir} -> {target_dir}")
+            await self._put_archive(target_dir, archive, f"upload_dir {source_dir} -> {target_dir}")
 
-    async def _put_archive(self, directory: str, data: bytes, what: str) -> None:
+    async def _put_archive(self, directory: str, data: bytes | IO[bytes], what: str) -> None:
         ok = await asyncio.to_thread(self._client.api.put_archive, self.container_id, directory, data)
         if not ok:
             raise RuntimeError(f"{what} failed")
