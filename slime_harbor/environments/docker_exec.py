@@ -30,14 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import shlex
 import socket
 from collections import deque
 from dataclasses import dataclass
 
-log = logging.getLogger(__name__)
 
 WORKER_DIR = "/run/slime-harbor-exec"
 """Where workers keep their job files and outputs inside the container (mode 1777)."""
