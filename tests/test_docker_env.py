@@ -323,6 +323,37 @@ def test_a_group_of_four_builds_the_image_once(tmp_path, monkeypatch):
         remove_image(environments[0].image)
 
 
+@pytest.mark.parametrize("removed,mode", [("bash", "sh + setsid worker"), ("bash setsid", "Engine API execs")])
+def test_images_without_bash_or_setsid(tmp_path, removed, mode):
+    """Only /bin/sh is assumed: without bash the worker is sh + setsid; without both, every
+    command is an Engine API exec. Exit codes, output and the timeout's tree kill hold in both."""
+    paths = " ".join(f"/bin/{tool} /usr/bin/{tool}" for tool in removed.split())
+    task = copy_task(DEFAULT_TASKS / "dedupe-lines", tmp_path / "tasks", f"no-{removed.replace(' ', '-')}",
+                     dockerfile_extra=f"RUN rm -f {paths}\n")  # fmt: skip
+    environment = make_env(task, tmp_path)
+
+    async def scenario():
+        await environment.start(force_build=False)
+        try:
+            server = environment._server
+            assert (server is not None and not server.has_bash) if mode.startswith("sh") else server is None
+            result = await environment.exec("echo out; printf 'err' >&2; exit 3", env={"X": "y z"})
+            assert (result.return_code, result.stdout, result.stderr) == (3, "out\n", "err")
+            assert (await environment.exec("echo $X; pwd", env={"X": "y z"})).stdout == "y z\n/app\n"
+            with pytest.raises(ExecTimeoutError):
+                await environment.exec("sleep 1002 & sleep 1002", timeout_sec=1)
+            procs = client().containers.get(environment.container_id).exec_run(
+                ["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"]).output.decode()  # fmt: skip
+            assert "sleep 1002" not in procs
+        finally:
+            await environment.stop(delete=True)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        remove_image(environment.image)
+
+
 # --- the native agent, Ctrl-C and crashes ---------------------------------------------------------
 
 

@@ -281,6 +281,7 @@ class DockerEnvironment(BaseEnvironment):
         self._image_workdir = "/"
         self._image_env_keys: set[str] = set()
         self._server: ExecServer | None = None
+        self._has_bash = False  # until start() knows: commands run with bash if the image has it
         self._stop_task: asyncio.Future | None = None
 
     @staticmethod
@@ -351,7 +352,11 @@ class DockerEnvironment(BaseEnvironment):
         except ExecServerUnavailable:
             self._server.close()
             self._server = None
-        if self._server is not None and not self._server.has_bash:
+            probe = await self._api_exec("command -v bash", cwd="/", env={}, user="root", timeout_sec=60)
+            self._has_bash = probe.return_code == 0
+        else:
+            self._has_bash = self._server.has_bash
+        if not self._has_bash:
             self.logger.debug(f"{self.image} has no bash: commands run with /bin/sh")
         writable = self._mount_targets(writable_only=True)
         if writable:  # bind mounts exist already; chmod so a non-root agent can write its logs
@@ -487,7 +492,7 @@ class DockerEnvironment(BaseEnvironment):
             return f"container {str(self.container_id)[:12]}: {exc}"
 
     def _shell(self) -> str:
-        return "bash" if self._server is None or self._server.has_bash else "/bin/sh"
+        return "bash" if self._has_bash else "/bin/sh"
 
     def _job_script(self, command: str, cwd: str, env: dict[str, str], user) -> str:
         """What the worker runs for one command: ``docker exec -w CWD -e ... -u USER bash -c``."""

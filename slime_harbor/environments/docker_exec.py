@@ -36,7 +36,6 @@ import socket
 from collections import deque
 from dataclasses import dataclass
 
-
 WORKER_DIR = "/run/slime-harbor-exec"
 """Where workers keep their job files and outputs inside the container (mode 1777)."""
 _HELLO_TIMEOUT_SEC = 60.0
@@ -293,7 +292,9 @@ class ExecServer:
     async def kill_group(self, pgid: int) -> None:
         """SIGKILL a job's whole process group (run through another worker, as root)."""
         with contextlib.suppress(ExecServerError, OSError):
-            await self.run(f"kill -KILL -- -{pgid} 2>/dev/null; kill -KILL {pgid} 2>/dev/null; exit 0", 30)
+            # `-s KILL --` is the spelling dash, bash and busybox all take for a negative pid.
+            await self.run(f"kill -s KILL -- -{pgid} 2>/dev/null || kill -9 -{pgid} 2>/dev/null; "
+                           f"kill -9 {pgid} 2>/dev/null; exit 0", 30)  # fmt: skip
 
     def close(self) -> None:
         self._closed = True
