@@ -301,6 +301,19 @@ def test_dead_exec_server_raises_a_clear_error(tmp_path):
     assert containers_labelled(f"slime-harbor.trial={environment.trial_name}") == []
 
 
+def test_killed_exec_servers_are_replaced(started):
+    """A command that kills every shell server (as `pkill bash` would) fails with a clear error;
+    the next command gets a fresh server."""
+    environment, _, loop = started
+    kill_servers = (
+        "for p in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" in "
+        "*slime-harbor-exec*) [ ${p#/proc/} = $$ ] || kill -9 ${p#/proc/};; esac; done; sleep 1"
+    )
+    with pytest.raises(RuntimeError, match="exec server"):
+        loop.run_until_complete(environment.exec(kill_servers))
+    assert loop.run_until_complete(environment.exec("echo back")).stdout == "back\n"
+
+
 def test_a_group_of_four_builds_the_image_once(tmp_path, monkeypatch):
     task = copy_task(DEFAULT_TASKS / "dedupe-lines", tmp_path / "tasks", "fresh-image",
                      dockerfile_extra=f"RUN echo {uuid.uuid4().hex} > /stamp\n")  # fmt: skip
