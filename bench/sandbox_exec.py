@@ -105,7 +105,7 @@ def main() -> None:
         latencies = asyncio.run(exec_latencies(task_dir, root, a.n))
         ours, theirs = latencies["ours"], latencies["harbor"]
     ms = lambda xs: statistics.median(xs) * 1000  # noqa: E731
-    print(f"task {a.task}: {a.n} sequential `echo hi` execs per environment, {a.starts} timed starts")
+    print(f"task {a.task}: {a.n} `echo hi` execs per environment (alternating between them), {a.starts} timed starts")
     print(f"harbor docker environment (docker compose exec): median {ms(theirs):.1f} ms/exec "
           f"(p90 {statistics.quantiles(theirs, n=10)[-1] * 1000:.1f}), start-to-ready median {ms(theirs_start):.0f} ms")
     print(f"slime-harbor DockerEnvironment (exec server):     median {ms(ours):.1f} ms/exec "
