@@ -307,10 +307,15 @@ def test_killed_exec_servers_are_replaced(started):
     environment, _, loop = started
     kill_servers = (
         "for p in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" in "
-        "*slime-harbor-exec*) [ ${p#/proc/} = $$ ] || kill -9 ${p#/proc/};; esac; done; sleep 1"
+        "*slime-harbor-exec*) [ ${p#/proc/} = $$ ] || kill -9 ${p#/proc/};; esac; done; echo done > /tmp/killed"
     )
     with pytest.raises(RuntimeError, match="exec server"):
         loop.run_until_complete(environment.exec(kill_servers))
+    # The killing command outlives the server it ran on: let it finish before the next command.
+    container = client().containers.get(environment.container_id)
+    deadline = time.monotonic() + 30
+    while container.exec_run(["cat", "/tmp/killed"]).exit_code != 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert loop.run_until_complete(environment.exec("echo back")).stdout == "back\n"
 
 
