@@ -2,4 +2,6 @@
 
     bubblewrap.py   BubblewrapEnvironment: the local sandbox (no Docker needed), replays the
                     task's Dockerfile (dockerfile.py) onto a per-trial root dir
+    docker.py       DockerEnvironment: one container per trial on the Docker Engine API; images
+                    built once per task; execs through an in-container shell server (docker_exec.py)
 """
