@@ -4,4 +4,5 @@
                     task's Dockerfile (dockerfile.py) onto a per-trial root dir
     docker.py       DockerEnvironment: one container per trial on the Docker Engine API; images
                     built once per task; execs through an in-container shell server (docker_exec.py)
+    common.py       what both share: exec timeout error, owner stamps, tar archives, network rule
 """

@@ -61,7 +61,7 @@ from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPol
 from harbor.models.trial.config import ResourceMode
 from harbor.models.trial.paths import TrialPaths
 
-from slime_harbor.environments.bubblewrap import ExecTimeoutError, _owner_stamp, _tail, _write_dir_archive
+from slime_harbor.environments.common import ExecTimeoutError, owner_stamp, shares_host_network, tail, write_dir_archive
 from slime_harbor.environments.docker_exec import Completed, ExecServer, ExecServerError, ExecServerUnavailable
 
 ENV_TYPE = "slime-docker"
@@ -125,7 +125,7 @@ RUN_ID = os.environ.get("SLIME_HARBOR_RUN_ID") or f"{socket.gethostname()}-{os.g
 
 def owner_labels() -> dict[str, str]:
     return {
-        f"{LABEL}.owner": _owner_stamp(os.getpid()) or "",
+        f"{LABEL}.owner": owner_stamp(os.getpid()) or "",
         f"{LABEL}.owner-host": socket.gethostname(),
         f"{LABEL}.owner-pid": str(os.getpid()),
     }
@@ -146,7 +146,7 @@ def sweep_stale_containers(client=None) -> list[str]:
             continue
         if labels.get(f"{LABEL}.owner-host") != socket.gethostname() or namespace != our_namespace:
             continue
-        if _owner_stamp(int(pid)) != stamp:
+        if owner_stamp(int(pid)) != stamp:
             with contextlib.suppress(Exception):  # already gone, or another sweeper got there first
                 client.api.remove_container(container["Id"], force=True)
                 removed.append(container["Id"])
@@ -208,7 +208,7 @@ def _build_image(context: Path, tag: str, task_name: str, timeout_sec: float, fo
         if error is not None:
             raise SandboxBuildFailedError(
                 f"building the image of task {task_name} failed: {error.strip()}\n"
-                f"{_tail(''.join(log_lines), 3000)}"
+                f"{tail(''.join(log_lines), 3000)}"
             )
 
 
@@ -316,10 +316,7 @@ class DockerEnvironment(BaseEnvironment):
     @property
     def shares_host_network(self) -> bool:
         """Whether the container gets the host's network (else: none, loopback only)."""
-        if self.network_policy.network_mode != NetworkMode.PUBLIC:
-            return False
-        explicit = "network_mode" in self.task_env_config.model_fields_set
-        return explicit or self._default_network_mode == NetworkMode.PUBLIC
+        return shares_host_network(self.network_policy, self.task_env_config, self._default_network_mode)
 
     @property
     def trial_name(self) -> str:
@@ -595,7 +592,7 @@ class DockerEnvironment(BaseEnvironment):
         # Like `docker cp source/. target`: the directory's contents land in target_dir.
         await self._root_check(f"mkdir -p -- {shlex.quote(target_dir)}", f"upload_dir -> {target_dir}")
         with tempfile.TemporaryFile() as archive:
-            await asyncio.to_thread(_write_dir_archive, archive, Path(source_dir))
+            await asyncio.to_thread(write_dir_archive, archive, Path(source_dir))
             archive.seek(0)
             await self._put_archive(target_dir, archive, f"upload_dir {source_dir} -> {target_dir}")
 
