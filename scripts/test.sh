@@ -12,6 +12,12 @@ else
     export SLIME_HARBOR_NO_DOCKER="${docker_line:-scripts/setup-docker.sh failed without a reason}"
     echo "[test] skipping Docker tests: $SLIME_HARBOR_NO_DOCKER" >&2
 fi
+# The viewer test drives a real headless Chromium (Debian's package); without it that test skips.
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[test] installing chromium for the viewer test" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 \
+        || echo "[test] chromium could not be installed: the viewer test will skip" >&2
+fi
 .venv/bin/python -m pytest "$@"
 rc=$?
 # pytest exits 5 when it collected no test: that is a broken suite, not a pass.

@@ -32,7 +32,7 @@ def add_rollout_args(p: argparse.ArgumentParser, defaults: RolloutConfig) -> Non
     p.add_argument("--n-samples", type=int, default=defaults.n_samples, help="episodes per task (GRPO group size)")
     p.add_argument("--policy-url", default=None, help="SGLang router / policy server URL (default: embedded)")
     p.add_argument("--model", default=None, help="policy HF dir (default: the tiny offline model)")
-    p.add_argument("--env", default=defaults.env, help="local | docker | <harbor env type> | module:Class")
+    p.add_argument("--env", default=defaults.env, help="local (bubblewrap) | docker (ours, Engine API) | harbor-docker (Harbor's compose-based) | <harbor env type> | module:Class")
     p.add_argument("--concurrency", type=int, default=defaults.concurrency, help="trials at once")
     p.add_argument("--out", type=Path, default=defaults.out_dir, help="output dir")
     p.add_argument("--temperature", type=float, default=defaults.temperature)

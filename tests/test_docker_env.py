@@ -111,6 +111,13 @@ def no_container_of_run(run_id: str) -> bool:
     return containers_labelled(f"slime-harbor.run={run_id}") == []
 
 
+def no_container_of_trials(samples) -> bool:
+    """None of these samples' trials left a container (other tests' containers may be running)."""
+    trials = {Path(s.metadata["trial_dir"]).name for s in samples}
+    assert trials
+    return all(containers_labelled(f"slime-harbor.trial={t}") == [] for t in trials)
+
+
 # --- through real Harbor Trials -----------------------------------------------------------------
 
 
@@ -121,7 +128,7 @@ def test_oracle_scores_1_and_nop_0_on_every_bundled_task(tmp_path):
         summary, samples = rollout(tmp_path, agent=agent)
         assert summary["n_trials"] == len(tasks) and not summary["errors"], summary["errors"]
         assert {s.metadata["task_name"]: s.reward for s in samples} == dict.fromkeys(tasks, expected)
-    assert no_container_of_run(dockerenv.RUN_ID)
+        assert no_container_of_trials(samples)
 
 
 def test_harbor_own_docker_environment_runs_an_oracle_trial(tmp_path):
@@ -195,6 +202,9 @@ PARITY_CASES = [
     ("id; echo $HOME", None, None, "1234"),
     ("cat; echo stdin-was-empty", None, None, None),
     ("kill -9 $$", None, None, None),
+    # Through an Engine API exec (a user:group, an env name no shell can export).
+    ("id; echo $HOME; pwd", "/tmp", None, "nobody:nogroup"),
+    ("env | grep -c '^A-B=1$'; echo err >&2; exit 4", None, {"A-B": "1"}, None),
 ]
 
 
@@ -228,6 +238,14 @@ def test_timeout_kills_the_whole_process_tree(started):
     procs = container.exec_run(["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"]).output.decode()
     assert "sleep 1000" not in procs
     assert loop.run_until_complete(environment.exec("echo still-usable")).stdout == "still-usable\n"
+
+
+def test_timeout_kills_the_tree_of_an_engine_api_exec_too(started):
+    environment, container, loop = started
+    with pytest.raises(ExecTimeoutError):
+        loop.run_until_complete(environment.exec("sleep 1001 & sleep 1001", timeout_sec=1, user="root:root"))
+    procs = container.exec_run(["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"]).output.decode()
+    assert "sleep 1001" not in procs
 
 
 def test_cpus_and_memory_are_enforced_and_visible_inside(started):
@@ -283,6 +301,24 @@ def test_dead_exec_server_raises_a_clear_error(tmp_path):
     assert containers_labelled(f"slime-harbor.trial={environment.trial_name}") == []
 
 
+def test_killed_exec_servers_are_replaced(started):
+    """A command that kills every shell server (as `pkill bash` would) fails with a clear error;
+    the next command gets a fresh server."""
+    environment, _, loop = started
+    kill_servers = (
+        "for p in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" in "
+        "*slime-harbor-exec*) [ ${p#/proc/} = $$ ] || kill -9 ${p#/proc/};; esac; done; echo done > /tmp/killed"
+    )
+    with pytest.raises(RuntimeError, match="exec server"):
+        loop.run_until_complete(environment.exec(kill_servers))
+    # The killing command outlives the server it ran on: let it finish before the next command.
+    container = client().containers.get(environment.container_id)
+    deadline = time.monotonic() + 30
+    while container.exec_run(["cat", "/tmp/killed"]).exit_code != 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert loop.run_until_complete(environment.exec("echo back")).stdout == "back\n"
+
+
 def test_a_group_of_four_builds_the_image_once(tmp_path, monkeypatch):
     task = copy_task(DEFAULT_TASKS / "dedupe-lines", tmp_path / "tasks", "fresh-image",
                      dockerfile_extra=f"RUN echo {uuid.uuid4().hex} > /stamp\n")  # fmt: skip
@@ -303,6 +339,37 @@ def test_a_group_of_four_builds_the_image_once(tmp_path, monkeypatch):
         assert len(builds) == 1 and len(set(stamps)) == 1
     finally:
         remove_image(environments[0].image)
+
+
+@pytest.mark.parametrize("removed,mode", [("bash", "sh + setsid worker"), ("bash setsid", "Engine API execs")])
+def test_images_without_bash_or_setsid(tmp_path, removed, mode):
+    """Only /bin/sh is assumed: without bash the worker is sh + setsid; without both, every
+    command is an Engine API exec. Exit codes, output and the timeout's tree kill hold in both."""
+    paths = " ".join(f"/bin/{tool} /usr/bin/{tool}" for tool in removed.split())
+    task = copy_task(DEFAULT_TASKS / "dedupe-lines", tmp_path / "tasks", f"no-{removed.replace(' ', '-')}",
+                     dockerfile_extra=f"RUN rm -f {paths}\n")  # fmt: skip
+    environment = make_env(task, tmp_path)
+
+    async def scenario():
+        await environment.start(force_build=False)
+        try:
+            server = environment._server
+            assert (server is not None and not server.has_bash) if mode.startswith("sh") else server is None
+            result = await environment.exec("echo out; printf 'err' >&2; exit 3", env={"X": "y z"})
+            assert (result.return_code, result.stdout, result.stderr) == (3, "out\n", "err")
+            assert (await environment.exec("echo $X; pwd", env={"X": "y z"})).stdout == "y z\n/app\n"
+            with pytest.raises(ExecTimeoutError):
+                await environment.exec("sleep 1002 & sleep 1002", timeout_sec=1)
+            procs = client().containers.get(environment.container_id).exec_run(
+                ["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"]).output.decode()  # fmt: skip
+            assert "sleep 1002" not in procs
+        finally:
+            await environment.stop(delete=True)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        remove_image(environment.image)
 
 
 # --- the native agent, Ctrl-C and crashes ---------------------------------------------------------
@@ -348,7 +415,7 @@ def test_native_agent_samples_in_docker_are_token_exact(tmp_path, ls_policy, tok
             assert text.removeprefix("<|im_end|>") == f"\n<|im_start|>user\n{obs}<|im_end|>\n<|im_start|>assistant\n"
     # The SFT'd policy answers `ls`: its commands really ran in the container and came back.
     assert any("<returncode>0</returncode>" in tokenizer.decode(s.response_ids) for s in samples)
-    assert no_container_of_run(dockerenv.RUN_ID)
+    assert no_container_of_trials(samples)
 
 
 def test_sigint_mid_rollout_removes_every_container_and_keeps_finished_samples(tmp_path):

@@ -2,4 +2,7 @@
 
     bubblewrap.py   BubblewrapEnvironment: the local sandbox (no Docker needed), replays the
                     task's Dockerfile (dockerfile.py) onto a per-trial root dir
+    docker.py       DockerEnvironment: one container per trial on the Docker Engine API; images
+                    built once per task; execs through an in-container shell server (docker_exec.py)
+    common.py       what both share: exec timeout error, owner stamps, tar archives, network rule
 """

@@ -74,6 +74,14 @@ from harbor.environments.capabilities import (
 from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
 from harbor.models.trial.paths import TrialPaths
 
+from slime_harbor.environments.common import (
+    ExecTimeoutError,
+    owner_stamp,
+    root_owned,
+    shares_host_network,
+    tail,
+    write_dir_archive,
+)
 from slime_harbor.environments.dockerfile import (
     DEFAULT_PATH,
     BuildRecipe,
@@ -107,13 +115,6 @@ _ROOT_SKELETON = {
     "root": 0o700, "tmp": 0o1777, "var/tmp": 0o1777, "var/log": 0o755, "home": 0o755,
     "opt": 0o755, "srv": 0o755, "mnt": 0o755, "run": 0o755, "logs": 0o755,
 }  # fmt: skip
-
-
-class ExecTimeoutError(RuntimeError):
-    """An exec ran past its timeout; its process group was killed.
-
-    A RuntimeError with Docker environment's message, so callers written for it behave the same.
-    """
 
 
 def default_sandbox_root() -> Path:
@@ -240,11 +241,7 @@ class BubblewrapEnvironment(BaseEnvironment):
     @property
     def shares_host_network(self) -> bool:
         """Whether commands see the host's network (else: a private loopback only)."""
-        mode = self.network_policy.network_mode
-        if mode != NetworkMode.PUBLIC:
-            return False
-        explicit = "network_mode" in self.task_env_config.model_fields_set
-        return explicit or self._default_network_mode == NetworkMode.PUBLIC
+        return shares_host_network(self.network_policy, self.task_env_config, self._default_network_mode)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -524,7 +521,7 @@ class BubblewrapEnvironment(BaseEnvironment):
                 done = await self._run(list(step.argv), cwd=step.workdir, env=env)
                 if done.return_code != 0:
                     raise step.instruction.error(
-                        f"exited with code {done.return_code}:\n{_tail(done.output())}"
+                        f"exited with code {done.return_code}:\n{tail(done.output())}"
                     )
         except RuntimeError as e:
             raise step.instruction.error(str(e)) from e
@@ -563,7 +560,7 @@ class BubblewrapEnvironment(BaseEnvironment):
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         # Like `docker cp source/. target`: the directory's contents land in target_dir.
         with tempfile.TemporaryFile() as archive:
-            await asyncio.to_thread(_write_dir_archive, archive, Path(source_dir))
+            await asyncio.to_thread(write_dir_archive, archive, Path(source_dir))
             await self._extract(archive, target_dir)
 
     async def _extract(self, archive: IO[bytes], target_dir: str) -> None:
@@ -633,28 +630,14 @@ def _read_until_eof(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def _tail(text: str, limit: int = 4000) -> str:
-    return text if len(text) <= limit else "...\n" + text[-limit:]
-
-
 def _new_owned_dir(base_dir: Path, label: str) -> Path:
     """A fresh directory under ``base_dir`` that records this process as its owner."""
     name = re.sub(r"[^A-Za-z0-9_.-]", "-", label)[:80]
     path = base_dir / f"{name}-{uuid.uuid4().hex[:12]}"
     path.mkdir(mode=0o700)
     # Who owns it, so a later sweep can tell a live sandbox from one whose process died.
-    (path / "owner").write_text(_owner_stamp(os.getpid()) or "")
+    (path / "owner").write_text(owner_stamp(os.getpid()) or "")
     return path
-
-
-def _owner_stamp(pid: int) -> str | None:
-    """Identifies a live process across pid reuse: its pid namespace, pid and start time."""
-    try:
-        stat_line = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    start_time = stat_line.rsplit(")", 1)[1].split()[19]  # field 22, after the command name
-    return f"{os.readlink('/proc/self/ns/pid')} {pid} {start_time}"
 
 
 def _sweep_stale_sandboxes(base_dir: Path) -> None:
@@ -667,7 +650,7 @@ def _sweep_stale_sandboxes(base_dir: Path) -> None:
         except (OSError, ValueError):
             continue
         # An owner in another pid namespace (another container sharing /tmp) cannot be checked.
-        if namespace == our_namespace and _owner_stamp(int(pid)) != stamp:
+        if namespace == our_namespace and owner_stamp(int(pid)) != stamp:
             with contextlib.suppress(FileNotFoundError):  # another sweeper got there first
                 _remove_tree(path)
 
@@ -759,26 +742,13 @@ def _copy_readable_etc(target: Path) -> None:
             pass
 
 
-def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    info.uid = info.gid = 0
-    info.uname = info.gname = "root"
-    return info
-
-
-def _write_dir_archive(archive: IO[bytes], source_dir: Path) -> None:
-    with tarfile.open(fileobj=archive, mode="w") as tar:
-        for path in sorted(source_dir.rglob("*")):
-            tar.add(path, arcname=path.relative_to(source_dir).as_posix(), recursive=False,
-                    filter=_root_owned)  # fmt: skip
-
-
 def _write_copy_archive(archive: IO[bytes], entry: CopyEntry, file_name: str | None) -> None:
     """The tar stream a COPY/ADD entry extracts into its target directory."""
 
     def with_mode(info: tarfile.TarInfo) -> tarfile.TarInfo:
         if entry.mode is not None and not info.issym():
             info.mode = entry.mode
-        return _root_owned(info)
+        return root_owned(info)
 
     with tarfile.open(fileobj=archive, mode="w") as tar:
         if entry.extract:

@@ -46,6 +46,7 @@ import os
 import posixpath
 import re
 import shlex
+import signal
 import socket
 import tarfile
 import tempfile
@@ -60,8 +61,8 @@ from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPol
 from harbor.models.trial.config import ResourceMode
 from harbor.models.trial.paths import TrialPaths
 
-from slime_harbor.environments.bubblewrap import ExecTimeoutError, _owner_stamp, _tail, _write_dir_archive
-from slime_harbor.environments.docker_exec import WORKER_DIR, Completed, ExecServer, ExecServerError, ExecServerUnavailable
+from slime_harbor.environments.common import ExecTimeoutError, owner_stamp, shares_host_network, tail, write_dir_archive
+from slime_harbor.environments.docker_exec import Completed, ExecServer, ExecServerError, ExecServerUnavailable
 
 ENV_TYPE = "slime-docker"
 LABEL = "slime-harbor"
@@ -124,7 +125,7 @@ RUN_ID = os.environ.get("SLIME_HARBOR_RUN_ID") or f"{socket.gethostname()}-{os.g
 
 def owner_labels() -> dict[str, str]:
     return {
-        f"{LABEL}.owner": _owner_stamp(os.getpid()) or "",
+        f"{LABEL}.owner": owner_stamp(os.getpid()) or "",
         f"{LABEL}.owner-host": socket.gethostname(),
         f"{LABEL}.owner-pid": str(os.getpid()),
     }
@@ -145,7 +146,7 @@ def sweep_stale_containers(client=None) -> list[str]:
             continue
         if labels.get(f"{LABEL}.owner-host") != socket.gethostname() or namespace != our_namespace:
             continue
-        if _owner_stamp(int(pid)) != stamp:
+        if owner_stamp(int(pid)) != stamp:
             with contextlib.suppress(Exception):  # already gone, or another sweeper got there first
                 client.api.remove_container(container["Id"], force=True)
                 removed.append(container["Id"])
@@ -178,16 +179,18 @@ def _lock_dir() -> Path:
     return path
 
 
-def _build_image(context: Path, tag: str, task_name: str, timeout_sec: float) -> None:
-    """Build ``context`` as ``tag`` unless it exists; one builder at a time across processes."""
+def _build_image(context: Path, tag: str, task_name: str, timeout_sec: float, force: bool = False) -> None:
+    """Build ``context`` as ``tag`` unless it exists (``force``: rebuild anyway); one builder at a
+    time across processes."""
     import docker
 
     client = docker_client()
     with open(_lock_dir() / (re.sub(r"[^A-Za-z0-9_.-]", "_", tag) + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        with contextlib.suppress(docker.errors.ImageNotFound):
-            client.api.inspect_image(tag)
-            return  # built by an earlier run, or by another process while we waited
+        if not force:
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                client.api.inspect_image(tag)
+                return  # built by an earlier run, or by another process while we waited
         log_lines: list[str] = []
         error = None
         try:
@@ -205,12 +208,13 @@ def _build_image(context: Path, tag: str, task_name: str, timeout_sec: float) ->
         if error is not None:
             raise SandboxBuildFailedError(
                 f"building the image of task {task_name} failed: {error.strip()}\n"
-                f"{_tail(''.join(log_lines), 3000)}"
+                f"{tail(''.join(log_lines), 3000)}"
             )
 
 
-async def ensure_image(context: Path, tag: str, task_name: str, timeout_sec: float) -> None:
-    """Wait for ``tag`` to exist, building it once per process however many trials ask at once."""
+async def ensure_image(context: Path, tag: str, task_name: str, timeout_sec: float, force: bool = False) -> None:
+    """Wait for ``tag`` to exist, building it once per process however many trials ask at once
+    (``force``: the first build in this process rebuilds even an existing image)."""
     with _image_builds_lock:
         future = _image_builds.get(tag)
         if future is None:
@@ -220,7 +224,7 @@ async def ensure_image(context: Path, tag: str, task_name: str, timeout_sec: flo
 
             def build() -> None:
                 try:
-                    _build_image(context, tag, task_name, timeout_sec)
+                    _build_image(context, tag, task_name, timeout_sec, force)
                 except BaseException as exc:
                     if not isinstance(exc, SandboxBuildFailedError):
                         exc = SandboxBuildFailedError(f"building the image of task {task_name} failed: {exc}")
@@ -277,7 +281,7 @@ class DockerEnvironment(BaseEnvironment):
         self._image_workdir = "/"
         self._image_env_keys: set[str] = set()
         self._server: ExecServer | None = None
-        self._use_api_exec = False
+        self._has_bash = False  # until start() knows: commands run with bash if the image has it
         self._stop_task: asyncio.Future | None = None
 
     @staticmethod
@@ -312,10 +316,7 @@ class DockerEnvironment(BaseEnvironment):
     @property
     def shares_host_network(self) -> bool:
         """Whether the container gets the host's network (else: none, loopback only)."""
-        if self.network_policy.network_mode != NetworkMode.PUBLIC:
-            return False
-        explicit = "network_mode" in self.task_env_config.model_fields_set
-        return explicit or self._default_network_mode == NetworkMode.PUBLIC
+        return shares_host_network(self.network_policy, self.task_env_config, self._default_network_mode)
 
     @property
     def trial_name(self) -> str:
@@ -339,7 +340,7 @@ class DockerEnvironment(BaseEnvironment):
             await asyncio.to_thread(self._check_prebuilt_image)
         else:
             await ensure_image(self.environment_dir, self.image, self.environment_name,
-                               self.task_env_config.build_timeout_sec)  # fmt: skip
+                               self.task_env_config.build_timeout_sec, force_build)  # fmt: skip
         # Recorded as soon as it exists, so a stop() racing this start() removes it.
         await asyncio.to_thread(self._create_container)
         try:
@@ -347,8 +348,12 @@ class DockerEnvironment(BaseEnvironment):
             await self._server.start()
         except ExecServerUnavailable:
             self._server.close()
-            self._server, self._use_api_exec = None, True
-        if not self._use_api_exec and not self._server.has_bash:
+            self._server = None
+            probe = await self._api_exec("command -v bash", cwd="/", env={}, user="root", timeout_sec=60)
+            self._has_bash = probe.return_code == 0
+        else:
+            self._has_bash = self._server.has_bash
+        if not self._has_bash:
             self.logger.debug(f"{self.image} has no bash: commands run with /bin/sh")
         writable = self._mount_targets(writable_only=True)
         if writable:  # bind mounts exist already; chmod so a non-root agent can write its logs
@@ -386,6 +391,10 @@ class DockerEnvironment(BaseEnvironment):
         )  # fmt: skip
         self.container_id = created["Id"]
         _live_containers[self.container_id] = self
+        if self._stop_task is not None:  # stop() ran while we were creating it (a cancelled start)
+            api.remove_container(self.container_id, force=True)
+            _live_containers.pop(self.container_id, None)
+            raise RuntimeError("the environment was stopped while its container was being created")
         api.start(self.container_id)
         config = api.inspect_container(self.container_id)["Config"]
         self._image_workdir = config.get("WorkingDir") or "/"
@@ -408,14 +417,14 @@ class DockerEnvironment(BaseEnvironment):
         wait for it to finish).
         """
         if self._stop_task is None:
+            if self._server is not None:
+                self._server.close()  # on the event loop: its streams belong to it
             self._stop_task = asyncio.ensure_future(asyncio.to_thread(self._stop_blocking, delete))
         await asyncio.shield(self._stop_task)
 
     def _stop_blocking(self, delete: bool) -> None:
         import docker
 
-        if self._server is not None:
-            self._server.close()
         api = self._client.api
         ids = {self.container_id} - {None}
         if delete:
@@ -480,7 +489,7 @@ class DockerEnvironment(BaseEnvironment):
             return f"container {str(self.container_id)[:12]}: {exc}"
 
     def _shell(self) -> str:
-        return "bash" if self._server is None or self._server.has_bash else "/bin/sh"
+        return "bash" if self._has_bash else "/bin/sh"
 
     def _job_script(self, command: str, cwd: str, env: dict[str, str], user) -> str:
         """What the worker runs for one command: ``docker exec -w CWD -e ... -u USER bash -c``."""
@@ -511,15 +520,13 @@ class DockerEnvironment(BaseEnvironment):
     async def _api_exec(self, command: str, *, cwd: str, env: dict[str, str], user, timeout_sec) -> Completed:
         """One Engine API exec (images without setpriv / bash+setsid, exotic env names or users).
 
-        Docker starts each exec as a session leader, so a timeout kills its process group: the
-        exec records its pid in a file first, and a root exec kills ``-pid``.
+        Docker starts each exec as a session leader, so a timeout kills its process group, from
+        the host (the daemon reports the exec's pid; checked to be in this container first).
         """
-        pid_file = f"{WORKER_DIR}/api-{uuid.uuid4().hex[:12]}.pid"
-        argv = ["/bin/sh", "-c", 'echo $$ > "$0" 2>/dev/null; exec "$@"', pid_file, self._shell(), "-c", command]
         api = self._client.api
         exec_id = await asyncio.to_thread(
-            api.exec_create, self.container_id, argv, stdout=True, stderr=True, workdir=cwd,
-            environment=env or None, user="" if user is None else str(user),
+            api.exec_create, self.container_id, [self._shell(), "-c", command], stdout=True, stderr=True,
+            workdir=cwd, environment=env or None, user="" if user is None else str(user),
         )  # fmt: skip
         exec_id = exec_id["Id"]
 
@@ -534,20 +541,24 @@ class DockerEnvironment(BaseEnvironment):
         except TimeoutError:
             timed_out = True
         except BaseException:
-            await self._api_kill(pid_file)
+            await asyncio.to_thread(self._kill_exec_session, exec_id)
             raise
         if timed_out:
-            await self._api_kill(pid_file)
-            out, err = await task
+            await asyncio.to_thread(self._kill_exec_session, exec_id)
+            try:  # its output ends when the killed group's last pipe holder is gone
+                out, err = await asyncio.wait_for(asyncio.shield(task), 30)
+            except TimeoutError:  # not killable from here (a remote daemon): give up on it
+                out, err = b"", b""
         rc = (await asyncio.to_thread(api.exec_inspect, exec_id))["ExitCode"]
         return Completed(rc if rc is not None else -1, out, err, timed_out=timed_out)
 
-    async def _api_kill(self, pid_file: str) -> None:
-        script = f'read -r p < {pid_file} && kill -KILL -- "-$p" 2>/dev/null; rm -f {pid_file}; exit 0'
-        with contextlib.suppress(Exception):
-            exec_id = await asyncio.to_thread(self._client.api.exec_create, self.container_id,
-                                              ["/bin/sh", "-c", script], user="root")  # fmt: skip
-            await asyncio.to_thread(self._client.api.exec_start, exec_id["Id"])
+    def _kill_exec_session(self, exec_id: str) -> None:
+        pid = self._client.api.exec_inspect(exec_id).get("Pid")
+        try:
+            if pid and self.container_id in Path(f"/proc/{pid}/cgroup").read_text():
+                os.killpg(pid, signal.SIGKILL)
+        except OSError:  # gone already, or a daemon on another host (nothing to kill from here)
+            pass
 
     async def _root_check(self, command: str, what: str) -> str:
         done = await self._run(command, cwd="/", env={}, user="root", timeout_sec=_API_TIMEOUT_SEC)
@@ -581,11 +592,11 @@ class DockerEnvironment(BaseEnvironment):
         # Like `docker cp source/. target`: the directory's contents land in target_dir.
         await self._root_check(f"mkdir -p -- {shlex.quote(target_dir)}", f"upload_dir -> {target_dir}")
         with tempfile.TemporaryFile() as archive:
-            await asyncio.to_thread(_write_dir_archive, archive, Path(source_dir))
+            await asyncio.to_thread(write_dir_archive, archive, Path(source_dir))
             archive.seek(0)
-            await self._put_archive(target_dir, archive.read(), f"upload_dir {source_dir} -> {target_dir}")
+            await self._put_archive(target_dir, archive, f"upload_dir {source_dir} -> {target_dir}")
 
-    async def _put_archive(self, directory: str, data: bytes, what: str) -> None:
+    async def _put_archive(self, directory: str, data: bytes | IO[bytes], what: str) -> None:
         ok = await asyncio.to_thread(self._client.api.put_archive, self.container_id, directory, data)
         if not ok:
             raise RuntimeError(f"{what} failed")

@@ -30,14 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import shlex
 import socket
 from collections import deque
 from dataclasses import dataclass
-
-log = logging.getLogger(__name__)
 
 WORKER_DIR = "/run/slime-harbor-exec"
 """Where workers keep their job files and outputs inside the container (mode 1777)."""
@@ -125,8 +122,14 @@ class _Worker:
         finally:
             self._out.feed_eof()
 
+    @property
+    def alive(self) -> bool:
+        return not self.broken and not self._pump.done()
+
     def diagnostics(self) -> str:
-        return b"".join(self._stderr).decode(errors="replace").strip()[-2000:]
+        """What the worker wrote on stderr, less bash's job notices ("[1]+ Done ...")."""
+        text = b"".join(self._stderr).decode(errors="replace")
+        return "\n".join(line for line in text.splitlines() if not line.startswith("[")).strip()[-2000:]
 
     async def _line(self, timeout: float | None = None, *, job_timeout: bool = False) -> list[str]:
         """The next protocol line. A timeout raises TimeoutError when it is the job's own timeout
@@ -221,7 +224,11 @@ class ExecServer:
             raise ExecServerError("the exec server was closed (environment stopped)")
         self._count += 1
         name = f"w{self._count}"
-        raw = await asyncio.to_thread(self._attach, name)
+        try:
+            raw = await asyncio.to_thread(self._attach, name)
+        except Exception as exc:  # the Engine refused (container not running, daemon gone)
+            explanation = getattr(exc, "explanation", None) or str(exc)
+            raise ExecServerError(f"cannot start an exec server: {explanation}") from None
         reader, writer = await asyncio.open_connection(sock=raw, limit=2**24)
         worker = _Worker(name, reader, writer)
         self._all.add(worker)
@@ -261,9 +268,25 @@ class ExecServer:
             for worker in list(self._all):
                 self._discard(worker)
             self._loop = asyncio.get_running_loop()
-        worker = self._idle.pop() if self._idle else await self._spawn()
+        worker = None
+        while self._idle and worker is None:
+            worker = self._idle.pop()
+            if not worker.alive:  # killed while idle (say, by a command that killed every shell)
+                self._discard(worker)
+                worker = None
+        worker = worker or await self._spawn()
         try:
             job, pgid = await worker.start_job(script)
+        except ExecServerError:
+            # An idle worker killed a moment ago (its end not seen yet) started nothing: retry
+            # once on a fresh one.
+            self._discard(worker)
+            worker = await self._spawn()
+            try:
+                job, pgid = await worker.start_job(script)
+            except BaseException:
+                self._discard(worker)
+                raise
         except BaseException:
             self._discard(worker)
             raise
@@ -295,7 +318,9 @@ class ExecServer:
     async def kill_group(self, pgid: int) -> None:
         """SIGKILL a job's whole process group (run through another worker, as root)."""
         with contextlib.suppress(ExecServerError, OSError):
-            await self.run(f"kill -KILL -- -{pgid} 2>/dev/null; kill -KILL {pgid} 2>/dev/null; exit 0", 30)
+            # `-s KILL --` is the spelling dash, bash and busybox all take for a negative pid.
+            await self.run(f"kill -s KILL -- -{pgid} 2>/dev/null || kill -9 -{pgid} 2>/dev/null; "
+                           f"kill -9 {pgid} 2>/dev/null; exit 0", 30)  # fmt: skip
 
     def close(self) -> None:
         self._closed = True

@@ -1,0 +1,55 @@
+"""What the bubblewrap and Docker sandboxes share: timeouts, owner stamps, archives, network rule."""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from pathlib import Path
+from typing import IO
+
+from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
+
+
+class ExecTimeoutError(RuntimeError):
+    """An exec ran past its timeout; its process group was killed.
+
+    A RuntimeError with Docker environment's message, so callers written for it behave the same.
+    """
+
+
+def tail(text: str, limit: int = 4000) -> str:
+    """The last `limit` characters of a log, marked as cut when it was."""
+    return text if len(text) <= limit else "...\n" + text[-limit:]
+
+
+def owner_stamp(pid: int) -> str | None:
+    """Identifies a live process across pid reuse: its pid namespace, pid and start time."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    start_time = stat_line.rsplit(")", 1)[1].split()[19]  # field 22, after the command name
+    return f"{os.readlink('/proc/self/ns/pid')} {pid} {start_time}"
+
+
+def shares_host_network(policy: NetworkPolicy, task_env: EnvironmentConfig, default_mode: NetworkMode) -> bool:
+    """Whether a sandbox gets the host's network: only when the task asks for "public" network in
+    its task.toml, or leaves it unset and the environment's default_network_mode is "public"."""
+    if policy.network_mode != NetworkMode.PUBLIC:
+        return False
+    explicit = "network_mode" in task_env.model_fields_set
+    return explicit or default_mode == NetworkMode.PUBLIC
+
+
+def root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    return info
+
+
+def write_dir_archive(archive: IO[bytes], source_dir: Path) -> None:
+    """A tar stream of source_dir's contents (not the dir itself), owned by root."""
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for path in sorted(source_dir.rglob("*")):
+            tar.add(path, arcname=path.relative_to(source_dir).as_posix(), recursive=False,
+                    filter=root_owned)  # fmt: skip
