@@ -265,7 +265,7 @@ def test_train_local_sigterm_keeps_metrics_and_checkpoints(tmp_path):
     try:
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline and proc.poll() is None:
-            if (step2 / "trials").is_dir() and len(list((step2 / "trials").iterdir())) == 2:
+            if (step2 / "trials").is_dir() and len([d for d in (step2 / "trials").iterdir() if d.is_dir()]) == 2:
                 break
             time.sleep(0.2)
         else:
