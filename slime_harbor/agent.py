@@ -127,6 +127,9 @@ class NativeAgentOptions(AgentOptions):
     tokenizer_path: str | None = Field(
         default=None, description="HF model/tokenizer dir of the policy (env SLIME_HARBOR_TOKENIZER)."
     )
+    lora_path: str | None = Field(
+        default=None, description="LoRA adapter (by name) loaded on the policy server to sample from; None = base."
+    )
     step_limit: int = Field(default=30, description="Most model turns per episode.")
     temperature: float = Field(default=1.0, description="Sampling temperature.")
     top_p: float = Field(default=1.0, description="Nucleus sampling cut-off (1.0 = off).")
@@ -198,7 +201,7 @@ class NativeAgent(BaseAgent):
             self._step("system", SYSTEM_PROMPT),
             self._step("user", INSTANCE_PROMPT.format(instruction=instruction)),
         ]
-        client = PolicyClient(self.policy_url)
+        client = PolicyClient(self.policy_url, lora_path=self.options.lora_path)
         try:
             for _ in range(self.options.step_limit):
                 ids = await self._turn(ids, client, environment, context, detail)

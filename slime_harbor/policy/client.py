@@ -63,9 +63,11 @@ class Generation:
 
 
 class PolicyClient:
-    def __init__(self, base_url: str, request_timeout_sec: float = 600.0, connect_retries: int = 3):
+    def __init__(self, base_url: str, request_timeout_sec: float = 600.0, connect_retries: int = 3,
+                 lora_path: str | None = None):
         self.base_url = base_url.rstrip("/")
         self.connect_retries = connect_retries
+        self.lora_path = lora_path  # SGLang's per-request LoRA adapter (by name); None = the base model
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout_sec, connect=10.0))
 
     async def generate(self, input_ids: list[int], params: SamplingParams, rid: str | None = None) -> Generation:
@@ -76,6 +78,8 @@ class PolicyClient:
             "return_logprob": True,
             "rid": rid,
         }
+        if self.lora_path:
+            payload["lora_path"] = self.lora_path
         reply = await self._post("/generate", payload)
         meta = reply.get("meta_info") or {}
         pairs = meta.get("output_token_logprobs")

@@ -21,6 +21,13 @@ One step N:
        minibatch (updates_per_rollout minibatches per rollout)
     4. metrics.json, and checkpoint_N/ every save_every steps; final/ at the end
 
+External server (--policy-url / --vllm-url): the agents sample from an SGLang or vLLM-compatible
+server instead of the embedded engine, and after each optimizer step the Learner pushes the new
+weights the way SGLang takes them (policy/weights.py: LoRA adapters via /load_lora_adapter and
+/unload_lora_adapter, full weights via /update_weights_from_disk). A server that takes no weights
+(--weight-sync none) keeps sampling its own: the old logprobs are then recomputed from the trained
+policy, and every step logs server_logprob_gap, how far the server's logprobs are from ours.
+
 Run: `slime-harbor train-local --test` (or examples/harbor/harbor_grpo_local.py).
 """
 
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import json
@@ -79,6 +87,20 @@ class LocalTrainConfig:
     """Most tokens sampled per agent turn."""
     temperature: float = 1.0
     """Sampling temperature; the trainer scales logits by the same 1/T, so logprobs agree."""
+    verifier_timeout: float | None = None
+    """The verifier's time limit in seconds (flag --eval-timeout); None = each task's own."""
+
+    # --- where the policy is served ---
+    policy_url: str | None = None
+    """Sample from this SGLang / vLLM-compatible server (alias --vllm-url) instead of an embedded
+    one; it must serve --model. After each optimizer step the weights are written under
+    OUTPUT_DIR/weights and the server is told to load them (see --weight-sync): the server reads
+    that path itself, so it must run on this host or see it on a shared filesystem."""
+    weight_sync: str = "auto"
+    """With --policy-url: lora (/load_lora_adapter + /unload_lora_adapter) | disk
+    (/update_weights_from_disk with the full, merged weights) | none (the server keeps its weights;
+    old logprobs are recomputed by the trainer) | auto (lora with LoRA, else disk; none when the
+    server has no such endpoint)."""
 
     # --- the policy ---
     model: str | None = None
@@ -134,8 +156,9 @@ class LocalTrainConfig:
         return GRPOConfig(eps_clip=self.eps_clip, eps_clip_high=self.eps_clip_high, kl_coef=self.kl_coef,
                           use_kl_loss=self.kl_coef > 0)
 
-    def rollout(self, policy_url: str, model_dir: str, out_dir: Path) -> RolloutConfig:
+    def rollout(self, policy_url: str, model_dir: str, out_dir: Path, lora_name: str | None = None) -> RolloutConfig:
         return RolloutConfig(
+            lora_name=lora_name, verifier_timeout_sec=self.verifier_timeout,
             tasks_dir=self.tasks_dir, task_names=self.task_names, agent=self.agent, n_samples=self.n_samples,
             policy_url=policy_url, model_dir=model_dir, env=self.env, concurrency=self.concurrency,
             out_dir=out_dir, temperature=self.temperature, step_limit=self.step_limit,
@@ -384,11 +407,100 @@ def rollout_stats(samples: Sequence[TrainingSample]) -> dict[str, Any]:
     }
 
 
-def train(cfg: LocalTrainConfig) -> dict[str, Any]:
-    """Run GRPO steps until step num_rollouts; returns the run summary (also in summary.json)."""
-    from slime_harbor.policy.engine import EngineConfig, SamplingEngine
-    from slime_harbor.policy.server import EmbeddedPolicyServer
+def server_logprob_gap(policy: Policy, samples: Sequence[TrainingSample], cfg: LocalTrainConfig, device: str,
+                       recompute: bool) -> tuple[list[TrainingSample], dict[str, float]]:
+    """How far the server's logprobs are from the trained policy's, over the sampled tokens (mean
+    and max abs). With `recompute` (a server that does not take our weights) the samples' old
+    logprobs become the trained policy's, so the PPO ratio starts at 1 as it does on-policy."""
+    kept = trainable(samples)
+    if not kept:
+        return list(samples), {}
+    diffs, recomputed = [], {}
+    with torch.no_grad():
+        for lo in range(0, len(kept), cfg.micro_batch_size):
+            micro = kept[lo:lo + cfg.micro_batch_size]
+            batch = make_batch(micro, [0.0] * len(micro), device)
+            logprobs = token_logprobs(policy.model, batch, cfg.temperature)
+            diffs.append((logprobs - batch.old_logprobs).abs()[batch.loss_mask.bool()])
+            for i, s in enumerate(micro):
+                mask = torch.tensor(s.loss_mask, dtype=torch.bool)
+                ours = logprobs[i, logprobs.shape[1] - s.response_length:].cpu()
+                recomputed[id(s)] = torch.where(mask, ours, 0.0).tolist()  # observations keep logprob 0
+    gap = torch.cat(diffs)
+    stats = {"server_logprob_gap": gap.mean().item(), "server_logprob_gap_max": gap.max().item()}
+    if recompute:
+        samples = [dataclasses.replace(s, rollout_log_probs=recomputed[id(s)]) if id(s) in recomputed else s
+                   for s in samples]
+    return list(samples), stats
 
+
+class Learner:
+    """The policy side of the loop: serves the policy (an embedded engine on the module being
+    trained, or pushes to the external server at cfg.policy_url), trains it on a rollout's samples
+    and saves it. train() drives it; examples/harbor/harbor_grpo_modal.py runs one on a Modal GPU."""
+
+    def __init__(self, cfg: LocalTrainConfig, base_model: str, device: str, checkpoint: Path | None,
+                 out: Path, start: int, host: str = "127.0.0.1"):
+        from slime_harbor.policy.weights import WeightSync
+
+        self.cfg, self.device = cfg, device
+        self.policy = Policy.load(cfg, base_model, device, checkpoint)
+        self._stack = contextlib.ExitStack()
+        self.engine = self.sync = None
+        if cfg.policy_url:
+            self.url = cfg.policy_url
+            self.sync = WeightSync(cfg.policy_url, cfg.weight_sync, out / "weights")
+            if checkpoint or cfg.lora:  # the server must serve what we train from the first rollout on
+                self.sync.push(self.policy.model, self.policy.tokenizer, start)
+        else:
+            from slime_harbor.policy.engine import EngineConfig, SamplingEngine
+            from slime_harbor.policy.server import EmbeddedPolicyServer
+
+            # The engine serves the very module the optimizer updates; a new seed per start so a
+            # resumed run does not replay the samples of the steps before it.
+            engine_config = EngineConfig(device=device, seed=cfg.seed + start)
+            self.engine = self._stack.enter_context(SamplingEngine(self.policy.model, self.policy.tokenizer,
+                                                                   engine_config))
+            server = EmbeddedPolicyServer(engine=self.engine, model_name="policy", host=host)
+            self.url = self._stack.enter_context(server).url
+
+    @property
+    def lora_name(self) -> str | None:
+        """The adapter rollouts sample from on the external server (None: its own weights)."""
+        return self.sync.lora_name if self.sync else None
+
+    @property
+    def weight_version(self) -> int:
+        return self.engine.weight_version if self.engine else self.sync.version
+
+    def train_step(self, samples: Sequence[TrainingSample], step: int) -> dict[str, Any]:
+        """train_on_samples, then the server samples the updated weights."""
+        gap: dict[str, float] = {}
+        with self.engine.paused() if self.engine else contextlib.nullcontext():  # nothing samples meanwhile
+            if self.sync:
+                samples, gap = server_logprob_gap(self.policy, samples, self.cfg, self.device,
+                                                  recompute=self.sync.mode == "none")
+            result = train_on_samples(self.policy, samples, self.cfg, self.device)
+        if result["updates"]:
+            if self.engine:
+                self.engine.update_model(self.policy.model)  # the next rollout samples from the new weights
+            else:
+                result["weights_pushed"] = self.sync.push(self.policy.model, self.policy.tokenizer, step)
+        return {**result, **gap}
+
+    def save_checkpoint(self, out: Path, step: int, metrics: list[dict]) -> None:
+        save_checkpoint(self.policy, out, step, metrics)
+
+    def save_final(self, out: Path) -> None:
+        self.policy.save(out, with_optimizer=False)
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+def train(cfg: LocalTrainConfig, learner_factory=Learner) -> dict[str, Any]:
+    """Run GRPO steps until step num_rollouts; returns the run summary (also in summary.json).
+    `learner_factory(cfg, base_model, device, checkpoint, out, start)` builds the policy side."""
     if cfg.agent not in ("native", "terminus-2"):
         raise ValueError(f"agent {cfg.agent!r} does not sample from the policy; use native or terminus-2")
     checkpoint = find_checkpoint(cfg.resume) if cfg.resume else None
@@ -402,46 +514,42 @@ def train(cfg: LocalTrainConfig) -> dict[str, Any]:
 
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
-    policy = Policy.load(cfg, base_model, device, checkpoint)
     start = state["step"] if state else 0
     metrics: list[dict] = list(state["metrics"]) if state else []
-    if checkpoint:
-        restore_rng(checkpoint)
-        print(f"resumed from {checkpoint} at step {start}", file=sys.stderr)
     (out / "config.json").write_text(json.dumps(_jsonable({**dataclasses.asdict(cfg), "base_model": base_model,
                                                             "device": device}), indent=1))
     last_checkpoint = str(checkpoint) if checkpoint else None
     started = time.monotonic()
 
-    # The engine serves the very module the optimizer updates; a new seed per start so a resumed
-    # run does not replay the samples of the steps before it.
-    engine_config = EngineConfig(device=device, seed=cfg.seed + start)
-    with SamplingEngine(policy.model, policy.tokenizer, engine_config) as engine, \
-            EmbeddedPolicyServer(engine=engine, model_name="policy") as server, asyncio.Runner() as runner:
-        for step in range(start + 1, cfg.num_rollouts + 1):
-            t0 = time.monotonic()
-            sampled_version = engine.weight_version  # optimizer steps taken before this rollout
-            step_dir = out / "rollouts" / f"step_{step}"
-            rollout_summary = runner.run(run_rollouts(cfg.rollout(server.url, base_model, step_dir)))
-            samples = read_jsonl(step_dir / "samples.jsonl")
-            t1 = time.monotonic()
-            with engine.paused():  # nothing samples while the weights change
-                result = train_on_samples(policy, samples, cfg, device)
-            if result["updates"]:
-                engine.update_model(policy.model)  # the next rollout samples from the new weights
-            t2 = time.monotonic()
-            record = {"step": step, **rollout_stats(samples), **result,
-                      "sampled_weight_version": sampled_version,
-                      "errors": len(rollout_summary.get("errors") or {}),
-                      "timings": {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3)}}
-            metrics.append(record)
-            (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
-            print(_step_line(record), file=sys.stderr)
-            if step == cfg.num_rollouts or (cfg.save_every > 0 and step % cfg.save_every == 0):
-                save_checkpoint(policy, out / f"checkpoint_{step}", step, metrics)
-                last_checkpoint = str(out / f"checkpoint_{step}")
-
-    policy.save(out / "final", with_optimizer=False)
+    learner = learner_factory(cfg, base_model, device, checkpoint, out, start)
+    if checkpoint:
+        restore_rng(checkpoint)
+        print(f"resumed from {checkpoint} at step {start}", file=sys.stderr)
+    try:
+        with asyncio.Runner() as runner:
+            for step in range(start + 1, cfg.num_rollouts + 1):
+                t0 = time.monotonic()
+                sampled_version = learner.weight_version  # weight updates the server took before this rollout
+                step_dir = out / "rollouts" / f"step_{step}"
+                rollout = cfg.rollout(learner.url, base_model, step_dir, lora_name=learner.lora_name)
+                rollout_summary = runner.run(run_rollouts(rollout))
+                samples = read_jsonl(step_dir / "samples.jsonl")
+                t1 = time.monotonic()
+                result = learner.train_step(samples, step)
+                t2 = time.monotonic()
+                record = {"step": step, **rollout_stats(samples), **result,
+                          "sampled_weight_version": sampled_version,
+                          "errors": len(rollout_summary.get("errors") or {}),
+                          "timings": {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3)}}
+                metrics.append(record)
+                (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+                print(_step_line(record), file=sys.stderr)
+                if step == cfg.num_rollouts or (cfg.save_every > 0 and step % cfg.save_every == 0):
+                    learner.save_checkpoint(out / f"checkpoint_{step}", step, metrics)
+                    last_checkpoint = str(out / f"checkpoint_{step}")
+        learner.save_final(out / "final")
+    finally:
+        learner.close()
     summary = _summary(metrics, cfg, base_model, out, last_checkpoint, time.monotonic() - started)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
@@ -508,7 +616,9 @@ def _field_docs() -> dict[str, str]:
     return docs
 
 
-FLAG_NAMES = {"tasks_dir": "--tasks", "lora": "--no-lora"}
+FLAG_NAMES = {"tasks_dir": "--tasks", "lora": "--no-lora", "verifier_timeout": "--eval-timeout"}
+# Names users already type (other GRPO scripts), accepted as well.
+FLAG_ALIASES = {"policy_url": ["--vllm-url"], "step_limit": ["--agent-step-limit"]}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -534,7 +644,9 @@ def build_parser() -> argparse.ArgumentParser:
             kind = {bool: int, int: int, float: float}.get(type(default), str)
             if f.name in ("tasks_dir", "output_dir", "resume"):
                 kind = Path
-            p.add_argument(flag, dest=f.name, type=kind, help=help_text)
+            if f.name == "verifier_timeout":
+                kind = float
+            p.add_argument(flag, *FLAG_ALIASES.get(f.name, []), dest=f.name, type=kind, help=help_text)
     return p
 
 
