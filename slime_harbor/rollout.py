@@ -72,6 +72,10 @@ class RolloutConfig:
     """Most tokens sampled per turn."""
     timeout_multiplier: float = 1.0
     """Scales the task.toml agent/verifier/build timeouts."""
+    policy_api: str = "sglang"
+    """How agents reach policy_url: sglang (its root; /generate, and /v1 for terminus-2) | openai
+    (an OpenAI-compatible base URL ending in /v1, e.g. vLLM's: the native agent sends token ids to
+    /v1/completions)."""
     lora_name: str | None = None
     """LoRA adapter loaded on the policy server to sample from (SGLang's /generate lora_path; the
     OpenAI model name for terminus-2); None = the served model itself."""
@@ -129,6 +133,7 @@ def agent_config(cfg: RolloutConfig):
                 "top_k": cfg.top_k,
                 "max_new_tokens": cfg.max_new_tokens,
                 "lora_path": cfg.lora_name,
+                "policy_api": cfg.policy_api,
             },
         )
     if cfg.agent == "terminus-2":
@@ -137,7 +142,7 @@ def agent_config(cfg: RolloutConfig):
             name="terminus-2",
             model_name=f"hosted_vllm/{cfg.lora_name or cfg.model_name}",  # vLLM: an adapter is a model name
             kwargs={
-                "api_base": f"{cfg.policy_url.rstrip('/')}/v1",
+                "api_base": cfg.policy_url if cfg.policy_api == "openai" else f"{cfg.policy_url.rstrip('/')}/v1",
                 "collect_rollout_details": True,
                 # Summarisation rewrites the history, which breaks the per-turn token prefix.
                 "enable_summarize": False,

@@ -10,6 +10,10 @@ Endpoints:
     POST /v1/chat/completions   OpenAI chat, with vLLM's token fields (top-level prompt_token_ids,
                                 per-choice token_ids when return_token_ids) and logprobs.content,
                                 which is what Harbor's LiteLLM client reads for rollout details
+    POST /v1/completions        OpenAI completions as vLLM serves them: the prompt as text or token
+                                ids; with return_token_ids, per-choice prompt_token_ids and token_ids;
+                                logprobs.token_logprobs for the sampled tokens (token in, token out
+                                on an OpenAI-compatible server)
     POST /abort_request         {"rid": ...} or {"abort_all": true}
     POST /update_weights_from_disk   SGLang's: {"model_path", "abort_all_requests"?} -> {"success",
                                 "message", "num_paused_requests"}; served once running requests end
@@ -73,6 +77,7 @@ class PolicyServer:
         routes = [
             ("POST", "/generate", self.generate),
             ("POST", "/v1/chat/completions", self.chat_completions),
+            ("POST", "/v1/completions", self.completions),
             ("POST", "/abort_request", self.abort_request),
             ("POST", "/update_weights_from_disk", self.update_weights_from_disk),
             ("POST", "/load_lora_adapter", self.load_lora_adapter),
@@ -180,6 +185,56 @@ class PolicyServer:
             choice["token_ids"] = generation.output_ids
         return reply
 
+    async def completions(self, request: Request) -> dict[str, Any]:
+        body = await _json(request)
+        if body.get("stream") or body.get("echo") or body.get("suffix"):
+            raise BadRequest("stream, echo and suffix are not supported")
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, str):
+            prompt_ids = self.engine.tokenizer.encode(prompt, add_special_tokens=False)
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            prompt_ids = prompt
+        else:
+            raise BadRequest("prompt must be a string or one list of token ids (batched prompts are not supported)")
+        if (body.get("logprobs") or 0) > 1:
+            raise BadRequest("top logprobs are not supported (logprobs must be 0 or 1)")
+        if len(prompt_ids) >= self.engine.context_length:
+            raise BadRequest(f"This model's maximum context length is {self.engine.context_length} tokens. "
+                             f"However, your request has {len(prompt_ids)} input tokens.")
+        params = openai_sampling_params(body, default_max_tokens=self.engine.context_length - len(prompt_ids))
+        params.no_stop_trim = bool(body.get("include_stop_str_in_output"))
+        generation = await self.engine.agenerate(prompt_ids, params, lora=self._lora_for_model(body.get("model")))
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": generation.text,
+            "logprobs": None,
+            "finish_reason": generation.finish_reason["type"],
+            "stop_reason": generation.finish_reason.get("matched"),
+        }
+        if body.get("logprobs") is not None:
+            tokens = [_token_bytes(self.engine.tokenizer, t).decode("utf-8", errors="replace")
+                      for t in generation.output_ids]
+            choice["logprobs"] = {
+                "tokens": tokens,
+                "token_logprobs": generation.logprobs,
+                "top_logprobs": [{t: lp} for t, lp in zip(tokens, generation.logprobs, strict=True)],
+                "text_offset": [],
+            }
+        if body.get("return_token_ids"):
+            choice["prompt_token_ids"] = generation.prompt_ids
+            choice["token_ids"] = generation.output_ids
+        n_prompt, n_out = len(generation.prompt_ids), len(generation.output_ids)
+        return {
+            "id": f"cmpl-{generation.rid}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out},
+        }
+
     def _lora_for_model(self, model: Any) -> str | None:
         """The adapter an OpenAI request's "model" names: vLLM's "<adapter>" or SGLang's
         "<base>:<adapter>"; anything else samples the base model."""
@@ -211,21 +266,20 @@ class PolicyServer:
         name, path = body.get("lora_name"), body.get("lora_path")
         if not (isinstance(name, str) and name and isinstance(path, str) and path):
             raise BadRequest("give lora_name and lora_path (a peft adapter dir the server can read)")
-        try:
-            await asyncio.to_thread(self.engine.load_lora_adapter, name, path)
-        except (OSError, ValueError) as error:
-            return JSONResponse(status_code=400, content={"success": False, "error_message": f"{type(error).__name__}: {error}"})
-        return JSONResponse({"success": True, "error_message": "", "loaded_adapters": dict(self.engine.lora_adapters)})
+        return await self._adapter_call(self.engine.load_lora_adapter, name, path)
 
     async def unload_lora_adapter(self, request: Request) -> JSONResponse:
-        body = await _json(request)
-        name = body.get("lora_name")
+        name = (await _json(request)).get("lora_name")
         if not isinstance(name, str) or not name:
             raise BadRequest("give lora_name")
+        return await self._adapter_call(self.engine.unload_lora_adapter, name)
+
+    async def _adapter_call(self, method, *args) -> JSONResponse:
+        """SGLang's reply to an adapter load / unload: success, error_message (400 on failure)."""
         try:
-            await asyncio.to_thread(self.engine.unload_lora_adapter, name)
-        except ValueError as error:
-            return JSONResponse(status_code=400, content={"success": False, "error_message": str(error)})
+            await asyncio.to_thread(method, *args)
+        except (OSError, ValueError) as error:
+            return JSONResponse(status_code=400, content={"success": False, "error_message": f"{type(error).__name__}: {error}"})
         return JSONResponse({"success": True, "error_message": "", "loaded_adapters": dict(self.engine.lora_adapters)})
 
     async def model_info(self) -> dict[str, Any]:
