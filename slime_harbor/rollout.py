@@ -70,6 +70,20 @@ class RolloutConfig:
     """Most agent turns per episode."""
     max_new_tokens: int = 512
     """Most tokens sampled per turn."""
+    # Native agent only (forwarded as its options of the same names; see agent.NativeAgentOptions).
+    max_context_len: int | None = None
+    """Prompt+completion token limit of an episode; None = the model's. Past it: context_limit."""
+    stop: list[str] = field(default_factory=list)
+    """Extra stop strings."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Extra stop token ids."""
+    return_top_p_token_ids: bool = False
+    """Record the top-p kept ids per sampled token (SLiME's top-p replay, needed when top_p != 1)."""
+    sampling_seed: int | None = None
+    """Seed of each episode run with this config (the SLiME hook builds one config per sample);
+    None = random. Every episode of one config gets the same seed: leave it None for run_rollouts."""
+    routing_key: str | None = None
+    """X-SMG-Routing-Key sent with every turn (the SLiME hook: sample.session_id); None = none."""
     timeout_multiplier: float = 1.0
     """Scales the task.toml agent/verifier/build timeouts."""
     policy_api: str = "sglang"
@@ -134,6 +148,12 @@ def agent_config(cfg: RolloutConfig):
                 "max_new_tokens": cfg.max_new_tokens,
                 "lora_path": cfg.lora_name,
                 "policy_api": cfg.policy_api,
+                "max_context_len": cfg.max_context_len,
+                "stop": list(cfg.stop),
+                "stop_token_ids": list(cfg.stop_token_ids),
+                "return_top_p_token_ids": cfg.return_top_p_token_ids,
+                "sampling_seed": cfg.sampling_seed,
+                "routing_key": cfg.routing_key,
             },
         )
     if cfg.agent == "terminus-2":
