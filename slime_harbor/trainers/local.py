@@ -11,15 +11,20 @@ core (rollout.run_rollouts: Harbor Trials, agent, sandbox, verifier, converter) 
           next rollout samples from the updated weights
 
 One step N:
-    1. rollout: n_samples Harbor trials per task -> output_dir/rollouts/step_N/samples.jsonl
+    1. rollout: n_samples Harbor trials per task (every task, or rollout_batch_size of them) ->
+       output_dir/rollouts/step_N/samples.jsonl; the trajectory filters (filters.py) mask
+       episodes that hit an enabled limit; with dynamic sampling, groups whose kept rewards do
+       not vary are masked and more tasks are sampled (step_N/refill_R/) to fill the step
     2. advantages: reward minus the mean reward of the task's episodes (grpo.episode_advantages);
-       removed samples (infra failures) are dropped and counted as aborted
+       removed samples (infra failures: counted as aborted; masked: counted per filter) are dropped
     3. update: recompute the logprobs of the sampled tokens (log_softmax(logits / T), exactly as
        the engine does), old logprobs = the rollout's own (so the PPO ratio is pi / pi_sampler),
        reference logprobs = the base model (adapters disabled, or a frozen copy with --no-lora),
        loss = grpo.grpo_loss, gradients accumulated over micro-batches, one AdamW step per
        minibatch (updates_per_rollout minibatches per rollout)
-    4. metrics.json, and checkpoint_N/ every save_every steps; final/ at the end
+    4. held-out evaluation (eval_tasks; also before step 1): pass@1 / pass@k (trainers/evaluate.py)
+    5. metrics.json (one record per step; step 0 holds only the evaluation before training),
+       wandb (tracking.py), checkpoint_N/ every save_every steps; final/ and reward_curve.png at the end
 
 Run: `slime-harbor train-local --test` (or examples/harbor/harbor_grpo_local.py).
 """
@@ -527,6 +532,10 @@ def evaluate(runner: asyncio.Runner, cfg: LocalTrainConfig, policy_url: str, mod
 def _tracker(cfg: LocalTrainConfig, out: Path, base_model: str, device: str):
     if not cfg.wandb_project:
         return None
+    try:
+        import wandb  # noqa: F401
+    except ModuleNotFoundError:
+        raise ValueError("--wandb-project needs the wandb package (pip install wandb)") from None
     from slime_harbor.trainers.tracking import WandbRun
 
     config = _jsonable({**dataclasses.asdict(cfg), "base_model": base_model, "device": device})
@@ -581,6 +590,10 @@ def train(cfg: LocalTrainConfig) -> dict[str, Any]:
         raise ValueError(f"rollout_batch_size must be 1..{len(tasks)} (the number of tasks), got {cfg.rollout_batch_size}")
     if cfg.eval_tasks is not None:
         discover_tasks(cfg.eval_tasks)  # a bad eval dir fails now, not after the first step
+        if cfg.eval_n_samples < 1:
+            raise ValueError(f"eval_n_samples must be >= 1, got {cfg.eval_n_samples}")
+    if cfg.dynamic_sampling_max_rounds < 0:
+        raise ValueError(f"dynamic_sampling_max_rounds must be >= 0, got {cfg.dynamic_sampling_max_rounds}")
     stream = TaskStream(tasks, cfg.seed, position=metrics[-1].get("task_stream_position", 0) if metrics else 0)
     tracker = _tracker(cfg, out, base_model, device)
 
