@@ -140,3 +140,21 @@ def test_metric_names_follow_slime():
     assert names["eval/heldout"] == 0.45 and names["eval/heldout-pass@1"] == 0.4 and names["eval/heldout-pass@4"] == 0.7
     assert names["eval/heldout/per_task/x/pass@1"] == 0.5
     assert names["train/updates/0/loss"] == 0.3 and names["train/skipped"] == 0.0
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"rollout_batch_size": 2}, "rollout_batch_size must be 1..1"),
+    ({"eval_tasks": "/nonexistent/heldout"}, "does not exist"),
+    ({"eval_n_samples": 0, "eval_tasks": "FIXTURES"}, "eval_n_samples must be >= 1"),
+    ({"dynamic_sampling_max_rounds": -1}, "dynamic_sampling_max_rounds must be >= 0"),
+])
+def test_bad_settings_fail_before_the_model_loads(overrides, message, tmp_path):
+    from pathlib import Path
+
+    from slime_harbor.trainers.local import LocalTrainConfig, train
+
+    fixtures = Path(__file__).parent / "fixtures" / "tasks"
+    overrides = {k: fixtures if v == "FIXTURES" else (Path(v) if k == "eval_tasks" else v) for k, v in overrides.items()}
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        train(LocalTrainConfig(tasks_dir=fixtures, model="/nonexistent/model", output_dir=tmp_path, **overrides))
+    assert not any(tmp_path.iterdir())  # nothing written either

@@ -564,6 +564,16 @@ def train(cfg: LocalTrainConfig) -> dict[str, Any]:
 
     if cfg.agent not in ("native", "terminus-2"):
         raise ValueError(f"agent {cfg.agent!r} does not sample from the policy; use native or terminus-2")
+    # Bad task dirs and settings fail now, before the model loads.
+    tasks = [p.name for p in discover_tasks(cfg.tasks_dir, cfg.task_names)]
+    if cfg.rollout_batch_size is not None and not 1 <= cfg.rollout_batch_size <= len(tasks):
+        raise ValueError(f"rollout_batch_size must be 1..{len(tasks)} (the number of tasks), got {cfg.rollout_batch_size}")
+    if cfg.eval_tasks is not None:
+        discover_tasks(cfg.eval_tasks)  # a bad eval dir fails now, not after the first step
+        if cfg.eval_n_samples < 1:
+            raise ValueError(f"eval_n_samples must be >= 1, got {cfg.eval_n_samples}")
+    if cfg.dynamic_sampling_max_rounds < 0:
+        raise ValueError(f"dynamic_sampling_max_rounds must be >= 0, got {cfg.dynamic_sampling_max_rounds}")
     checkpoint = find_checkpoint(cfg.resume) if cfg.resume else None
     state = json.loads((checkpoint / TRAINER_STATE).read_text()) if checkpoint else None
     if state and state["lora"] != cfg.lora:
@@ -585,15 +595,6 @@ def train(cfg: LocalTrainConfig) -> dict[str, Any]:
                                                             "device": device}), indent=1))
     last_checkpoint = str(checkpoint) if checkpoint else None
     started = time.monotonic()
-    tasks = [p.name for p in discover_tasks(cfg.tasks_dir, cfg.task_names)]
-    if cfg.rollout_batch_size is not None and not 1 <= cfg.rollout_batch_size <= len(tasks):
-        raise ValueError(f"rollout_batch_size must be 1..{len(tasks)} (the number of tasks), got {cfg.rollout_batch_size}")
-    if cfg.eval_tasks is not None:
-        discover_tasks(cfg.eval_tasks)  # a bad eval dir fails now, not after the first step
-        if cfg.eval_n_samples < 1:
-            raise ValueError(f"eval_n_samples must be >= 1, got {cfg.eval_n_samples}")
-    if cfg.dynamic_sampling_max_rounds < 0:
-        raise ValueError(f"dynamic_sampling_max_rounds must be >= 0, got {cfg.dynamic_sampling_max_rounds}")
     stream = TaskStream(tasks, cfg.seed, position=metrics[-1].get("task_stream_position", 0) if metrics else 0)
     tracker = _tracker(cfg, out, base_model, device)
 
