@@ -345,10 +345,11 @@ def setup_tasks(cfg: LearningConfig) -> tuple[Path, Path, list[list[task_familie
     return train_dir, heldout_dir, schedule
 
 
-def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT) -> dict:
+def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT, guard=None) -> dict:
     """SFT warm start, then cfg.grpo_steps GRPO steps in one local-trainer run whose own held-out
     evaluation (eval_samples episodes of each held-out instance, before the first step and after
-    the last) gives the before/after figures. Writes OUT/results.json; prints where everything is."""
+    the last) gives the before/after figures. Writes OUT/results.json; prints where everything is.
+    `guard`: the command line's SignalGuard (SIGINT / SIGTERM stop the GRPO run in order)."""
     started = time.monotonic()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(2)
@@ -387,7 +388,7 @@ def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT
         eval_tasks=heldout_dir, eval_n_samples=cfg.eval_samples, eval_every=cfg.eval_every,
         wandb_project=wandb_project or None, wandb_run_name=f"demo-seed{cfg.seed}",
     )
-    summary = train(config)
+    summary = train(config, guard)
     stage("grpo (with its evaluations)", t)
 
     evals = summary["evals"]
