@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import random
 import shutil
 import sys
@@ -403,6 +404,9 @@ def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT
                               if "reward_mean" in m],
         "timings_s": timings,
         "wall_s": round(time.monotonic() - started, 1),
+        # Wall time on a shared machine says little without the load it ran under.
+        "load_average_1_5_15_min_at_end": [round(x, 2) for x in os.getloadavg()],
+        "cpu_count": os.cpu_count(),
         "outputs": {
             "reward_curve": summary.get("reward_curve"),
             "wandb_run": summary.get("wandb_dir"),
@@ -427,7 +431,9 @@ def demo_report(results: dict) -> None:
     s, o = results["heldout_success"], results["outputs"]
     rewards = " ".join("n/a" if r is None else f"{r:.2f}" for r in results["grpo_train_reward"])
     print(f"GRPO training reward per step: {rewards}")
-    print(f"SFT: {results['sft']['steps']} steps; wall {results['wall_s']:.0f}s {results['timings_s']}")
+    load = results["load_average_1_5_15_min_at_end"]
+    print(f"SFT: {results['sft']['steps']} steps; wall {results['wall_s']:.0f}s {results['timings_s']}; "
+          f"load average {load[0]} / {load[1]} / {load[2]} (1 / 5 / 15 min) on {results['cpu_count']} CPUs")
     print("outputs:")
     print(f"  reward curve (PNG)        {o['reward_curve']}")
     wandb_note = " (offline: `wandb sync DIR` uploads it)" if o["wandb_run"] and "offline-run" in o["wandb_run"] else ""
