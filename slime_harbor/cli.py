@@ -194,6 +194,7 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
     add_flags(p, DEMO_DEFAULTS)
     p.add_argument("--wandb-project", default=DEMO_WANDB_PROJECT,
                    help="wandb project (offline unless a W&B login is configured); '' = no wandb")
+    add_reward_mapping_arg(p, RolloutConfig.reward_mapping)
 
     sub.add_parser("train-local", help="GRPO on this machine: rollouts from the current policy, LoRA updates "
                    "(see train-local --help)")
@@ -214,9 +215,9 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
     elif a.command == "demo":
         from slime_harbor.trainers.learning import LearningConfig, run_demo
 
-        project = vars(a).pop("wandb_project")
+        project, mapping = vars(a).pop("wandb_project"), vars(a).pop("reward_mapping")
         fields = {k: v for k, v in vars(a).items() if k != "command"}
-        run_demo(LearningConfig(**fields), wandb_project=project, guard=guard)
+        run_demo(LearningConfig(**fields), wandb_project=project, guard=guard, reward_mapping=mapping)
     elif a.command == "prepare-data":
         try:
             n = prepare_data(a.tasks, a.out)

@@ -309,16 +309,21 @@ def report(results: dict, cfg: LearningConfig) -> None:
 
 
 def add_flags(p: argparse.ArgumentParser, defaults: LearningConfig) -> None:
-    """One flag per LearningConfig field (underscores -> dashes), defaulting to `defaults`."""
+    """One flag per LearningConfig field (underscores -> dashes), defaulting to `defaults`, its
+    help the field's docstring."""
+    from slime_harbor.trainers.local import _field_docs
+
+    docs = _field_docs(LearningConfig)
     for f in dataclasses.fields(LearningConfig):
         default = getattr(defaults, f.name)
         flag = "--" + f.name.replace("_", "-")
+        help_text = docs.get(f.name, "").replace("%", "%%")
         if isinstance(default, list):
-            p.add_argument(flag, nargs="+", default=default)
+            p.add_argument(flag, nargs="+", default=default, help=help_text)
         elif isinstance(default, bool):
-            p.add_argument(flag, type=lambda v: v.lower() in ("1", "true", "yes"), default=default)
+            p.add_argument(flag, type=lambda v: v.lower() in ("1", "true", "yes"), default=default, help=help_text)
         else:
-            p.add_argument(flag, type=type(default), default=default)
+            p.add_argument(flag, type=type(default), default=default, help=help_text)
 
 
 def config_from_args(argv: list[str] | None = None) -> LearningConfig:
@@ -346,7 +351,8 @@ def setup_tasks(cfg: LearningConfig) -> tuple[Path, Path, list[list[task_familie
     return train_dir, heldout_dir, schedule
 
 
-def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT, guard=None) -> dict:
+def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT, guard=None,
+             reward_mapping: str = "raw") -> dict:
     """SFT warm start, then cfg.grpo_steps GRPO steps in one local-trainer run whose own held-out
     evaluation (eval_samples episodes of each held-out instance, before the first step and after
     the last) gives the before/after figures. Writes OUT/results.json; prints where everything is.
@@ -385,7 +391,7 @@ def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT
         n_samples=cfg.n_samples, concurrency=cfg.concurrency, step_limit=cfg.step_limit,
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, lora=cfg.lora, device="cpu",
         num_rollouts=cfg.grpo_steps, lr=cfg.lr, kl_coef=cfg.kl_coef, updates_per_rollout=cfg.updates_per_rollout,
-        output_dir=grpo_dir, save_every=0, seed=cfg.seed, progress=True,
+        output_dir=grpo_dir, save_every=0, seed=cfg.seed, progress=True, reward_mapping=reward_mapping,
         eval_tasks=heldout_dir, eval_n_samples=cfg.eval_samples, eval_every=cfg.eval_every,
         wandb_project=wandb_project or None, wandb_run_name=f"demo-seed{cfg.seed}",
     )

@@ -738,12 +738,12 @@ def _jsonable(d: dict) -> dict:
 # Command line: one flag per field, help from the field's docstring.
 
 
-def _field_docs() -> dict[str, str]:
-    """The docstring under each field of LocalTrainConfig (read from the source)."""
+def _field_docs(config_class: type | None = None) -> dict[str, str]:
+    """The docstring under each field of a config dataclass (LocalTrainConfig by default), read from the source."""
     import ast
     import inspect
 
-    tree = ast.parse(inspect.getsource(LocalTrainConfig))
+    tree = ast.parse(inspect.getsource(config_class or LocalTrainConfig))
     body = tree.body[0].body
     docs = {}
     for node, nxt in zip(body, body[1:]):
