@@ -27,7 +27,7 @@ import torch
 
 from slime_harbor.tasks import families as task_families
 from slime_harbor.policy.engine import EngineConfig
-from slime_harbor.trainers.local import LocalTrainConfig, train
+from slime_harbor.trainers.local import LocalTrainConfig, check_train_config, train
 from slime_harbor.policy.server import EmbeddedPolicyServer
 from slime_harbor.rollout import RolloutConfig, run_rollouts
 from slime_harbor.trainers.sft import SFTConfig, sequence_logprob, sft_model_dir
@@ -373,19 +373,7 @@ def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT
     print("1/3 tiny model and procedural tasks (train / held-out splits)", file=sys.stderr)
     base = build_tiny_model(cfg.out / "models" / "base", seed=cfg.seed)
     train_dir, heldout_dir, schedule = setup_tasks(cfg)
-    stage("setup", t)
-
-    t = time.monotonic()
-    print(f"2/3 SFT warm start on {len(cfg.families)} task families (imperfect demonstrator)", file=sys.stderr)
-    sft_dir = cfg.out / "models" / "sft"
-    sft = sft_warm_start(cfg, base, sft_dir, probe=schedule[0], progress=True)
-    stage("sft", t)
-
-    t = time.monotonic()
-    n_heldout = len(list(heldout_dir.iterdir()))
-    print(f"3/3 GRPO: {cfg.grpo_steps} steps of {cfg.train_instances * len(cfg.families)} tasks x {cfg.n_samples} "
-          f"real trials; held-out evaluation ({n_heldout} tasks x {cfg.eval_samples}) before and after", file=sys.stderr)
-    grpo_dir = cfg.out / "grpo"
+    sft_dir, grpo_dir = cfg.out / "models" / "sft", cfg.out / "grpo"
     config = LocalTrainConfig(
         tasks_dir=train_dir, rollout_batch_size=cfg.train_instances * len(cfg.families), model=str(sft_dir),
         n_samples=cfg.n_samples, concurrency=cfg.concurrency, step_limit=cfg.step_limit,
@@ -395,6 +383,18 @@ def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT
         eval_tasks=heldout_dir, eval_n_samples=cfg.eval_samples, eval_every=cfg.eval_every,
         wandb_project=wandb_project or None, wandb_run_name=f"demo-seed{cfg.seed}",
     )
+    check_train_config(dataclasses.replace(config, model=None))  # bad settings fail now, not after SFT
+    stage("setup", t)
+
+    t = time.monotonic()
+    print(f"2/3 SFT warm start on {len(cfg.families)} task families (imperfect demonstrator)", file=sys.stderr)
+    sft = sft_warm_start(cfg, base, sft_dir, probe=schedule[0], progress=True)
+    stage("sft", t)
+
+    t = time.monotonic()
+    n_heldout = len(list(heldout_dir.iterdir()))
+    print(f"3/3 GRPO: {cfg.grpo_steps} steps of {cfg.train_instances * len(cfg.families)} tasks x {cfg.n_samples} "
+          f"real trials; held-out evaluation ({n_heldout} tasks x {cfg.eval_samples}) before and after", file=sys.stderr)
     summary = train(config, guard)
     stage("grpo (with its evaluations)", t)
 
