@@ -2,18 +2,27 @@
 
 Every rollout flag maps to a documented `RolloutConfig` field; with no --policy-url the command
 builds the tiny offline model (cached) and serves it on an embedded server, so it runs anywhere.
+
+Exit codes: 0 done; 1 every trial failed or was aborted (the reason is printed); 2 bad flags,
+tasks or settings (one line, before anything runs); 130 / 143 stopped by SIGINT / SIGTERM after
+an orderly shutdown (finished samples kept, summary.json written, sandboxes torn down).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import dataclasses
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 from slime_harbor.policy.tiny_model import build_tiny_model, ensure_tiny_model
+from slime_harbor.exits import EXIT_USAGE, ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
 from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig
+
+PROG = "slime-harbor"
+EXIT_ALL_FAILED = 1
 
 def add_rollout_args(p: argparse.ArgumentParser, defaults: RolloutConfig) -> None:
     p.add_argument("--tasks", type=Path, default=DEFAULT_TASKS, help="Harbor task dirs (default: bundled tasks)")
@@ -31,8 +40,13 @@ def add_rollout_args(p: argparse.ArgumentParser, defaults: RolloutConfig) -> Non
     p.add_argument("--step-limit", type=int, default=defaults.step_limit, help="agent turns per episode")
     p.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help="tokens per turn")
     p.add_argument("--timeout-multiplier", type=float, default=defaults.timeout_multiplier)
-    p.add_argument("--reward-mapping", choices=["raw", "pm1"], default=defaults.reward_mapping)
+    add_reward_mapping_arg(p, defaults.reward_mapping)
     p.add_argument("--no-progress", action="store_true")
+
+
+def add_reward_mapping_arg(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--reward-mapping", choices=["raw", "pm1"], default=default,
+                   help="raw: the verifier's reward as is; pm1: r in [0,1] -> 2r-1 (pass +1, fail -1)")
 
 
 def rollout_config(a: argparse.Namespace) -> RolloutConfig:
@@ -45,18 +59,67 @@ def rollout_config(a: argparse.Namespace) -> RolloutConfig:
     )
 
 
-def run_rollout_command(cfg: RolloutConfig) -> dict:
-    from slime_harbor.policy.server import policy_endpoint
-    from slime_harbor.rollout import run_rollouts
+def run_rollout_command(cfg: RolloutConfig, guard: SignalGuard) -> dict:
+    """Check everything that can be checked before a trial starts, run, print the summary; a run
+    in which no trial was scored ends with EXIT_ALL_FAILED and the most common reason."""
+    from slime_harbor.rollout import check_config, run_rollouts
+
+    if cfg.policy_url:
+        if cfg.agent in ("native", "terminus-2") and not cfg.model_dir:
+            raise ConfigError("--model (the policy's HF dir, for its tokenizer) is required with --policy-url")
+        check_policy_server(cfg.policy_url)
+    check_config(dataclasses.replace(cfg, policy_url=cfg.policy_url or "embedded",
+                                     model_dir=cfg.model_dir or "embedded"))  # before building a model
+    from slime_harbor.policy.server import policy_endpoint  # torch: imported once the flags are known good
 
     with policy_endpoint(cfg) as cfg:
         try:
-            summary = asyncio.run(run_rollouts(cfg))
-        except KeyboardInterrupt:
-            print(f"\ninterrupted: finished trials are in {cfg.out_dir}/samples.jsonl", file=sys.stderr)
-            raise SystemExit(130)
+            summary = guard.run(run_rollouts(cfg))
+        except Interrupted:
+            print(f"interrupted: finished trials are in {cfg.out_dir}/samples.jsonl, counts in "
+                  f"{cfg.out_dir}/summary.json", file=sys.stderr)
+            raise
     print_summary(summary, cfg.out_dir)
+    unscored = summary["n_trials"] - summary["n_scored"]
+    if unscored:
+        reason = most_common_error(summary)
+        if not summary["n_scored"]:
+            raise CommandFailed(f"all {unscored} trials failed or were aborted, none was scored: {reason} "
+                                f"(per trial: {cfg.out_dir}/summary.json)", EXIT_ALL_FAILED)
+        print(f"{unscored} of {summary['n_trials']} trials failed or were aborted: {reason}", file=sys.stderr)
     return summary
+
+
+class CommandFailed(Exception):
+    """Ends the command with `exit_code` and the message as one line on stderr."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def most_common_error(summary: dict) -> str:
+    errors = [e for e in (summary.get("errors") or {}).values() if e]
+    if not errors:
+        return "no reason recorded"
+    reason, count = Counter(errors).most_common(1)[0]
+    reason = " ".join(reason.split())
+    return f"{reason[:300]}{'...' if len(reason) > 300 else ''}" + (f" ({count}x)" if len(errors) > 1 else "")
+
+
+def check_policy_server(url: str, timeout: float = 10.0) -> None:
+    """Fail fast when nothing listens at --policy-url (each trial would otherwise come back
+    aborted). Only a connection failure counts: servers without /health still pass."""
+    import httpx
+
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"--policy-url must start with http:// or https://, got {url!r}")
+    try:
+        httpx.get(url.rstrip("/") + "/health", timeout=timeout)
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        raise ConfigError(f"policy server at {url} is unreachable: {exc}") from None
+    except httpx.HTTPError:
+        pass  # it answered something, or is slow: the trials will tell
 
 
 def print_summary(summary: dict, out: Path) -> None:
@@ -86,13 +149,29 @@ def prepare_data(tasks_dir: Path, out: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run one command. Bad input ends in one line on stderr (never a traceback); SIGINT and
+    SIGTERM stop it in order (see exits.py) with exit code 128 + the signal."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        with SignalGuard() as guard:
+            run_command(argv, guard)
+    except Interrupted as exc:
+        raise SystemExit(exc.exit_code) from None
+    except ConfigError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+    except CommandFailed as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+
+
+def run_command(argv: list[str], guard: SignalGuard) -> None:
     if argv[:1] == ["train-local"]:  # its flags are LocalTrainConfig's fields: local_trainer parses them
         from slime_harbor.trainers.local import main as train_local
 
-        train_local(argv[1:])
+        train_local(argv[1:], guard)
         return
-    parser = argparse.ArgumentParser(prog="slime-harbor", description=__doc__)
+    parser = OneLineArgumentParser(prog=PROG, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("make-model", help="write the tiny offline Qwen3-architecture policy")
@@ -115,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     add_flags(p, DEMO_DEFAULTS)
     p.add_argument("--wandb-project", default=DEMO_WANDB_PROJECT,
                    help="wandb project (offline unless a W&B login is configured); '' = no wandb")
+    add_reward_mapping_arg(p, RolloutConfig.reward_mapping)
 
     sub.add_parser("train-local", help="GRPO on this machine: rollouts from the current policy, LoRA updates "
                    "(see train-local --help)")
@@ -131,15 +211,18 @@ def main(argv: list[str] | None = None) -> None:
 
         serve(a.model or str(ensure_tiny_model()), host=a.host, port=a.port)
     elif a.command == "rollout":
-        run_rollout_command(rollout_config(a))
+        run_rollout_command(rollout_config(a), guard)
     elif a.command == "demo":
         from slime_harbor.trainers.learning import LearningConfig, run_demo
 
-        project = vars(a).pop("wandb_project")
+        project, mapping = vars(a).pop("wandb_project"), vars(a).pop("reward_mapping")
         fields = {k: v for k, v in vars(a).items() if k != "command"}
-        run_demo(LearningConfig(**fields), wandb_project=project)
+        run_demo(LearningConfig(**fields), wandb_project=project, guard=guard, reward_mapping=mapping)
     elif a.command == "prepare-data":
-        n = prepare_data(a.tasks, a.out)
+        try:
+            n = prepare_data(a.tasks, a.out)
+        except FileNotFoundError as exc:
+            raise ConfigError(str(exc)) from None
         print(f"wrote {n} prompts to {a.out}")
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_harbor.converter import trial_to_samples
+from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.samples import SampleStatus, TrainingSample
 
 DEFAULT_TASKS = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks"
@@ -292,6 +293,73 @@ def _failed_sample(task_name: str, group_index: int, index: int, exc: BaseExcept
     )
 
 
+def check_config(cfg: RolloutConfig) -> list[Path]:
+    """Refuse, before any trial starts, what would otherwise hang, fail every trial or die in a
+    traceback mid-run: bad numbers, a missing or empty tasks dir, a task Harbor cannot load
+    (named by its task.toml), an agent or environment that does not resolve. Returns the tasks."""
+    checks = [
+        (cfg.n_samples >= 1, f"n_samples must be at least 1, got {cfg.n_samples}"),
+        (cfg.concurrency >= 1, f"concurrency must be at least 1, got {cfg.concurrency}"),
+        (cfg.step_limit >= 1, f"step_limit must be at least 1, got {cfg.step_limit}"),
+        (cfg.max_new_tokens >= 1, f"max_new_tokens must be at least 1, got {cfg.max_new_tokens}"),
+        (cfg.temperature >= 0, f"temperature must be >= 0, got {cfg.temperature}"),
+        (0 < cfg.top_p <= 1, f"top_p must be in (0, 1], got {cfg.top_p}"),
+        (cfg.top_k == -1 or cfg.top_k >= 1, f"top_k must be -1 (off) or at least 1, got {cfg.top_k}"),
+        (cfg.timeout_multiplier > 0, f"timeout_multiplier must be > 0, got {cfg.timeout_multiplier}"),
+        (cfg.reward_mapping in ("raw", "pm1"), f"reward_mapping must be raw or pm1, got {cfg.reward_mapping!r}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    if cfg.agent in ("native", "terminus-2") and not (cfg.policy_url and cfg.model_dir):
+        raise ConfigError(f"agent {cfg.agent} needs policy_url and model_dir")
+    try:
+        tasks = discover_tasks(cfg.tasks_dir, cfg.task_names)
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
+    from harbor.models.task.task import Task
+
+    for task in tasks:
+        try:
+            Task(task)
+        except Exception as exc:  # TOML syntax, schema (pydantic), missing tests/instruction
+            raise ConfigError(f"task {task / 'task.toml'} cannot be loaded: {one_line(exc)}") from None
+    _check_agent(cfg)
+    _check_environment(cfg.env)
+    return tasks
+
+
+def _check_agent(cfg: RolloutConfig) -> None:
+    from harbor.agents.factory import AgentFactory
+
+    try:
+        AgentFactory.get_agent_class_from_config(agent_config(cfg))
+    except Exception as exc:
+        if ":" not in cfg.agent:
+            raise ConfigError(f"unknown agent {cfg.agent!r}: use native, terminus-2, oracle, nop, another Harbor "
+                              f"agent name ({', '.join(AgentFactory.registered_names()[:4])}, ...) or module:Class") from None
+        raise ConfigError(f"agent {cfg.agent!r} cannot be imported: {one_line(exc)}") from None
+
+
+def _check_environment(env: str) -> None:
+    try:
+        config = environment_config(env)
+    except Exception:
+        raise ConfigError(f"unknown env {env!r}: use local, docker, another Harbor environment type "
+                          f"(daytona, modal, ...) or module:Class") from None
+    try:
+        if config.import_path:
+            from harbor.utils.import_path import import_class
+
+            import_class(config.import_path, label="environment")
+        else:
+            from harbor.environments.factory import _load_environment_class
+
+            _load_environment_class(config.type)
+    except Exception as exc:  # an import path that does not import, an extra not installed
+        raise ConfigError(f"env {env!r} cannot be loaded: {one_line(exc)}") from None
+
+
 def load_tokenizer(model_dir: str | None):
     if not model_dir:
         return None
@@ -302,9 +370,7 @@ def load_tokenizer(model_dir: str | None):
 
 async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
     """Run n_samples trials per task; stream samples to OUT/samples.jsonl; return the summary."""
-    tasks = discover_tasks(cfg.tasks_dir, cfg.task_names)
-    if cfg.agent in ("native", "terminus-2") and not (cfg.policy_url and cfg.model_dir):
-        raise ValueError(f"agent {cfg.agent} needs policy_url and model_dir")
+    tasks = check_config(cfg)
     out = Path(cfg.out_dir)
     (out / "trials").mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(cfg.model_dir)

@@ -156,5 +156,5 @@ def test_bad_settings_fail_before_the_model_loads(overrides, message, tmp_path):
     fixtures = Path(__file__).parent / "fixtures" / "tasks"
     overrides = {k: fixtures if v == "FIXTURES" else (Path(v) if k == "eval_tasks" else v) for k, v in overrides.items()}
     with pytest.raises((ValueError, FileNotFoundError), match=message):
-        train(LocalTrainConfig(tasks_dir=fixtures, model="/nonexistent/model", output_dir=tmp_path, **overrides))
+        train(LocalTrainConfig(tasks_dir=fixtures, output_dir=tmp_path, **overrides))
     assert not any(tmp_path.iterdir())  # nothing written either

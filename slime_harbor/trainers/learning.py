@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import random
 import shutil
 import sys
@@ -26,7 +27,7 @@ import torch
 
 from slime_harbor.tasks import families as task_families
 from slime_harbor.policy.engine import EngineConfig
-from slime_harbor.trainers.local import LocalTrainConfig, train
+from slime_harbor.trainers.local import LocalTrainConfig, check_train_config, train
 from slime_harbor.policy.server import EmbeddedPolicyServer
 from slime_harbor.rollout import RolloutConfig, run_rollouts
 from slime_harbor.trainers.sft import SFTConfig, sequence_logprob, sft_model_dir
@@ -308,16 +309,21 @@ def report(results: dict, cfg: LearningConfig) -> None:
 
 
 def add_flags(p: argparse.ArgumentParser, defaults: LearningConfig) -> None:
-    """One flag per LearningConfig field (underscores -> dashes), defaulting to `defaults`."""
+    """One flag per LearningConfig field (underscores -> dashes), defaulting to `defaults`, its
+    help the field's docstring."""
+    from slime_harbor.trainers.local import _field_docs
+
+    docs = _field_docs(LearningConfig)
     for f in dataclasses.fields(LearningConfig):
         default = getattr(defaults, f.name)
         flag = "--" + f.name.replace("_", "-")
+        help_text = docs.get(f.name, "").replace("%", "%%")
         if isinstance(default, list):
-            p.add_argument(flag, nargs="+", default=default)
+            p.add_argument(flag, nargs="+", default=default, help=help_text)
         elif isinstance(default, bool):
-            p.add_argument(flag, type=lambda v: v.lower() in ("1", "true", "yes"), default=default)
+            p.add_argument(flag, type=lambda v: v.lower() in ("1", "true", "yes"), default=default, help=help_text)
         else:
-            p.add_argument(flag, type=type(default), default=default)
+            p.add_argument(flag, type=type(default), default=default, help=help_text)
 
 
 def config_from_args(argv: list[str] | None = None) -> LearningConfig:
@@ -345,10 +351,12 @@ def setup_tasks(cfg: LearningConfig) -> tuple[Path, Path, list[list[task_familie
     return train_dir, heldout_dir, schedule
 
 
-def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT) -> dict:
+def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT, guard=None,
+             reward_mapping: str = "raw") -> dict:
     """SFT warm start, then cfg.grpo_steps GRPO steps in one local-trainer run whose own held-out
     evaluation (eval_samples episodes of each held-out instance, before the first step and after
-    the last) gives the before/after figures. Writes OUT/results.json; prints where everything is."""
+    the last) gives the before/after figures. Writes OUT/results.json; prints where everything is.
+    `guard`: the command line's SignalGuard (SIGINT / SIGTERM stop the GRPO run in order)."""
     started = time.monotonic()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(2)
@@ -365,11 +373,21 @@ def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT
     print("1/3 tiny model and procedural tasks (train / held-out splits)", file=sys.stderr)
     base = build_tiny_model(cfg.out / "models" / "base", seed=cfg.seed)
     train_dir, heldout_dir, schedule = setup_tasks(cfg)
+    sft_dir, grpo_dir = cfg.out / "models" / "sft", cfg.out / "grpo"
+    config = LocalTrainConfig(
+        tasks_dir=train_dir, rollout_batch_size=cfg.train_instances * len(cfg.families), model=str(sft_dir),
+        n_samples=cfg.n_samples, concurrency=cfg.concurrency, step_limit=cfg.step_limit,
+        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, lora=cfg.lora, device="cpu",
+        num_rollouts=cfg.grpo_steps, lr=cfg.lr, kl_coef=cfg.kl_coef, updates_per_rollout=cfg.updates_per_rollout,
+        output_dir=grpo_dir, save_every=0, seed=cfg.seed, progress=True, reward_mapping=reward_mapping,
+        eval_tasks=heldout_dir, eval_n_samples=cfg.eval_samples, eval_every=cfg.eval_every,
+        wandb_project=wandb_project or None, wandb_run_name=f"demo-seed{cfg.seed}",
+    )
+    check_train_config(dataclasses.replace(config, model=None))  # bad settings fail now, not after SFT
     stage("setup", t)
 
     t = time.monotonic()
     print(f"2/3 SFT warm start on {len(cfg.families)} task families (imperfect demonstrator)", file=sys.stderr)
-    sft_dir = cfg.out / "models" / "sft"
     sft = sft_warm_start(cfg, base, sft_dir, probe=schedule[0], progress=True)
     stage("sft", t)
 
@@ -377,17 +395,7 @@ def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT
     n_heldout = len(list(heldout_dir.iterdir()))
     print(f"3/3 GRPO: {cfg.grpo_steps} steps of {cfg.train_instances * len(cfg.families)} tasks x {cfg.n_samples} "
           f"real trials; held-out evaluation ({n_heldout} tasks x {cfg.eval_samples}) before and after", file=sys.stderr)
-    grpo_dir = cfg.out / "grpo"
-    config = LocalTrainConfig(
-        tasks_dir=train_dir, rollout_batch_size=cfg.train_instances * len(cfg.families), model=str(sft_dir),
-        n_samples=cfg.n_samples, concurrency=cfg.concurrency, step_limit=cfg.step_limit,
-        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, lora=cfg.lora, device="cpu",
-        num_rollouts=cfg.grpo_steps, lr=cfg.lr, kl_coef=cfg.kl_coef, updates_per_rollout=cfg.updates_per_rollout,
-        output_dir=grpo_dir, save_every=0, seed=cfg.seed, progress=True,
-        eval_tasks=heldout_dir, eval_n_samples=cfg.eval_samples, eval_every=cfg.eval_every,
-        wandb_project=wandb_project or None, wandb_run_name=f"demo-seed{cfg.seed}",
-    )
-    summary = train(config)
+    summary = train(config, guard)
     stage("grpo (with its evaluations)", t)
 
     evals = summary["evals"]
@@ -402,6 +410,9 @@ def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT
                               if "reward_mean" in m],
         "timings_s": timings,
         "wall_s": round(time.monotonic() - started, 1),
+        # Wall time on a shared machine says little without the load it ran under.
+        "load_average_1_5_15_min_at_end": [round(x, 2) for x in os.getloadavg()],
+        "cpu_count": os.cpu_count(),
         "outputs": {
             "reward_curve": summary.get("reward_curve"),
             "wandb_run": summary.get("wandb_dir"),
@@ -426,7 +437,9 @@ def demo_report(results: dict) -> None:
     s, o = results["heldout_success"], results["outputs"]
     rewards = " ".join("n/a" if r is None else f"{r:.2f}" for r in results["grpo_train_reward"])
     print(f"GRPO training reward per step: {rewards}")
-    print(f"SFT: {results['sft']['steps']} steps; wall {results['wall_s']:.0f}s {results['timings_s']}")
+    load = results["load_average_1_5_15_min_at_end"]
+    print(f"SFT: {results['sft']['steps']} steps; wall {results['wall_s']:.0f}s {results['timings_s']}; "
+          f"load average {load[0]} / {load[1]} / {load[2]} (1 / 5 / 15 min) on {results['cpu_count']} CPUs")
     print("outputs:")
     print(f"  reward curve (PNG)        {o['reward_curve']}")
     wandb_note = " (offline: `wandb sync DIR` uploads it)" if o["wandb_run"] and "offline-run" in o["wandb_run"] else ""

@@ -33,6 +33,11 @@ weights the way SGLang takes them (policy/weights.py: LoRA adapters via /load_lo
 (--weight-sync none) keeps sampling its own: the old logprobs are then recomputed from the trained
 policy, and every step logs server_logprob_gap, how far the server's logprobs are from ours.
 
+SIGINT / SIGTERM (from the command line): a rollout in flight is cancelled (sandboxes torn down,
+the step is not counted); an update in flight finishes with its metrics and scheduled checkpoint.
+Then summary.json is written with "interrupted": true, no final/, and the process exits 130 / 143;
+`--resume` continues from the last checkpoint.
+
 Run: `slime-harbor train-local --test` (or examples/harbor/harbor_grpo_local.py).
 """
 
@@ -55,9 +60,10 @@ from typing import Any
 
 import torch
 
+from slime_harbor.exits import ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
 from slime_harbor.filters import TrajectoryFilters, apply_limit_filters, drop_zero_std_groups, varying_groups
 from slime_harbor.grpo import GRPOConfig, episode_advantages, grpo_loss, masked_mean
-from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig, discover_tasks, run_rollouts
+from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig, check_config, discover_tasks, run_rollouts
 from slime_harbor.trainers.evaluate import eval_metrics
 from slime_harbor.samples import TrainingSample, read_jsonl
 
@@ -94,6 +100,8 @@ class LocalTrainConfig:
     """Most tokens sampled per agent turn."""
     temperature: float = 1.0
     """Sampling temperature; the trainer scales logits by the same 1/T, so logprobs agree."""
+    reward_mapping: str = "raw"
+    """raw: the verifier's reward as is; pm1: reward r in [0, 1] -> 2r - 1 (pass +1, fail -1)."""
     verifier_timeout: float | None = None
     """The verifier's time limit in seconds (flag --eval-timeout); None = each task's own."""
 
@@ -210,7 +218,7 @@ class LocalTrainConfig:
             agent=self.agent, n_samples=self.n_samples,
             policy_url=policy_url, model_dir=model_dir, env=self.env, concurrency=self.concurrency,
             out_dir=out_dir, temperature=self.temperature, step_limit=self.step_limit,
-            max_new_tokens=self.max_new_tokens, progress=self.progress,
+            max_new_tokens=self.max_new_tokens, reward_mapping=self.reward_mapping, progress=self.progress,
         )
 
     def eval_rollout(self, policy_url: str, model_dir: str, out_dir: Path, lora_name: str | None = None) -> RolloutConfig:
@@ -453,7 +461,7 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be cpu, cuda or auto, got {device!r}")
+        raise ConfigError(f"device must be cpu, cuda or auto, got {device!r}")
     return device
 
 
@@ -533,8 +541,8 @@ def _rebase(samples: list[TrainingSample], group_offset: int, n_samples: int) ->
             s.rollout_id += group_offset * n_samples
 
 
-def sample_step(runner: asyncio.Runner, cfg: LocalTrainConfig, policy_url: str, model_dir: str, step_dir: Path,
-                tasks: list[str], stream: TaskStream,
+def sample_step(guard: SignalGuard, runner: asyncio.Runner, cfg: LocalTrainConfig, policy_url: str, model_dir: str,
+                step_dir: Path, tasks: list[str], stream: TaskStream,
                 lora_name: str | None = None) -> tuple[list[TrainingSample], dict[str, Any]]:
     """One step's episodes, with the trajectory filters applied. The step's tasks are every task or
     the next rollout_batch_size of the stream; with dynamic sampling, groups without reward
@@ -547,7 +555,7 @@ def sample_step(runner: asyncio.Runner, cfg: LocalTrainConfig, policy_url: str, 
     errors = groups = 0
     for round_ in range(1 + (cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 0)):
         out_dir = step_dir if round_ == 0 else step_dir / f"refill_{round_}"
-        summary = runner.run(run_rollouts(cfg.rollout(policy_url, model_dir, out_dir, names, lora_name)))
+        summary = guard.run(run_rollouts(cfg.rollout(policy_url, model_dir, out_dir, names, lora_name)), runner)
         new = read_jsonl(out_dir / "samples.jsonl")
         _rebase(new, groups, cfg.n_samples)
         groups += len(names)
@@ -572,11 +580,11 @@ def _truncated_ratio(samples: Sequence[TrainingSample]) -> float | None:
     return sum(v == "truncated" for v in episodes.values()) / len(episodes) if episodes else None
 
 
-def evaluate(runner: asyncio.Runner, cfg: LocalTrainConfig, policy_url: str, model_dir: str, out_dir: Path,
-             lora_name: str | None = None) -> dict[str, Any]:
+def evaluate(guard: SignalGuard, runner: asyncio.Runner, cfg: LocalTrainConfig, policy_url: str, model_dir: str,
+             out_dir: Path, lora_name: str | None = None) -> dict[str, Any]:
     """Held-out pass@1 / pass@k of the policy being served now (trainers/evaluate.py); the samples
     stay in out_dir and are never trained on."""
-    summary = runner.run(run_rollouts(cfg.eval_rollout(policy_url, model_dir, out_dir, lora_name)))
+    summary = guard.run(run_rollouts(cfg.eval_rollout(policy_url, model_dir, out_dir, lora_name)), runner)
     result = eval_metrics(summary["per_task_rewards"], cfg.eval_n_samples)
     result["truncated_ratio"] = _truncated_ratio(read_jsonl(out_dir / "samples.jsonl"))
     result["wall_s"] = summary["wall_seconds"]
@@ -589,7 +597,7 @@ def _tracker(cfg: LocalTrainConfig, out: Path, base_model: str, device: str):
     try:
         import wandb  # noqa: F401
     except ModuleNotFoundError:
-        raise ValueError("--wandb-project needs the wandb package (pip install wandb)") from None
+        raise ConfigError("--wandb-project needs the wandb package (pip install wandb)") from None
     from slime_harbor.trainers.tracking import WandbRun
 
     config = _jsonable({**dataclasses.asdict(cfg), "base_model": base_model, "device": device})
@@ -675,25 +683,18 @@ class Learner:
         self._stack.close()
 
 
-def train(cfg: LocalTrainConfig, learner_factory=Learner) -> dict[str, Any]:
+def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_factory=Learner) -> dict[str, Any]:
     """Run GRPO steps until step num_rollouts; returns the run summary (also in summary.json).
+    With an entered SignalGuard (the command line's), a signal stops the run in order (see the
+    module doc) and Interrupted is raised after summary.json is written.
     `learner_factory(cfg, base_model, device, checkpoint, out, start)` builds the policy side."""
-    if cfg.agent not in ("native", "terminus-2"):
-        raise ValueError(f"agent {cfg.agent!r} does not sample from the policy; use native or terminus-2")
-    # Bad task dirs and settings fail now, before the model loads.
+    check_train_config(cfg)
+    guard = guard or SignalGuard()  # not entered: signals keep their usual effect
     tasks = [p.name for p in discover_tasks(cfg.tasks_dir, cfg.task_names)]
-    if cfg.rollout_batch_size is not None and not 1 <= cfg.rollout_batch_size <= len(tasks):
-        raise ValueError(f"rollout_batch_size must be 1..{len(tasks)} (the number of tasks), got {cfg.rollout_batch_size}")
-    if cfg.eval_tasks is not None:
-        discover_tasks(cfg.eval_tasks)  # a bad eval dir fails now, not after the first step
-        if cfg.eval_n_samples < 1:
-            raise ValueError(f"eval_n_samples must be >= 1, got {cfg.eval_n_samples}")
-    if cfg.dynamic_sampling_max_rounds < 0:
-        raise ValueError(f"dynamic_sampling_max_rounds must be >= 0, got {cfg.dynamic_sampling_max_rounds}")
     checkpoint = find_checkpoint(cfg.resume) if cfg.resume else None
     state = json.loads((checkpoint / TRAINER_STATE).read_text()) if checkpoint else None
     if state and state["lora"] != cfg.lora:
-        raise ValueError(f"{checkpoint} was trained with lora={state['lora']}; pass the same --no-lora setting")
+        raise ConfigError(f"{checkpoint} was trained with lora={state['lora']}; pass the same --no-lora setting")
     base_model = state["base_model"] if state else str(_resolve_model(cfg.model))
     out = Path(cfg.output_dir or (checkpoint.parent if checkpoint else "runs/grpo-local"))
     out.mkdir(parents=True, exist_ok=True)
@@ -703,67 +704,87 @@ def train(cfg: LocalTrainConfig, learner_factory=Learner) -> dict[str, Any]:
     random.seed(cfg.seed)
     start = state["step"] if state else 0
     metrics: list[dict] = list(state["metrics"]) if state else []
+    learner = learner_factory(cfg, base_model, device, checkpoint, out, start)
+    if checkpoint:
+        restore_rng(checkpoint)
+        print(f"resumed from {checkpoint} at step {start}", file=sys.stderr)
     (out / "config.json").write_text(json.dumps(_jsonable({**dataclasses.asdict(cfg), "base_model": base_model,
                                                             "device": device}), indent=1))
     last_checkpoint = str(checkpoint) if checkpoint else None
     started = time.monotonic()
     stream = TaskStream(tasks, cfg.seed, position=metrics[-1].get("task_stream_position", 0) if metrics else 0)
-    tracker = _tracker(cfg, out, base_model, device)
-
-    learner = learner_factory(cfg, base_model, device, checkpoint, out, start)
-    if checkpoint:
-        restore_rng(checkpoint)
-        print(f"resumed from {checkpoint} at step {start}", file=sys.stderr)
+    interrupted: Interrupted | None = None
+    tracker = None
     try:
+        tracker = _tracker(cfg, out, base_model, device)
         with asyncio.Runner() as runner:
 
             def record_done(record: dict) -> None:
-                metrics.append(record)
                 (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
                 if tracker is not None:
                     tracker.log(record)
 
             if cfg.eval_tasks is not None and start == 0:  # step 0: the policy before any update
-                evaluation = evaluate(runner, cfg, learner.url, base_model, out / "eval" / "step_0", learner.lora_name)
-                record_done({"step": 0, "eval": evaluation, "timings": {"eval_s": evaluation.pop("wall_s")}})
+                evaluation = evaluate(guard, runner, cfg, learner.url, base_model, out / "eval" / "step_0",
+                                      learner.lora_name)
+                metrics.append({"step": 0, "eval": evaluation, "timings": {"eval_s": evaluation.pop("wall_s")}})
+                record_done(metrics[-1])
                 print(_eval_line(0, evaluation), file=sys.stderr)
             for step in range(start + 1, cfg.num_rollouts + 1):
                 t0 = time.monotonic()
                 sampled_version = learner.weight_version  # weight updates the server took before this rollout
                 step_dir = out / "rollouts" / f"step_{step}"
-                samples, sampling = sample_step(runner, cfg, learner.url, base_model, step_dir, tasks, stream,
+                samples, sampling = sample_step(guard, runner, cfg, learner.url, base_model, step_dir, tasks, stream,
                                                 learner.lora_name)
-                t1 = time.monotonic()
-                result = learner.train_step(samples, step)  # the next rollout samples from the new weights
-                t2 = time.monotonic()
-                record = {"step": step, **rollout_stats(samples), **result, **sampling,
-                          "sampled_weight_version": sampled_version,
-                          "task_stream_position": stream.position,
-                          "timings": {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3)}}
+                # From here the step runs to its end (update, metrics, checkpoint) even if a
+                # signal arrives; the signal is raised after it.
+                with guard.deferred():
+                    t1 = time.monotonic()
+                    result = learner.train_step(samples, step)  # the next rollout samples from the new weights
+                    t2 = time.monotonic()
+                    record = {"step": step, **rollout_stats(samples), **result, **sampling,
+                              "sampled_weight_version": sampled_version,
+                              "task_stream_position": stream.position,
+                              "timings": {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3)}}
+                    metrics.append(record)
+                    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+                    print(_step_line(record), file=sys.stderr)
+                    if step == cfg.num_rollouts or (cfg.save_every > 0 and step % cfg.save_every == 0):
+                        learner.save_checkpoint(out / f"checkpoint_{step}", step, metrics)
+                        last_checkpoint = str(out / f"checkpoint_{step}")
+                # The evaluation after the step (a signal cancels it like a rollout: the step stays recorded).
                 if cfg.eval_tasks is not None and (step == cfg.num_rollouts or (cfg.eval_every > 0 and step % cfg.eval_every == 0)):
-                    record["eval"] = evaluate(runner, cfg, learner.url, base_model, out / "eval" / f"step_{step}",
+                    record["eval"] = evaluate(guard, runner, cfg, learner.url, base_model, out / "eval" / f"step_{step}",
                                               learner.lora_name)
                     record["timings"]["eval_s"] = record["eval"].pop("wall_s")
-                record_done(record)
-                print(_step_line(record), file=sys.stderr)
-                if "eval" in record:
                     print(_eval_line(step, record["eval"]), file=sys.stderr)
-                if step == cfg.num_rollouts or (cfg.save_every > 0 and step % cfg.save_every == 0):
-                    learner.save_checkpoint(out / f"checkpoint_{step}", step, metrics)
-                    last_checkpoint = str(out / f"checkpoint_{step}")
-
-        learner.save_final(out / "final")
-        summary = _summary(metrics, cfg, base_model, out, last_checkpoint, time.monotonic() - started)
-        summary["reward_curve"] = _plot(out, metrics)
-        if tracker is not None:
-            if summary["reward_curve"]:
-                tracker.log_image("rollout/reward_curve", Path(summary["reward_curve"]))
-            summary["wandb_dir"] = str(tracker.dir)
-    finally:
+                record_done(record)
+    except Interrupted as exc:
+        interrupted = exc
+    except BaseException:
         learner.close()
         if tracker is not None:
             tracker.finish()
+        raise
+
+    try:
+        if interrupted is None:
+            learner.save_final(out / "final")
+    finally:
+        learner.close()
+    summary = _summary(metrics, cfg, base_model, out, last_checkpoint, time.monotonic() - started)
+    summary["interrupted"] = interrupted is not None
+    summary["reward_curve"] = _plot(out, metrics)
+    if tracker is not None:
+        if summary["reward_curve"]:
+            tracker.log_image("rollout/reward_curve", Path(summary["reward_curve"]))
+        summary["wandb_dir"] = str(tracker.dir)
+        tracker.finish()
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    if interrupted is not None:
+        print(f"interrupted after step {summary['last_step']}: metrics in {out}/metrics.json, "
+              f"last checkpoint {last_checkpoint or 'none'}", file=sys.stderr)
+        raise interrupted
     return summary
 
 
@@ -816,7 +837,7 @@ def _summary(metrics, cfg, base_model, out, last_checkpoint, seconds) -> dict[st
         "last_reward_mean": rewards[-1] if rewards else None,
         "base_model": base_model,
         "lora": cfg.lora,
-        "final": str(out / "final"),
+        "final": str(out / "final") if (out / "final").is_dir() else None,
         "last_checkpoint": last_checkpoint,
         "masked_episodes": {k: sum(m.get("filters", {}).get(k, 0) for m in metrics)
                             for k in ("timeout", "step_limit", "length_limit", "zero_std")},
@@ -833,12 +854,12 @@ def _jsonable(d: dict) -> dict:
 # Command line: one flag per field, help from the field's docstring.
 
 
-def _field_docs() -> dict[str, str]:
-    """The docstring under each field of LocalTrainConfig (read from the source)."""
+def _field_docs(config_class: type | None = None) -> dict[str, str]:
+    """The docstring under each field of a config dataclass (LocalTrainConfig by default), read from the source."""
     import ast
     import inspect
 
-    tree = ast.parse(inspect.getsource(LocalTrainConfig))
+    tree = ast.parse(inspect.getsource(config_class or LocalTrainConfig))
     body = tree.body[0].body
     docs = {}
     for node, nxt in zip(body, body[1:]):
@@ -853,7 +874,7 @@ FLAG_ALIASES = {"policy_url": ["--vllm-url"], "step_limit": ["--agent-step-limit
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineArgumentParser(
         prog="slime-harbor train-local", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter, argument_default=argparse.SUPPRESS,
     )
@@ -871,6 +892,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(flag, action="store_true", help=docs[f.name])
         elif isinstance(default, list) or f.name == "task_names":
             p.add_argument(flag, dest=f.name, nargs="+", help=help_text)
+        elif f.name == "reward_mapping":
+            p.add_argument(flag, choices=["raw", "pm1"], help=help_text)
         else:
             # The annotation names the type where the default is None ("float | None", "Path | None").
             kind = {"bool": int, "int": int, "float": float, "Path": Path}.get(str(f.type).split("|")[0].strip(), str)
@@ -885,11 +908,75 @@ def config_from_args(argv: Sequence[str] | None = None) -> LocalTrainConfig:
     return LocalTrainConfig(**{**preset, **given})
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def check_train_config(cfg: LocalTrainConfig) -> None:
+    """Refuse, before a model is loaded, a setting that cannot work (ConfigError, one line)."""
+    at_least_1 = ["num_rollouts", "n_samples", "concurrency", "step_limit", "max_new_tokens", "updates_per_rollout",
+                  "micro_batch_size", "lora_r", "lora_alpha"]
+    for name in at_least_1:
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+    for name in ("lr", "weight_decay", "kl_coef", "eps_clip", "eps_clip_high", "temperature"):
+        if not getattr(cfg, name) >= 0:  # also refuses nan
+            raise ConfigError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    if not cfg.lr > 0:
+        raise ConfigError(f"lr must be > 0, got {cfg.lr}")
+    if cfg.agent not in ("native", "terminus-2"):
+        raise ConfigError(f"agent {cfg.agent!r} does not sample from the policy; use native or terminus-2")
+    resolve_device(cfg.device)
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device cuda was asked for, but torch sees no CUDA device")
+    if cfg.resume is not None:
+        if not Path(cfg.resume).exists():
+            raise ConfigError(f"resume: {cfg.resume} does not exist")
+        try:
+            find_checkpoint(cfg.resume)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"resume: {exc}") from None
+    looks_like_hub_id = cfg.model is not None and cfg.model.count("/") == 1 and not cfg.model.startswith((".", "/"))
+    if cfg.model is not None and not Path(cfg.model).exists() and not looks_like_hub_id:
+        raise ConfigError(f"model: {cfg.model} does not exist (and is not a hub id org/name)")
+    from slime_harbor.policy.weights import MODES
+
+    if cfg.weight_sync not in MODES:
+        raise ConfigError(f"weight_sync must be one of {', '.join(MODES)}, got {cfg.weight_sync!r}")
+    if cfg.weight_sync == "lora" and not cfg.lora:
+        raise ConfigError("weight_sync lora needs LoRA training (drop --no-lora, or use disk)")
+    if cfg.verifier_timeout is not None and not cfg.verifier_timeout > 0:
+        raise ConfigError(f"eval_timeout (the verifier's time limit) must be > 0 seconds, got {cfg.verifier_timeout}")
+    # Tasks, agent and environment, as a rollout checks them (the policy server is ours).
+    n_tasks = len(check_config(cfg.rollout("http://embedded", cfg.model or "embedded", Path("unused"))))
+    if cfg.rollout_batch_size is not None and not 1 <= cfg.rollout_batch_size <= n_tasks:
+        raise ConfigError(f"rollout_batch_size must be 1..{n_tasks} (the number of tasks), got {cfg.rollout_batch_size}")
+    if cfg.dynamic_sampling_max_rounds < 0:
+        raise ConfigError(f"dynamic_sampling_max_rounds must be >= 0, got {cfg.dynamic_sampling_max_rounds}")
+    if cfg.eval_tasks is not None:
+        if cfg.eval_n_samples < 1:
+            raise ConfigError(f"eval_n_samples must be >= 1, got {cfg.eval_n_samples}")
+        check_config(cfg.eval_rollout("http://embedded", cfg.model or "embedded", Path("unused")))
+
+
+def main(argv: Sequence[str] | None = None, guard: SignalGuard | None = None) -> dict[str, Any]:
+    """`slime-harbor train-local`: bad flags are one line (exit 2); SIGINT / SIGTERM stop in
+    order (exit 130 / 143). `guard` is the command line's, already entered; run directly
+    (examples/harbor/harbor_grpo_local.py, python -m), main installs its own."""
+    if guard is None:
+        with SignalGuard() as own:
+            return _exit_cleanly(lambda: main(argv, own))
     cfg = config_from_args(argv)
-    summary = train(cfg)
+    check_train_config(cfg)
+    summary = train(cfg, guard)
     print(json.dumps(summary, indent=1))
     return summary
+
+
+def _exit_cleanly(run):
+    try:
+        return run()
+    except Interrupted as exc:
+        raise SystemExit(exc.exit_code) from None
+    except ConfigError as exc:
+        print(f"slime-harbor train-local: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

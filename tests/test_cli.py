@@ -1,0 +1,251 @@
+"""The `slime-harbor` command as a user runs it: a real subprocess, real Harbor trials with the
+oracle and nop agents in bubblewrap sandboxes (no model), real signals.
+
+Bad input is one line on stderr with exit code 2 (never a traceback); a run in which no trial
+was scored exits 1 with the reason; SIGTERM and SIGINT shut down in order (finished samples
+kept, summary.json written with interrupted=true, no sandbox left) with exit code 143 / 130.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slime_harbor.rollout import DEFAULT_TASKS
+from slime_harbor.samples import read_jsonl
+from test_rollout_e2e import leftovers
+
+REPO = Path(__file__).resolve().parent.parent
+TASK = "dedupe-lines"
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "slime_harbor.cli", *args]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(command(*args), capture_output=True, text=True, env=env(), timeout=timeout, cwd=REPO)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, code: int, *words: str) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "error:" in lines[0]
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def copy_task(tasks_dir: Path, name: str, src: str = TASK) -> Path:
+    tasks_dir.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copytree(DEFAULT_TASKS / src, tasks_dir / name))
+
+
+def rollout_args(out: Path, *extra: str) -> list[str]:
+    return ["rollout", "--agent", "oracle", "--env", "local", "--task-names", TASK, "--n-samples", "1",
+            "--out", str(out), "--no-progress", *extra]
+
+
+# ------------------------------------------------------------------------------------------
+# Bad input: one line, exit 2, before any trial (no trials dir is even created).
+
+
+def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
+    empty = tmp / "empty"
+    empty.mkdir()
+    broken = copy_task(tmp / "broken", TASK)
+    (broken / "task.toml").write_text((broken / "task.toml").read_text() + "\nthis is [ not toml\n")
+    return {
+        "concurrency 0": (["--concurrency", "0"], ["concurrency"]),
+        "negative n-samples": (["--n-samples", "-2"], ["n_samples", "-2"]),
+        "step-limit 0": (["--step-limit", "0"], ["step_limit"]),
+        "missing tasks dir": (["--tasks", str(tmp / "nope"), "--task-names"], ["does not exist"]),
+        "empty tasks dir": (["--tasks", str(empty), "--task-names"], ["no Harbor tasks", str(empty)]),
+        "malformed task.toml": (["--tasks", str(broken.parent), "--task-names"], [str(broken / "task.toml")]),
+        "unknown env": (["--env", "bogus"], ["unknown env 'bogus'"]),
+        "env import path": (["--env", "no_such_module:Env"], ["no_such_module"]),
+        "unknown agent": (["--agent", "bogus"], ["unknown agent 'bogus'"]),
+        "dead policy server": (["--agent", "native", "--policy-url", "http://127.0.0.1:9", "--model", str(tmp)],
+                               ["unreachable", "127.0.0.1:9"]),
+        "not a number": (["--n-samples", "four"], ["--n-samples", "four"]),
+        "bad reward mapping": (["--reward-mapping", "pm2"], ["pm2"]),
+    }
+
+
+BAD_INPUTS = ["concurrency 0", "negative n-samples", "step-limit 0", "missing tasks dir", "empty tasks dir",
+              "malformed task.toml", "unknown env", "env import path", "unknown agent", "dead policy server",
+              "not a number", "bad reward mapping"]
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_rollout_bad_input_is_one_line(tmp_path, case):
+    cases = bad_inputs(tmp_path)
+    assert sorted(cases) == sorted(BAD_INPUTS)
+    extra, words = cases[case]
+    out = tmp_path / "out"
+    started = time.monotonic()
+    proc = run_cli(*rollout_args(out, *extra), timeout=60)
+    assert_one_line_error(proc, 2, *words)
+    assert time.monotonic() - started < 30  # fails fast: no hang (--concurrency 0 used to wait forever)
+    assert not (out / "trials").exists()
+
+
+def test_every_trial_failed_exits_nonzero_with_the_reason(tmp_path):
+    # A verifier that writes no reward file: an infra failure, so no trial is scored.
+    task = copy_task(tmp_path / "tasks", "no-reward")
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\necho checked\n")
+    out = tmp_path / "out"
+    proc = run_cli(*rollout_args(out, "--tasks", str(task.parent), "--task-names", "no-reward", "--n-samples", "2"))
+    line = assert_one_line_error(proc, 1, "all 2 trials", str(out / "summary.json"))
+    assert "reward" in line.lower()  # the reason itself, not only "failed"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n_scored"] == 0 and summary["status_counts"]["failed"] == 2
+    assert "trials: 2" in proc.stdout  # the summary is still printed
+
+
+def test_pm1_reward_mapping(tmp_path):
+    """--reward-mapping pm1 on rollout: nop's failed episode scores -1 (raw: 0)."""
+    out = tmp_path / "out"
+    proc = run_cli(*rollout_args(out, "--agent", "nop", "--reward-mapping", "pm1"))
+    assert proc.returncode == 0, proc.stderr
+    (sample,) = read_jsonl(out / "samples.jsonl")
+    assert sample.reward == -1.0 and sample.metadata["raw_rewards"] == {"reward": 0.0}
+
+
+# ------------------------------------------------------------------------------------------
+# Signals: orderly shutdown.
+
+
+def slow_and_fast_tasks(tmp_path: Path) -> Path:
+    """Two tasks: `fast` (the oracle solves it at once) and `slow` (its solution sleeps)."""
+    tasks = tmp_path / "tasks"
+    copy_task(tasks, "fast")
+    slow = copy_task(tasks, "slow")
+    (slow / "solution" / "solve.sh").write_text("#!/bin/bash\nsleep 300\n")
+    return tasks
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_mid_rollout_shuts_down_in_order(tmp_path, signum, code):
+    tasks = slow_and_fast_tasks(tmp_path)
+    out = tmp_path / "out"
+    args = ["rollout", "--agent", "oracle", "--env", "local", "--tasks", str(tasks), "--n-samples", "2",
+            "--concurrency", "4", "--out", str(out), "--no-progress"]
+    proc = subprocess.Popen(command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+                            cwd=REPO)
+    try:
+        # Wait until both fast trials are written and both slow ones are mid-flight.
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:
+            done = (out / "samples.jsonl").read_text().count("\n") if (out / "samples.jsonl").exists() else 0
+            running = [p for p in (out / "trials").glob("slow__*")] if (out / "trials").exists() else []
+            if done >= 2 and len(running) == 2:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the rollout did not reach the state to interrupt: {proc.poll()}")
+        time.sleep(1.0)  # the slow trials' agents are running their solution now
+        proc.send_signal(signum)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == code, (proc.returncode, stderr[-3000:])
+    assert "Traceback" not in stderr, stderr
+    assert "interrupted" in stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True
+    finished = read_jsonl(out / "samples.jsonl")
+    assert len(finished) == summary["n_trials"] == 2
+    assert {s.metadata["task_name"] for s in finished} == {"fast"} and all(s.reward == 1.0 for s in finished)
+    assert leftovers(out) == ([], [])  # no sandbox dir, no bwrap / nsenter / solution process
+
+
+# ------------------------------------------------------------------------------------------
+# train-local.
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--num-rollouts", "0"], ["num_rollouts"]),  # refused by the config check
+    (["--reward-mapping", "pm2"], ["pm2"]),  # refused by the parser
+])
+def test_train_local_bad_flag_is_one_line(extra, words):
+    proc = run_cli("train-local", "--test", *extra, timeout=90)
+    assert_one_line_error(proc, 2, *words)
+
+
+@pytest.mark.parametrize("flags, words", [
+    ({"num_rollouts": 0}, "num_rollouts"), ({"n_samples": -1}, "n_samples"), ({"concurrency": 0}, "concurrency"),
+    ({"step_limit": 0}, "step_limit"), ({"micro_batch_size": 0}, "micro_batch_size"), ({"lr": -1.0}, "lr"),
+    ({"lr": float("nan")}, "lr"), ({"device": "tpu"}, "tpu"), ({"agent": "oracle"}, "native or terminus-2"),
+    ({"resume": Path("/nonexistent/run")}, "/nonexistent/run"), ({"model": "/nonexistent/model"}, "/nonexistent/model"),
+    ({"env": "bogus"}, "bogus"), ({"tasks_dir": Path("/nonexistent/tasks")}, "/nonexistent/tasks"),
+])
+def test_train_local_config_check(flags, words):
+    """The same check main() runs before loading a model (in-process: no torch import per case)."""
+    from slime_harbor.exits import ConfigError
+    from slime_harbor.trainers.local import LocalTrainConfig, check_train_config
+
+    check_train_config(LocalTrainConfig())
+    with pytest.raises(ConfigError, match=words.replace(".", r"\.")):
+        check_train_config(LocalTrainConfig(**flags))
+
+
+def test_train_local_reward_mapping_reaches_the_rollout(tmp_path):
+    from slime_harbor.trainers.local import config_from_args
+
+    cfg = config_from_args(["--reward-mapping", "pm1"])
+    assert cfg.rollout("http://x", "m", tmp_path).reward_mapping == "pm1"
+    assert config_from_args([]).rollout("http://x", "m", tmp_path).reward_mapping == "raw"
+
+
+@pytest.mark.slow
+def test_train_local_sigterm_keeps_metrics_and_checkpoints(tmp_path):
+    """SIGTERM during step 2's rollout: step 1's metrics and checkpoint stay, summary.json says
+    interrupted, no final/, no sandbox of step 2 left, exit 143."""
+    out = tmp_path / "run"
+    args = ["train-local", "--task-names", TASK, "--n-samples", "2", "--num-rollouts", "20", "--save-every", "1",
+            "--step-limit", "30", "--max-new-tokens", "16", "--output-dir", str(out)]
+    proc = subprocess.Popen(command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+                            cwd=REPO)
+    step2 = out / "rollouts" / "step_2"
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (step2 / "trials").is_dir() and len(list((step2 / "trials").iterdir())) == 2:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"training did not reach step 2: {proc.poll()}")
+        time.sleep(2.0)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [m["step"] for m in metrics] == [1]
+    assert (out / "checkpoint_1" / "trainer_state.json").is_file()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["last_step"] == 1 and summary["final"] is None
+    assert not (out / "final").exists()
+    assert json.loads((step2 / "summary.json").read_text())["interrupted"] is True
+    assert leftovers(step2) == ([], [])
