@@ -20,6 +20,7 @@ Use from Harbor's CLI:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -132,13 +133,45 @@ class NativeAgentOptions(AgentOptions):
     top_p: float = Field(default=1.0, description="Nucleus sampling cut-off (1.0 = off).")
     top_k: int = Field(default=-1, description="Top-k cut-off (-1 = off).")
     max_new_tokens: int = Field(default=512, description="Most tokens sampled per turn.")
-    max_context_tokens: int | None = Field(
-        default=None, description="Prompt+completion limit; default: the model's max_position_embeddings."
+    max_context_len: int | None = Field(
+        default=None,
+        description="Prompt+completion token limit of the episode (SLiME's --rollout-max-context-len); default: "
+        "the model's max_position_embeddings. A turn gets at most the room left as max_new_tokens, and the "
+        "episode ends with exit status context_limit (truncated, still verified) once no room is left.",
+    )
+    stop: list[str] = Field(default_factory=list, description="Extra stop strings (SLiME's --rollout-stop).")
+    stop_token_ids: list[int] = Field(
+        default_factory=list, description="Extra stop token ids (SLiME's --rollout-stop-token-ids)."
+    )
+    sampling_seed: int | None = Field(
+        default=None,
+        description="Seed of the episode (SLiME's sampling_seed under deterministic inference); None = random. "
+        "Turn t sends turn_seed(seed, t): turns draw different noise, and the episode replays exactly.",
+    )
+    return_top_p_token_ids: bool = Field(
+        default=False,
+        description="Record the ids the top-k/top-p filter kept per sampled token (SLiME's top-p replay, needed "
+        "when --rollout-top-p != 1). The server then reports logprobs renormalised over those ids.",
+    )
+    routing_key: str | None = Field(
+        default=None,
+        description="Sent as X-SMG-Routing-Key with every turn (SLiME sends sample.session_id under "
+        "--router-policy consistent_hashing), so one episode stays on one engine; None = no header.",
     )
     command_timeout_sec: float = Field(default=60.0, description="Timeout of one bash command in the sandbox.")
     max_observation_chars: int = Field(
         default=2000, description="Tool output longer than this keeps its head and tail only."
     )
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """The sampling_seed of turn `turn` of an episode seeded `seed`.
+
+    Every turn differs (the same seed each turn would replay the same noise sequence on an engine
+    that seeds per request), the episode is reproducible, and episodes with distinct seeds never
+    share a turn seed while turns < 1,000,003 (SLiME gives group member i the seed rollout_seed + i).
+    """
+    return (seed * 1_000_003 + turn) % 2**63
 
 
 class _EpisodeEnd(Exception):
@@ -170,11 +203,17 @@ class NativeAgent(BaseAgent):
         from transformers import AutoConfig, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-        self.max_context_tokens = opts.max_context_tokens or AutoConfig.from_pretrained(
+        self.max_context_len = opts.max_context_len or AutoConfig.from_pretrained(
             tokenizer_path
         ).max_position_embeddings
         self.params = SamplingParams(
-            temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k, max_new_tokens=opts.max_new_tokens
+            temperature=opts.temperature,
+            top_p=opts.top_p,
+            top_k=opts.top_k,
+            max_new_tokens=opts.max_new_tokens,
+            stop=list(opts.stop),
+            stop_token_ids=list(opts.stop_token_ids),
+            return_top_p_token_ids=opts.return_top_p_token_ids,
         )
         self._eos_ids = {self.tokenizer.convert_tokens_to_ids("<|im_end|>"), self.tokenizer.eos_token_id}
 
@@ -191,6 +230,10 @@ class NativeAgent(BaseAgent):
         ids = initial_prompt_ids(self.tokenizer, instruction)
         # Filled in place every turn, so a timeout or crash still leaves every finished turn.
         detail: dict[str, Any] = {"prompt_token_ids": [], "completion_token_ids": [], "logprobs": [], "extra": {"finish_reason": []}}
+        if self.options.return_top_p_token_ids:
+            # Per turn, flat kept ids and their len(completion) + 1 offsets (None: nothing truncated).
+            detail["extra"]["top_p_token_ids"] = []
+            detail["extra"]["top_p_token_offsets"] = []
         context.rollout_details = [detail]
         context.metadata = {"exit_status": "running", "turns": 0, "format_errors": 0}
         context.n_input_tokens = context.n_output_tokens = 0
@@ -210,16 +253,25 @@ class NativeAgent(BaseAgent):
             self._write_trajectory(context)
 
     async def _turn(self, ids, client, environment, context, detail) -> list[int]:
-        room = self.max_context_tokens - len(ids)
-        if room <= 0:
+        room = self.max_context_len - len(ids)
+        if room <= 0:  # the prompt fills the context: no token could be sampled
             raise _EpisodeEnd("context_limit")
-        params = SamplingParams(**{**self.params.__dict__, "max_new_tokens": min(self.params.max_new_tokens, room)})
-        gen = await client.generate(ids, params)
+        turn = context.metadata["turns"]
+        seed = self.options.sampling_seed
+        params = dataclasses.replace(
+            self.params,
+            max_new_tokens=min(self.params.max_new_tokens, room),
+            sampling_seed=turn_seed(seed, turn) if seed is not None else None,
+        )
+        gen = await client.generate(ids, params, routing_key=self.options.routing_key)
 
         detail["prompt_token_ids"].append(list(ids))
         detail["completion_token_ids"].append(gen.token_ids)
         detail["logprobs"].append(gen.logprobs)
         detail["extra"]["finish_reason"].append(gen.finish_reason)
+        if self.options.return_top_p_token_ids:
+            detail["extra"]["top_p_token_ids"].append(gen.top_p_token_ids)
+            detail["extra"]["top_p_token_offsets"].append(gen.top_p_token_offsets)
         context.metadata["turns"] += 1
         context.n_input_tokens += len(ids)
         context.n_output_tokens += len(gen.token_ids)
@@ -230,7 +282,7 @@ class NativeAgent(BaseAgent):
         self._steps.append(step)
         if gen.finish_reason == "abort":
             raise _EpisodeEnd("aborted")
-        if gen.finish_reason == "length" and len(ids) >= self.max_context_tokens:
+        if gen.finish_reason == "length" and len(ids) >= self.max_context_len:
             raise _EpisodeEnd("context_limit")
 
         blocks = BASH_BLOCK.findall(text)

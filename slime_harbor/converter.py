@@ -21,6 +21,7 @@ pieces the same rollout_id, and count the drift.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,18 +46,72 @@ TRUNCATING_EXITS = frozenset({"step_limit", "context_limit"})
 
 @dataclass
 class Segment:
-    """One token-aligned stretch of an episode: a prompt and the response that follows it."""
+    """One token-aligned stretch of an episode: a prompt and the response that follows it.
+
+    With top-p replay recorded, `top_p_ids` / `top_p_offsets` span the whole response the way
+    SLiME's Sample holds them: sampled token i keeps top_p_ids[offsets[i]:offsets[i + 1]], and
+    tokens the policy did not sample get empty sets (the offset repeats), as SLiME's
+    `_pad_rollout_top_p_offsets` pads non-trainable tokens.
+    """
 
     prompt_ids: list[int]
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turns: list[int] = field(default_factory=list)
+    top_p_ids: list[int] | None = None
+    top_p_offsets: list[int] | None = None
 
-    def extend(self, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
+    def extend(
+        self,
+        ids: list[int],
+        mask: int,
+        logprobs: list[float] | None = None,
+        top_p: tuple[list[int], list[int]] | None = None,
+    ) -> None:
         self.response_ids += ids
         self.loss_mask += [mask] * len(ids)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        if self.top_p_offsets is None:
+            return
+        base = self.top_p_offsets[-1]
+        if top_p is None:  # not sampled here: empty kept sets
+            self.top_p_offsets += [base] * len(ids)
+        else:
+            kept, offsets = top_p
+            self.top_p_ids += kept
+            self.top_p_offsets += [base + o for o in offsets[1:]]
+
+
+def turn_top_p(detail: dict[str, Any]) -> list[tuple[list[int], list[int]]] | None:
+    """Per turn (kept ids, offsets) from RolloutDetail.extra, or None unless every turn has them.
+
+    The native agent records them with `return_top_p_token_ids`; a turn without them (nothing was
+    truncated, another agent) leaves the episode without top-p data. Malformed data raises.
+    """
+    extra = detail.get("extra") or {}
+    all_ids, all_offsets = extra.get("top_p_token_ids"), extra.get("top_p_token_offsets")
+    completions = detail.get("completion_token_ids") or []
+    if all_ids is None or all_offsets is None or len(all_ids) != len(completions) or len(all_offsets) != len(completions):
+        return None
+    turns = []
+    for turn, (completion, ids, offsets) in enumerate(zip(completions, all_ids, all_offsets)):
+        if ids is None or offsets is None:
+            if completion:
+                return None
+            ids, offsets = [], [0]  # an empty turn (aborted at once) keeps nothing
+        if (
+            len(offsets) != len(completion) + 1
+            or offsets[0] != 0
+            or offsets[-1] != len(ids)
+            or any(a > b for a, b in zip(offsets, offsets[1:]))
+        ):
+            raise ValueError(
+                f"turn {turn}: top-p offsets malformed ({len(offsets)} offsets for {len(completion)} tokens, "
+                f"{len(ids)} ids)"
+            )
+        turns.append(([int(i) for i in ids], [int(o) for o in offsets]))
+    return turns
 
 
 def split_into_segments(detail: dict[str, Any]) -> tuple[list[Segment], int]:
@@ -69,6 +124,7 @@ def split_into_segments(detail: dict[str, Any]) -> tuple[list[Segment], int]:
             f"rollout detail has {len(prompts)} prompts, {len(completions)} completions, "
             f"{len(logprobs)} logprob lists; they must match one per turn"
         )
+    top_p = turn_top_p(detail)
     segments: list[Segment] = []
     drift = 0
     current: Segment | None = None
@@ -83,9 +139,13 @@ def split_into_segments(detail: dict[str, Any]) -> tuple[list[Segment], int]:
                 drift += 1
                 segments.append(current)
                 current = None
-        if current is None:
+        if current is None:  # every piece carries its own top-p data, from offset 0
             current = Segment(prompt_ids=list(prompt))
-        current.extend(list(completion), mask=1, logprobs=[float(x) for x in lps])
+            if top_p is not None:
+                current.top_p_ids, current.top_p_offsets = [], [0]
+        current.extend(
+            list(completion), mask=1, logprobs=[float(x) for x in lps], top_p=top_p[turn] if top_p else None
+        )
         current.turns.append(turn)
     if current is not None:
         segments.append(current)
@@ -137,6 +197,7 @@ def trial_to_samples(
     Infra failures carry remove_sample=True and reward None; they are never trained.
     """
     status, reward, why = classify(result)
+    tokenizer = tokenizer if tokenizer is not None else agent_tokenizer(result)
     agent_result = result.agent_result
     details = (agent_result.rollout_details if agent_result else None) or []
     segments, drift = split_into_segments(details[0]) if details else ([], 0)
@@ -188,9 +249,31 @@ def trial_to_samples(
                 rollout_id=rollout_id if rollout_id is not None else index,
                 remove_sample=removed,
                 metadata={**metadata, "segment": k, "turn_indices": seg.turns},
+                rollout_top_p_token_ids=seg.top_p_ids,
+                rollout_top_p_token_offsets=seg.top_p_offsets,
             )
         )
     return samples
+
+
+def agent_tokenizer(result):
+    """The tokenizer the trial's agent used (the native agent's tokenizer_path kwarg), or None.
+
+    Lets callers that pass no tokenizer (the SLiME hook) still get the prompt / response text."""
+    config = getattr(result, "config", None)
+    agent = getattr(config, "agent", None)
+    path = (getattr(agent, "kwargs", None) or {}).get("tokenizer_path")
+    return _load_tokenizer(str(path)) if path else None
+
+
+@functools.lru_cache(maxsize=4)
+def _load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError):  # moved or not a model dir: text is optional, tokens are not
+        return None
 
 
 def _trial_dir(result) -> str | None:

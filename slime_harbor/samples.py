@@ -10,6 +10,9 @@ Layout of one sample (SLiME convention):
     loss_mask       = one entry per response token: 1 = sampled by the policy, 0 = observation /
                       template tokens the policy did not generate
     rollout_log_probs = one entry per response token: the sampler's logprob, 0.0 where masked
+    rollout_top_p_token_ids / rollout_top_p_token_offsets (top-p replay, None unless recorded):
+                      response token i kept ids[offsets[i]:offsets[i + 1]]; len(offsets) =
+                      response_length + 1; masked tokens keep nothing (the offset repeats)
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ class TrainingSample:
     rollout_id: int | None = None
     remove_sample: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
+    rollout_top_p_token_ids: list[int] | None = None
+    rollout_top_p_token_offsets: list[int] | None = None
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -71,6 +76,27 @@ class TrainingSample:
             raise ValueError(f"response_length {n} exceeds len(tokens) {len(self.tokens)}")
         if any(m == 0 and lp != 0.0 for m, lp in zip(self.loss_mask, self.rollout_log_probs)):
             raise ValueError("masked positions must carry logprob 0.0")
+        self._check_top_p()
+
+    def _check_top_p(self) -> None:
+        ids, offsets = self.rollout_top_p_token_ids, self.rollout_top_p_token_offsets
+        if ids is None and offsets is None:
+            return
+        if ids is None or offsets is None:
+            raise ValueError("top-p replay needs both rollout_top_p_token_ids and rollout_top_p_token_offsets")
+        if len(offsets) != self.response_length + 1 or offsets[0] != 0 or offsets[-1] != len(ids):
+            raise ValueError(
+                f"top-p layout broken: {len(offsets)} offsets for response_length {self.response_length} "
+                f"(want response_length + 1, from 0 to len(ids) = {len(ids)})"
+            )
+        for i, (token, mask) in enumerate(zip(self.response_ids, self.loss_mask)):
+            start, end = offsets[i], offsets[i + 1]
+            if end < start:
+                raise ValueError(f"top-p offsets decrease at response token {i}")
+            if mask == 0 and end != start:
+                raise ValueError(f"masked response token {i} has a non-empty top-p set")
+            if mask == 1 and token not in ids[start:end]:
+                raise ValueError(f"sampled response token {i} ({token}) is not in its top-p set")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -87,8 +113,10 @@ class TrainingSample:
         kwargs["status"] = SampleStatus(kwargs["status"])
         return cls(**kwargs)
 
-    def to_slime(self, sample=None):
-        """Fill (or create) a `slime.utils.types.Sample` with these fields. Needs slime."""
+    def to_slime(self, sample=None, tokenizer=None):
+        """Fill (or create) a `slime.utils.types.Sample` with these fields. Needs slime.
+
+        `tokenizer` decodes the response text when this sample carries none."""
         from slime.utils.types import Sample
 
         s = sample if sample is not None else Sample()
@@ -96,9 +124,12 @@ class TrainingSample:
         s.response_length = self.response_length
         s.loss_mask = list(self.loss_mask)
         s.rollout_log_probs = list(self.rollout_log_probs)
+        if self.rollout_top_p_token_offsets is not None:
+            s.rollout_top_p_token_ids = list(self.rollout_top_p_token_ids)
+            s.rollout_top_p_token_offsets = list(self.rollout_top_p_token_offsets)
         s.reward = self.reward if self.reward is not None else 0.0
         s.status = Sample.Status(self.status.value)
-        s.response = self.response
+        s.response = self.response or (tokenizer.decode(self.response_ids) if tokenizer is not None else "")
         if self.prompt:
             s.prompt = self.prompt
         if self.group_index is not None:

@@ -128,3 +128,85 @@ def test_jsonl_round_trip(tmp_path):
     back = read_jsonl(tmp_path / "s.jsonl")
     assert back == samples
     assert isinstance(back[0], TrainingSample) and back[0].status is SampleStatus.COMPLETED
+
+
+# Top-p replay, per turn as the native agent records it: flat kept ids and len(completion) + 1 offsets.
+K0_IDS, K0_OFF = [10, 5, 11], [0, 2, 3]  # token 10 kept {10, 5}; token 11 kept {11}
+K1_IDS, K1_OFF = [7, 12, 8], [0, 3]  # token 12 kept {7, 12, 8}
+
+
+def top_p_detail():
+    detail = linear_detail()
+    detail["extra"] = {"top_p_token_ids": [K0_IDS, K1_IDS], "top_p_token_offsets": [K0_OFF, K1_OFF]}
+    return detail
+
+
+def test_top_p_sets_span_the_response_with_empty_sets_for_observations():
+    (s,) = trial_to_samples(make_result(top_p_detail(), {"reward": 1.0}), index=0)
+    s.check()
+    assert s.rollout_top_p_token_ids == K0_IDS + K1_IDS
+    # C0 (2 sampled) | OBS0 (3 masked: offset repeats) | C1 (1 sampled)
+    assert s.rollout_top_p_token_offsets == [0, 2, 3, 3, 3, 3, 6]
+    (plain,) = trial_to_samples(make_result(linear_detail(), {"reward": 1.0}), index=0)
+    assert plain.rollout_top_p_token_ids is None and plain.rollout_top_p_token_offsets is None
+
+
+def test_top_p_drift_pieces_each_start_at_offset_zero():
+    detail = top_p_detail()
+    detail["prompt_token_ids"][1] = P0 + [77] + OBS0
+    first, second = trial_to_samples(make_result(detail, {"reward": 1.0}), index=0)
+    assert (first.rollout_top_p_token_ids, first.rollout_top_p_token_offsets) == (K0_IDS, K0_OFF)
+    assert (second.rollout_top_p_token_ids, second.rollout_top_p_token_offsets) == (K1_IDS, K1_OFF)
+    first.check()
+    second.check()
+
+
+def test_a_turn_without_top_p_data_leaves_the_episode_without_it_and_bad_offsets_raise():
+    detail = top_p_detail()
+    detail["extra"]["top_p_token_ids"][1] = detail["extra"]["top_p_token_offsets"][1] = None
+    (s,) = trial_to_samples(make_result(detail, {"reward": 1.0}), index=0)
+    assert s.rollout_top_p_token_offsets is None
+    detail = top_p_detail()
+    detail["extra"]["top_p_token_offsets"][0] = [0, 2]  # one offset short
+    with pytest.raises(ValueError, match="top-p offsets"):
+        split_into_segments(detail)
+
+
+@pytest.mark.parametrize(
+    "ids, offsets, message",
+    [
+        (K0_IDS + K1_IDS, [0, 2, 3, 3, 3, 6], "top-p layout"),  # one offset short
+        (K0_IDS + K1_IDS, [0, 2, 3, 3, 3, 3, 5], "top-p layout"),  # does not end at len(ids)
+        (K0_IDS + K1_IDS, [0, 2, 3, 4, 4, 4, 6], "masked response token 2"),  # observation keeps an id
+        ([5, 11] + K1_IDS, [0, 1, 2, 2, 2, 2, 5], "sampled response token 0"),  # sampled id not kept
+        (K0_IDS + K1_IDS, None, "both"),
+    ],
+)
+def test_check_rejects_a_broken_top_p_layout(ids, offsets, message):
+    (s,) = trial_to_samples(make_result(top_p_detail(), {"reward": 1.0}), index=0)
+    s.rollout_top_p_token_ids, s.rollout_top_p_token_offsets = ids, offsets
+    with pytest.raises(ValueError, match=message):
+        s.check()
+
+
+def test_to_slime_carries_top_p_and_the_response_text(tokenizer):
+    types = pytest.importorskip("slime.utils.types", reason="slime is not importable (PYTHONPATH=/work/slime)")
+    (s,) = trial_to_samples(make_result(top_p_detail(), {"reward": 1.0}), index=0)
+    assert s.response == ""  # no tokenizer given, none named by the trial's agent
+    out = s.to_slime(tokenizer=tokenizer)
+    assert out.rollout_top_p_token_ids == K0_IDS + K1_IDS
+    assert list(out.rollout_top_p_token_offsets) == [0, 2, 3, 3, 3, 3, 6]
+    assert out.response == tokenizer.decode(C0 + OBS0 + C1)
+    out._validate_response_metadata_lengths()  # SLiME's own layout check
+    round_trip = TrainingSample.from_dict(s.to_dict())
+    assert round_trip.rollout_top_p_token_offsets == s.rollout_top_p_token_offsets
+
+
+def test_the_agents_tokenizer_decodes_when_the_caller_gives_none(tiny_model_dir, tokenizer):
+    from harbor.models.trial.config import AgentConfig
+
+    result = make_result(linear_detail(), {"reward": 1.0})
+    result.config.agent = AgentConfig(import_path="slime_harbor.agent:NativeAgent",
+                                      kwargs={"tokenizer_path": str(tiny_model_dir)})
+    (s,) = trial_to_samples(result, index=0)
+    assert s.response == tokenizer.decode(C0 + OBS0 + C1) and s.prompt == tokenizer.decode(P0)

@@ -248,3 +248,45 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(engine, tmp_pa
         running.result(timeout=10)
     assert engine.num_pending() == (0, 0)
     assert len(engine.generate(prompts(tokenizer)[1], SamplingParams(max_new_tokens=4), timeout=10).output_ids) > 0
+
+
+def nucleus(logprobs_row: torch.Tensor, top_p: float) -> set[int]:
+    """The top-p set from the trainer's probabilities: most likely first, until the mass before a
+    token reaches top_p (the first token always kept)."""
+    probs, order = logprobs_row.exp().sort(descending=True)
+    before = probs.cumsum(-1) - probs
+    return set(order[before < top_p].tolist())
+
+
+def test_top_p_replay_reports_the_kept_ids_and_renormalised_logprobs(engine, model, tokenizer):
+    params = SamplingParams(temperature=1.0, top_p=0.5, max_new_tokens=30, ignore_eos=True, return_top_p_token_ids=True)
+    generation = engine.generate(prompts(tokenizer)[1], params)
+    kept = generation.top_p_token_ids
+    assert kept is not None and len(kept) == len(generation.output_ids) == 30
+    full, targets = recomputed_logprobs(model, generation, 1.0)
+    vocab = full.shape[-1]
+    for i, (token, ids) in enumerate(zip(generation.output_ids, kept)):
+        assert token in ids and len(set(ids)) == len(ids)
+        assert 0 < len(ids) < vocab
+        assert set(ids) == nucleus(full[i], 0.5)  # exactly the set the sampler drew from
+        assert full[i, ids].tolist() == sorted(full[i, ids].tolist(), reverse=True)  # most likely first
+    # The logprob is renormalised over the kept set, as the trainer recomputes it under the mask.
+    renormalised = [float(full[i, t] - torch.logsumexp(full[i, ids], -1)) for i, (t, ids) in enumerate(zip(targets, kept))]
+    assert max(abs(a - b) for a, b in zip(renormalised, generation.logprobs)) < 1e-4
+    assert sum(len(ids) for ids in kept) / len(kept) < vocab / 4  # top-p 0.5 really truncates
+
+
+def test_top_p_replay_with_top_k_greedy_and_no_filter(engine, model, tokenizer):
+    prompt = prompts(tokenizer)[2]
+    top_k = engine.generate(
+        prompt, SamplingParams(top_k=5, max_new_tokens=10, ignore_eos=True, return_top_p_token_ids=True)
+    )
+    assert all(len(ids) == 5 and t in ids for t, ids in zip(top_k.output_ids, top_k.top_p_token_ids))
+    greedy = engine.generate(
+        prompt, SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True, return_top_p_token_ids=True)
+    )
+    assert greedy.top_p_token_ids == [[t] for t in greedy.output_ids]
+    unfiltered = engine.generate(prompt, SamplingParams(max_new_tokens=5, ignore_eos=True, return_top_p_token_ids=True))
+    assert unfiltered.top_p_token_ids is None  # nothing truncated: no kept sets, like patched SGLang
+    not_asked = engine.generate(prompt, SamplingParams(top_p=0.5, max_new_tokens=5, ignore_eos=True))
+    assert not_asked.top_p_token_ids is None

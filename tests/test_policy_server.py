@@ -1,7 +1,9 @@
 """The policy server over real HTTP: SGLang's /generate as SLiME reads it, OpenAI chat as Harbor's
 LiteLLM client reads it, aborts, concurrency, and clean start/stop."""
 
+import array
 import asyncio
+import base64
 import os
 import signal
 import socket
@@ -25,6 +27,21 @@ def recomputed(model, prompt_ids, output_ids, temperature):
         logits = model(torch.tensor([prompt_ids + output_ids])).logits[0]
     logprobs = torch.log_softmax(logits / temperature, dim=-1)[len(prompt_ids) - 1 : -1]
     return logprobs.gather(-1, torch.tensor(output_ids)[:, None])[:, 0]
+
+
+def full_logprobs(model, prompt_ids, output_ids, temperature):
+    """log_softmax(logits / T) over the whole vocab at each output position: [len(output), V]."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + output_ids])).logits[0]
+    return torch.log_softmax(logits / temperature, dim=-1)[len(prompt_ids) - 1 : -1]
+
+
+def decode_top_p(meta) -> list[list[int]]:
+    """meta_info's top_p_token_ids / top_p_token_offsets (base64 int32) -> kept ids per token."""
+    ids = array.array("i", base64.b64decode(meta["top_p_token_ids"])).tolist()
+    offsets = array.array("i", base64.b64decode(meta["top_p_token_offsets"])).tolist()
+    assert offsets[0] == 0 and offsets[-1] == len(ids) and offsets == sorted(offsets)
+    return [ids[a:b] for a, b in zip(offsets, offsets[1:])]
 
 
 def post(url, path, body, timeout=60):
@@ -66,7 +83,12 @@ def test_generate_speaks_sglang_as_slime_reads_it(policy_server, tokenizer, mode
     output_ids = [p[1] for p in pairs]
     assert output_ids == body["output_ids"]
     assert body["text"] == tokenizer.decode(output_ids)  # no_stop_trim, special tokens kept
-    expected = recomputed(model, prompt_ids, output_ids, 0.8)
+    # Top-p replay (custom_params): kept ids per token, base64 int32 as SLiME's SGLang patch sends them,
+    # and each logprob renormalised over its kept set, as SLiME's trainer recomputes it.
+    kept = decode_top_p(meta)
+    assert len(kept) == len(output_ids) and all(t in ids and 0 < len(ids) <= 20 for t, ids in zip(output_ids, kept))
+    full = full_logprobs(model, prompt_ids, output_ids, 0.8)
+    expected = torch.tensor([float(full[i, t] - full[i, ids].logsumexp(-1)) for i, (t, ids) in enumerate(zip(output_ids, kept))])
     assert (expected - torch.tensor([p[0] for p in pairs])).abs().mean() < 1e-4
     assert isinstance(meta["weight_version"], str)
 
@@ -98,6 +120,132 @@ def test_stop_strings_and_stop_token_ids_over_http(policy_server, tokenizer):
     by_string = post(policy_server, "/generate", {"text": "ls -la", "sampling_params": {**greedy, "stop": stop}}).json()
     assert by_string["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     assert stop not in by_string["text"]
+
+
+def test_top_p_replay_is_what_slimes_sample_reads(policy_server, tokenizer):
+    """top_p 0.5 with return_top_p_token_ids, read back by SLiME's own Sample code: every sampled id
+    is in its kept set, the sets are smaller than the vocab, and SLiME accepts the layout after an
+    observation (non-trainable tokens get empty sets) and a second turn."""
+    types = pytest.importorskip("slime.utils.types", reason="slime is not importable (PYTHONPATH=/work/slime)")
+    pytest.importorskip("pybase64", reason="SLiME decodes base64 meta arrays with pybase64")
+    params = {"temperature": 1.0, "top_p": 0.5, "max_new_tokens": 16, "ignore_eos": True,
+              "custom_params": {"return_top_p_token_ids": True}}
+    prompt = tokenizer.encode("THOUGHT: list the files")
+    sample = types.Sample(tokens=list(prompt))
+    for turn in range(2):
+        reply = post(policy_server, "/generate", {"input_ids": sample.tokens, "sampling_params": params,
+                                                  "return_logprob": True}).json()
+        meta = reply["meta_info"]
+        pairs = meta["output_token_logprobs"]
+        kept = decode_top_p(meta)
+        assert all(p[1] in ids and 0 < len(ids) < len(tokenizer) for p, ids in zip(pairs, kept))
+        ids_t, offsets_t = types._extract_rollout_top_p_token_data(meta, expected_num_tokens=len(pairs))
+        assert [ids_t[a:b].tolist() for a, b in zip(offsets_t[:-1].tolist(), offsets_t[1:].tolist())] == kept
+        sample.append_response_tokens(None, tokens=[p[1] for p in pairs], log_probs=[p[0] for p in pairs],
+                                      trainable=True, meta_info=meta, text=reply["text"])
+        if turn == 0:
+            sample.append_response_tokens(None, tokens=tokenizer.encode("\n<output>a.txt</output>\n"), trainable=False)
+    offsets = sample.rollout_top_p_token_offsets.tolist()
+    assert len(offsets) == sample.response_length + 1 and offsets[-1] == len(sample.rollout_top_p_token_ids)
+    spans = [b - a for a, b in zip(offsets, offsets[1:])]
+    assert [n > 0 for n in spans] == [bool(m) for m in sample.loss_mask]  # observation tokens: empty sets
+    sample._validate_response_metadata_lengths()
+
+
+def test_without_top_p_replay_meta_info_has_no_kept_ids(policy_server):
+    for params in ({"top_p": 0.5}, {"custom_params": {"return_top_p_token_ids": True}}):  # not asked; no filter
+        meta = post(policy_server, "/generate", {"input_ids": [5, 6, 7], "return_logprob": True,
+                                                 "sampling_params": {"max_new_tokens": 4, **params}}).json()["meta_info"]
+        assert "top_p_token_ids" not in meta and "top_p_token_offsets" not in meta
+
+
+async def _seeded_alone_and_in_a_crowd(url, prompt, seeded):
+    async with httpx.AsyncClient(timeout=60) as client:
+        async def generate(params, rid):
+            body = {"input_ids": prompt, "sampling_params": params, "return_logprob": True, "rid": rid}
+            return (await client.post(url + "/generate", json=body)).json()["meta_info"]["output_token_logprobs"]
+
+        alone = await generate(seeded, "alone")
+        crowd = [asyncio.create_task(generate({**seeded, "sampling_seed": None}, f"crowd-{i}")) for i in range(4)]
+        while (await client.get(url + "/v1/loads")).json()["num_running_reqs"] < 4:
+            await asyncio.sleep(0.005)
+        batched = await generate(seeded, "batched")  # joins a running batch of 4 unseeded rows
+        return alone, batched, await asyncio.gather(*crowd)
+
+
+def test_sampling_seed_fixes_tokens_and_logprobs_alone_or_batched(tiny_model_dir, tokenizer):
+    seeded = {"temperature": 1.0, "top_p": 0.9, "max_new_tokens": 24, "ignore_eos": True, "sampling_seed": 42,
+              "custom_params": {"return_top_p_token_ids": True}}
+    with EmbeddedPolicyServer(tiny_model_dir) as server:
+        prompt = tokenizer.encode("Task: count the lines")
+        alone, batched, crowd = asyncio.run(_seeded_alone_and_in_a_crowd(server.url, prompt, seeded))
+        assert server.engine.stats.max_rows_per_step >= 5
+        assert [p[1] for p in batched] == [p[1] for p in alone]
+        assert max(abs(a[0] - b[0]) for a, b in zip(alone, batched)) < 1e-4
+        assert len({tuple(p[1] for p in c) for c in crowd}) == 4  # unseeded requests stay random
+        other_seed = post(server.url, "/generate", {"input_ids": prompt, "return_logprob": True,
+                                                    "sampling_params": {**seeded, "sampling_seed": 43}}).json()
+        assert other_seed["output_ids"] != [p[1] for p in alone]
+
+
+def test_slimes_sampling_params_and_routing_header(policy_server, tokenizer):
+    """Exactly what SLiME's generate sends, routing header included; the text follows SGLang:
+    special tokens kept or skipped, stop string / stop token kept (no_stop_trim) or trimmed."""
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    greedy = {"temperature": 0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 12, "stop": None,
+              "stop_token_ids": None, "skip_special_tokens": False, "no_stop_trim": True,
+              "spaces_between_special_tokens": False, "ignore_eos": True}
+    headers = {"X-SMG-Routing-Key": "session-1234"}
+
+    def generate(**overrides):
+        reply = httpx.post(policy_server + "/generate", headers=headers, timeout=60,
+                           json={"input_ids": prompt_ids, "sampling_params": {**greedy, **overrides}, "return_logprob": True})
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    full = generate()
+    ids = full["output_ids"]
+    assert full["text"] == tokenizer.decode(ids, skip_special_tokens=False, spaces_between_special_tokens=False)
+    # (skip_special_tokens=True is test_engine's test_eos_ends_the_turn: this model emits no special
+    # token greedily here. spaces_between_special_tokens changes nothing for a fast tokenizer, as in SGLang.)
+    # stop_token_ids: ends on that token, kept in the ids; no_stop_trim keeps it in the text too.
+    stop_id = ids[3]
+    by_token = generate(stop_token_ids=[stop_id], ignore_eos=False)
+    assert by_token["output_ids"] == ids[: ids.index(stop_id) + 1]
+    assert by_token["text"] == tokenizer.decode(by_token["output_ids"], skip_special_tokens=False)
+    trimmed = generate(stop_token_ids=[stop_id], ignore_eos=False, no_stop_trim=False)
+    assert trimmed["text"] == tokenizer.decode(by_token["output_ids"][:-1], skip_special_tokens=False)
+    # stop strings: the same, by text.
+    stop = tokenizer.decode(ids[5:7], skip_special_tokens=False)
+    by_string = generate(stop=[stop])
+    assert by_string["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert by_string["text"].endswith(stop) and stop not in generate(stop=[stop], no_stop_trim=False)["text"]
+
+
+async def _client_turns(url, params, routing_key):
+    from slime_harbor.policy.client import PolicyClient
+
+    client = PolicyClient(url)
+    try:
+        return [await client.generate([5, 6, 7], params, routing_key=routing_key) for _ in range(2)]
+    finally:
+        await client.aclose()
+
+
+def test_client_passes_seed_top_p_and_routing_key(policy_server):
+    from slime_harbor.policy.client import SamplingParams
+
+    params = SamplingParams(top_p=0.6, max_new_tokens=10, sampling_seed=5, return_top_p_token_ids=True,
+                            stop_token_ids=[3])
+    first, second = asyncio.run(_client_turns(policy_server, params, "session-1"))
+    assert first.token_ids == second.token_ids and first.logprobs == pytest.approx(second.logprobs, abs=1e-5)
+    ids, offsets = first.top_p_token_ids, first.top_p_token_offsets
+    assert len(offsets) == len(first.token_ids) + 1 and offsets[0] == 0 and offsets[-1] == len(ids)
+    assert all(t in ids[a:b] for t, a, b in zip(first.token_ids, offsets, offsets[1:]))
+    assert 3 not in first.token_ids[:-1]  # stop_token_ids reached the server
+    plain = asyncio.run(_client_turns(policy_server, SamplingParams(max_new_tokens=4), None))[0]
+    assert plain.top_p_token_ids is None and plain.top_p_token_offsets is None
 
 
 async def _abort_while_running(url):
@@ -142,6 +290,7 @@ def test_abort_request_ends_running_generations(policy_server):
         ({"input_ids": [[1, 2]], "sampling_params": {}}, "batched"),
         ({"input_ids": [10**7]}, "token ids"),
         ({"input_ids": [1], "stream": True}, "stream"),
+        ({"input_ids": [1, 2], "sampling_params": {"custom_params": 5}}, "custom_params"),
         ({"sampling_params": {}}, "input_ids"),
     ],
 )

@@ -154,7 +154,7 @@ def test_native_agent_samples_are_token_exact(tmp_path, responsive_server, respo
     assert sum(diffs) / len(diffs) < 1e-4, diffs
     # The SFT'd policy mostly answers `ls`: real commands ran in the sandbox and came back.
     assert any("<returncode>0</returncode>" in tokenizer.decode(s.response_ids) for s in samples)
-    assert (cfg.out_dir / "summary.json").is_file() and len(list((cfg.out_dir / "trials").iterdir())) == 4
+    assert (cfg.out_dir / "summary.json").is_file() and len(trial_names(cfg.out_dir)) == 4
 
 
 def test_terminus2_samples_hold_invariants(tmp_path, responsive_server, responsive_model_dir, hf_model):
@@ -260,3 +260,72 @@ def test_server_abort_mid_generation_ends_the_episode_aborted_and_untrained(tmp_
     assert all(s.remove_sample and s.reward is None for s in episode.samples)
     assert "abort" in episode.error
     assert leftovers(cfg.out_dir) == ([], [])
+
+
+def test_native_agent_top_p_replay_is_well_formed_and_slime_accepts_it(
+    tmp_path, responsive_server, responsive_model_dir, hf_model, tokenizer
+):
+    """top_p < 1 with return_top_p_token_ids, real trials: every sample carries top-p data over its
+    whole response (kept sets for sampled tokens, empty for observations), each sampled token's
+    logprob is renormalised over its kept set, and SLiME's Sample takes the layout."""
+    cfg = config(tmp_path, responsive_server, responsive_model_dir, top_p=0.7, return_top_p_token_ids=True,
+                 routing_key="episode-key")
+    summary = asyncio.run(run_rollouts(cfg))
+    samples = read_jsonl(cfg.out_dir / "samples.jsonl")
+    assert summary["status_counts"]["aborted"] == 0 and summary["status_counts"]["failed"] == 0, summary["errors"]
+    assert len(samples) == 2
+    vocab = len(tokenizer)
+    for s in samples:
+        s.check()  # includes: masked tokens keep nothing, every sampled token is in its kept set
+        ids, offsets = s.rollout_top_p_token_ids, s.rollout_top_p_token_offsets
+        assert len(offsets) == s.response_length + 1 and offsets[-1] == len(ids)
+        kept = [ids[a:b] for a, b in zip(offsets, offsets[1:])]
+        assert all((len(k) > 0) == bool(m) for k, m in zip(kept, s.loss_mask))
+        assert all(len(k) < vocab for k in kept)
+        # Renormalised logprobs, recomputed by one forward pass under the replayed keep-mask.
+        n = s.response_length
+        with torch.no_grad():
+            logits = hf_model(torch.tensor([s.tokens])).logits[0, -n - 1 : -1].float()
+        full = torch.log_softmax(logits / cfg.temperature, dim=-1)
+        sampled = [i for i, m in enumerate(s.loss_mask) if m]
+        expected = torch.tensor([float(full[i, s.response_ids[i]] - full[i, kept[i]].logsumexp(-1)) for i in sampled])
+        assert (expected - torch.tensor([s.rollout_log_probs[i] for i in sampled])).abs().mean() < 1e-4
+        assert s.response == tokenizer.decode(s.response_ids)
+    types = pytest.importorskip("slime.utils.types", reason="slime is not importable (PYTHONPATH=/work/slime)")
+    for s in samples:
+        out = s.to_slime(types.Sample())
+        out._validate_response_metadata_lengths()  # SLiME's own check of the layout
+        # What SLiME's _convert_samples_to_train_data asserts with --rollout-top-p != 1.
+        assert len(out.rollout_top_p_token_offsets) == out.response_length + 1
+        assert int(out.rollout_top_p_token_offsets[-1]) == len(out.rollout_top_p_token_ids)
+
+
+def test_native_agent_seeded_episodes_replay_and_stop_at_the_context_limit(
+    tmp_path, responsive_server, responsive_model_dir, tokenizer
+):
+    from slime_harbor.agent import initial_prompt_ids, turn_seed
+
+    task = DEFAULT_TASKS / EASY_TASKS[0]
+
+    def episode(name, index, **overrides):
+        cfg = config(tmp_path / name, responsive_server, responsive_model_dir, **overrides)
+        return run_episode(task, cfg, group_index=0, index=index, trials_dir=cfg.out_dir / "trials")
+
+    async def seeded():  # run together: the seeded episodes share the engine's batches
+        return await asyncio.gather(episode("a", 0, sampling_seed=7), episode("b", 1, sampling_seed=7),
+                                    episode("c", 2, sampling_seed=8))
+
+    a, b, c = asyncio.run(seeded())
+    assert a.status == b.status and a.samples[0].tokens == b.samples[0].tokens  # an episode replays exactly
+    assert a.samples[0].rollout_log_probs == pytest.approx(b.samples[0].rollout_log_probs, abs=1e-4)
+    assert a.samples[0].tokens != c.samples[0].tokens
+    assert len({turn_seed(7, t) for t in range(30)} | {turn_seed(8, t) for t in range(30)}) == 60
+
+    # A context just big enough for the first prompt and 12 tokens: the episode stops there,
+    # truncated but still verified.
+    prompt = initial_prompt_ids(tokenizer, (task / "instruction.md").read_text())
+    limited = asyncio.run(episode("limited", 3, max_context_len=len(prompt) + 12, step_limit=5))
+    (s,) = limited.samples
+    assert s.metadata["exit_status"] == "context_limit" and s.metadata["turns"] == 1
+    assert s.status == SampleStatus.TRUNCATED and s.reward is not None and not s.remove_sample
+    assert len(s.tokens) <= len(prompt) + 12

@@ -6,12 +6,15 @@ both speak the protocol below, so nothing else in the chain knows which one it i
     POST {base_url}/generate
       {"input_ids": [...], "sampling_params": {...}, "return_logprob": true, "rid": "..."}
     -> {"text": ..., "meta_info": {"output_token_logprobs": [[logprob, token_id, _], ...],
-                                   "finish_reason": {"type": "stop"|"length"|"abort", ...}}}
+                                   "finish_reason": {"type": "stop"|"length"|"abort", ...},
+                                   "top_p_token_ids", "top_p_token_offsets" (top-p replay)}}
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
+import base64
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,18 +40,37 @@ class SamplingParams:
     """Most tokens one turn may generate."""
     stop: list[str] = field(default_factory=list)
     """Extra stop strings (the chat template's end-of-turn token always stops)."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Extra stop token ids, besides the model's eos."""
+    sampling_seed: int | None = None
+    """SGLang's per-request seed (SLiME sends one under deterministic inference); None = random."""
+    return_top_p_token_ids: bool = False
+    """Ask for the ids the top-k / top-p filter kept per token (SLiME's top-p replay, sent as
+    custom_params.return_top_p_token_ids). The server then reports logprobs renormalised over them."""
 
     def to_sglang(self) -> dict[str, Any]:
-        return {
+        params: dict[str, Any] = {
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
             "max_new_tokens": self.max_new_tokens,
             "stop": list(self.stop),
+            "stop_token_ids": list(self.stop_token_ids),
             # Keep special tokens and stop strings in the text so text and token ids agree.
             "skip_special_tokens": False,
             "no_stop_trim": True,
+            "spaces_between_special_tokens": False,
         }
+        if self.sampling_seed is not None:
+            params["sampling_seed"] = self.sampling_seed
+        if self.return_top_p_token_ids:
+            params["custom_params"] = {"return_top_p_token_ids": True}
+        return params
+
+    @property
+    def truncates(self) -> bool:
+        """Whether sampling is truncated at all (else a server returns no kept ids)."""
+        return self.temperature == 0 or self.top_k > 0 or self.top_p < 1
 
 
 @dataclass
@@ -60,6 +82,10 @@ class Generation:
     text: str
     finish_reason: str  # "stop" | "length" | "abort"
     rid: str
+    top_p_token_ids: list[int] | None = None
+    """Top-p replay, flat: token i kept top_p_token_ids[offsets[i]:offsets[i + 1]]. None unless asked."""
+    top_p_token_offsets: list[int] | None = None
+    """len(token_ids) + 1 offsets into top_p_token_ids, from 0."""
 
 
 class PolicyClient:
@@ -68,7 +94,11 @@ class PolicyClient:
         self.connect_retries = connect_retries
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout_sec, connect=10.0))
 
-    async def generate(self, input_ids: list[int], params: SamplingParams, rid: str | None = None) -> Generation:
+    async def generate(
+        self, input_ids: list[int], params: SamplingParams, rid: str | None = None, routing_key: str | None = None
+    ) -> Generation:
+        """One turn. `routing_key` goes out as X-SMG-Routing-Key: under SGLang's router with
+        consistent hashing, every turn of an episode then lands on the same engine (prefix cache)."""
         rid = rid or uuid.uuid4().hex
         payload = {
             "input_ids": list(input_ids),
@@ -76,20 +106,44 @@ class PolicyClient:
             "return_logprob": True,
             "rid": rid,
         }
-        reply = await self._post("/generate", payload)
+        headers = {"X-SMG-Routing-Key": routing_key} if routing_key else None
+        reply = await self._post("/generate", payload, headers)
         meta = reply.get("meta_info") or {}
         pairs = meta.get("output_token_logprobs")
         if pairs is None:
             raise PolicyServerError(f"{self.base_url}/generate returned no meta_info.output_token_logprobs")
         finish = meta.get("finish_reason") or {}
         finish_type = finish.get("type", "stop") if isinstance(finish, dict) else str(finish)
-        return Generation(
+        generation = Generation(
             token_ids=[int(p[1]) for p in pairs],
             logprobs=[float(p[0]) for p in pairs],
             text=reply.get("text", ""),
             finish_reason=finish_type,
             rid=rid,
         )
+        if params.return_top_p_token_ids and params.truncates and generation.token_ids:
+            generation.top_p_token_ids, generation.top_p_token_offsets = self._top_p(meta, generation.token_ids)
+        return generation
+
+    def _top_p(self, meta: dict, token_ids: list[int]) -> tuple[list[int], list[int]]:
+        """meta_info's kept ids (base64 int32 or lists), checked: SLiME would reject them later."""
+        if "top_p_token_ids" not in meta or "top_p_token_offsets" not in meta:
+            raise PolicyServerError(
+                f"{self.base_url}/generate returned no top_p_token_ids although asked "
+                "(an SGLang without SLiME's top-p patch?)"
+            )
+        ids, offsets = decode_int32(meta["top_p_token_ids"]), decode_int32(meta["top_p_token_offsets"])
+        if (
+            len(offsets) != len(token_ids) + 1
+            or offsets[0] != 0
+            or offsets[-1] != len(ids)
+            or any(a > b for a, b in zip(offsets, offsets[1:]))
+        ):
+            raise PolicyServerError(
+                f"{self.base_url}/generate returned malformed top-p offsets ({len(offsets)} for "
+                f"{len(token_ids)} tokens, {len(ids)} ids)"
+            )
+        return ids, offsets
 
     async def abort(self, rid: str) -> None:
         """Ask the server to stop a running request (best effort: the trial is ending anyway)."""
@@ -98,11 +152,11 @@ class PolicyClient:
         except httpx.HTTPError:
             pass
 
-    async def _post(self, path: str, payload: dict) -> dict:
+    async def _post(self, path: str, payload: dict, headers: dict[str, str] | None = None) -> dict:
         url = f"{self.base_url}{path}"
         for attempt in range(self.connect_retries + 1):
             try:
-                response = await self._client.post(url, json=payload)
+                response = await self._client.post(url, json=payload, headers=headers)
                 break
             except httpx.ConnectError as exc:
                 # A router restarting for a weight update refuses connections briefly; a dead one
@@ -118,3 +172,10 @@ class PolicyClient:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def decode_int32(value) -> list[int]:
+    """An int32 array as SGLang's meta_info carries it: base64 of native int32 bytes, or a list."""
+    if isinstance(value, str):
+        return array.array("i", base64.b64decode(value)).tolist()
+    return [int(v) for v in value]

@@ -14,6 +14,13 @@ BEFORE top-k / top-p truncation; with temperature 0 decoding is greedy and the l
 the raw logits. A trainer recomputing log_softmax(model(tokens).logits / T) in one forward pass
 gets the same numbers (fp32: ~1e-6).
 
+Top-p replay (SLiME's SGLang patch, `custom_params.return_top_p_token_ids`): the request also gets,
+per output token, the ids the top-k / top-p filter kept (most likely first; the sampled token is
+always among them; greedy keeps only the argmax), and its sampled tokens' logprobs are then
+renormalised over that kept set, log(p_i / sum_kept p), as the patched SGLang reports them and as
+SLiME's trainer recomputes them under the replayed keep-mask. A request without any filter
+(top_p 1, top_k off, temperature > 0) gets no kept ids, like the patched SGLang.
+
 Weights: `update_model(model)` swaps the model between two steps and bumps `weight_version`;
 `paused()` holds the engine between steps while a trainer edits weights in place. Rows still
 running keep the KV cache computed by the old weights, so callers that need purely on-policy
@@ -50,7 +57,9 @@ class SamplingParams:
     ignore_eos: bool = False  # do not stop on eos nor on stop_token_ids (benchmarks, fixed lengths)
     no_stop_trim: bool = False  # keep the stop token / stop string in the returned text
     skip_special_tokens: bool = True  # drop special tokens from the returned text
-    seed: int | None = None  # per-request RNG seed: same seed and prompt -> same sample
+    spaces_between_special_tokens: bool = True  # passed to the tokenizer's decode (fast tokenizers ignore it)
+    seed: int | None = None  # per-request RNG seed (SGLang's sampling_seed): same seed and prompt -> same sample
+    return_top_p_token_ids: bool = False  # report each token's kept ids; logprobs renormalised over them
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -76,6 +85,9 @@ class Generation:
     text: str  # decoded output; the stop token / string trimmed unless no_stop_trim
     weight_version: int  # the engine's weight version when the request finished
     latency_s: float  # from submit to finish
+    # Per output id, the ids the top-k / top-p filter kept (most likely first), when the request
+    # asked for them (return_top_p_token_ids) and had a filter; None otherwise.
+    top_p_token_ids: list[list[int]] | None = None
 
 
 @dataclass
@@ -117,6 +129,9 @@ class _Request:
         self.future: concurrent.futures.Future[Generation] = concurrent.futures.Future()
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
+        # Kept ids per output token, for requests that asked and whose sampling truncates at all.
+        truncates = params.temperature == 0 or params.top_k > 0 or params.top_p < 1
+        self.top_p_token_ids: list[list[int]] | None = [] if params.return_top_p_token_ids and truncates else None
         self.finish_reason: dict[str, Any] | None = None
         self.abort_requested = False
         self.submitted_at = time.monotonic()
@@ -368,12 +383,21 @@ class SamplingEngine:
             exponentials[i].exponential_(generator=request.generator)
         top_k = torch.tensor([r.params.top_k for r in rows], dtype=torch.long)
         top_p = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32)
-        tokens = _sample_tokens(logprobs, top_k, top_p, exponentials)
+        truncation = _Truncation(logprobs, top_k, top_p)
+        tokens = _sample_tokens(logprobs, exponentials, truncation)
         tokens = torch.where(greedy, logprobs.argmax(-1), tokens)
-        token_logprobs = logprobs.gather(-1, tokens[:, None])[:, 0]
-        for request, token, logprob in zip(rows, tokens.tolist(), token_logprobs.tolist(), strict=True):
+        token_logprobs = logprobs.gather(-1, tokens[:, None])[:, 0].tolist()
+        for i, (request, token) in enumerate(zip(rows, tokens.tolist(), strict=True)):
+            if request.top_p_token_ids is not None:
+                if request.params.temperature == 0:
+                    kept = [token]  # greedy keeps the argmax alone; its logprob stays the raw one
+                else:
+                    kept_ids = truncation.kept(i)
+                    kept = kept_ids.tolist()
+                    token_logprobs[i] -= float(torch.logsumexp(logprobs[i, kept_ids], dim=-1))
+                request.top_p_token_ids.append(kept)
             request.output_ids.append(token)
-            request.logprobs.append(logprob)
+            request.logprobs.append(token_logprobs[i])
             request.finish_reason = self._finish_check(request)
         self.stats.generated_tokens += len(rows)
 
@@ -418,6 +442,9 @@ class SamplingEngine:
             text=self._text(request),
             weight_version=self.weight_version,
             latency_s=time.monotonic() - request.submitted_at,
+            top_p_token_ids=[list(kept) for kept in request.top_p_token_ids]
+            if request.top_p_token_ids is not None
+            else None,
         )
         with self._cond:
             self._active.pop(request.rid, None)
@@ -429,7 +456,11 @@ class SamplingEngine:
         matched = reason.get("matched")
         if reason["type"] == "stop" and isinstance(matched, int) and not params.no_stop_trim:
             ids = ids[:-1]
-        text = self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
+        text = self.tokenizer.decode(
+            ids,
+            skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens,
+        )
         if reason["type"] == "stop" and isinstance(matched, str) and not params.no_stop_trim:
             cut = text.find(matched)
             text = text[:cut] if cut >= 0 else text
@@ -499,27 +530,53 @@ class _Batch:
         return _Batch([self.rows[i] for i in keep], kv, mask[:, start:], self.next_pos[index])
 
 
-def _sample_tokens(logprobs, top_k, top_p, exponentials) -> torch.Tensor:
-    """Sample one token per row after top-k then top-p truncation, by the exponential race.
+class _Truncation:
+    """Which tokens each row's top-k then top-p filter keeps.
 
-    logprobs [B, V]; top_k [B] (<= 0: off); top_p [B] (1: off); exponentials [B, V] ~ Exp(1).
-    argmax(p_i / E_i) is a sample from p (Gumbel-max). Unlike inverse-CDF sampling, a ~1e-6
-    change in the logits (another batch shape) almost never changes the winner, so a seeded
-    request samples the same tokens whatever shares its batch.
+    logprobs [B, V]; top_k [B] (<= 0: off); top_p [B] (1: off). Only rows with a filter are
+    worked on (`rows`); for the j-th of them, `order[j]` lists token ids most likely first and
+    `keep[j]` marks the ones kept.
     """
-    scores = logprobs - exponentials.log()
-    truncated = ((top_k > 0) | (top_p < 1)).nonzero()[:, 0]
-    if len(truncated):
-        k = top_k[truncated]
+
+    def __init__(self, logprobs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
+        self.vocab = logprobs.shape[-1]
+        self.rows = ((top_k > 0) | (top_p < 1)).nonzero()[:, 0]
+        self.order = self.keep = None
+        self._position: dict[int, int] = {}
+        if not len(self.rows):
+            return
+        k = top_k[self.rows]
         # Only the k most likely tokens can survive; a full sort (slow on CPU) only for top-p alone.
-        width = logprobs.shape[-1] if bool((k <= 0).any()) else min(int(k.max()), logprobs.shape[-1])
-        sorted_probs, order = logprobs[truncated].exp().topk(width, dim=-1)
+        width = self.vocab if bool((k <= 0).any()) else min(int(k.max()), self.vocab)
+        sorted_probs, self.order = logprobs[self.rows].exp().topk(width, dim=-1)
         keep = (k[:, None] <= 0) | (torch.arange(width)[None, :] < k[:, None])
         kept = sorted_probs * keep
         # Drop a token once the mass before it reaches top_p of the top-k mass (the first is kept).
-        keep &= (kept.cumsum(-1) - kept) < top_p[truncated, None] * kept.sum(-1, keepdim=True)
-        allowed = torch.zeros((len(truncated), logprobs.shape[-1]), dtype=torch.bool).scatter_(-1, order, keep)
-        scores[truncated] = scores[truncated].masked_fill(~allowed, float("-inf"))
+        keep &= (kept.cumsum(-1) - kept) < top_p[self.rows, None] * kept.sum(-1, keepdim=True)
+        self.keep = keep
+        self._position = {int(row): j for j, row in enumerate(self.rows)}
+
+    def allowed(self) -> torch.Tensor:
+        """[len(rows), V] bool: the kept tokens of each filtered row, in vocab order."""
+        return torch.zeros((len(self.rows), self.vocab), dtype=torch.bool).scatter_(-1, self.order, self.keep)
+
+    def kept(self, row: int) -> torch.Tensor:
+        """The kept token ids of batch row `row` (which must have a filter), most likely first."""
+        j = self._position[row]
+        return self.order[j][self.keep[j]]
+
+
+def _sample_tokens(logprobs, exponentials, truncation: _Truncation) -> torch.Tensor:
+    """Sample one token per row among the tokens its filter keeps, by the exponential race.
+
+    exponentials [B, V] ~ Exp(1). argmax(p_i / E_i) is a sample from p (Gumbel-max). Unlike
+    inverse-CDF sampling, a ~1e-6 change in the logits (another batch shape) almost never changes
+    the winner, so a seeded request samples the same tokens whatever shares its batch.
+    """
+    scores = logprobs - exponentials.log()
+    if len(truncation.rows):
+        rows = truncation.rows
+        scores[rows] = scores[rows].masked_fill(~truncation.allowed(), float("-inf"))
     return scores.argmax(-1)
 
 

@@ -6,7 +6,15 @@ laptop or in tests, and it is the server the local trainer uses to serve its upd
 Endpoints:
     POST /generate              SGLang native: input_ids (or text), sampling_params, return_logprob,
                                 rid -> text, output_ids, meta_info (output_token_logprobs,
-                                finish_reason, prompt/completion tokens, weight_version)
+                                finish_reason, prompt/completion tokens, weight_version).
+                                sampling_params: temperature, top_p, top_k, max_new_tokens, stop,
+                                stop_token_ids, ignore_eos, skip_special_tokens, no_stop_trim,
+                                spaces_between_special_tokens, sampling_seed, and
+                                custom_params.return_top_p_token_ids (SLiME's top-p replay: meta_info
+                                gains top_p_token_ids / top_p_token_offsets, base64 int32 as SLiME's
+                                SGLang patch sends them, and logprobs renormalised over the kept ids).
+                                The X-SMG-Routing-Key header (SLiME under consistent hashing) is
+                                accepted and means nothing to a single server.
     POST /v1/chat/completions   OpenAI chat, with vLLM's token fields (top-level prompt_token_ids,
                                 per-choice token_ids when return_token_ids) and logprobs.content,
                                 which is what Harbor's LiteLLM client reads for rollout details
@@ -19,6 +27,8 @@ Run it with `serve(model_dir)` (blocking, the CLI's `slime-harbor serve`) or in-
 
 from __future__ import annotations
 
+import array
+import base64
 import contextlib
 import dataclasses
 import socket
@@ -45,8 +55,8 @@ _NEUTRAL_PARAMS = {
     "presence_penalty": 0.0,
     "repetition_penalty": 1.0,
 }
-# SGLang params that only shape the reply format; accepted and ignored.
-_IGNORED_PARAMS = {"spaces_between_special_tokens", "custom_params", "logit_bias"}
+# SGLang params accepted and ignored (SLiME sends none of them).
+_IGNORED_PARAMS = {"logit_bias"}
 
 
 class BadRequest(ValueError):
@@ -104,6 +114,10 @@ class PolicyServer:
                 [logprob, token, None]
                 for logprob, token in zip(generation.logprobs, generation.output_ids, strict=True)
             ]
+            if generation.top_p_token_ids:  # like the patched SGLang: only when there are some
+                meta_info["top_p_token_ids"], meta_info["top_p_token_offsets"] = encode_top_p_token_ids(
+                    generation.top_p_token_ids
+                )
         return {"text": generation.text, "output_ids": generation.output_ids, "meta_info": meta_info}
 
     async def abort_request(self, request: Request) -> dict[str, Any]:
@@ -210,6 +224,13 @@ def sglang_sampling_params(raw: dict[str, Any]) -> SamplingParams:
     _check_neutral(raw)
     for key in _IGNORED_PARAMS:
         raw.pop(key, None)
+    custom = raw.pop("custom_params", None) or {}
+    if not isinstance(custom, dict):
+        raise BadRequest("custom_params must be an object")
+    # SLiME's SGLang patch reads custom_params["return_top_p_token_ids"]; other custom params only
+    # feed custom logit processors, which this server does not run.
+    if custom.get("return_top_p_token_ids"):
+        raw["return_top_p_token_ids"] = True
     if "sampling_seed" in raw:
         raw["seed"] = raw.pop("sampling_seed")
     known = SamplingParams.__dataclass_fields__
@@ -217,6 +238,21 @@ def sglang_sampling_params(raw: dict[str, Any]) -> SamplingParams:
     if unknown:
         raise BadRequest(f"unsupported sampling params: {unknown}")
     return _sampling_params({k: v for k, v in raw.items() if v is not None})
+
+
+def encode_top_p_token_ids(rows: list[list[int]]) -> tuple[str, str]:
+    """Kept ids per token -> (ids, offsets) as base64 of native int32, the way SLiME's SGLang patch
+    encodes them: token i kept ids[offsets[i]:offsets[i + 1]], len(offsets) = tokens + 1."""
+    ids: list[int] = []
+    offsets = [0]
+    for row in rows:
+        ids.extend(row)
+        offsets.append(len(ids))
+    return _b64_int32(ids), _b64_int32(offsets)
+
+
+def _b64_int32(values: list[int]) -> str:
+    return base64.b64encode(array.array("i", values).tobytes()).decode("ascii")
 
 
 def openai_sampling_params(body: dict[str, Any], default_max_tokens: int) -> SamplingParams:
