@@ -1,4 +1,5 @@
-"""`slime-harbor` command line: make-model, serve, rollout, demo, train-local, prepare-data.
+"""`slime-harbor` command line: make-model, serve, rollout, demo, train-local, prepare-data, swebench-tasks,
+view.
 
 Every rollout flag maps to a documented `RolloutConfig` field; with no --policy-url the command
 builds the tiny offline model (cached) and serves it on an embedded server, so it runs anywhere.
@@ -62,7 +63,7 @@ def rollout_config(a: argparse.Namespace) -> RolloutConfig:
 def run_rollout_command(cfg: RolloutConfig, guard: SignalGuard) -> dict:
     """Check everything that can be checked before a trial starts, run, print the summary; a run
     in which no trial was scored ends with EXIT_ALL_FAILED and the most common reason."""
-    from slime_harbor.rollout import check_config, run_rollouts
+    from slime_harbor.rollout import check_config, check_environment_runs, run_rollouts
 
     if cfg.policy_url:
         if cfg.agent in ("native", "terminus-2") and not cfg.model_dir:
@@ -70,6 +71,7 @@ def run_rollout_command(cfg: RolloutConfig, guard: SignalGuard) -> dict:
         check_policy_server(cfg.policy_url)
     check_config(dataclasses.replace(cfg, policy_url=cfg.policy_url or "embedded",
                                      model_dir=cfg.model_dir or "embedded"))  # before building a model
+    check_environment_runs(cfg.env)
     from slime_harbor.policy.server import policy_endpoint  # torch: imported once the flags are known good
 
     with policy_endpoint(cfg) as cfg:
@@ -99,12 +101,16 @@ class CommandFailed(Exception):
 
 
 def most_common_error(summary: dict) -> str:
-    errors = [e for e in (summary.get("errors") or {}).values() if e]
+    """The most common kind of error (the text before its first colon, e.g. the exception type),
+    shown by its first message, with how many trials had it."""
+    errors = [" ".join(e.split()) for e in (summary.get("errors") or {}).values() if e]
     if not errors:
         return "no reason recorded"
-    reason, count = Counter(errors).most_common(1)[0]
-    reason = " ".join(reason.split())
-    return f"{reason[:300]}{'...' if len(reason) > 300 else ''}" + (f" ({count}x)" if len(errors) > 1 else "")
+    kinds = Counter(e.split(":", 1)[0] for e in errors)
+    kind, count = kinds.most_common(1)[0]
+    reason = next(e for e in errors if e.split(":", 1)[0] == kind)
+    reason = reason if len(reason) <= 300 else reason[:300] + "..."
+    return reason + (f" ({count} trials)" if count > 1 else "")
 
 
 def check_policy_server(url: str, timeout: float = 10.0) -> None:
@@ -130,6 +136,35 @@ def print_summary(summary: dict, out: Path) -> None:
     print(f"samples: {summary['n_samples']} written, {summary['n_trainable_samples']} trainable, "
           f"token drift points: {summary['drift_count']}")
     print(f"wall time: {summary['wall_seconds']}s   output: {out}/samples.jsonl, {out}/summary.json, {out}/trials/")
+    print(f"browse the trials: slime-harbor view {out}")
+
+
+def view(out: Path, host: str = "127.0.0.1", port: int = 0) -> None:
+    """Serve Harbor's own viewer (its prebuilt page and API) over OUT, in jobs mode: OUT/trials is
+    a Harbor job dir (harbor_job.py), listed as the job "trials". Blocks until SIGINT / SIGTERM."""
+    import socket
+
+    import uvicorn
+    from harbor.cli.view import STATIC_DIR
+    from harbor.viewer import create_app
+
+    from slime_harbor.harbor_job import HarborJob, is_job_dir
+
+    out = Path(out)
+    if is_job_dir(out) and not is_job_dir(out / "trials"):  # given OUT/trials itself
+        out = out.parent
+    if not is_job_dir(out / "trials") and (out / "trials").is_dir() and (out / "summary.json").is_file():
+        HarborJob.backfill(out)  # an output made before rollouts wrote Harbor's job files
+        print(f"wrote Harbor's job files into {out / 'trials'}", file=sys.stderr)
+    if not is_job_dir(out / "trials"):
+        raise ConfigError(f"{out} is not a rollout output: no Harbor job dir at {out / 'trials'}")
+    if port == 0:
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            port = probe.getsockname()[1]
+    app = create_app(out.resolve(), mode="jobs", static_dir=STATIC_DIR if STATIC_DIR.exists() else None)
+    print(f"Harbor viewer for {out}: http://{host}:{port}/  (Ctrl-C stops it)", flush=True)
+    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
 
 
 def prepare_data(tasks_dir: Path, out: Path) -> int:
@@ -199,9 +234,21 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
     sub.add_parser("train-local", help="GRPO on this machine: rollouts from the current policy, LoRA updates "
                    "(see train-local --help)")
 
+    p = sub.add_parser("view", help="browse a rollout's trials in Harbor's viewer (counts, rewards, errors, "
+                       "trajectories)")
+    p.add_argument("out", type=Path, help="a rollout's --out dir (OUT/trials is its Harbor job dir)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0: a free port")
+
     p = sub.add_parser("prepare-data", help="write SLiME --prompt-data rows, one per Harbor task")
     p.add_argument("--tasks", type=Path, default=DEFAULT_TASKS)
     p.add_argument("--out", type=Path, required=True)
+
+    p = sub.add_parser("swebench-tasks", help="convert SWE-bench instance records (JSONL) into Harbor task dirs, "
+                       "graded offline by swebench's own harness")
+    p.add_argument("--instances", type=Path, required=True, help="JSONL of SWE-bench instance records")
+    p.add_argument("--out", type=Path, required=True, help="writes OUT/<instance_id>/ per record")
+    p.add_argument("--image-namespace", default="swebench", help="namespace of the published instance images")
 
     a = parser.parse_args(argv)
     if a.command == "make-model":
@@ -218,12 +265,26 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
         project, mapping = vars(a).pop("wandb_project"), vars(a).pop("reward_mapping")
         fields = {k: v for k, v in vars(a).items() if k != "command"}
         run_demo(LearningConfig(**fields), wandb_project=project, guard=guard, reward_mapping=mapping)
+    elif a.command == "view":
+        view(a.out, host=a.host, port=a.port)
     elif a.command == "prepare-data":
         try:
             n = prepare_data(a.tasks, a.out)
         except FileNotFoundError as exc:
             raise ConfigError(str(exc)) from None
         print(f"wrote {n} prompts to {a.out}")
+    elif a.command == "swebench-tasks":
+        from slime_harbor.tasks.swebench import InstanceError, SwebenchTaskOptions, convert
+
+        try:
+            tasks = convert(a.instances, a.out, SwebenchTaskOptions(image_namespace=a.image_namespace))
+        except InstanceError as e:
+            raise SystemExit(f"slime-harbor swebench-tasks: error: {e}") from None
+        except ModuleNotFoundError as e:  # swebench names images, parsers and scripts
+            raise SystemExit(f"slime-harbor swebench-tasks: error: {e}; install swebench==5.0.2") from None
+        except OSError as e:  # an unwritable --out, a file in the way
+            raise SystemExit(f"slime-harbor swebench-tasks: error: {e}") from None
+        print(f"wrote {len(tasks)} Harbor tasks to {a.out}")
 
 
 if __name__ == "__main__":

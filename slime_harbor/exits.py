@@ -120,10 +120,16 @@ class SignalGuard:
     def run(self, coro: Coroutine[Any, Any, T], runner: asyncio.Runner | None = None) -> T:
         """asyncio.run (or runner.run) where a signal cancels `coro` and then raises Interrupted."""
         self.check()
-        if runner is None:
-            with asyncio.Runner() as fresh:
-                return fresh.run(self._cancel_on_signal(coro))
-        return runner.run(self._cancel_on_signal(coro))
+        try:
+            if runner is None:
+                with asyncio.Runner() as fresh:
+                    return fresh.run(self._cancel_on_signal(coro))
+            return runner.run(self._cancel_on_signal(coro))
+        except asyncio.CancelledError:
+            # A signal in the instant between the coroutine's end and its task's: still ours.
+            if self.signum is None:
+                raise
+            raise Interrupted(self.signum) from None
 
     async def _cancel_on_signal(self, coro: Coroutine[Any, Any, T]) -> T:
         if not self._active:

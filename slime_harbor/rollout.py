@@ -5,7 +5,9 @@ One episode = one real Harbor Trial (agent + sandbox + verifier) = `run_episode`
 
     OUT/samples.jsonl   one TrainingSample per line, appended as each trial finishes
     OUT/summary.json    counts by status, rewards, drift, timings (also after Ctrl-C)
-    OUT/trials/         Harbor's own trial dirs (config, result, agent logs, verifier output)
+    OUT/trials/         a Harbor job dir: Harbor's own trial dirs (config, result, agent logs,
+                        verifier output) with the job's config.json and result.json beside them
+                        (harbor_job.py), so `harbor view OUT` / `slime-harbor view OUT` show the run
 
 `run_episode` is the unit the SLiME hook (hooks.py) and the local trainer call too.
 """
@@ -26,11 +28,13 @@ from typing import Any
 
 from slime_harbor.converter import trial_to_samples
 from slime_harbor.exits import ConfigError, one_line
+from slime_harbor.harbor_job import HarborJob
 from slime_harbor.samples import SampleStatus, TrainingSample
 
 DEFAULT_TASKS = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks"
 """The bundled example tasks."""
 LOCAL_SANDBOX = "slime_harbor.environments.bubblewrap:BubblewrapEnvironment"
+DOCKER_SANDBOX = "slime_harbor.environments.docker:DockerEnvironment"
 NATIVE_AGENT = "slime_harbor.agent:NativeAgent"
 # Slack on top of the task's own agent + verifier + build timeouts before we cancel a trial that
 # Harbor's own timeouts failed to end (a hung container teardown, a stuck verifier upload).
@@ -58,7 +62,8 @@ class RolloutConfig:
     model_name: str = "policy"
     """Name the OpenAI-compatible endpoint serves the policy under (terminus-2)."""
     env: str = "local"
-    """local (bubblewrap) | docker | daytona | modal | ... | module:Class import path."""
+    """local (bubblewrap) | docker (ours, Engine API) | harbor-docker (Harbor's, docker compose) |
+    daytona | modal | ... (Harbor's environment types) | module:Class import path."""
     concurrency: int = 4
     """Trials running at once."""
     out_dir: Path = Path("runs/rollout")
@@ -192,9 +197,29 @@ def environment_config(env: str):
 
     if env == "local":
         return EnvironmentConfig(import_path=LOCAL_SANDBOX, delete=True)
+    if env == "docker":
+        return EnvironmentConfig(import_path=DOCKER_SANDBOX, delete=True)
+    if env == "harbor-docker":  # Harbor's own, one `docker compose` process per call
+        return EnvironmentConfig(type="docker", delete=True)
     if ":" in env:
         return EnvironmentConfig(import_path=env, delete=True)
     return EnvironmentConfig(type=env, delete=True)
+
+
+def preflight_environment(env: str) -> None:
+    """One clear error before any trial starts when the environment cannot run here."""
+    if env == "docker":
+        from slime_harbor.environments.docker import check_docker
+
+        check_docker()  # DockerUnavailableError: no daemon answers
+
+
+def check_environment_runs(env: str) -> None:
+    """preflight_environment as a ConfigError, which the command line prints as one line."""
+    try:
+        preflight_environment(env)
+    except RuntimeError as exc:  # DockerUnavailableError: no daemon answers
+        raise ConfigError(f"env {env!r} cannot run here: {one_line(exc)}") from None
 
 
 def hard_timeout_sec(task_path: Path, multiplier: float, verifier_timeout_sec: float | None = None) -> float:
@@ -336,8 +361,9 @@ def _check_agent(cfg: RolloutConfig) -> None:
         AgentFactory.get_agent_class_from_config(agent_config(cfg))
     except Exception as exc:
         if ":" not in cfg.agent:
+            examples = ", ".join(AgentFactory.registered_names()[:4])
             raise ConfigError(f"unknown agent {cfg.agent!r}: use native, terminus-2, oracle, nop, another Harbor "
-                              f"agent name ({', '.join(AgentFactory.registered_names()[:4])}, ...) or module:Class") from None
+                              f"agent name ({examples}, ...) or module:Class") from None
         raise ConfigError(f"agent {cfg.agent!r} cannot be imported: {one_line(exc)}") from None
 
 
@@ -371,8 +397,10 @@ def load_tokenizer(model_dir: str | None):
 async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
     """Run n_samples trials per task; stream samples to OUT/samples.jsonl; return the summary."""
     tasks = check_config(cfg)
+    preflight_environment(cfg.env)
     out = Path(cfg.out_dir)
     (out / "trials").mkdir(parents=True, exist_ok=True)
+    job = HarborJob(out / "trials", cfg, tasks)
     tokenizer = load_tokenizer(cfg.model_dir)
     semaphore = asyncio.Semaphore(cfg.concurrency)
     episodes: list[Episode] = []
@@ -384,10 +412,12 @@ async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
 
         async def one(task_path: Path, group_index: int, index: int) -> None:
             async with semaphore:
+                job.trial_started()
                 episode = await run_episode(
                     task_path, cfg, group_index=group_index, index=index, trials_dir=out / "trials", tokenizer=tokenizer
                 )
             episodes.append(episode)
+            job.trial_finished(episode)
             for s in episode.samples:  # written as soon as the trial ends: Ctrl-C loses nothing finished
                 sink.write(s.to_json() + "\n")
             sink.flush()
@@ -408,6 +438,7 @@ async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
             bar.close()
             summary = summarize(episodes, cfg, time.monotonic() - started, interrupted)
             (out / "summary.json").write_text(json.dumps(summary, indent=2))
+            job.finish(interrupted)
     return summary
 
 

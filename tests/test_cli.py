@@ -8,6 +8,7 @@ kept, summary.json written with interrupted=true, no sandbox left) with exit cod
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -117,6 +118,40 @@ def test_every_trial_failed_exits_nonzero_with_the_reason(tmp_path):
     assert "trials: 2" in proc.stdout  # the summary is still printed
 
 
+def test_policy_server_failing_every_generation_exits_nonzero_with_the_reason(tmp_path, tiny_model_dir):
+    """A server that is up (it passes the start-up check) but fails every /generate: the episodes
+    come back aborted, nothing hangs, and the run exits 1 naming the server's error."""
+    import http.server
+    import threading
+
+    class Broken(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # /health: up
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def do_POST(self):  # /generate: overloaded
+            self.send_response(503)
+            self.end_headers()
+            self.wfile.write(b"engine overloaded")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Broken)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out = tmp_path / "out"
+        proc = run_cli(*rollout_args(out, "--agent", "native", "--model", str(tiny_model_dir), "--n-samples", "2",
+                                     "--policy-url", f"http://127.0.0.1:{server.server_address[1]}"))
+    finally:
+        server.shutdown()
+    assert_one_line_error(proc, 1, "all 2 trials", "HTTP 503", "engine overloaded")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status_counts"]["aborted"] == 2 and summary["n_trainable_samples"] == 0
+    assert leftovers(out) == ([], [])
+
+
 def test_pm1_reward_mapping(tmp_path):
     """--reward-mapping pm1 on rollout: nop's failed episode scores -1 (raw: 0)."""
     out = tmp_path / "out"
@@ -174,6 +209,9 @@ def test_signal_mid_rollout_shuts_down_in_order(tmp_path, signum, code):
     assert len(finished) == summary["n_trials"] == 2
     assert {s.metadata["task_name"] for s in finished} == {"fast"} and all(s.reward == 1.0 for s in finished)
     assert leftovers(out) == ([], [])  # no sandbox dir, no bwrap / nsenter / solution process
+    # The Harbor job result: not finished (as Harbor leaves an interrupted job), the slow trials cancelled.
+    job = json.loads((out / "trials" / "result.json").read_text())
+    assert job["finished_at"] is None and job["stats"]["n_cancelled_trials"] == 2
 
 
 # ------------------------------------------------------------------------------------------
@@ -249,3 +287,49 @@ def test_train_local_sigterm_keeps_metrics_and_checkpoints(tmp_path):
     assert not (out / "final").exists()
     assert json.loads((step2 / "summary.json").read_text())["interrupted"] is True
     assert leftovers(step2) == ([], [])
+
+
+# ------------------------------------------------------------------------------------------
+# SignalGuard in-process: the mechanics the commands rely on.
+
+
+def test_signal_guard_cancels_the_coroutine_then_raises_interrupted():
+    from slime_harbor.exits import Interrupted, SignalGuard
+
+    cleaned = []
+
+    async def work():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(30)
+        finally:
+            cleaned.append(True)  # what run_rollouts does here: tear down, write summary.json
+
+    before = signal.getsignal(signal.SIGTERM)
+    with SignalGuard() as guard, pytest.raises(Interrupted) as caught:
+        guard.run(work())
+    assert cleaned == [True] and caught.value.exit_code == 143
+    assert signal.getsignal(signal.SIGTERM) == before  # the previous handler is back
+
+
+def test_signal_guard_lets_a_deferred_block_finish():
+    from slime_harbor.exits import Interrupted, SignalGuard
+
+    steps = []
+    with SignalGuard() as guard, pytest.raises(Interrupted) as caught:
+        with guard.deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+            steps.append("update finished")
+        steps.append("never reached")
+    assert steps == ["update finished"] and caught.value.exit_code == 130
+
+
+def test_an_unentered_guard_changes_nothing():
+    from slime_harbor.exits import SignalGuard
+
+    async def answer():
+        return 42
+
+    assert SignalGuard().run(answer()) == 42
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -63,7 +63,8 @@ import torch
 from slime_harbor.exits import ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
 from slime_harbor.filters import TrajectoryFilters, apply_limit_filters, drop_zero_std_groups, varying_groups
 from slime_harbor.grpo import GRPOConfig, episode_advantages, grpo_loss, masked_mean
-from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig, check_config, discover_tasks, run_rollouts
+from slime_harbor.rollout import (DEFAULT_TASKS, RolloutConfig, check_config, check_environment_runs, discover_tasks,
+                                  run_rollouts)
 from slime_harbor.trainers.evaluate import eval_metrics
 from slime_harbor.samples import TrainingSample, read_jsonl
 
@@ -953,6 +954,7 @@ def check_train_config(cfg: LocalTrainConfig) -> None:
         if cfg.eval_n_samples < 1:
             raise ConfigError(f"eval_n_samples must be >= 1, got {cfg.eval_n_samples}")
         check_config(cfg.eval_rollout("http://embedded", cfg.model or "embedded", Path("unused")))
+    check_environment_runs(cfg.env)
 
 
 def main(argv: Sequence[str] | None = None, guard: SignalGuard | None = None) -> dict[str, Any]:

@@ -1,0 +1,1 @@
+"""Tiny calculator helpers."""

@@ -1,0 +1,660 @@
+"""A Harbor environment on the Docker Engine API: one container per trial, fast execs.
+
+Use it wherever Harbor takes an environment (``--env docker`` in our commands)::
+
+    EnvironmentConfig(import_path="slime_harbor.environments.docker:DockerEnvironment")
+    harbor trials start -p TASK -a oracle -e slime_harbor.environments.docker:DockerEnvironment
+
+What it does differently from Harbor's own docker environment (``--env harbor-docker``), which
+runs a ``docker compose`` process for every build, start, command and file transfer:
+
+- Images: built once per task from ``environment/`` through the Engine API, tagged by a hash of
+  the build context (``slime-harbor-env/<task>:<hash>``) and reused across trials and runs. A
+  whole GRPO group starting at once waits on one build (one shared future per tag in this
+  process, a lock file across processes). A build that fails is remembered per tag: every trial
+  of that task fails with the build log's tail (``SandboxBuildFailedError``, a permanent
+  failure), and it is not retried in this process. ``docker_image`` in task.toml is used as is
+  (never pulled: it must be present).
+- Containers: one per trial, labelled (``slime-harbor.*``: run, trial, owner) and removed by
+  ``stop()``, with everything else labelled with the trial. Network ``none`` unless the task's
+  task.toml sets ``network_mode = "public"`` (then ``host``: the daemon here has no bridge).
+  ``cpus`` / ``memory_mb`` are enforced (CFS quota, memory cgroup) and visible inside. pid 1 is
+  Docker's init, so the orphans of killed commands are reaped.
+- Commands: one long-lived shell loop per concurrent command inside the container
+  (:mod:`slime_harbor.environments.docker_exec`) instead of a process and Engine API calls per
+  command; same semantics as ``docker exec`` (exit code, separate stdout/stderr, cwd, env, user)
+  and a timeout kills the command's whole process group. A non-root user is switched to with
+  ``setpriv``; an image without it (or without bash and setsid) gets Engine API execs.
+- Files: tar archives through the Engine API (put_archive / get_archive).
+- Leftovers: each container records its owner (pid namespace, pid, process start time); the
+  first environment started in a process removes containers whose owner died (a SIGKILLed run),
+  as the bubblewrap sandbox sweeps its directories. Containers still running at interpreter exit
+  are removed.
+
+``check_docker()`` raises one clear error when no daemon answers; rollouts call it up front.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import contextlib
+import fcntl
+import io
+import os
+import posixpath
+import re
+import shlex
+import socket
+import tarfile
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+from typing import IO
+
+from harbor.environments.base import BaseEnvironment, ExecResult, SandboxBuildFailedError, transfer_tar_filter
+from harbor.environments.capabilities import EnvironmentCapabilities, EnvironmentResourceCapabilities
+from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
+from harbor.models.trial.config import ResourceMode
+from harbor.models.trial.paths import TrialPaths
+
+from slime_harbor.environments.bubblewrap import ExecTimeoutError, _owner_stamp, _tail, _write_dir_archive
+from slime_harbor.environments.docker_exec import WORKER_DIR, Completed, ExecServer, ExecServerError, ExecServerUnavailable
+
+ENV_TYPE = "slime-docker"
+LABEL = "slime-harbor"
+"""Prefix of every label we put on containers and images."""
+IMAGE_REPOSITORY = "slime-harbor-env"
+KEEPALIVE = ["sh", "-c", "sleep infinity"]  # the command Harbor's compose files give the container
+_ROOT_USERS = (None, "root", 0, "0")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_API_TIMEOUT_SEC = 120
+
+
+class DockerUnavailableError(RuntimeError):
+    """No Docker daemon answers where the Docker SDK looks (DOCKER_HOST or the default socket)."""
+
+
+def _docker_host() -> str:
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+_clients: dict[str, object] = {}
+_clients_lock = threading.Lock()
+
+
+def docker_client():
+    """The process's ``docker.DockerClient`` for the current DOCKER_HOST (one per host)."""
+    import docker
+
+    host = _docker_host()
+    with _clients_lock:
+        client = _clients.get(host)
+        if client is None:
+            client = docker.DockerClient(base_url=host, timeout=_API_TIMEOUT_SEC, max_pool_size=64)
+            _clients[host] = client
+        return client
+
+
+def check_docker(timeout: float = 10.0) -> None:
+    """Raise :class:`DockerUnavailableError` (a one-line message) unless a daemon answers."""
+    import docker
+
+    try:
+        probe = docker.DockerClient(base_url=_docker_host(), timeout=timeout)
+        try:
+            probe.ping()
+        finally:
+            probe.close()
+    except Exception as exc:  # connection refused, missing socket, permission denied, bad URL...
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DockerUnavailableError(
+            f"Docker is not reachable at {_docker_host()} (--env docker needs a running Docker "
+            f"daemon; set DOCKER_HOST to use another): {reason}"
+        ) from None
+
+
+# --- identity of this process and its run ---------------------------------------------------------
+
+RUN_ID = os.environ.get("SLIME_HARBOR_RUN_ID") or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+"""Label value shared by every container this process starts (SLIME_HARBOR_RUN_ID overrides)."""
+
+
+def owner_labels() -> dict[str, str]:
+    return {
+        f"{LABEL}.owner": _owner_stamp(os.getpid()) or "",
+        f"{LABEL}.owner-host": socket.gethostname(),
+        f"{LABEL}.owner-pid": str(os.getpid()),
+    }
+
+
+def sweep_stale_containers(client=None) -> list[str]:
+    """Remove our containers whose owning process died (or whose pid now belongs to another
+    process). Containers owned from another host or pid namespace are left alone."""
+    client = client or docker_client()
+    our_namespace = os.readlink("/proc/self/ns/pid")
+    removed = []
+    for container in client.api.containers(all=True, filters={"label": f"{LABEL}.owner"}):
+        labels = container.get("Labels") or {}
+        stamp = labels.get(f"{LABEL}.owner", "")
+        try:
+            namespace, pid, _ = stamp.split()
+        except ValueError:
+            continue
+        if labels.get(f"{LABEL}.owner-host") != socket.gethostname() or namespace != our_namespace:
+            continue
+        if _owner_stamp(int(pid)) != stamp:
+            with contextlib.suppress(Exception):  # already gone, or another sweeper got there first
+                client.api.remove_container(container["Id"], force=True)
+                removed.append(container["Id"])
+    return removed
+
+
+_sweep_done = False
+_sweep_lock = threading.Lock()
+
+
+def _sweep_once() -> None:
+    global _sweep_done
+    with _sweep_lock:
+        if not _sweep_done:
+            _sweep_done = True
+            sweep_stale_containers()
+
+
+# --- images ----------------------------------------------------------------------------------------
+
+# tag -> the build's outcome: one build per tag in this process, whichever event loop asks; a
+# failed build stays failed (later trials of the task fail fast with the same reason).
+_image_builds: dict[str, concurrent.futures.Future] = {}
+_image_builds_lock = threading.Lock()
+
+
+def _lock_dir() -> Path:
+    path = Path(tempfile.gettempdir()) / "slime-harbor-docker-locks"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def _build_image(context: Path, tag: str, task_name: str, timeout_sec: float) -> None:
+    """Build ``context`` as ``tag`` unless it exists; one builder at a time across processes."""
+    import docker
+
+    client = docker_client()
+    with open(_lock_dir() / (re.sub(r"[^A-Za-z0-9_.-]", "_", tag) + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            client.api.inspect_image(tag)
+            return  # built by an earlier run, or by another process while we waited
+        log_lines: list[str] = []
+        error = None
+        try:
+            for chunk in client.api.build(
+                path=str(context), tag=tag, rm=True, forcerm=True, pull=False, decode=True,
+                network_mode="host",  # RUN apt-get / pip reach the package registries
+                labels={f"{LABEL}.task": task_name}, timeout=timeout_sec,
+            ):  # fmt: skip
+                if "stream" in chunk:
+                    log_lines.append(chunk["stream"])
+                if "error" in chunk:
+                    error = chunk.get("errorDetail", {}).get("message") or chunk["error"]
+        except Exception as exc:  # bad Dockerfile syntax (400), daemon errors, read timeout
+            error = str(exc)
+        if error is not None:
+            raise SandboxBuildFailedError(
+                f"building the image of task {task_name} failed: {error.strip()}\n"
+                f"{_tail(''.join(log_lines), 3000)}"
+            )
+
+
+async def ensure_image(context: Path, tag: str, task_name: str, timeout_sec: float) -> None:
+    """Wait for ``tag`` to exist, building it once per process however many trials ask at once."""
+    with _image_builds_lock:
+        future = _image_builds.get(tag)
+        if future is None:
+            future = concurrent.futures.Future()
+            future.set_running_or_notify_cancel()  # a cancelled waiter must not cancel the build
+            _image_builds[tag] = future
+
+            def build() -> None:
+                try:
+                    _build_image(context, tag, task_name, timeout_sec)
+                except BaseException as exc:
+                    if not isinstance(exc, SandboxBuildFailedError):
+                        exc = SandboxBuildFailedError(f"building the image of task {task_name} failed: {exc}")
+                    future.set_exception(exc)
+                else:
+                    future.set_result(None)
+
+            threading.Thread(target=build, name=f"build {tag}", daemon=True).start()
+    await asyncio.shield(asyncio.wrap_future(future))
+
+
+def image_tag(environment_name: str, content_hash: str) -> str:
+    name = re.sub(r"[^a-z0-9._-]", "-", environment_name.lower()).strip("-._") or "task"
+    return f"{IMAGE_REPOSITORY}/{name}:{content_hash[:24]}"
+
+
+# --- the environment ---------------------------------------------------------------------------
+
+
+class DockerEnvironment(BaseEnvironment):
+    """Harbor ``BaseEnvironment`` on the Docker Engine API; see the module docstring.
+
+    Keyword arguments of its own (Harbor passes ``EnvironmentConfig.kwargs`` / ``--ek``):
+
+    - ``default_network_mode``: ``"no-network"`` (default) or ``"public"``: the network of a
+      task whose task.toml does not set ``[environment] network_mode``.
+    """
+
+    def __init__(
+        self,
+        environment_dir: Path,
+        environment_name: str,
+        session_id: str,
+        trial_paths: TrialPaths,
+        task_env_config: EnvironmentConfig,
+        *,
+        default_network_mode: str = NetworkMode.NO_NETWORK.value,
+        network_policy: NetworkPolicy | None = None,
+        **kwargs,
+    ):
+        self._default_network_mode = NetworkMode(default_network_mode)
+        super().__init__(
+            environment_dir=environment_dir,
+            environment_name=environment_name,
+            session_id=session_id,
+            trial_paths=trial_paths,
+            task_env_config=task_env_config,
+            # A Trial passes the task's resolved policy; used on its own, take the task's.
+            network_policy=network_policy or task_env_config.resolve_baseline(),
+            **kwargs,
+        )
+        self.container_id: str | None = None
+        """The trial's container (None before ``start()`` and after ``stop()``)."""
+        self._image_workdir = "/"
+        self._image_env_keys: set[str] = set()
+        self._server: ExecServer | None = None
+        self._use_api_exec = False
+        self._stop_task: asyncio.Future | None = None
+
+    @staticmethod
+    def type() -> str:
+        return ENV_TYPE
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        # mounted: Harbor's log directories are bind-mounted, so Harbor reads them on the host.
+        return EnvironmentCapabilities(disable_internet=True, mounted=True)
+
+    @classmethod
+    def resource_capabilities(cls) -> EnvironmentResourceCapabilities:
+        return EnvironmentResourceCapabilities(cpu_limit=True, memory_limit=True)
+
+    @classmethod
+    def preflight(cls) -> None:
+        try:
+            check_docker()
+        except DockerUnavailableError as e:
+            raise SystemExit(str(e)) from None
+
+    def _validate_definition(self) -> None:
+        if (self.environment_dir / "docker-compose.yaml").exists():
+            raise SandboxBuildFailedError(
+                f"{self.environment_dir}/docker-compose.yaml: multi-container tasks need "
+                "--env harbor-docker"
+            )
+        if not self.task_env_config.docker_image and not (self.environment_dir / "Dockerfile").is_file():
+            raise SandboxBuildFailedError(f"{self.environment_dir}/Dockerfile not found and no docker_image set")
+
+    @property
+    def shares_host_network(self) -> bool:
+        """Whether the container gets the host's network (else: none, loopback only)."""
+        if self.network_policy.network_mode != NetworkMode.PUBLIC:
+            return False
+        explicit = "network_mode" in self.task_env_config.model_fields_set
+        return explicit or self._default_network_mode == NetworkMode.PUBLIC
+
+    @property
+    def trial_name(self) -> str:
+        return self.session_id.removesuffix("__env")
+
+    @property
+    def image(self) -> str:
+        return self.task_env_config.docker_image or image_tag(self.environment_name, self.environment_id)
+
+    @property
+    def _client(self):
+        return docker_client()
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def start(self, force_build: bool) -> None:
+        if self.container_id is not None or self._stop_task is not None:
+            raise RuntimeError("the container was already started")
+        await asyncio.to_thread(_sweep_once)
+        if self.task_env_config.docker_image:
+            await asyncio.to_thread(self._check_prebuilt_image)
+        else:
+            await ensure_image(self.environment_dir, self.image, self.environment_name,
+                               self.task_env_config.build_timeout_sec)  # fmt: skip
+        # Recorded as soon as it exists, so a stop() racing this start() removes it.
+        await asyncio.to_thread(self._create_container)
+        try:
+            self._server = ExecServer(self._client.api, self.container_id)
+            await self._server.start()
+        except ExecServerUnavailable:
+            self._server.close()
+            self._server, self._use_api_exec = None, True
+        if not self._use_api_exec and not self._server.has_bash:
+            self.logger.debug(f"{self.image} has no bash: commands run with /bin/sh")
+        writable = self._mount_targets(writable_only=True)
+        if writable:  # bind mounts exist already; chmod so a non-root agent can write its logs
+            await self.ensure_dirs(writable)
+        await self._upload_environment_dir_after_start()
+
+    def _check_prebuilt_image(self) -> None:
+        import docker
+
+        try:
+            self._client.api.inspect_image(self.image)
+        except docker.errors.ImageNotFound:
+            raise SandboxBuildFailedError(
+                f"task {self.environment_name}: docker_image {self.image!r} is not present and images "
+                "are never pulled here (docker load / build it first)"
+            ) from None
+
+    def _create_container(self) -> None:
+        api = self._client.api
+        cpus = self._resource_limit_value("cpu", auto_mode=ResourceMode.LIMIT)
+        memory_mb = self._resource_limit_value("memory", auto_mode=ResourceMode.LIMIT)
+        binds = [f"{m['source']}:{m['target']}:{'ro' if m.get('read_only') else 'rw'}"
+                 for m in self._mounts if m.get("type") == "bind"]  # fmt: skip
+        host_config = api.create_host_config(
+            binds=binds,
+            network_mode="host" if self.shares_host_network else "none",
+            nano_cpus=int(cpus * 1e9) if cpus else None,
+            mem_limit=f"{memory_mb}m" if memory_mb else None,
+            init=True,  # Docker's init as pid 1 reaps the orphans of killed commands
+        )
+        name = re.sub(r"[^a-zA-Z0-9_.-]", "-", f"sh-{self.trial_name}")[:60] + f"-{uuid.uuid4().hex[:6]}"
+        created = api.create_container(
+            self.image, command=KEEPALIVE, name=name, detach=True, host_config=host_config,
+            environment=self._startup_env() or None, labels=self._labels(),
+        )  # fmt: skip
+        self.container_id = created["Id"]
+        _live_containers[self.container_id] = self
+        api.start(self.container_id)
+        config = api.inspect_container(self.container_id)["Config"]
+        self._image_workdir = config.get("WorkingDir") or "/"
+        self._image_env_keys = {e.split("=", 1)[0] for e in config.get("Env") or []}
+
+    def _labels(self) -> dict[str, str]:
+        return {
+            f"{LABEL}.sandbox": ENV_TYPE,
+            f"{LABEL}.run": RUN_ID,
+            f"{LABEL}.trial": self.trial_name,
+            f"{LABEL}.task": self.environment_name,
+            **owner_labels(),
+        }
+
+    async def stop(self, delete: bool) -> None:
+        """Remove the container (delete=True; else stop it) and anything labelled with the trial.
+
+        Every caller waits for the same teardown (Harbor runs stop() under asyncio.shield, and a
+        caller cancelled twice returns early while it goes on; a later caller must be able to
+        wait for it to finish).
+        """
+        if self._stop_task is None:
+            self._stop_task = asyncio.ensure_future(asyncio.to_thread(self._stop_blocking, delete))
+        await asyncio.shield(self._stop_task)
+
+    def _stop_blocking(self, delete: bool) -> None:
+        import docker
+
+        if self._server is not None:
+            self._server.close()
+        api = self._client.api
+        ids = {self.container_id} - {None}
+        if delete:
+            ids |= {c["Id"] for c in api.containers(all=True, filters={"label": f"{LABEL}.trial={self.trial_name}"})}
+        for container_id in ids:
+            try:
+                if delete:
+                    api.remove_container(container_id, force=True)
+                else:
+                    api.stop(container_id, timeout=1)
+                    self.logger.info(f"Container kept: {container_id[:12]}")
+            except docker.errors.NotFound:
+                pass
+            _live_containers.pop(container_id, None)
+        self.container_id = None
+
+    # --- running commands -------------------------------------------------------------------
+
+    async def exec(
+        self,
+        command: str,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_sec: int | None = None,
+        user: str | int | None = None,
+    ) -> ExecResult:
+        user = self._resolve_user(user)
+        env = self._merge_env(env) or {}
+        cwd = cwd or self.task_env_config.workdir or self._image_workdir
+        done = await self._run(command, cwd=cwd, env=env, user=user, timeout_sec=timeout_sec)
+        if done.timed_out:
+            raise ExecTimeoutError(f"Command timed out after {timeout_sec} seconds")
+        return ExecResult(
+            stdout=done.stdout.decode(errors="replace"),
+            stderr=done.stderr.decode(errors="replace"),
+            return_code=done.return_code,
+        )
+
+    async def _run(self, command: str, *, cwd: str, env: dict[str, str], user, timeout_sec) -> Completed:
+        if self.container_id is None or self._stop_task is not None:
+            raise RuntimeError("the container is not running")
+        root = user in _ROOT_USERS
+        server = self._server
+        if (
+            server is None
+            or not all(_ENV_NAME.match(k) for k in env)
+            or (not root and (not server.has_setpriv or ":" in str(user)))
+        ):
+            return await self._api_exec(command, cwd=cwd, env=env, user=user, timeout_sec=timeout_sec)
+        try:
+            return await server.run(self._job_script(command, cwd, env, user), timeout_sec)
+        except ExecServerError as exc:
+            raise RuntimeError(f"{exc} ({self._container_state()})") from None
+
+    def _container_state(self) -> str:
+        try:
+            state = self._client.api.inspect_container(self.container_id)["State"]
+            return f"container {self.container_id[:12]} is {state['Status']}" + (
+                " (killed: out of memory)" if state.get("OOMKilled") else ""
+            )
+        except Exception as exc:
+            return f"container {str(self.container_id)[:12]}: {exc}"
+
+    def _shell(self) -> str:
+        return "bash" if self._server is None or self._server.has_bash else "/bin/sh"
+
+    def _job_script(self, command: str, cwd: str, env: dict[str, str], user) -> str:
+        """What the worker runs for one command: ``docker exec -w CWD -e ... -u USER bash -c``."""
+        q = shlex.quote
+        lines = [
+            f"cd -- {q(cwd)} 2>/dev/null || {{ echo {q(f'chdir to cwd ({cwd!r}) failed: no such file or directory')} >&2; exit 126; }}",
+            "unset OLDPWD",  # as in a fresh exec (cd set it)
+        ]
+        lines += [f"export {k}={q(v)}" for k, v in env.items()]
+        run = f"{self._shell()} -c {q(command)}"
+        if user in _ROOT_USERS:
+            lines.append(f"exec {run}")
+            return "\n".join(lines) + "\n"
+        # Resolve the user as docker exec does: by name, else a numeric uid (gid 0, HOME /).
+        lines += [
+            f"u={q(str(user))}; uid=; gid=0; home=/; groups=--clear-groups",
+            'while IFS=: read -r n _ i g _ h _; do',
+            '  if [ "$n" = "$u" ] || [ "$i" = "$u" ]; then uid=$i; gid=$g; home=$h; groups=--init-groups; break; fi',
+            "done < /etc/passwd",
+            'if [ -z "$uid" ]; then case $u in *[!0-9]*|"")',
+            '  echo "unable to find user $u: no matching entries in passwd file" >&2; exit 126;; esac; uid=$u; fi',
+        ]  # fmt: skip
+        if "HOME" not in env and "HOME" not in self._image_env_keys:
+            lines.append('export HOME="$home"')
+        lines.append(f'exec setpriv --reuid="$uid" --regid="$gid" "$groups" -- {run}')
+        return "\n".join(lines) + "\n"
+
+    async def _api_exec(self, command: str, *, cwd: str, env: dict[str, str], user, timeout_sec) -> Completed:
+        """One Engine API exec (images without setpriv / bash+setsid, exotic env names or users).
+
+        Docker starts each exec as a session leader, so a timeout kills its process group: the
+        exec records its pid in a file first, and a root exec kills ``-pid``.
+        """
+        pid_file = f"{WORKER_DIR}/api-{uuid.uuid4().hex[:12]}.pid"
+        argv = ["/bin/sh", "-c", 'echo $$ > "$0" 2>/dev/null; exec "$@"', pid_file, self._shell(), "-c", command]
+        api = self._client.api
+        exec_id = await asyncio.to_thread(
+            api.exec_create, self.container_id, argv, stdout=True, stderr=True, workdir=cwd,
+            environment=env or None, user="" if user is None else str(user),
+        )  # fmt: skip
+        exec_id = exec_id["Id"]
+
+        def run() -> tuple[bytes, bytes]:
+            out, err = api.exec_start(exec_id, demux=True)
+            return out or b"", err or b""
+
+        task = asyncio.ensure_future(asyncio.to_thread(run))
+        timed_out = False
+        try:
+            out, err = await asyncio.wait_for(asyncio.shield(task), timeout_sec or None)
+        except TimeoutError:
+            timed_out = True
+        except BaseException:
+            await self._api_kill(pid_file)
+            raise
+        if timed_out:
+            await self._api_kill(pid_file)
+            out, err = await task
+        rc = (await asyncio.to_thread(api.exec_inspect, exec_id))["ExitCode"]
+        return Completed(rc if rc is not None else -1, out, err, timed_out=timed_out)
+
+    async def _api_kill(self, pid_file: str) -> None:
+        script = f'read -r p < {pid_file} && kill -KILL -- "-$p" 2>/dev/null; rm -f {pid_file}; exit 0'
+        with contextlib.suppress(Exception):
+            exec_id = await asyncio.to_thread(self._client.api.exec_create, self.container_id,
+                                              ["/bin/sh", "-c", script], user="root")  # fmt: skip
+            await asyncio.to_thread(self._client.api.exec_start, exec_id["Id"])
+
+    async def _root_check(self, command: str, what: str) -> str:
+        done = await self._run(command, cwd="/", env={}, user="root", timeout_sec=_API_TIMEOUT_SEC)
+        if done.return_code != 0:
+            detail = (done.stdout + done.stderr).decode(errors="replace").strip()
+            raise RuntimeError(f"{what} failed (exit {done.return_code}): {detail}")
+        return done.stdout.decode(errors="replace")
+
+    # --- file transfer ------------------------------------------------------------------------
+
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        # Like `docker cp`: into the directory if the target is one, else as that file.
+        source = Path(source_path)
+        parent = posixpath.dirname(target_path.rstrip("/")) or "/"
+        q = shlex.quote
+        kind = await self._root_check(
+            f"if [ -d {q(target_path)} ]; then echo dir; else mkdir -p -- {q(parent)}; fi",
+            f"upload_file {source} -> {target_path}",
+        )
+        directory, name = (target_path, source.name) if kind.strip() == "dir" else (parent, posixpath.basename(target_path))
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            info = tar.gettarinfo(source.resolve(), arcname=name)
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            with open(source, "rb") as data:
+                tar.addfile(info, data)
+        await self._put_archive(directory, buffer.getvalue(), f"upload_file {source} -> {target_path}")
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        # Like `docker cp source/. target`: the directory's contents land in target_dir.
+        await self._root_check(f"mkdir -p -- {shlex.quote(target_dir)}", f"upload_dir -> {target_dir}")
+        with tempfile.TemporaryFile() as archive:
+            await asyncio.to_thread(_write_dir_archive, archive, Path(source_dir))
+            archive.seek(0)
+            await self._put_archive(target_dir, archive.read(), f"upload_dir {source_dir} -> {target_dir}")
+
+    async def _put_archive(self, directory: str, data: bytes, what: str) -> None:
+        ok = await asyncio.to_thread(self._client.api.put_archive, self.container_id, directory, data)
+        if not ok:
+            raise RuntimeError(f"{what} failed")
+
+    async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        target = Path(target_path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.partial")
+        try:
+            await asyncio.to_thread(self._download_file_blocking, source_path, partial)
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+
+    def _download_file_blocking(self, source_path: str, target: Path) -> None:
+        with tempfile.TemporaryFile() as archive:
+            self._get_archive(source_path, archive)
+            with tarfile.open(fileobj=archive, mode="r:") as tar:
+                member = tar.next()
+                if member is None or not member.isfile():
+                    raise RuntimeError(f"download_file {source_path}: not a regular file")
+                with tar.extractfile(member) as data, open(target, "wb") as out:
+                    while chunk := data.read(1 << 20):
+                        out.write(chunk)
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        target = Path(target_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self._download_dir_blocking, source_dir, target)
+
+    def _download_dir_blocking(self, source_dir: str, target: Path) -> None:
+        with tempfile.TemporaryFile() as archive:
+            self._get_archive(source_dir.rstrip("/") + "/.", archive)
+            with tarfile.open(fileobj=archive, mode="r:") as tar:
+                members = []
+                for member in tar:
+                    # The archive of DIR/. holds "./..." (or "DIR/..." on some daemons): strip it.
+                    parts = member.name.split("/", 1)
+                    if len(parts) == 1:
+                        continue
+                    member.name = parts[1]
+                    members.append(member)
+                tar.extractall(path=target, members=members, filter=transfer_tar_filter)
+
+    def _get_archive(self, path: str, archive: IO[bytes]) -> None:
+        import docker
+
+        try:
+            stream, _ = self._client.api.get_archive(self.container_id, path)
+        except docker.errors.NotFound:
+            raise FileNotFoundError(f"{path}: no such file or directory in the container") from None
+        for chunk in stream:
+            archive.write(chunk)
+        archive.seek(0)
+
+
+# Containers started by this process and not yet removed: removed at interpreter exit (e.g. a
+# script that never awaited stop(), or a Ctrl-C that cut a teardown short).
+_live_containers: dict[str, DockerEnvironment] = {}
+
+
+@atexit.register
+def _remove_live_containers() -> None:
+    if not _live_containers:
+        return
+    with contextlib.suppress(Exception):
+        api = docker_client().api
+        for container_id in list(_live_containers):
+            with contextlib.suppress(Exception):
+                api.remove_container(container_id, force=True)
+    _live_containers.clear()
+
