@@ -22,6 +22,11 @@
 # The prompt data is written from the configured tasks dir by `slime-harbor prepare-data` on
 # every launch, so it always matches harbor_tasks_dir; a PROMPT_DATA you name is used as it is
 # when the file exists (and written from the tasks dir when it does not).
+# Held-out evaluation runs through SLiME's own eval loop when EVAL_TASKS_DIR names a dir of
+# Harbor tasks: its prompts are written by prepare-data to EVAL_PROMPT_DATA (default
+# runs/harbor_eval_prompts.jsonl), the hook runs each as a trial with evaluation=True and the
+# eval sampling settings, and SLiME logs eval/heldout and its pass@k (--log-passrate). Unset or
+# empty: no evaluation.
 set -euo pipefail
 
 REPO_ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -108,6 +113,9 @@ CUSTOM_CONFIG_PATH="$(abspath "${CUSTOM_CONFIG_PATH:-$REPO_ROOT/examples/harbor/
 PROMPT_DATA_GIVEN="${PROMPT_DATA:+1}"
 PROMPT_DATA="$(abspath "${PROMPT_DATA:-$REPO_ROOT/runs/harbor_prompts.jsonl}" "$PWD")"
 
+EVAL_TASKS_DIR="${EVAL_TASKS_DIR:+$(abspath "$EVAL_TASKS_DIR" "$PWD")}"
+EVAL_PROMPT_DATA="$(abspath "${EVAL_PROMPT_DATA:-$REPO_ROOT/runs/harbor_eval_prompts.jsonl}" "$PWD")"
+
 CKPT_ARGS=()
 opt CKPT_ARGS --hf-checkpoint /root/Qwen3-4B
 opt CKPT_ARGS --ref-load /root/Qwen3-4B_torch_dist  # the frozen reference policy of the KL loss
@@ -136,6 +144,18 @@ opt ROLLOUT_ARGS --custom-reward-post-process-path slime_harbor.hooks.reward_pos
 opt ROLLOUT_ARGS --dynamic-sampling-filter-path slime_harbor.hooks.dynamic_sampling_filter
 opt ROLLOUT_ARGS --over-sampling-batch-size 12
 ROLLOUT_ARGS+=(--custom-config-path "$CUSTOM_CONFIG_PATH")
+
+# Held-out evaluation (only with EVAL_TASKS_DIR): before training, every EVAL_INTERVAL rollouts.
+EVAL_ARGS=()
+if [ -n "$EVAL_TASKS_DIR" ]; then
+   EVAL_ARGS+=(--eval-prompt-data heldout "$EVAL_PROMPT_DATA")
+   opt EVAL_ARGS --eval-interval 20
+   opt EVAL_ARGS --n-samples-per-eval-prompt 4    # trials per held-out task: the k of pass@k
+   opt EVAL_ARGS --eval-temperature 1.0
+   opt EVAL_ARGS --eval-top-p 1.0
+   opt EVAL_ARGS --eval-max-response-len 4096     # tokens per agent turn
+   switch EVAL_ARGS --log-passrate 1               # eval/heldout-pass@1 .. pass@k (and passrate/ in training)
+fi
 
 GRPO_ARGS=()
 opt GRPO_ARGS --advantage-estimator grpo
@@ -196,7 +216,7 @@ SUBMIT=(
    ray job submit --address="http://127.0.0.1:$DASHBOARD_PORT"
    --runtime-env-json="$RUNTIME_ENV_JSON"
    -- "$PYTHON" "$SLIME_DIR/train.py"
-   "${MODEL_ARGS[@]}" "${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${GRPO_ARGS[@]}" "${OPTIMIZER_ARGS[@]}"
+   "${MODEL_ARGS[@]}" "${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${EVAL_ARGS[@]}" "${GRPO_ARGS[@]}" "${OPTIMIZER_ARGS[@]}"
    "${SGLANG_ARGS[@]}" "${PERF_ARGS[@]}" "${MISC_ARGS[@]}" "${EXTRA_ARGS[@]}"
 )
 
@@ -251,6 +271,10 @@ preflight() {
       fi
    fi
 
+   if [ -n "$EVAL_TASKS_DIR" ] && [ -z "$(find "$EVAL_TASKS_DIR" -mindepth 2 -maxdepth 2 -name task.toml 2>/dev/null)" ]; then
+      problems+=("EVAL_TASKS_DIR $EVAL_TASKS_DIR has no Harbor task (no */task.toml)")
+   fi
+
    if [ ${#problems[@]} -gt 0 ]; then
       echo "run_harbor_grpo.sh: preflight failed:" >&2
       printf '  - %s\n' "${problems[@]}" >&2
@@ -270,6 +294,12 @@ if [ -z "$PROMPT_DATA_GIVEN" ] || [ ! -f "$PROMPT_DATA" ]; then
    echo "writing $PROMPT_DATA from $tasks_dir"
    PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m slime_harbor.cli prepare-data \
       --tasks "$tasks_dir" --out "$PROMPT_DATA"
+fi
+if [ -n "$EVAL_TASKS_DIR" ]; then  # always rewritten: it follows EVAL_TASKS_DIR
+   mkdir -p "$(dirname "$EVAL_PROMPT_DATA")"
+   echo "writing $EVAL_PROMPT_DATA from $EVAL_TASKS_DIR"
+   PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m slime_harbor.cli prepare-data \
+      --tasks "$EVAL_TASKS_DIR" --out "$EVAL_PROMPT_DATA"
 fi
 
 # A head node of our own, stopped on any exit (the job dies with it: nothing is left running).

@@ -128,6 +128,13 @@ class NativeAgentOptions(AgentOptions):
     tokenizer_path: str | None = Field(
         default=None, description="HF model/tokenizer dir of the policy (env SLIME_HARBOR_TOKENIZER)."
     )
+    policy_api: str = Field(
+        default="sglang", description="sglang: /generate at policy_url; openai: /v1/completions with token-id "
+        "prompts (vLLM), policy_url being the OpenAI base URL (…/v1) and the agent's model_name the model."
+    )
+    lora_path: str | None = Field(
+        default=None, description="LoRA adapter (by name) loaded on the policy server to sample from; None = base."
+    )
     step_limit: int = Field(default=30, description="Most model turns per episode.")
     temperature: float = Field(default=1.0, description="Sampling temperature.")
     top_p: float = Field(default=1.0, description="Nucleus sampling cut-off (1.0 = off).")
@@ -241,7 +248,8 @@ class NativeAgent(BaseAgent):
             self._step("system", SYSTEM_PROMPT),
             self._step("user", INSTANCE_PROMPT.format(instruction=instruction)),
         ]
-        client = PolicyClient(self.policy_url)
+        client = PolicyClient(self.policy_url, lora_path=self.options.lora_path, api=self.options.policy_api,
+                              model=self.model_name)
         try:
             for _ in range(self.options.step_limit):
                 ids = await self._turn(ids, client, environment, context, detail)

@@ -221,8 +221,14 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
     p = sub.add_parser("rollout", help="run Harbor trials as GRPO groups and write samples")
     add_rollout_args(p, RolloutConfig())
 
-    p = sub.add_parser("demo", help="the main job on embedded defaults: a short rollout on the bundled tasks")
-    p.add_argument("--out", type=Path, default=Path("runs/demo"))
+    p = sub.add_parser("demo", help="the main job on embedded defaults: SFT warm start, then a short GRPO run on "
+                       "procedural tasks with real trials; held-out success before and after",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    from slime_harbor.trainers.learning import DEMO_DEFAULTS, DEMO_WANDB_PROJECT, add_flags
+
+    add_flags(p, DEMO_DEFAULTS)
+    p.add_argument("--wandb-project", default=DEMO_WANDB_PROJECT,
+                   help="wandb project (offline unless a W&B login is configured); '' = no wandb")
     add_reward_mapping_arg(p, RolloutConfig.reward_mapping)
 
     sub.add_parser("train-local", help="GRPO on this machine: rollouts from the current policy, LoRA updates "
@@ -254,10 +260,11 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
     elif a.command == "rollout":
         run_rollout_command(rollout_config(a), guard)
     elif a.command == "demo":
-        # Short on purpose: 2 episodes per bundled task, few turns, so a fresh machine finishes in minutes.
-        cfg = RolloutConfig(tasks_dir=DEFAULT_TASKS, agent="native", n_samples=2, concurrency=4,
-                            step_limit=4, max_new_tokens=96, out_dir=a.out, reward_mapping=a.reward_mapping)
-        run_rollout_command(cfg, guard)
+        from slime_harbor.trainers.learning import LearningConfig, run_demo
+
+        project, mapping = vars(a).pop("wandb_project"), vars(a).pop("reward_mapping")
+        fields = {k: v for k, v in vars(a).items() if k != "command"}
+        run_demo(LearningConfig(**fields), wandb_project=project, guard=guard, reward_mapping=mapping)
     elif a.command == "view":
         view(a.out, host=a.host, port=a.port)
     elif a.command == "prepare-data":

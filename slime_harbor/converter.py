@@ -241,6 +241,8 @@ def trial_to_samples(
         "turns": (agent_result.metadata or {}).get("turns") if agent_result else None,
         "exit_status": (agent_result.metadata or {}).get("exit_status") if agent_result else None,
         "exception_type": result.exception_info.exception_type if result.exception_info else None,
+        # Per turn: "stop", or "length" where the turn hit the max-new-token limit (filters.py).
+        "finish_reasons": ((details[0].get("extra") or {}).get("finish_reason") if details else None),
         "status_reason": why,
         "drift_count": drift,
         "n_segments": len(segments),

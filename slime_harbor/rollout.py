@@ -92,6 +92,15 @@ class RolloutConfig:
     """X-SMG-Routing-Key sent with every turn (the SLiME hook: sample.session_id); None = none."""
     timeout_multiplier: float = 1.0
     """Scales the task.toml agent/verifier/build timeouts."""
+    policy_api: str = "sglang"
+    """How agents reach policy_url: sglang (its root; /generate, and /v1 for terminus-2) | openai
+    (an OpenAI-compatible base URL ending in /v1, e.g. vLLM's: the native agent sends token ids to
+    /v1/completions)."""
+    lora_name: str | None = None
+    """LoRA adapter loaded on the policy server to sample from (SGLang's /generate lora_path; the
+    OpenAI model name for terminus-2); None = the served model itself."""
+    verifier_timeout_sec: float | None = None
+    """The verifier's time limit in seconds, instead of the task's [verifier] timeout_sec."""
     reward_mapping: str = "raw"
     """raw: verifier reward as is; pm1: reward r in [0,1] -> 2r-1."""
     progress: bool = True
@@ -153,6 +162,8 @@ def agent_config(cfg: RolloutConfig):
                 "top_p": cfg.top_p,
                 "top_k": cfg.top_k,
                 "max_new_tokens": cfg.max_new_tokens,
+                "lora_path": cfg.lora_name,
+                "policy_api": cfg.policy_api,
                 "max_context_len": cfg.max_context_len,
                 "stop": list(cfg.stop),
                 "stop_token_ids": list(cfg.stop_token_ids),
@@ -166,9 +177,9 @@ def agent_config(cfg: RolloutConfig):
         context = _max_context(cfg.model_dir)
         config = AgentConfig(
             name="terminus-2",
-            model_name=f"hosted_vllm/{cfg.model_name}",
+            model_name=f"hosted_vllm/{cfg.lora_name or cfg.model_name}",  # vLLM: an adapter is a model name
             kwargs={
-                "api_base": f"{cfg.policy_url.rstrip('/')}/v1",
+                "api_base": cfg.policy_url if cfg.policy_api == "openai" else f"{cfg.policy_url.rstrip('/')}/v1",
                 "collect_rollout_details": True,
                 # Summarisation rewrites the history, which breaks the per-turn token prefix.
                 "enable_summarize": False,
@@ -226,11 +237,11 @@ def check_environment_runs(env: str) -> None:
         raise ConfigError(f"env {env!r} cannot run here: {one_line(exc)}") from None
 
 
-def hard_timeout_sec(task_path: Path, multiplier: float) -> float:
+def hard_timeout_sec(task_path: Path, multiplier: float, verifier_timeout_sec: float | None = None) -> float:
     """Upper bound on one trial's wall time, from the task's own timeouts (Harbor's defaults if unset)."""
     config = tomllib.loads((Path(task_path) / "task.toml").read_text())
     agent = config.get("agent", {}).get("timeout_sec", 600.0)
-    verifier = config.get("verifier", {}).get("timeout_sec", 600.0)
+    verifier = verifier_timeout_sec or config.get("verifier", {}).get("timeout_sec", 600.0)
     build = config.get("environment", {}).get("build_timeout_sec", 600.0)
     return multiplier * (agent + verifier + build) + HARD_TIMEOUT_SLACK_SEC
 
@@ -267,7 +278,7 @@ async def run_episode(
 
 
 async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, trials_dir, tokenizer, started) -> Episode:
-    from harbor.models.trial.config import TaskConfig, TrialConfig
+    from harbor.models.trial.config import TaskConfig, TrialConfig, VerifierConfig
     from harbor.trial.trial import Trial
 
     task_path = Path(task_path)
@@ -277,12 +288,13 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
         trials_dir=Path(trials_dir).resolve(),
         agent=agent_config(cfg),
         environment=environment_config(cfg.env),
+        verifier=VerifierConfig(override_timeout_sec=cfg.verifier_timeout_sec),
         timeout_multiplier=cfg.timeout_multiplier,
     )
     trial = None
     try:
         trial = await Trial.create(config)
-        result = await asyncio.wait_for(trial.run(), hard_timeout_sec(task_path, cfg.timeout_multiplier))
+        result = await asyncio.wait_for(trial.run(), hard_timeout_sec(task_path, cfg.timeout_multiplier, cfg.verifier_timeout_sec))
     except asyncio.CancelledError:
         await _finish_environment_stop(trial)
         raise

@@ -61,7 +61,7 @@ def run_script(args, env_overrides, cwd=None):
     env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
     env.update(env_overrides)
     return subprocess.run(
-        ["bash", str(SCRIPT), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=60
+        ["bash", str(SCRIPT), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300
     )
 
 
@@ -108,6 +108,28 @@ def test_dry_run_prints_every_grpo_flag_with_defaults(fake_slime, tmp_path):
     assert train_args[:6] == ["--num-layers", "2", "--normalization", "RMSNorm", "--rotary-base", "1000000"]
     # A dry run reads only: the prompt data is not written.
     assert not (tmp_path / "prompts.jsonl").exists()
+
+
+def test_heldout_evaluation_flags_come_with_an_eval_tasks_dir(fake_slime, tmp_path):
+    _, plain = dry_run(fake_slime, tmp_path)
+    assert not [f for f in plain if f.startswith("--eval") or f in ("--n-samples-per-eval-prompt", "--log-passrate")]
+
+    eval_data = tmp_path / "eval.jsonl"
+    _, train_args = dry_run(fake_slime, tmp_path, EVAL_TASKS_DIR=str(REPO / "tests/fixtures/tasks"),
+                            EVAL_PROMPT_DATA=str(eval_data))
+    i = train_args.index("--eval-prompt-data")
+    assert train_args[i + 1:i + 3] == ["heldout", str(eval_data)]  # SLiME's name/path pairs
+    flags = flag_values(train_args)
+    assert {k: flags[k] for k in ("--eval-interval", "--n-samples-per-eval-prompt", "--eval-temperature",
+                                  "--eval-top-p", "--eval-max-response-len", "--log-passrate")} == {
+        "--eval-interval": "20", "--n-samples-per-eval-prompt": "4", "--eval-temperature": "1.0",
+        "--eval-top-p": "1.0", "--eval-max-response-len": "4096", "--log-passrate": True}
+    assert not eval_data.exists()  # a dry run reads only
+
+    _, train_args = dry_run(fake_slime, tmp_path, EVAL_TASKS_DIR=str(REPO / "tests/fixtures/tasks"),
+                            EVAL_INTERVAL="5", N_SAMPLES_PER_EVAL_PROMPT="8")
+    flags = flag_values(train_args)
+    assert (flags["--eval-interval"], flags["--n-samples-per-eval-prompt"]) == ("5", "8")
 
 
 def test_env_vars_override_flags(fake_slime, tmp_path):
@@ -213,6 +235,7 @@ def test_launch_writes_prompts_starts_ray_and_always_stops_it(fake_slime, tmp_pa
     (bin_dir / "ray").chmod(0o755)
     env = {"SLIME_DIR": str(fake_slime), "MODEL": "tiny", "NUM_GPUS": "1", "PYTHON": sys.executable,
            "PROMPT_DATA": str(tmp_path / "data" / "prompts.jsonl"),
+           "EVAL_TASKS_DIR": str(REPO / "tests/fixtures/tasks"), "EVAL_PROMPT_DATA": str(tmp_path / "data" / "eval.jsonl"),
            "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     proc = run_script(["--skip-preflight", "--use-wandb"], env, cwd=tmp_path)
     assert proc.returncode == 7, proc.stderr  # the submit's failure is the script's
@@ -221,8 +244,12 @@ def test_launch_writes_prompts_starts_ray_and_always_stops_it(fake_slime, tmp_pa
     tasks = sorted(p.name for p in (REPO / "examples/harbor/tasks").iterdir() if (p / "task.toml").is_file())
     assert len(rows) == len(tasks) > 0
 
+    eval_rows = [json.loads(r) for r in (tmp_path / "data" / "eval.jsonl").read_text().splitlines()]
+    assert [r["label"] for r in eval_rows] == ["vowel-share"]  # the held-out prompts, from EVAL_TASKS_DIR
+
     lines = calls.read_text().splitlines()
     assert [line.split()[:2] for line in lines] == [["start", "--head"], ["job", "submit"], ["stop", "--force"]]
+    assert f"--eval-prompt-data heldout {tmp_path / 'data' / 'eval.jsonl'}" in lines[1]
     assert "--num-gpus 1" in lines[0]
     assert lines[1].endswith("--use-wandb") and "--eps-clip-high 0.28" in lines[1]
 
@@ -299,7 +326,8 @@ def test_every_flag_is_known_to_slime_or_its_own_launch_scripts(tmp_path):
     # Megatron's flags are not in SLiME's parser; SLiME's own scripts show which it takes.
     megatron_text = "\n".join(p.read_text() for p in launch_scripts)
 
-    proc = run_script(["--dry-run"], {"SLIME_DIR": str(checkout), "PROMPT_DATA": str(tmp_path / "p.jsonl")})
+    proc = run_script(["--dry-run"], {"SLIME_DIR": str(checkout), "PROMPT_DATA": str(tmp_path / "p.jsonl"),
+                                      "EVAL_TASKS_DIR": str(REPO / "examples/harbor/tasks")})  # eval flags too
     assert proc.returncode == 0, proc.stderr
     _, train_args = parse_command(proc.stdout)
     unknown = [

@@ -1,4 +1,6 @@
-"""Client for SGLang's native `/generate` endpoint (token in, token out).
+"""Client for SGLang's native `/generate` endpoint (token in, token out), or for OpenAI-compatible
+servers (vLLM, verifiers / prime-rl's inference server) through `/v1/completions` with token-id
+prompts and token ids + logprobs back (`api="openai"`).
 
 The same client talks to SGLang's router in production and to our embedded policy server here:
 both speak the protocol below, so nothing else in the chain knows which one it is using.
@@ -88,10 +90,20 @@ class Generation:
     """len(token_ids) + 1 offsets into top_p_token_ids, from 0."""
 
 
+API_KINDS = ("sglang", "openai")
+
+
 class PolicyClient:
-    def __init__(self, base_url: str, request_timeout_sec: float = 600.0, connect_retries: int = 3):
+    def __init__(self, base_url: str, request_timeout_sec: float = 600.0, connect_retries: int = 3,
+                 lora_path: str | None = None, api: str = "sglang", model: str | None = None):
+        """`api`: sglang (POST {base_url}/generate) | openai (POST {base_url}/completions, base_url
+        being the OpenAI base, e.g. http://host:8000/v1; `model` names the served model)."""
+        if api not in API_KINDS:
+            raise ValueError(f"api must be one of {API_KINDS}, got {api!r}")
         self.base_url = base_url.rstrip("/")
         self.connect_retries = connect_retries
+        self.lora_path = lora_path  # SGLang's per-request LoRA adapter (by name); None = the base model
+        self.api, self.model = api, model
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout_sec, connect=10.0))
 
     async def generate(
@@ -100,12 +112,16 @@ class PolicyClient:
         """One turn. `routing_key` goes out as X-SMG-Routing-Key: under SGLang's router with
         consistent hashing, every turn of an episode then lands on the same engine (prefix cache)."""
         rid = rid or uuid.uuid4().hex
+        if self.api == "openai":
+            return await self._complete(input_ids, params, rid)
         payload = {
             "input_ids": list(input_ids),
             "sampling_params": params.to_sglang(),
             "return_logprob": True,
             "rid": rid,
         }
+        if self.lora_path:
+            payload["lora_path"] = self.lora_path
         headers = {"X-SMG-Routing-Key": routing_key} if routing_key else None
         reply = await self._post("/generate", payload, headers)
         meta = reply.get("meta_info") or {}
@@ -145,8 +161,43 @@ class PolicyClient:
             )
         return ids, offsets
 
+    async def _complete(self, input_ids: list[int], params: SamplingParams, rid: str) -> Generation:
+        """The same turn through vLLM's OpenAI completions: token ids in, token ids + logprobs out."""
+        if params.return_top_p_token_ids:
+            raise PolicyServerError("top-p replay (return_top_p_token_ids) needs SGLang's /generate, not /v1/completions")
+        payload = {
+            "model": self.lora_path or self.model,  # vLLM: a LoRA adapter is served as a model name
+            "prompt": list(input_ids),
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k,
+            "stop": list(params.stop) or None,
+            "stop_token_ids": list(params.stop_token_ids) or None,
+            "seed": params.sampling_seed,
+            "logprobs": 0,  # the sampled token's logprob only
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            "include_stop_str_in_output": True,
+        }
+        reply = await self._post("/completions", payload)
+        try:
+            choice = reply["choices"][0]
+            token_ids = [int(t) for t in choice["token_ids"]]
+            logprobs = [float(lp) for lp in choice["logprobs"]["token_logprobs"]]
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise PolicyServerError(
+                f"{self.base_url}/completions returned no token ids + logprobs ({type(exc).__name__}: {exc}); "
+                "the server must honour return_token_ids and logprobs (vLLM >= 0.10.2)"
+            ) from exc
+        if len(token_ids) != len(logprobs):
+            raise PolicyServerError(f"{len(token_ids)} token ids but {len(logprobs)} logprobs")
+        return Generation(token_ids, logprobs, choice.get("text", ""), choice.get("finish_reason") or "stop", rid)
+
     async def abort(self, rid: str) -> None:
         """Ask the server to stop a running request (best effort: the trial is ending anyway)."""
+        if self.api == "openai":
+            return  # no per-request abort in the OpenAI API; closing the connection ends it on vLLM
         try:
             await self._client.post(f"{self.base_url}/abort_request", json={"rid": rid}, timeout=5.0)
         except httpx.HTTPError:

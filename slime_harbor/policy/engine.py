@@ -24,7 +24,11 @@ SLiME's trainer recomputes them under the replayed keep-mask. A request without 
 Weights: `update_model(model)` swaps the model between two steps and bumps `weight_version`;
 `paused()` holds the engine between steps while a trainer edits weights in place. Rows still
 running keep the KV cache computed by the old weights, so callers that need purely on-policy
-samples update weights while the engine is idle (`num_pending() == 0`).
+samples update weights while the engine is idle (`num_pending() == 0`). Over HTTP the same is
+done the way SGLang takes weights: `update_weights_from_disk(path)` (a full HF checkpoint, swapped
+in once running requests have finished) and `load_lora_adapter(name, path)` /
+`unload_lora_adapter(name)` (peft adapters on the served base; a request picks one by name, rows
+with different adapters share a batch, and a request naming none samples the base model).
 
 Only full-attention models (no sliding window) are supported, which covers Qwen3.
 """
@@ -120,8 +124,9 @@ class EngineStats:
 class _Request:
     """A submitted request and its decoding state (owned by the worker once admitted)."""
 
-    def __init__(self, rid, prompt_ids, params, stop_token_ids, generator):
+    def __init__(self, rid, prompt_ids, params, stop_token_ids, generator, lora=None):
         self.rid: str = rid
+        self.lora: str | None = lora  # the LoRA adapter (by name) this request samples from; None = base
         self.prompt_ids: list[int] = prompt_ids
         self.params: SamplingParams = params
         self.stop_token_ids: frozenset[int] = stop_token_ids
@@ -157,6 +162,7 @@ class SamplingEngine:
         self.weight_version = 0
         self.stats = EngineStats()
         self._rng = torch.Generator().manual_seed(self.config.seed)
+        self.lora_adapters: dict[str, str] = {}  # adapters loaded over load_lora_adapter: name -> path
 
         self._cond = threading.Condition()  # guards _queue, _active, _closing
         self._queue: collections.deque[_Request] = collections.deque()
@@ -179,8 +185,10 @@ class SamplingEngine:
 
     # ----- public API -------------------------------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams | None = None, rid: str | None = None):
-        """Queue a request; returns a concurrent.futures.Future[Generation]."""
+    def submit(self, prompt_ids: list[int], params: SamplingParams | None = None, rid: str | None = None,
+               lora: str | None = None):
+        """Queue a request; returns a concurrent.futures.Future[Generation]. `lora`: the name of a
+        loaded LoRA adapter to sample from (None: the base model)."""
         params = params or SamplingParams()
         prompt_ids = [int(t) for t in prompt_ids]
         if not prompt_ids:
@@ -197,8 +205,10 @@ class SamplingEngine:
         with self._cond:  # also serialises draws from the shared seed generator
             seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))
             request = _Request(
-                rid or uuid.uuid4().hex, prompt_ids, params, stop_ids, torch.Generator().manual_seed(seed)
+                rid or uuid.uuid4().hex, prompt_ids, params, stop_ids, torch.Generator().manual_seed(seed), lora
             )
+            if lora is not None and lora not in self.lora_adapters:
+                raise ValueError(f"LoRA adapter {lora!r} is not loaded (loaded: {sorted(self.lora_adapters)})")
             if self._closing:
                 raise RuntimeError("the engine is closed")
             if request.rid in self._active:
@@ -216,10 +226,10 @@ class SamplingEngine:
         """Blocking submit-and-wait."""
         return self.submit(prompt_ids, params, rid).result(timeout)
 
-    async def agenerate(self, prompt_ids, params=None, rid=None) -> Generation:
+    async def agenerate(self, prompt_ids, params=None, rid=None, lora: str | None = None) -> Generation:
         """Submit and await; cancelling the awaiting task aborts the request."""
         rid = rid or uuid.uuid4().hex
-        future = self.submit(prompt_ids, params, rid)
+        future = self.submit(prompt_ids, params, rid, lora)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -255,6 +265,60 @@ class SamplingEngine:
             self.model = model
             self.weight_version += 1
             return self.weight_version
+
+    def update_weights_from_disk(self, model_path: str, *, abort_all: bool = False, timeout_s: float = 600.0) -> int:
+        """SGLang's update_weights_from_disk: load the HF checkpoint at `model_path` (same
+        architecture) and serve it once the requests running now have finished (or abort them
+        first); returns the new weight version. The old weights stay on any error."""
+        from transformers import AutoModelForCausalLM
+
+        if self.lora_adapters:
+            raise ValueError(f"unload the LoRA adapters first: {sorted(self.lora_adapters)}")
+        new = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype)
+        if type(new.config) is not type(self.model.config) or new.config.vocab_size != self.model.config.vocab_size:
+            raise ValueError(f"{model_path} is a {type(new.config).__name__} with vocab {new.config.vocab_size}; "
+                             f"the engine serves a {type(self.model.config).__name__} with vocab "
+                             f"{self.model.config.vocab_size}")
+        if abort_all:
+            self.abort_all()
+        self._wait_idle(timeout_s)
+        return self.update_model(new)
+
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """SGLang's load_lora_adapter: add the peft adapter at `path` under `name` (base unchanged)."""
+        from peft import PeftModel
+
+        if name in self.lora_adapters:
+            raise ValueError(f"a LoRA adapter named {name!r} is already loaded")
+        with self.paused():
+            if isinstance(self.model, PeftModel):
+                self.model.load_adapter(path, adapter_name=name)
+            else:
+                self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)
+            self.model = self._prepare(self.model)
+            self.lora_adapters[name] = str(path)
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """SGLang's unload_lora_adapter; refused while a request is using the adapter."""
+        if name not in self.lora_adapters:
+            raise ValueError(f"LoRA adapter {name!r} is not loaded")
+        with self._cond:
+            users = sum(r.lora == name for r in self._active.values())
+        if users:
+            raise ValueError(f"LoRA adapter {name!r} is in use by {users} running request(s)")
+        with self.paused():
+            if len(self.lora_adapters) == 1:
+                self.model = self.model.unload()  # the last adapter: back to the plain base model
+            else:
+                self.model.delete_adapter(name)
+            del self.lora_adapters[name]
+
+    def _wait_idle(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.num_pending() != (0, 0):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"requests still running after {timeout_s}s")
+            time.sleep(0.01)
 
     @contextlib.contextmanager
     def paused(self):
@@ -334,7 +398,7 @@ class SamplingEngine:
             input_ids[i, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
             mask[i, width - len(request.prompt_ids) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits, cache = self._forward(input_ids, mask, positions, past=None)
+        logits, cache = self._forward(input_ids, mask, positions, None, requests)
         self.stats.prefills += 1
         kv = _cache_tensors(cache)
         # Pad slots hold garbage from fully masked attention rows; zero them so they can never leak.
@@ -350,16 +414,19 @@ class SamplingEngine:
         rows = len(batch.rows)
         mask = torch.cat([batch.mask, torch.ones((rows, 1), dtype=torch.long)], dim=1)
         last = torch.tensor([r.output_ids[-1] for r in batch.rows], dtype=torch.long)[:, None]
-        logits, cache = self._forward(last, mask, batch.next_pos[:, None], past=batch.cache)
+        logits, cache = self._forward(last, mask, batch.next_pos[:, None], batch.cache, batch.rows)
         batch.cache, batch.mask, batch.next_pos = cache, mask, batch.next_pos + 1
         self.stats.decode_steps += 1
         self.stats.rows_per_decode_step[rows] += 1
         self._sample(batch, logits)
 
-    def _forward(self, input_ids, mask, positions, past):
+    def _forward(self, input_ids, mask, positions, past, rows):
         from transformers import DynamicCache
 
+        # Adapters loaded over HTTP: each row runs with its own (peft mixed-adapter batch).
+        extra = {"adapter_names": [r.lora or "__base__" for r in rows]} if self.lora_adapters else {}
         out = self.model(
+            **extra,
             input_ids=input_ids.to(self.device),
             attention_mask=mask.to(self.device),
             position_ids=positions.to(self.device),

@@ -18,7 +18,17 @@ Endpoints:
     POST /v1/chat/completions   OpenAI chat, with vLLM's token fields (top-level prompt_token_ids,
                                 per-choice token_ids when return_token_ids) and logprobs.content,
                                 which is what Harbor's LiteLLM client reads for rollout details
+    POST /v1/completions        OpenAI completions as vLLM serves them: the prompt as text or token
+                                ids; with return_token_ids, per-choice prompt_token_ids and token_ids;
+                                logprobs.token_logprobs for the sampled tokens (token in, token out
+                                on an OpenAI-compatible server)
     POST /abort_request         {"rid": ...} or {"abort_all": true}
+    POST /update_weights_from_disk   SGLang's: {"model_path", "abort_all_requests"?} -> {"success",
+                                "message", "num_paused_requests"}; served once running requests end
+    POST /load_lora_adapter     SGLang's: {"lora_name", "lora_path"}; requests pick it by name
+                                (/generate "lora_path", or the OpenAI "model" field as vLLM does)
+    POST /unload_lora_adapter   SGLang's: {"lora_name"}
+    GET  /get_model_info        {"model_path", "weight_version", "lora_adapters"}
     GET  /health, /health_generate, /v1/models, /v1/loads
 
 Run it with `serve(model_dir)` (blocking, the CLI's `slime-harbor serve`) or in-process with
@@ -28,6 +38,7 @@ Run it with `serve(model_dir)` (blocking, the CLI's `slime-harbor serve`) or in-
 from __future__ import annotations
 
 import array
+import asyncio
 import base64
 import contextlib
 import dataclasses
@@ -66,16 +77,22 @@ class BadRequest(ValueError):
 class PolicyServer:
     """The FastAPI app over one SamplingEngine (`.app`)."""
 
-    def __init__(self, engine: SamplingEngine, model_name: str = "tiny-qwen3"):
+    def __init__(self, engine: SamplingEngine, model_name: str = "tiny-qwen3", model_path: str | None = None):
         self.engine = engine
         self.model_name = model_name
+        self.model_path = model_path  # what /get_model_info reports; updated by /update_weights_from_disk
         self.app = FastAPI(title="slime-harbor policy server")
         self.app.exception_handler(BadRequest)(self._bad_request)
         self.app.exception_handler(ValueError)(self._bad_request)  # e.g. the engine refusing a prompt
         routes = [
             ("POST", "/generate", self.generate),
             ("POST", "/v1/chat/completions", self.chat_completions),
+            ("POST", "/v1/completions", self.completions),
             ("POST", "/abort_request", self.abort_request),
+            ("POST", "/update_weights_from_disk", self.update_weights_from_disk),
+            ("POST", "/load_lora_adapter", self.load_lora_adapter),
+            ("POST", "/unload_lora_adapter", self.unload_lora_adapter),
+            ("GET", "/get_model_info", self.model_info),
             ("GET", "/health", self.health),
             ("GET", "/health_generate", self.health_generate),
             ("GET", "/v1/models", self.models),
@@ -99,7 +116,10 @@ class PolicyServer:
         else:
             raise BadRequest("give input_ids (a list of ints) or text (a string)")
         params = sglang_sampling_params(body.get("sampling_params") or {})
-        generation = await self.engine.agenerate(prompt_ids, params, rid=body.get("rid"))
+        lora = body.get("lora_path")
+        if lora is not None and not isinstance(lora, str):
+            raise BadRequest("lora_path must be the name of one loaded adapter (batched requests are not supported)")
+        generation = await self.engine.agenerate(prompt_ids, params, rid=body.get("rid"), lora=lora)
         meta_info: dict[str, Any] = {
             "id": generation.rid,
             "finish_reason": generation.finish_reason,
@@ -148,7 +168,7 @@ class PolicyServer:
                 f"{len(prompt_ids)} input tokens. Please reduce the length of the input messages."
             )
         params = openai_sampling_params(body, default_max_tokens=context - len(prompt_ids))
-        generation = await self.engine.agenerate(prompt_ids, params)
+        generation = await self.engine.agenerate(prompt_ids, params, lora=self._lora_for_model(body.get("model")))
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": generation.text},
@@ -179,6 +199,107 @@ class PolicyServer:
             choice["token_ids"] = generation.output_ids
         return reply
 
+    async def completions(self, request: Request) -> dict[str, Any]:
+        body = await _json(request)
+        if body.get("stream") or body.get("echo") or body.get("suffix"):
+            raise BadRequest("stream, echo and suffix are not supported")
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, str):
+            prompt_ids = self.engine.tokenizer.encode(prompt, add_special_tokens=False)
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            prompt_ids = prompt
+        else:
+            raise BadRequest("prompt must be a string or one list of token ids (batched prompts are not supported)")
+        if (body.get("logprobs") or 0) > 1:
+            raise BadRequest("top logprobs are not supported (logprobs must be 0 or 1)")
+        if len(prompt_ids) >= self.engine.context_length:
+            raise BadRequest(f"This model's maximum context length is {self.engine.context_length} tokens. "
+                             f"However, your request has {len(prompt_ids)} input tokens.")
+        params = openai_sampling_params(body, default_max_tokens=self.engine.context_length - len(prompt_ids))
+        params.no_stop_trim = bool(body.get("include_stop_str_in_output"))
+        generation = await self.engine.agenerate(prompt_ids, params, lora=self._lora_for_model(body.get("model")))
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": generation.text,
+            "logprobs": None,
+            "finish_reason": generation.finish_reason["type"],
+            "stop_reason": generation.finish_reason.get("matched"),
+        }
+        if body.get("logprobs") is not None:
+            tokens = [_token_bytes(self.engine.tokenizer, t).decode("utf-8", errors="replace")
+                      for t in generation.output_ids]
+            choice["logprobs"] = {
+                "tokens": tokens,
+                "token_logprobs": generation.logprobs,
+                "top_logprobs": [{t: lp} for t, lp in zip(tokens, generation.logprobs, strict=True)],
+                "text_offset": [],
+            }
+        if body.get("return_token_ids"):
+            choice["prompt_token_ids"] = generation.prompt_ids
+            choice["token_ids"] = generation.output_ids
+        n_prompt, n_out = len(generation.prompt_ids), len(generation.output_ids)
+        return {
+            "id": f"cmpl-{generation.rid}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out},
+        }
+
+    def _lora_for_model(self, model: Any) -> str | None:
+        """The adapter an OpenAI request's "model" names: vLLM's "<adapter>" or SGLang's
+        "<base>:<adapter>"; anything else samples the base model."""
+        if not isinstance(model, str):
+            return None
+        name = model if model in self.engine.lora_adapters else model.rpartition(":")[2]
+        return name if name in self.engine.lora_adapters else None
+
+    # ----- weights (SGLang's HTTP API) ---------------------------------------------------------
+
+    async def update_weights_from_disk(self, request: Request) -> JSONResponse:
+        body = await _json(request)
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            raise BadRequest("give model_path (a HF checkpoint dir the server can read)")
+        try:
+            version = await asyncio.to_thread(
+                self.engine.update_weights_from_disk, path, abort_all=bool(body.get("abort_all_requests"))
+            )
+        except (OSError, ValueError, TimeoutError) as error:
+            return JSONResponse(status_code=400, content={"success": False, "message": f"{type(error).__name__}: {error}",
+                                                          "num_paused_requests": 0})
+        self.model_path = path
+        return JSONResponse({"success": True, "message": f"weights loaded from {path} (version {version})",
+                             "num_paused_requests": 0})
+
+    async def load_lora_adapter(self, request: Request) -> JSONResponse:
+        body = await _json(request)
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not (isinstance(name, str) and name and isinstance(path, str) and path):
+            raise BadRequest("give lora_name and lora_path (a peft adapter dir the server can read)")
+        return await self._adapter_call(self.engine.load_lora_adapter, name, path)
+
+    async def unload_lora_adapter(self, request: Request) -> JSONResponse:
+        name = (await _json(request)).get("lora_name")
+        if not isinstance(name, str) or not name:
+            raise BadRequest("give lora_name")
+        return await self._adapter_call(self.engine.unload_lora_adapter, name)
+
+    async def _adapter_call(self, method, *args) -> JSONResponse:
+        """SGLang's reply to an adapter load / unload: success, error_message (400 on failure)."""
+        try:
+            await asyncio.to_thread(method, *args)
+        except (OSError, ValueError) as error:
+            return JSONResponse(status_code=400, content={"success": False, "error_message": f"{type(error).__name__}: {error}"})
+        return JSONResponse({"success": True, "error_message": "", "loaded_adapters": dict(self.engine.lora_adapters)})
+
+    async def model_info(self) -> dict[str, Any]:
+        return {"model_path": self.model_path, "weight_version": str(self.engine.weight_version),
+                "lora_adapters": dict(self.engine.lora_adapters)}
+
     def _logprob_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
         raw = _token_bytes(self.engine.tokenizer, token_id)
         return {
@@ -206,7 +327,10 @@ class PolicyServer:
             "owned_by": "slime-harbor",
             "max_model_len": self.engine.context_length,
         }
-        return {"object": "list", "data": [model]}
+        # vLLM lists each loaded adapter as a model of its own, with the base as its parent.
+        adapters = [{**model, "id": name, "parent": self.model_name, "root": path}
+                    for name, path in self.engine.lora_adapters.items()]
+        return {"object": "list", "data": [model, *adapters]}
 
     async def loads(self) -> dict[str, Any]:
         running, queued = self.engine.num_pending()
@@ -351,7 +475,7 @@ class EmbeddedPolicyServer:
         self._owns_engine = engine is None
         self.engine = engine or load_engine(model_dir, engine_config)
         name = model_name or (Path(model_dir).name if model_dir else "policy")
-        self.policy = PolicyServer(self.engine, name)
+        self.policy = PolicyServer(self.engine, name, str(model_dir) if model_dir else None)
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
@@ -398,7 +522,7 @@ def serve(
 
     engine = load_engine(model_dir, engine_config)
     try:
-        policy = PolicyServer(engine, model_name or Path(model_dir).name)
+        policy = PolicyServer(engine, model_name or Path(model_dir).name, str(model_dir))
         uvicorn.run(policy.app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
         pass

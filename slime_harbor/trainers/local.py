@@ -11,15 +11,27 @@ core (rollout.run_rollouts: Harbor Trials, agent, sandbox, verifier, converter) 
           next rollout samples from the updated weights
 
 One step N:
-    1. rollout: n_samples Harbor trials per task -> output_dir/rollouts/step_N/samples.jsonl
+    1. rollout: n_samples Harbor trials per task (every task, or rollout_batch_size of them) ->
+       output_dir/rollouts/step_N/samples.jsonl; the trajectory filters (filters.py) mask
+       episodes that hit an enabled limit; with dynamic sampling, groups whose kept rewards do
+       not vary are masked and more tasks are sampled (step_N/refill_R/) to fill the step
     2. advantages: reward minus the mean reward of the task's episodes (grpo.episode_advantages);
-       removed samples (infra failures) are dropped and counted as aborted
+       removed samples (infra failures: counted as aborted; masked: counted per filter) are dropped
     3. update: recompute the logprobs of the sampled tokens (log_softmax(logits / T), exactly as
        the engine does), old logprobs = the rollout's own (so the PPO ratio is pi / pi_sampler),
        reference logprobs = the base model (adapters disabled, or a frozen copy with --no-lora),
        loss = grpo.grpo_loss, gradients accumulated over micro-batches, one AdamW step per
        minibatch (updates_per_rollout minibatches per rollout)
-    4. metrics.json, and checkpoint_N/ every save_every steps; final/ at the end
+    4. held-out evaluation (eval_tasks; also before step 1): pass@1 / pass@k (trainers/evaluate.py)
+    5. metrics.json (one record per step; step 0 holds only the evaluation before training),
+       wandb (tracking.py), checkpoint_N/ every save_every steps; final/ and reward_curve.png at the end
+
+External server (--policy-url / --vllm-url): the agents sample from an SGLang or vLLM-compatible
+server instead of the embedded engine, and after each optimizer step the Learner pushes the new
+weights the way SGLang takes them (policy/weights.py: LoRA adapters via /load_lora_adapter and
+/unload_lora_adapter, full weights via /update_weights_from_disk). A server that takes no weights
+(--weight-sync none) keeps sampling its own: the old logprobs are then recomputed from the trained
+policy, and every step logs server_logprob_gap, how far the server's logprobs are from ours.
 
 SIGINT / SIGTERM (from the command line): a rollout in flight is cancelled (sandboxes torn down,
 the step is not counted); an update in flight finishes with its metrics and scheduled checkpoint.
@@ -33,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import json
@@ -48,8 +61,11 @@ from typing import Any
 import torch
 
 from slime_harbor.exits import ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
+from slime_harbor.filters import TrajectoryFilters, apply_limit_filters, drop_zero_std_groups, varying_groups
 from slime_harbor.grpo import GRPOConfig, episode_advantages, grpo_loss, masked_mean
-from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig, check_config, check_environment_runs, run_rollouts
+from slime_harbor.rollout import (DEFAULT_TASKS, RolloutConfig, check_config, check_environment_runs, discover_tasks,
+                                  run_rollouts)
+from slime_harbor.trainers.evaluate import eval_metrics
 from slime_harbor.samples import TrainingSample, read_jsonl
 
 # --test: five of the easy bundled tasks, short episodes, two steps, a checkpoint after each.
@@ -87,6 +103,54 @@ class LocalTrainConfig:
     """Sampling temperature; the trainer scales logits by the same 1/T, so logprobs agree."""
     reward_mapping: str = "raw"
     """raw: the verifier's reward as is; pm1: reward r in [0, 1] -> 2r - 1 (pass +1, fail -1)."""
+    verifier_timeout: float | None = None
+    """The verifier's time limit in seconds (flag --eval-timeout); None = each task's own."""
+
+    # --- where the policy is served ---
+    policy_url: str | None = None
+    """Sample from this SGLang / vLLM-compatible server (alias --vllm-url) instead of an embedded
+    one; it must serve --model. After each optimizer step the weights are written under
+    OUTPUT_DIR/weights and the server is told to load them (see --weight-sync): the server reads
+    that path itself, so it must run on this host or see it on a shared filesystem."""
+    weight_sync: str = "auto"
+    """With --policy-url: lora (/load_lora_adapter + /unload_lora_adapter) | disk
+    (/update_weights_from_disk with the full, merged weights) | none (the server keeps its weights;
+    old logprobs are recomputed by the trainer) | auto (lora with LoRA, else disk; none when the
+    server has no such endpoint)."""
+
+    rollout_batch_size: int | None = None
+    """Tasks per step (SLiME's --rollout-batch-size), drawn in turn from a seeded shuffle of the
+    tasks, epoch after epoch; None = every task every step."""
+
+    # --- held-out evaluation (its episodes are never trained on) ---
+    eval_tasks: Path | None = None
+    """Directory of held-out Harbor task dirs: evaluated before the first step, every eval_every
+    steps and after the last; their trials go to output_dir/eval/step_N/. None = no evaluation."""
+    eval_every: int = 0
+    """Evaluate every this many steps too (SLiME's --eval-interval); <= 0: before and after only."""
+    eval_n_samples: int = 1
+    """Episodes per held-out task (SLiME's --n-samples-per-eval-prompt): the k of pass@k."""
+    eval_temperature: float | None = None
+    """Sampling temperature of evaluation episodes (SLiME's --eval-temperature); None = temperature."""
+    eval_top_p: float | None = None
+    """Top-p of evaluation episodes (SLiME's --eval-top-p); None = 1.0, as training samples."""
+    eval_top_k: int | None = None
+    """Top-k of evaluation episodes (SLiME's --eval-top-k); None = -1 (off), as training samples."""
+    eval_max_new_tokens: int | None = None
+    """Tokens per turn of evaluation episodes (SLiME's --eval-max-response-len); None = max_new_tokens."""
+
+    # --- trajectory filters (slime_harbor/filters.py): masked = no loss, not in the group baseline ---
+    mask_timeouts: bool = False
+    """Mask episodes the agent timeout ended (AgentTimeoutError); False: train them with their reward."""
+    mask_step_limit: bool = False
+    """Mask episodes that used every turn (step_limit) without finishing."""
+    mask_length_limit: bool = False
+    """Mask episodes with a turn cut at the max-new-token or context limit (DAPO's overlong filter)."""
+    dynamic_sampling: bool = False
+    """Drop groups whose kept rewards do not vary (SLiME's check_reward_nonzero_std) and sample
+    more groups, up to dynamic_sampling_max_rounds extra rollouts, to fill the step's batch."""
+    dynamic_sampling_max_rounds: int = 2
+    """Extra rollouts per step at most when dynamic sampling refills the batch."""
 
     # --- the policy ---
     model: str | None = None
@@ -137,18 +201,41 @@ class LocalTrainConfig:
     """Seeds torch, Python's random and the sampling engine."""
     progress: bool = False
     """Show the per-trial progress bar of each rollout."""
+    wandb_project: str | None = None
+    """Log every metric to this wandb project (offline unless a W&B login is configured or
+    WANDB_MODE says otherwise); None = no wandb."""
+    wandb_run_name: str | None = None
+    """wandb run name; None = wandb's own."""
 
     def grpo(self) -> GRPOConfig:
         return GRPOConfig(eps_clip=self.eps_clip, eps_clip_high=self.eps_clip_high, kl_coef=self.kl_coef,
                           use_kl_loss=self.kl_coef > 0)
 
-    def rollout(self, policy_url: str, model_dir: str, out_dir: Path) -> RolloutConfig:
+    def rollout(self, policy_url: str, model_dir: str, out_dir: Path, task_names: list[str] | None = None,
+                lora_name: str | None = None) -> RolloutConfig:
         return RolloutConfig(
-            tasks_dir=self.tasks_dir, task_names=self.task_names, agent=self.agent, n_samples=self.n_samples,
+            lora_name=lora_name, verifier_timeout_sec=self.verifier_timeout,
+            tasks_dir=self.tasks_dir, task_names=task_names if task_names is not None else self.task_names,
+            agent=self.agent, n_samples=self.n_samples,
             policy_url=policy_url, model_dir=model_dir, env=self.env, concurrency=self.concurrency,
             out_dir=out_dir, temperature=self.temperature, step_limit=self.step_limit,
             max_new_tokens=self.max_new_tokens, reward_mapping=self.reward_mapping, progress=self.progress,
         )
+
+    def eval_rollout(self, policy_url: str, model_dir: str, out_dir: Path, lora_name: str | None = None) -> RolloutConfig:
+        """The evaluation's episodes: held-out tasks, eval_n_samples each, the eval sampling settings."""
+        return dataclasses.replace(
+            self.rollout(policy_url, model_dir, out_dir, lora_name=lora_name), tasks_dir=self.eval_tasks, task_names=None,
+            n_samples=self.eval_n_samples,
+            temperature=self.temperature if self.eval_temperature is None else self.eval_temperature,
+            top_p=1.0 if self.eval_top_p is None else self.eval_top_p,
+            top_k=-1 if self.eval_top_k is None else self.eval_top_k,
+            max_new_tokens=self.max_new_tokens if self.eval_max_new_tokens is None else self.eval_max_new_tokens,
+        )
+
+    def filters(self) -> TrajectoryFilters:
+        return TrajectoryFilters(mask_timeouts=self.mask_timeouts, mask_step_limit=self.mask_step_limit,
+                                 mask_length_limit=self.mask_length_limit)
 
 
 # --------------------------------------------------------------------------------------------
@@ -307,7 +394,10 @@ def train_on_samples(policy: Policy, samples: Sequence[TrainingSample], cfg: Loc
     """Advantages, then updates_per_rollout optimizer steps. Skips cleanly (no step, weights and
     optimizer untouched) when nothing is trainable or every advantage is 0, and says why."""
     kept = trainable(samples)
-    out: dict[str, Any] = {"n_samples": len(samples), "aborted": len(samples) - len(kept), "n_trained_samples": 0,
+    # Removed by a filter (filters.py marks them) is not aborted: those are counted in "filters".
+    kept_ids = {id(s) for s in kept}
+    aborted = sum(id(s) not in kept_ids and "masked_by" not in (s.metadata or {}) for s in samples)
+    out: dict[str, Any] = {"n_samples": len(samples), "aborted": aborted, "n_trained_samples": 0,
                            "n_tokens": 0, "skipped": None, "updates": []}
     if not kept:
         out["skipped"] = "no trainable sample"
@@ -392,15 +482,216 @@ def rollout_stats(samples: Sequence[TrainingSample]) -> dict[str, Any]:
     }
 
 
-def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None) -> dict[str, Any]:
+def server_logprob_gap(policy: Policy, samples: Sequence[TrainingSample], cfg: LocalTrainConfig, device: str,
+                       recompute: bool) -> tuple[list[TrainingSample], dict[str, float]]:
+    """How far the server's logprobs are from the trained policy's, over the sampled tokens (mean
+    and max abs). With `recompute` (a server that does not take our weights) the samples' old
+    logprobs become the trained policy's, so the PPO ratio starts at 1 as it does on-policy."""
+    kept = trainable(samples)
+    if not kept:
+        return list(samples), {}
+    diffs, recomputed = [], {}
+    with torch.no_grad():
+        for lo in range(0, len(kept), cfg.micro_batch_size):
+            micro = kept[lo:lo + cfg.micro_batch_size]
+            batch = make_batch(micro, [0.0] * len(micro), device)
+            logprobs = token_logprobs(policy.model, batch, cfg.temperature)
+            diffs.append((logprobs - batch.old_logprobs).abs()[batch.loss_mask.bool()])
+            for i, s in enumerate(micro):
+                mask = torch.tensor(s.loss_mask, dtype=torch.bool)
+                ours = logprobs[i, logprobs.shape[1] - s.response_length:].cpu()
+                recomputed[id(s)] = torch.where(mask, ours, 0.0).tolist()  # observations keep logprob 0
+    gap = torch.cat(diffs)
+    stats = {"server_logprob_gap": gap.mean().item(), "server_logprob_gap_max": gap.max().item()}
+    if recompute:
+        samples = [dataclasses.replace(s, rollout_log_probs=recomputed[id(s)]) if id(s) in recomputed else s
+                   for s in samples]
+    return list(samples), stats
+
+
+class TaskStream:
+    """Task names in a seeded shuffled order, epoch after epoch; `position` counts names drawn
+    (kept in metrics.json, so a resumed run goes on where it stopped)."""
+
+    def __init__(self, tasks: Sequence[str], seed: int, position: int = 0):
+        self.tasks, self.seed, self.position = list(tasks), seed, position
+
+    def _at(self, i: int) -> str:
+        epoch, k = divmod(i, len(self.tasks))
+        order = list(self.tasks)
+        random.Random(f"{self.seed}:{epoch}").shuffle(order)
+        return order[k]
+
+    def take(self, n: int) -> list[str]:
+        """The next n names, without repeats (a window across two epochs may meet one twice)."""
+        names: list[str] = []
+        while len(names) < min(n, len(self.tasks)):
+            name = self._at(self.position)
+            self.position += 1
+            if name not in names:
+                names.append(name)
+        return names
+
+
+def _rebase(samples: list[TrainingSample], group_offset: int, n_samples: int) -> None:
+    """Give a later rollout's groups indices after those of the rollouts before it in the step."""
+    for s in samples:
+        s.group_index += group_offset
+        s.index += group_offset * n_samples
+        if s.rollout_id is not None:
+            s.rollout_id += group_offset * n_samples
+
+
+def sample_step(guard: SignalGuard, runner: asyncio.Runner, cfg: LocalTrainConfig, policy_url: str, model_dir: str,
+                step_dir: Path, tasks: list[str], stream: TaskStream,
+                lora_name: str | None = None) -> tuple[list[TrainingSample], dict[str, Any]]:
+    """One step's episodes, with the trajectory filters applied. The step's tasks are every task or
+    the next rollout_batch_size of the stream; with dynamic sampling, groups without reward
+    variance are dropped and the stream's next tasks are sampled to take their place, at most
+    dynamic_sampling_max_rounds more rollouts (step_dir/refill_R/)."""
+    names = tasks if cfg.rollout_batch_size is None else stream.take(cfg.rollout_batch_size)
+    wanted = len(names)
+    samples: list[TrainingSample] = []
+    masked: dict[str, int] = {}
+    errors = groups = 0
+    for round_ in range(1 + (cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 0)):
+        out_dir = step_dir if round_ == 0 else step_dir / f"refill_{round_}"
+        summary = guard.run(run_rollouts(cfg.rollout(policy_url, model_dir, out_dir, names, lora_name)), runner)
+        new = read_jsonl(out_dir / "samples.jsonl")
+        _rebase(new, groups, cfg.n_samples)
+        groups += len(names)
+        errors += len(summary.get("errors") or {})
+        for reason, n in apply_limit_filters(new, cfg.filters()).items():
+            masked[reason] = masked.get(reason, 0) + n
+        samples += new
+        missing = wanted - len(varying_groups(samples))
+        if not cfg.dynamic_sampling or missing <= 0:
+            break
+        names = stream.take(missing)
+    if cfg.dynamic_sampling:
+        masked["zero_std"] = drop_zero_std_groups(samples)
+    return samples, {"errors": errors, "n_groups_sampled": groups,
+                     "filters": {k: masked.get(k, 0) for k in ("timeout", "step_limit", "length_limit", "zero_std")},
+                     "truncated_ratio": _truncated_ratio(samples)}
+
+
+def _truncated_ratio(samples: Sequence[TrainingSample]) -> float | None:
+    """Share of scored episodes that hit a limit (status truncated), as SLiME's rollout/truncated_ratio."""
+    episodes = {(s.group_index, s.index): s.status.value for s in samples if s.reward is not None}
+    return sum(v == "truncated" for v in episodes.values()) / len(episodes) if episodes else None
+
+
+def evaluate(guard: SignalGuard, runner: asyncio.Runner, cfg: LocalTrainConfig, policy_url: str, model_dir: str,
+             out_dir: Path, lora_name: str | None = None) -> dict[str, Any]:
+    """Held-out pass@1 / pass@k of the policy being served now (trainers/evaluate.py); the samples
+    stay in out_dir and are never trained on."""
+    summary = guard.run(run_rollouts(cfg.eval_rollout(policy_url, model_dir, out_dir, lora_name)), runner)
+    result = eval_metrics(summary["per_task_rewards"], cfg.eval_n_samples)
+    result["truncated_ratio"] = _truncated_ratio(read_jsonl(out_dir / "samples.jsonl"))
+    result["wall_s"] = summary["wall_seconds"]
+    return result
+
+
+def _tracker(cfg: LocalTrainConfig, out: Path, base_model: str, device: str):
+    if not cfg.wandb_project:
+        return None
+    try:
+        import wandb  # noqa: F401
+    except ModuleNotFoundError:
+        raise ConfigError("--wandb-project needs the wandb package (pip install wandb)") from None
+    from slime_harbor.trainers.tracking import WandbRun
+
+    config = _jsonable({**dataclasses.asdict(cfg), "base_model": base_model, "device": device})
+    return WandbRun(cfg.wandb_project, cfg.wandb_run_name, out, config)
+
+
+def _plot(out: Path, metrics: list[dict]) -> str | None:
+    """OUTPUT_DIR/reward_curve.png: training reward per step and held-out pass@1 (None without matplotlib)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ModuleNotFoundError:
+        return None
+    from slime_harbor.trainers.tracking import plot_reward_curve
+
+    steps = [m for m in metrics if "reward_mean" in m]
+    heldout = [(m["step"], m["eval"]["pass@1"]) for m in metrics if m.get("eval", {}).get("pass@1") is not None]
+    plot_reward_curve(out / "reward_curve.png", [m["step"] for m in steps], [m["reward_mean"] for m in steps],
+                      heldout, "Local GRPO", heldout_label="held-out pass@1 (step 0: before training)")
+    return str(out / "reward_curve.png")
+
+
+class Learner:
+    """The policy side of the loop: serves the policy (an embedded engine on the module being
+    trained, or pushes to the external server at cfg.policy_url), trains it on a rollout's samples
+    and saves it. train() drives it; examples/harbor/harbor_grpo_modal.py runs one on a Modal GPU."""
+
+    def __init__(self, cfg: LocalTrainConfig, base_model: str, device: str, checkpoint: Path | None,
+                 out: Path, start: int, host: str = "127.0.0.1"):
+        from slime_harbor.policy.weights import WeightSync
+
+        self.cfg, self.device = cfg, device
+        self.policy = Policy.load(cfg, base_model, device, checkpoint)
+        self._stack = contextlib.ExitStack()
+        self.engine = self.sync = None
+        if cfg.policy_url:
+            self.url = cfg.policy_url
+            self.sync = WeightSync(cfg.policy_url, cfg.weight_sync, out / "weights")
+            if checkpoint or cfg.lora:  # the server must serve what we train from the first rollout on
+                self.sync.push(self.policy.model, self.policy.tokenizer, start)
+        else:
+            from slime_harbor.policy.engine import EngineConfig, SamplingEngine
+            from slime_harbor.policy.server import EmbeddedPolicyServer
+
+            # The engine serves the very module the optimizer updates; a new seed per start so a
+            # resumed run does not replay the samples of the steps before it.
+            engine_config = EngineConfig(device=device, seed=cfg.seed + start)
+            self.engine = self._stack.enter_context(SamplingEngine(self.policy.model, self.policy.tokenizer,
+                                                                   engine_config))
+            server = EmbeddedPolicyServer(engine=self.engine, model_name="policy", host=host)
+            self.url = self._stack.enter_context(server).url
+
+    @property
+    def lora_name(self) -> str | None:
+        """The adapter rollouts sample from on the external server (None: its own weights)."""
+        return self.sync.lora_name if self.sync else None
+
+    @property
+    def weight_version(self) -> int:
+        return self.engine.weight_version if self.engine else self.sync.version
+
+    def train_step(self, samples: Sequence[TrainingSample], step: int) -> dict[str, Any]:
+        """train_on_samples, then the server samples the updated weights."""
+        gap: dict[str, float] = {}
+        with self.engine.paused() if self.engine else contextlib.nullcontext():  # nothing samples meanwhile
+            if self.sync:
+                samples, gap = server_logprob_gap(self.policy, samples, self.cfg, self.device,
+                                                  recompute=self.sync.mode == "none")
+            result = train_on_samples(self.policy, samples, self.cfg, self.device)
+        if result["updates"]:
+            if self.engine:
+                self.engine.update_model(self.policy.model)  # the next rollout samples from the new weights
+            else:
+                result["weights_pushed"] = self.sync.push(self.policy.model, self.policy.tokenizer, step)
+        return {**result, **gap}
+
+    def save_checkpoint(self, out: Path, step: int, metrics: list[dict]) -> None:
+        save_checkpoint(self.policy, out, step, metrics)
+
+    def save_final(self, out: Path) -> None:
+        self.policy.save(out, with_optimizer=False)
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_factory=Learner) -> dict[str, Any]:
     """Run GRPO steps until step num_rollouts; returns the run summary (also in summary.json).
     With an entered SignalGuard (the command line's), a signal stops the run in order (see the
-    module doc) and Interrupted is raised after summary.json is written."""
-    from slime_harbor.policy.engine import EngineConfig, SamplingEngine
-    from slime_harbor.policy.server import EmbeddedPolicyServer
-
+    module doc) and Interrupted is raised after summary.json is written.
+    `learner_factory(cfg, base_model, device, checkpoint, out, start)` builds the policy side."""
     check_train_config(cfg)
     guard = guard or SignalGuard()  # not entered: signals keep their usual effect
+    tasks = [p.name for p in discover_tasks(cfg.tasks_dir, cfg.task_names)]
     checkpoint = find_checkpoint(cfg.resume) if cfg.resume else None
     state = json.loads((checkpoint / TRAINER_STATE).read_text()) if checkpoint else None
     if state and state["lora"] != cfg.lora:
@@ -412,9 +703,9 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None) -> dict[str, 
 
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
-    policy = Policy.load(cfg, base_model, device, checkpoint)
     start = state["step"] if state else 0
     metrics: list[dict] = list(state["metrics"]) if state else []
+    learner = learner_factory(cfg, base_model, device, checkpoint, out, start)
     if checkpoint:
         restore_rng(checkpoint)
         print(f"resumed from {checkpoint} at step {start}", file=sys.stderr)
@@ -422,46 +713,74 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None) -> dict[str, 
                                                             "device": device}), indent=1))
     last_checkpoint = str(checkpoint) if checkpoint else None
     started = time.monotonic()
+    stream = TaskStream(tasks, cfg.seed, position=metrics[-1].get("task_stream_position", 0) if metrics else 0)
     interrupted: Interrupted | None = None
-
-    # The engine serves the very module the optimizer updates; a new seed per start so a resumed
-    # run does not replay the samples of the steps before it.
-    engine_config = EngineConfig(device=device, seed=cfg.seed + start)
+    tracker = None
     try:
-        with SamplingEngine(policy.model, policy.tokenizer, engine_config) as engine, \
-                EmbeddedPolicyServer(engine=engine, model_name="policy") as server, asyncio.Runner() as runner:
+        tracker = _tracker(cfg, out, base_model, device)
+        with asyncio.Runner() as runner:
+
+            def record_done(record: dict) -> None:
+                (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+                if tracker is not None:
+                    tracker.log(record)
+
+            if cfg.eval_tasks is not None and start == 0:  # step 0: the policy before any update
+                evaluation = evaluate(guard, runner, cfg, learner.url, base_model, out / "eval" / "step_0",
+                                      learner.lora_name)
+                metrics.append({"step": 0, "eval": evaluation, "timings": {"eval_s": evaluation.pop("wall_s")}})
+                record_done(metrics[-1])
+                print(_eval_line(0, evaluation), file=sys.stderr)
             for step in range(start + 1, cfg.num_rollouts + 1):
                 t0 = time.monotonic()
-                sampled_version = engine.weight_version  # optimizer steps taken before this rollout
+                sampled_version = learner.weight_version  # weight updates the server took before this rollout
                 step_dir = out / "rollouts" / f"step_{step}"
-                rollout_summary = guard.run(run_rollouts(cfg.rollout(server.url, base_model, step_dir)), runner)
+                samples, sampling = sample_step(guard, runner, cfg, learner.url, base_model, step_dir, tasks, stream,
+                                                learner.lora_name)
                 # From here the step runs to its end (update, metrics, checkpoint) even if a
                 # signal arrives; the signal is raised after it.
                 with guard.deferred():
-                    samples = read_jsonl(step_dir / "samples.jsonl")
                     t1 = time.monotonic()
-                    with engine.paused():  # nothing samples while the weights change
-                        result = train_on_samples(policy, samples, cfg, device)
-                    if result["updates"]:
-                        engine.update_model(policy.model)  # the next rollout samples from the new weights
+                    result = learner.train_step(samples, step)  # the next rollout samples from the new weights
                     t2 = time.monotonic()
-                    record = {"step": step, **rollout_stats(samples), **result,
+                    record = {"step": step, **rollout_stats(samples), **result, **sampling,
                               "sampled_weight_version": sampled_version,
-                              "errors": len(rollout_summary.get("errors") or {}),
+                              "task_stream_position": stream.position,
                               "timings": {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3)}}
                     metrics.append(record)
                     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
                     print(_step_line(record), file=sys.stderr)
                     if step == cfg.num_rollouts or (cfg.save_every > 0 and step % cfg.save_every == 0):
-                        save_checkpoint(policy, out / f"checkpoint_{step}", step, metrics)
+                        learner.save_checkpoint(out / f"checkpoint_{step}", step, metrics)
                         last_checkpoint = str(out / f"checkpoint_{step}")
+                # The evaluation after the step (a signal cancels it like a rollout: the step stays recorded).
+                if cfg.eval_tasks is not None and (step == cfg.num_rollouts or (cfg.eval_every > 0 and step % cfg.eval_every == 0)):
+                    record["eval"] = evaluate(guard, runner, cfg, learner.url, base_model, out / "eval" / f"step_{step}",
+                                              learner.lora_name)
+                    record["timings"]["eval_s"] = record["eval"].pop("wall_s")
+                    print(_eval_line(step, record["eval"]), file=sys.stderr)
+                record_done(record)
     except Interrupted as exc:
         interrupted = exc
+    except BaseException:
+        learner.close()
+        if tracker is not None:
+            tracker.finish()
+        raise
 
-    if interrupted is None:
-        policy.save(out / "final", with_optimizer=False)
+    try:
+        if interrupted is None:
+            learner.save_final(out / "final")
+    finally:
+        learner.close()
     summary = _summary(metrics, cfg, base_model, out, last_checkpoint, time.monotonic() - started)
     summary["interrupted"] = interrupted is not None
+    summary["reward_curve"] = _plot(out, metrics)
+    if tracker is not None:
+        if summary["reward_curve"]:
+            tracker.log_image("rollout/reward_curve", Path(summary["reward_curve"]))
+        summary["wandb_dir"] = str(tracker.dir)
+        tracker.finish()
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if interrupted is not None:
         print(f"interrupted after step {summary['last_step']}: metrics in {out}/metrics.json, "
@@ -487,11 +806,27 @@ def _step_line(r: dict) -> str:
         f"loss {f(r.get('loss'))} kl {f(r.get('kl'), '.2e')} ppo_kl {f(r.get('ppo_kl'), '.2e')} "
         f"clipfrac {f(r.get('clipfrac'), '.3f')} tokens {r['n_tokens']}")
     return (f"step {r['step']}: reward {f(r['reward_mean'], '.3f')} pass {f(r['pass_rate'], '.2f')} "
-            f"aborted {r['aborted']}/{r['n_samples']} | {what} | rollout {r['timings']['rollout_s']:.1f}s "
+            f"aborted {r['aborted']}/{r['n_samples']}{_masked_text(r)} | {what} | rollout {r['timings']['rollout_s']:.1f}s "
             f"train {r['timings']['train_s']:.1f}s")
 
 
+def _eval_line(step: int, e: dict) -> str:
+    k = e["k"]
+    def f(x):
+        return "n/a" if x is None else f"{x:.3f}"
+    return (f"eval after step {step}: pass@1 {f(e['pass@1'])} pass@{k} {f(e[f'pass@{k}'])} "
+            f"({e['n_trials']} trials, {e['n_unscored']} unscored)")
+
+
+def _masked_text(r: dict) -> str:
+    masked = {k: v for k, v in (r.get("filters") or {}).items() if v}
+    return (" masked " + ",".join(f"{k} {v}" for k, v in masked.items())) if masked else ""
+
+
 def _summary(metrics, cfg, base_model, out, last_checkpoint, seconds) -> dict[str, Any]:
+    evals = [{"step": m["step"], **{k: v for k, v in m["eval"].items() if k != "per_task"}}
+             for m in metrics if "eval" in m]
+    metrics = [m for m in metrics if "reward_mean" in m]  # training steps (step 0 holds only an evaluation)
     rewards = [m["reward_mean"] for m in metrics if m["reward_mean"] is not None]
     return {
         "steps": len(metrics),
@@ -505,6 +840,9 @@ def _summary(metrics, cfg, base_model, out, last_checkpoint, seconds) -> dict[st
         "lora": cfg.lora,
         "final": str(out / "final") if (out / "final").is_dir() else None,
         "last_checkpoint": last_checkpoint,
+        "masked_episodes": {k: sum(m.get("filters", {}).get(k, 0) for m in metrics)
+                            for k in ("timeout", "step_limit", "length_limit", "zero_std")},
+        "evals": evals,
         "wall_seconds_this_run": round(seconds, 2),
     }
 
@@ -517,12 +855,12 @@ def _jsonable(d: dict) -> dict:
 # Command line: one flag per field, help from the field's docstring.
 
 
-def _field_docs() -> dict[str, str]:
-    """The docstring under each field of LocalTrainConfig (read from the source)."""
+def _field_docs(config_class: type | None = None) -> dict[str, str]:
+    """The docstring under each field of a config dataclass (LocalTrainConfig by default), read from the source."""
     import ast
     import inspect
 
-    tree = ast.parse(inspect.getsource(LocalTrainConfig))
+    tree = ast.parse(inspect.getsource(config_class or LocalTrainConfig))
     body = tree.body[0].body
     docs = {}
     for node, nxt in zip(body, body[1:]):
@@ -531,7 +869,9 @@ def _field_docs() -> dict[str, str]:
     return docs
 
 
-FLAG_NAMES = {"tasks_dir": "--tasks", "lora": "--no-lora"}
+FLAG_NAMES = {"tasks_dir": "--tasks", "lora": "--no-lora", "verifier_timeout": "--eval-timeout"}
+# Names users already type (other GRPO scripts), accepted as well.
+FLAG_ALIASES = {"policy_url": ["--vllm-url"], "step_limit": ["--agent-step-limit"]}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -549,17 +889,16 @@ def build_parser() -> argparse.ArgumentParser:
         help_text = f"{docs.get(f.name, '')} (default: {default})"
         if f.name == "lora":
             p.add_argument(flag, dest="lora", action="store_false", help=docs["lora"])
-        elif f.name == "progress":
-            p.add_argument(flag, action="store_true", help=docs["progress"])
+        elif default is False:  # switches: --progress, --mask-timeouts, --dynamic-sampling, ...
+            p.add_argument(flag, action="store_true", help=docs[f.name])
         elif isinstance(default, list) or f.name == "task_names":
             p.add_argument(flag, dest=f.name, nargs="+", help=help_text)
         elif f.name == "reward_mapping":
             p.add_argument(flag, choices=["raw", "pm1"], help=help_text)
         else:
-            kind = {bool: int, int: int, float: float}.get(type(default), str)
-            if f.name in ("tasks_dir", "output_dir", "resume"):
-                kind = Path
-            p.add_argument(flag, dest=f.name, type=kind, help=help_text)
+            # The annotation names the type where the default is None ("float | None", "Path | None").
+            kind = {"bool": int, "int": int, "float": float, "Path": Path}.get(str(f.type).split("|")[0].strip(), str)
+            p.add_argument(flag, *FLAG_ALIASES.get(f.name, []), dest=f.name, type=kind, help=help_text)
     return p
 
 
@@ -597,8 +936,24 @@ def check_train_config(cfg: LocalTrainConfig) -> None:
     looks_like_hub_id = cfg.model is not None and cfg.model.count("/") == 1 and not cfg.model.startswith((".", "/"))
     if cfg.model is not None and not Path(cfg.model).exists() and not looks_like_hub_id:
         raise ConfigError(f"model: {cfg.model} does not exist (and is not a hub id org/name)")
+    from slime_harbor.policy.weights import MODES
+
+    if cfg.weight_sync not in MODES:
+        raise ConfigError(f"weight_sync must be one of {', '.join(MODES)}, got {cfg.weight_sync!r}")
+    if cfg.weight_sync == "lora" and not cfg.lora:
+        raise ConfigError("weight_sync lora needs LoRA training (drop --no-lora, or use disk)")
+    if cfg.verifier_timeout is not None and not cfg.verifier_timeout > 0:
+        raise ConfigError(f"eval_timeout (the verifier's time limit) must be > 0 seconds, got {cfg.verifier_timeout}")
     # Tasks, agent and environment, as a rollout checks them (the policy server is ours).
-    check_config(cfg.rollout("http://embedded", cfg.model or "embedded", Path("unused")))
+    n_tasks = len(check_config(cfg.rollout("http://embedded", cfg.model or "embedded", Path("unused"))))
+    if cfg.rollout_batch_size is not None and not 1 <= cfg.rollout_batch_size <= n_tasks:
+        raise ConfigError(f"rollout_batch_size must be 1..{n_tasks} (the number of tasks), got {cfg.rollout_batch_size}")
+    if cfg.dynamic_sampling_max_rounds < 0:
+        raise ConfigError(f"dynamic_sampling_max_rounds must be >= 0, got {cfg.dynamic_sampling_max_rounds}")
+    if cfg.eval_tasks is not None:
+        if cfg.eval_n_samples < 1:
+            raise ConfigError(f"eval_n_samples must be >= 1, got {cfg.eval_n_samples}")
+        check_config(cfg.eval_rollout("http://embedded", cfg.model or "embedded", Path("unused")))
     check_environment_runs(cfg.env)
 
 

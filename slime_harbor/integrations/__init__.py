@@ -1,0 +1,1 @@
+"""Entry points for other trainers' frameworks (verifiers / prime-rl)."""

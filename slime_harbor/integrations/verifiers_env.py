@@ -1,0 +1,134 @@
+"""slime-harbor as a verifiers v1 environment: the plugin prime-rl's orchestrator (and `vf-eval`) loads.
+
+    [orchestrator.train.source.env.taskset]
+    id = "slime-harbor-verifiers"          # the top-level shim package; or "slime_harbor.integrations.verifiers_env"
+    tasks_dir = "examples/harbor/tasks"
+    environment_type = "local"             # local (bubblewrap) | docker | any Harbor env type | module:Class
+    agent = "native"                       # native | terminus-2
+    max_turns = 30
+    n_parallel_envs = 8
+
+One episode is one real Harbor Trial through rollout.run_episode (Harbor's runner, the task's
+environment, the agent, the task's own verifier), sampling from the OpenAI-compatible server and
+model verifiers hands the env (`ModelContext`: prime-rl's vLLM, or any /v1 base URL). The native
+agent sends token ids to /v1/completions (vLLM's token-in / token-out); terminus-2 uses Harbor's own
+implementation through chat completions. The trial's samples, from our converter, become the
+trace prime-rl trains on: one chain of message nodes per sample (the prompt, then each sampled
+completion with its logprobs and mask True, each observation with mask False), so each
+`trace.branches[i]` carries exactly the tokens, mask and logprobs of one of our samples. The
+verifier's `reward_key` value is the reward; its other values are metrics. Infra failures (sandbox,
+policy server, verifier without a reward file) are trace errors, never a zero reward, so prime-rl
+drops them instead of training on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import verifiers.v1 as vf
+from pydantic import Field
+from verifiers.v1.envs.single_agent import SingleAgentEnv
+from verifiers.v1.trace import AgentInfo, TraceTask
+
+from slime_harbor.integrations.verifiers_trace import fill_trace
+from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig, discover_tasks, load_tokenizer, run_episode
+
+
+class HarborTrialsConfig(vf.TasksetConfig):
+    """The plugin's knobs (`--env.taskset.<field>`, or `[...env.taskset]` in TOML)."""
+
+    tasks_dir: Path = DEFAULT_TASKS
+    """Directory of Harbor task dirs (each with task.toml)."""
+    environment_type: str = "local"
+    """Where trials run: local (bubblewrap, replays the Dockerfile) | docker | any Harbor env type | module:Class."""
+    agent: str = "native"
+    """native (token in / token out over /v1/completions) | terminus-2 (Harbor's, over chat completions)."""
+    max_turns: int = Field(30, ge=1)
+    """Most agent turns per trial."""
+    n_parallel_envs: int = Field(4, ge=1)
+    """Harbor trials running at once in this env process (sandboxes / containers alive together)."""
+    max_new_tokens: int = Field(512, ge=1)
+    """Tokens per turn when the run's sampling sets no max_tokens."""
+    tokenizer: str | None = None
+    """The policy's HF tokenizer (dir or hub id); default: the client's renderer_model_name, else the model."""
+    reward_key: str = "reward"
+    """The verifier value (reward.json key) that is the reward; the other values are metrics."""
+    trials_dir: Path = Path("runs/verifiers-trials")
+    """Where Harbor writes its trial dirs (config, result, agent logs, verifier output)."""
+
+
+class HarborTrialData(vf.TaskData):
+    task_dir: str
+    """Absolute path of the Harbor task dir."""
+
+
+class HarborTrial(vf.Task[HarborTrialData]):
+    """One Harbor task; its episode is a whole Harbor Trial, run by HarborTrialsEnv."""
+
+
+class HarborTrials(vf.Taskset[HarborTrial, HarborTrialsConfig]):
+    def load(self) -> Iterator[HarborTrial]:
+        for path in discover_tasks(self.config.tasks_dir):  # subsets: verifiers' own select (names / idx)
+            data = HarborTrialData(id=path.name, name=path.name, task_dir=str(path.resolve()),
+                                   prompt=(path / "instruction.md").read_text())
+            yield HarborTrial(data, self.config.task)
+
+
+class HarborTrialsEnv(SingleAgentEnv):
+    """Runs each episode as a Harbor Trial itself: the agent is Harbor's, not a verifiers harness."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self._gate: asyncio.Semaphore | None = None
+        self._tokenizers: dict[str, object] = {}
+        self._tokenizer_lock = asyncio.Lock()
+
+    @contextlib.asynccontextmanager
+    async def serving(self):
+        """No interception server, tunnel or shared tool servers: Harbor's agents call the policy
+        server themselves, from this host (verifiers' harnesses need them; our trials do not)."""
+        try:
+            await self.start()
+            yield
+        finally:
+            await self.stop()
+
+    async def run(self, task: vf.Task, agents: vf.Agents) -> None:  # run_episode below replaces it
+        raise NotImplementedError("HarborTrialsEnv runs whole Harbor Trials in run_episode")
+
+    async def run_episode(self, task: vf.Task, ctx, *, on_trace=None, on_discard=None) -> vf.Episode:
+        cfg: HarborTrialsConfig = self.taskset.config
+        tokenizer_name = cfg.tokenizer or getattr(ctx.client, "renderer_model_name", None) or ctx.model
+        sampling = ctx.sampling
+        rollout = RolloutConfig(
+            tasks_dir=cfg.tasks_dir, agent=cfg.agent, n_samples=1, policy_url=ctx.client.base_url,
+            policy_api="openai", model_name=ctx.model, model_dir=tokenizer_name, env=cfg.environment_type,
+            step_limit=cfg.max_turns, temperature=1.0 if sampling.temperature is None else sampling.temperature,
+            top_p=1.0 if sampling.top_p is None else sampling.top_p,
+            max_new_tokens=sampling.max_tokens or cfg.max_new_tokens, progress=False,
+        )
+        async with self._tokenizer_lock:  # once per name (transformers' lazy imports race in threads)
+            if tokenizer_name not in self._tokenizers:
+                self._tokenizers[tokenizer_name] = await asyncio.to_thread(load_tokenizer, tokenizer_name)
+        self._gate = self._gate or asyncio.Semaphore(cfg.n_parallel_envs)
+        trace = vf.Trace(task=TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
+                         agent=AgentInfo(config=self.config.agent))
+        if on_trace is not None:
+            on_trace(trace)
+        started = time.time()
+        async with self._gate:
+            episode = await run_episode(Path(task.data.task_dir), rollout, group_index=task.data.idx or 0, index=0,
+                                        trials_dir=cfg.trials_dir, tokenizer=self._tokenizers[tokenizer_name])
+        fill_trace(trace, episode.samples, self._tokenizers[tokenizer_name], cfg.reward_key, model=ctx.model)
+        trace.timing.agent.start, trace.timing.agent.end = started, time.time()
+        out = vf.Episode(env=vf.EnvInfo(id=self.config.env_id), task=trace.task)
+        out.traces.append(trace)
+        out.ok = trace.ok
+        return out
+
+
+__all__ = ["HarborTrials", "HarborTrialsEnv", "HarborTrialsConfig"]

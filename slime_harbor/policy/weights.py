@@ -1,0 +1,111 @@
+"""Push a trainer's weights to a running policy server, the way SGLang takes them.
+
+    lora   the adapter is saved to weights_dir/step_N and loaded under a new name with
+           POST /load_lora_adapter {"lora_name", "lora_path"}; the previous one is then unloaded
+           (POST /unload_lora_adapter). Rollouts name the adapter they sample from (lora_name).
+    disk   the full weights (LoRA merged in) are saved to weights_dir/step_N and loaded with
+           POST /update_weights_from_disk {"model_path"}.
+    none   nothing is pushed: the server keeps the weights it has (a vLLM server without these
+           endpoints); the trainer recomputes old logprobs instead.
+
+The server reads the path itself, so weights_dir must be on its filesystem (same host, or a
+shared mount at the same path). SGLang serves LoRA only when started with --enable-lora (and
+--max-lora-rank / --lora-target-modules that fit the adapters); our embedded server always does.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+MODES = ("auto", "lora", "disk", "none")
+
+
+class WeightSyncError(RuntimeError):
+    """The server refused or failed a weight update: training on would sample stale weights."""
+
+
+@dataclass
+class WeightSync:
+    base_url: str
+    """The policy server (SGLang, or `slime-harbor serve`)."""
+    mode: str
+    """auto (lora for a LoRA policy, else disk; none when the server has no such endpoint) | lora | disk | none."""
+    weights_dir: Path
+    """Where pushed weights are written (step_N/); only the latest push is kept."""
+    lora_prefix: str = "policy"
+    """Adapters are named <prefix>-step<N>."""
+    timeout_s: float = 600.0
+    lora_name: str | None = field(default=None, init=False)
+    """The adapter rollouts sample from now (None: the server's own weights)."""
+    version: int = field(default=0, init=False)
+    """Pushes that succeeded (the step whose weights the server holds, for a fresh run)."""
+    _last_dir: Path | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"weight sync must be one of {', '.join(MODES)}, got {self.mode!r}")
+        self.base_url = self.base_url.rstrip("/")
+        self.weights_dir = Path(self.weights_dir).resolve()  # the server resolves it, not our cwd
+
+    def push(self, model, tokenizer, step: int) -> bool:
+        """Hand `model` (a peft model or a plain HF model) to the server; False when nothing is pushed."""
+        from peft import PeftModel
+
+        lora = isinstance(model, PeftModel)
+        mode = self.mode if self.mode != "auto" else ("lora" if lora else "disk")
+        if mode == "none":
+            return False
+        if mode == "lora" and not lora:
+            raise ValueError("weight sync lora needs a LoRA policy (drop --no-lora, or use disk)")
+        out = self.weights_dir / f"step_{step}"
+        if mode == "lora":
+            model.save_pretrained(out)
+            name = f"{self.lora_prefix}-step{step}"
+            self._post("/unload_lora_adapter", {"lora_name": name}, check=False)  # left by an earlier run
+            if not self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(out)}):
+                return False
+            if self.lora_name and self.lora_name != name:
+                self._post("/unload_lora_adapter", {"lora_name": self.lora_name})
+            self.lora_name = name
+        else:
+            full = copy.deepcopy(model).merge_and_unload() if lora else model
+            full.save_pretrained(out)
+            tokenizer.save_pretrained(out)
+            if not self._post("/update_weights_from_disk", {"model_path": str(out)}):
+                return False
+        if self._last_dir and self._last_dir != out:
+            shutil.rmtree(self._last_dir, ignore_errors=True)
+        self._last_dir = out
+        self.version += 1
+        return True
+
+    def _post(self, path: str, payload: dict, check: bool = True) -> bool:
+        url = self.base_url + path
+        try:
+            response = httpx.post(url, json=payload, timeout=self.timeout_s)
+        except httpx.HTTPError as error:
+            raise WeightSyncError(f"{url} failed: {type(error).__name__}: {error}") from error
+        if response.status_code in (404, 405) and self.mode == "auto" and check:
+            print(f"{url} is not served (HTTP {response.status_code}): weights are not pushed; old logprobs "
+                  "are recomputed by the trainer and the run logs how far the server's are", file=sys.stderr)
+            self.mode = "none"
+            return False
+        ok = response.status_code == 200 and _json(response).get("success", True)
+        if not ok and check:
+            raise WeightSyncError(f"{url} answered HTTP {response.status_code}: {response.text[:300]}")
+        return ok
+
+
+def _json(response: httpx.Response) -> dict:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}

@@ -1,0 +1,65 @@
+"""Held-out evaluation: pass@1 and pass@k of a policy on Harbor tasks it is not trained on.
+
+An evaluation is an ordinary rollout (rollout.run_rollouts: real Harbor Trials, the agent sampling
+from the policy, each task's verifier) with the evaluation's own sampling settings and its own
+output dir; its samples are read for metrics only, never trained on.
+
+pass@k per task is the unbiased estimator of Chen et al. (2021), as SLiME's
+slime/observability/metric_utils.py computes it: with n scored episodes of which c succeeded,
+
+    pass@k = 1 - C(n - c, k) / C(n, k)
+
+the chance that at least one of k episodes drawn without replacement from the n succeeds. A
+success is a verifier reward >= 1 (Harbor's binary tasks write 1 or 0). Trials the verifier did
+not score (infrastructure failures) are left out of n and counted, as in training, so an outage
+does not read as a policy that got worse.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def pass_at_k(n: int, c: int, k: int) -> float | None:
+    """Unbiased pass@k from n episodes with c successes; None when n < k (not estimable)."""
+    if not 0 <= c <= n:
+        raise ValueError(f"need 0 <= c <= n, got n={n}, c={c}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if n < k:
+        return None
+    if n - c < k:  # every draw of k contains a success
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def eval_metrics(per_task_rewards: Mapping[str, Sequence[float | None]], k: int) -> dict[str, Any]:
+    """pass@1 and pass@k per task and overall (the mean over tasks, each task weighing the same),
+    from each task's episode rewards (None = not scored)."""
+    per_task: dict[str, dict[str, Any]] = {}
+    for task, rewards in sorted(per_task_rewards.items()):
+        scored = [float(r) for r in rewards if r is not None]
+        n, c = len(scored), sum(r >= 1.0 for r in scored)
+        per_task[task] = {
+            "n": n, "n_success": c, "n_unscored": len(rewards) - n,
+            "reward_mean": sum(scored) / n if n else None,
+            "pass@1": pass_at_k(n, c, 1) if n else None,
+            f"pass@{k}": pass_at_k(n, c, k) if n else None,
+        }
+
+    def mean_over_tasks(key: str) -> float | None:
+        values = [m[key] for m in per_task.values() if m[key] is not None]
+        return sum(values) / len(values) if values else None
+
+    return {
+        "k": k,
+        "pass@1": mean_over_tasks("pass@1"),
+        f"pass@{k}": mean_over_tasks(f"pass@{k}"),
+        "reward_mean": mean_over_tasks("reward_mean"),
+        "n_tasks": len(per_task),
+        "n_trials": sum(len(r) for r in per_task_rewards.values()),
+        "n_unscored": sum(m["n_unscored"] for m in per_task.values()),
+        "per_task": per_task,
+    }

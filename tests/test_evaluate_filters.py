@@ -1,0 +1,160 @@
+"""Held-out metrics (pass@k), trajectory filters and the wandb name mapping, on hand-built samples:
+each checked against a hand computation, each filter against what it must and must not mask."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from slime_harbor.filters import TrajectoryFilters, apply_limit_filters, drop_zero_std_groups, limit_hit
+from slime_harbor.grpo import episode_advantages
+from slime_harbor.samples import SampleStatus, TrainingSample
+from slime_harbor.trainers.evaluate import eval_metrics, pass_at_k
+from slime_harbor.trainers.local import TaskStream, trainable
+from slime_harbor.trainers.tracking import flatten, wandb_key
+
+
+# --- pass@k ----------------------------------------------------------------------------------
+
+
+def test_pass_at_k_matches_hand_computation():
+    # n=4, c=1: pass@1 = 1/4; pass@2 = 1 - C(3,2)/C(4,2) = 1 - 3/6; pass@4 = 1 (any 4 of 4 hold the success).
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)
+    assert pass_at_k(4, 1, 4) == 1.0
+    # n=5, c=2, k=3: 1 - C(3,3)/C(5,3) = 1 - 1/10.
+    assert pass_at_k(5, 2, 3) == pytest.approx(0.9)
+    assert pass_at_k(4, 0, 2) == 0.0
+    assert pass_at_k(1, 1, 2) is None  # fewer episodes than k: not estimable
+    with pytest.raises(ValueError):
+        pass_at_k(2, 3, 1)
+
+
+def test_eval_metrics_per_task_and_overall():
+    rewards = {"a": [1.0, 0.0, 0.0, 1.0], "b": [0.0, 0.0, 0.0, 0.0], "c": [1.0, None, 0.5, 1.0]}
+    m = eval_metrics(rewards, k=2)
+    a, b, c = (m["per_task"][t] for t in "abc")
+    assert (a["n"], a["n_success"], a["pass@1"]) == (4, 2, 0.5)
+    assert a["pass@2"] == pytest.approx(1 - math.comb(2, 2) / math.comb(4, 2))  # 5/6
+    assert (b["pass@1"], b["pass@2"]) == (0.0, 0.0)
+    # The unscored trial of c is left out of n (an outage is not a failure) and counted.
+    assert (c["n"], c["n_success"], c["n_unscored"]) == (3, 2, 1)
+    assert c["pass@2"] == pytest.approx(1 - math.comb(1, 2) / math.comb(3, 2))  # 1.0
+    assert m["pass@1"] == pytest.approx((0.5 + 0.0 + 2 / 3) / 3)
+    assert m["pass@2"] == pytest.approx((5 / 6 + 0.0 + 1.0) / 3)
+    assert (m["n_trials"], m["n_unscored"], m["k"]) == (12, 1, 2)
+
+
+# --- filters -----------------------------------------------------------------------------------
+
+
+def sample(group: int, index: int, reward: float | None, status=SampleStatus.COMPLETED, **meta) -> TrainingSample:
+    return TrainingSample(
+        tokens=[1, 2, 3, 4], response_length=2, loss_mask=[1, 1], rollout_log_probs=[-0.1, -0.2], reward=reward,
+        status=status, group_index=group, index=index, rollout_id=index,
+        metadata={"exit_status": "submitted", "exception_type": None, "finish_reasons": ["stop"], **meta},
+    )
+
+
+def limited_group() -> list[TrainingSample]:
+    """One group: a clean success, a clean failure, and one episode per limit, each scored."""
+    return [
+        sample(0, 0, 1.0),
+        sample(0, 1, 0.0),
+        sample(0, 2, 0.0, SampleStatus.TRUNCATED, exception_type="AgentTimeoutError", exit_status="running"),
+        sample(0, 3, 0.0, SampleStatus.TRUNCATED, exit_status="step_limit", finish_reasons=["stop"] * 3),
+        sample(0, 4, 1.0, SampleStatus.COMPLETED, finish_reasons=["length", "stop"]),  # max-new-token cut
+        sample(0, 5, 0.0, SampleStatus.TRUNCATED, exit_status="context_limit"),
+    ]
+
+
+def test_limit_hit_reads_what_the_converter_records():
+    assert [limit_hit(s) for s in limited_group()] == [None, None, "timeout", "step_limit", "length_limit", "length_limit"]
+
+
+@pytest.mark.parametrize("flag, masked", [
+    ("mask_timeouts", {2}), ("mask_step_limit", {3}), ("mask_length_limit", {4, 5}),
+])
+def test_each_filter_masks_its_episodes_and_nothing_else(flag, masked):
+    samples = limited_group()
+    counts = apply_limit_filters(samples, TrajectoryFilters(**{flag: True}))
+    assert {s.index for s in samples if s.remove_sample} == masked
+    assert sum(counts.values()) == len(masked)
+    # Masked: no loss, and out of the group's baseline (the advantages of the kept ones).
+    kept = trainable(samples)
+    assert {s.index for s in kept} == set(range(6)) - masked
+    rewards = [s.reward for s in kept]
+    mean = sum(rewards) / len(rewards)
+    assert episode_advantages(kept) == pytest.approx([r - mean for r in rewards])
+
+
+def test_no_filter_by_default_and_infra_failures_stay_aborted():
+    samples = limited_group() + [sample(0, 6, None, SampleStatus.ABORTED)]
+    samples[-1].remove_sample = True
+    assert not apply_limit_filters(samples, TrajectoryFilters())
+    assert [s.remove_sample for s in samples] == [False] * 6 + [True]
+    assert "masked_by" not in samples[-1].metadata  # an infra failure is counted as aborted, not as masked
+
+
+def test_drop_zero_std_groups_masks_only_groups_without_reward_variance():
+    samples = [
+        sample(0, 0, 1.0), sample(0, 1, 0.0),  # varies: kept
+        sample(1, 2, 0.0), sample(1, 3, 0.0),  # all equal: dropped
+        sample(2, 4, 1.0), sample(2, 5, 1.0),  # all equal: dropped
+        sample(3, 6, 1.0), sample(3, 7, 0.0),  # varies only with its masked episode: dropped
+    ]
+    samples[7].remove_sample = True
+    samples[7].metadata["masked_by"] = "timeout"
+    assert drop_zero_std_groups(samples) == 3
+    assert [s.index for s in samples if not s.remove_sample] == [0, 1]
+    assert samples[7].metadata["masked_by"] == "timeout"  # its first reason stays
+    assert {s.metadata.get("masked_by") for s in samples[2:7]} == {"zero_std"}
+
+
+def test_task_stream_draws_each_task_once_per_epoch_and_resumes():
+    tasks = [f"t{i}" for i in range(5)]
+    stream = TaskStream(tasks, seed=3)
+    first = stream.take(3) + stream.take(2)
+    assert sorted(first) == tasks  # one epoch: every task once
+    again = TaskStream(tasks, seed=3, position=2)
+    assert again.take(3) == first[2:5]
+    crossing = TaskStream(tasks, seed=3, position=4).take(5)
+    assert len(crossing) == len(set(crossing)) == 5  # no repeat inside one draw
+
+
+# --- wandb names ---------------------------------------------------------------------------------
+
+
+def test_metric_names_follow_slime():
+    record = {"step": 3, "reward_mean": 0.5, "pass_rate": 0.25, "pg_loss": 0.1, "kl": 0.01, "clipfrac": 0.2,
+              "skipped": None, "timings": {"rollout_s": 1.0}, "filters": {"zero_std": 2, "timeout": 1},
+              "updates": [{"loss": 0.3}], "eval": {"pass@1": 0.4, "pass@4": 0.7, "reward_mean": 0.45,
+                                                   "per_task": {"x": {"pass@1": 0.5}}}}
+    names = {wandb_key(p): v for p, v in flatten(record).items()}
+    assert names["rollout/raw_reward"] == 0.5
+    assert names["passrate/pass@1"] == 0.25
+    assert names["train/pg_loss"] == 0.1 and names["train/kl_loss"] == 0.01 and names["train/pg_clipfrac"] == 0.2
+    assert names["perf/rollout_time"] == 1.0
+    assert names["rollout/dynamic_filter/drop_zero_std"] == 2 and names["rollout/filters/timeout"] == 1
+    assert names["eval/heldout"] == 0.45 and names["eval/heldout-pass@1"] == 0.4 and names["eval/heldout-pass@4"] == 0.7
+    assert names["eval/heldout/per_task/x/pass@1"] == 0.5
+    assert names["train/updates/0/loss"] == 0.3 and names["train/skipped"] == 0.0
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"rollout_batch_size": 2}, "rollout_batch_size must be 1..1"),
+    ({"eval_tasks": "/nonexistent/heldout"}, "does not exist"),
+    ({"eval_n_samples": 0, "eval_tasks": "FIXTURES"}, "eval_n_samples must be >= 1"),
+    ({"dynamic_sampling_max_rounds": -1}, "dynamic_sampling_max_rounds must be >= 0"),
+])
+def test_bad_settings_fail_before_the_model_loads(overrides, message, tmp_path):
+    from pathlib import Path
+
+    from slime_harbor.trainers.local import LocalTrainConfig, train
+
+    fixtures = Path(__file__).parent / "fixtures" / "tasks"
+    overrides = {k: fixtures if v == "FIXTURES" else (Path(v) if k == "eval_tasks" else v) for k, v in overrides.items()}
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        train(LocalTrainConfig(tasks_dir=fixtures, output_dir=tmp_path, **overrides))
+    assert not any(tmp_path.iterdir())  # nothing written either
