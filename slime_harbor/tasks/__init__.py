@@ -1,4 +1,6 @@
 """Task sources: code that writes Harbor task dirs.
 
-    families.py     procedural task families with disjoint train / held-out splits
+    families.py        procedural task families with disjoint train / held-out splits
+    swebench.py        SWE-bench instance records -> Harbor task dirs (`slime-harbor swebench-tasks`)
+    swebench_grade.py  the verifier's grader, copied into each task: swebench's own grading, offline
 """

@@ -41,7 +41,7 @@ SLIME_NAMES = {
     "timings/train_s": "perf/actor_train_time",
     "timings/eval_s": "perf/eval_time",
     "filters/zero_std": "rollout/dynamic_filter/drop_zero_std",
-    f"eval/reward_mean": f"eval/{EVAL_SET}",
+    "eval/reward_mean": f"eval/{EVAL_SET}",
     "eval/truncated_ratio": f"eval/{EVAL_SET}-truncated_ratio",
 }
 TRAIN_FIELDS = {"n_trained_samples", "n_tokens", "ratio_mean", "skipped", "updates"}
