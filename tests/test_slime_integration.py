@@ -74,8 +74,14 @@ def policy_dir(tiny_model_dir, tmp_path_factory):
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     instruction = (DEFAULT_TASKS / "dedupe-lines" / "instruction.md").read_text()
+    # terminus-2's own first prompt (its template, this instruction, a fresh shell's screen), so the
+    # taught reply is what the policy answers in the trial.
+    import harbor.agents.terminus_2 as terminus_2
+
+    template = (Path(terminus_2.__file__).parent / "templates" / "terminus-json-plain.txt").read_text()
+    screen = "Current Terminal Screen:\nroot@sandbox:/app#\n" + "\n" * 40
     terminus_prompt = tok.apply_chat_template(
-        [{"role": "user", "content": f"You are an AI assistant solving command-line tasks.\n{instruction}"}],
+        [{"role": "user", "content": template.format(instruction=instruction, terminal_state=screen)}],
         add_generation_prompt=True, tokenize=True)
     terminus_prompt = terminus_prompt if isinstance(terminus_prompt, list) else terminus_prompt["input_ids"]
     # terminus-2's reply is taught one character per token: its JSON parses, but when terminus-2
