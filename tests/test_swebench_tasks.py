@@ -313,7 +313,7 @@ def tinycalc_image(client, tmp_path_factory):
     out = tmp_path_factory.mktemp("tinycalc")
     [task] = convert(write_jsonl(out / "i.jsonl", [absolute_env(records()[0])]), out / "tasks")
     tag = "slime-harbor-test/swebench-grader:latest"
-    client.images.build(path=str(task / "environment"), tag=tag, network_mode="host", rm=True, labels=LABEL,
+    client.images.build(path=str(task / "environment"), tag=tag, network_mode="host", rm=True, forcerm=True, labels=LABEL,
                         timeout=1800)
     return tag
 
