@@ -25,7 +25,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime_harbor.samples import SampleStatus, TrainingSample
+from slime_harbor.samples import SampleStatus, TrainingSample, top_p_offsets_ok
 
 # Transient infrastructure failures: the policy is not to blame and a new trial may well succeed
 # (sandbox start, policy server unreachable, cancellation). Status ABORTED: never trained, and the
@@ -105,12 +105,7 @@ def turn_top_p(detail: dict[str, Any]) -> list[tuple[list[int], list[int]]] | No
             if completion:
                 return None
             ids, offsets = [], [0]  # an empty turn (aborted at once) keeps nothing
-        if (
-            len(offsets) != len(completion) + 1
-            or offsets[0] != 0
-            or offsets[-1] != len(ids)
-            or any(a > b for a, b in zip(offsets, offsets[1:]))
-        ):
+        if not top_p_offsets_ok(ids, offsets, len(completion)):
             raise ValueError(
                 f"turn {turn}: top-p offsets malformed ({len(offsets)} offsets for {len(completion)} tokens, "
                 f"{len(ids)} ids)"

@@ -24,6 +24,17 @@ from enum import Enum
 from typing import Any
 
 
+def top_p_offsets_ok(ids, offsets, n_tokens: int) -> bool:
+    """Whether top-p replay data is well formed for n_tokens tokens (SLiME's layout): one offset per
+    token plus one, from 0 to len(ids), never decreasing; token i kept ids[offsets[i]:offsets[i+1]]."""
+    return (
+        len(offsets) == n_tokens + 1
+        and offsets[0] == 0
+        and offsets[-1] == len(ids)
+        and all(a <= b for a, b in zip(offsets, offsets[1:]))
+    )
+
+
 class SampleStatus(str, Enum):
     """SLiME's `Sample.Status` values (pending is never written by us)."""
 

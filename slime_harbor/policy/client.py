@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 
+from slime_harbor.samples import top_p_offsets_ok
+
 
 class PolicyServerError(RuntimeError):
     """The policy server is unreachable or answered something unusable (an infra failure)."""
@@ -149,12 +151,7 @@ class PolicyClient:
                 "(an SGLang without SLiME's top-p patch?)"
             )
         ids, offsets = decode_int32(meta["top_p_token_ids"]), decode_int32(meta["top_p_token_offsets"])
-        if (
-            len(offsets) != len(token_ids) + 1
-            or offsets[0] != 0
-            or offsets[-1] != len(ids)
-            or any(a > b for a, b in zip(offsets, offsets[1:]))
-        ):
+        if not top_p_offsets_ok(ids, offsets, len(token_ids)):
             raise PolicyServerError(
                 f"{self.base_url}/generate returned malformed top-p offsets ({len(offsets)} for "
                 f"{len(token_ids)} tokens, {len(ids)} ids)"

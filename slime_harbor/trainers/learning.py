@@ -223,13 +223,18 @@ def plot(path: Path, metrics: list[dict], heldout_curve: list[tuple[int, float]]
                       TITLE, heldout_label="held-out success (step 0: SFT only)")
 
 
-def run(cfg: LearningConfig) -> dict:
-    started = time.monotonic()
+def _fresh_start(cfg) -> None:
+    """Seed torch, use both cores, and empty cfg.out: a run starts from nothing."""
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(2)
     if cfg.out.exists():
         shutil.rmtree(cfg.out)
     cfg.out.mkdir(parents=True)
+
+
+def run(cfg: LearningConfig) -> dict:
+    started = time.monotonic()
+    _fresh_start(cfg)
     timings: dict[str, float] = {}
 
     def lap(name: str, t0: float) -> None:
@@ -358,11 +363,7 @@ def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT
     the last) gives the before/after figures. Writes OUT/results.json; prints where everything is.
     `guard`: the command line's SignalGuard (SIGINT / SIGTERM stop the GRPO run in order)."""
     started = time.monotonic()
-    torch.manual_seed(cfg.seed)
-    torch.set_num_threads(2)
-    if cfg.out.exists():
-        shutil.rmtree(cfg.out)
-    cfg.out.mkdir(parents=True)
+    _fresh_start(cfg)
     timings: dict[str, float] = {}
 
     def stage(name: str, t0: float) -> None:
