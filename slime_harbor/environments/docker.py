@@ -18,7 +18,9 @@ runs a ``docker compose`` process for every build, start, command and file trans
 - Containers: one per trial, labelled (``slime-harbor.*``: run, trial, owner) and removed by
   ``stop()``, with everything else labelled with the trial. Network ``none`` unless the task's
   task.toml sets ``network_mode = "public"`` (then ``host``: the daemon here has no bridge).
-  ``cpus`` / ``memory_mb`` are enforced (CFS quota, memory cgroup) and visible inside. pid 1 is
+  With ``gateway_port`` set, a ``none`` container still reaches the model gateway on the host, and
+  only it, at ``127.0.0.1:<gateway_port>`` (:mod:`slime_harbor.environments.gateway_reach`; needs
+  the daemon on this machine). ``cpus`` / ``memory_mb`` are enforced (CFS quota, memory cgroup) and visible inside. pid 1 is
   Docker's init, so the orphans of killed commands are reaped.
 - Commands: one long-lived shell loop per concurrent command inside the container
   (:mod:`slime_harbor.environments.docker_exec`) instead of a process and Engine API calls per
@@ -63,6 +65,7 @@ from harbor.models.trial.paths import TrialPaths
 
 from slime_harbor.environments.common import ExecTimeoutError, owner_stamp, shares_host_network, tail, write_dir_archive
 from slime_harbor.environments.docker_exec import Completed, ExecServer, ExecServerError, ExecServerUnavailable
+from slime_harbor.environments.gateway_reach import GatewayForward, GatewayReachError, gateway_port_kwarg
 
 ENV_TYPE = "slime-docker"
 LABEL = "slime-harbor"
@@ -251,6 +254,8 @@ class DockerEnvironment(BaseEnvironment):
 
     - ``default_network_mode``: ``"no-network"`` (default) or ``"public"``: the network of a
       task whose task.toml does not set ``[environment] network_mode``.
+    - ``gateway_port`` / ``gateway_host``: the model gateway on the host (``gateway_host``, default
+      127.0.0.1); a container without the host's network reaches it at 127.0.0.1:<gateway_port>.
     """
 
     def __init__(
@@ -263,8 +268,12 @@ class DockerEnvironment(BaseEnvironment):
         *,
         default_network_mode: str = NetworkMode.NO_NETWORK.value,
         network_policy: NetworkPolicy | None = None,
+        gateway_port: int | None = None,
+        gateway_host: str = "127.0.0.1",
         **kwargs,
     ):
+        self._gateway_port = gateway_port_kwarg(gateway_port)
+        self._gateway_host = gateway_host
         self._default_network_mode = NetworkMode(default_network_mode)
         super().__init__(
             environment_dir=environment_dir,
@@ -281,6 +290,7 @@ class DockerEnvironment(BaseEnvironment):
         self._image_workdir = "/"
         self._image_env_keys: set[str] = set()
         self._server: ExecServer | None = None
+        self._gateway_forward: GatewayForward | None = None
         self._has_bash = False  # until start() knows: commands run with bash if the image has it
         self._stop_task: asyncio.Future | None = None
 
@@ -343,6 +353,7 @@ class DockerEnvironment(BaseEnvironment):
                                self.task_env_config.build_timeout_sec, force_build)  # fmt: skip
         # Recorded as soon as it exists, so a stop() racing this start() removes it.
         await asyncio.to_thread(self._create_container)
+        await self._open_gateway_forward()
         try:
             self._server = ExecServer(self._client.api, self.container_id)
             await self._server.start()
@@ -400,6 +411,30 @@ class DockerEnvironment(BaseEnvironment):
         self._image_workdir = config.get("WorkingDir") or "/"
         self._image_env_keys = {e.split("=", 1)[0] for e in config.get("Env") or []}
 
+    async def _open_gateway_forward(self) -> None:
+        """127.0.0.1:<gateway_port> in the container's own network, piped to the host's gateway."""
+        if self._gateway_port is None or self.shares_host_network:
+            return  # no gateway, or the container reaches it directly
+        container_id = self.container_id
+        pid = (await asyncio.to_thread(self._client.api.inspect_container, container_id))["State"]["Pid"]
+        net_ns, ours = None, False
+        try:
+            with contextlib.suppress(OSError):
+                net_ns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+                # The pid is the container's (not a pid of this machine that a remote daemon reported).
+                ours = container_id in Path(f"/proc/{pid}/cgroup").read_text()
+            if not ours:
+                raise GatewayReachError(
+                    f"gateway_port: the Docker daemon at {_docker_host()} does not run its containers on "
+                    "this machine, so a no-network container cannot reach the gateway here"
+                )
+            self._gateway_forward = await GatewayForward.open(net_ns, self._gateway_port, self._gateway_host)
+        finally:
+            if net_ns is not None:
+                os.close(net_ns)
+        if self._stop_task is not None:  # stop() ran while it opened
+            self._gateway_forward.close()
+
     def _labels(self) -> dict[str, str]:
         return {
             f"{LABEL}.sandbox": ENV_TYPE,
@@ -419,6 +454,8 @@ class DockerEnvironment(BaseEnvironment):
         if self._stop_task is None:
             if self._server is not None:
                 self._server.close()  # on the event loop: its streams belong to it
+            if self._gateway_forward is not None:
+                self._gateway_forward.close()
             self._stop_task = asyncio.ensure_future(asyncio.to_thread(self._stop_blocking, delete))
         await asyncio.shield(self._stop_task)
 
