@@ -43,11 +43,13 @@ import atexit
 import concurrent.futures
 import contextlib
 import fcntl
+import hashlib
 import io
 import os
 import posixpath
 import re
 import shlex
+import shutil
 import signal
 import socket
 import tarfile
@@ -244,6 +246,49 @@ def image_tag(environment_name: str, content_hash: str) -> str:
     return f"{IMAGE_REPOSITORY}/{name}:{content_hash[:24]}"
 
 
+TOOLS_REPOSITORY = f"{IMAGE_REPOSITORY}-tools"
+TMUX_SCRIPT = """set -eu
+command -v tmux >/dev/null 2>&1 && exit 0
+if command -v apt-get >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends tmux >/dev/null && rm -rf /var/lib/apt/lists/*
+elif command -v apk >/dev/null 2>&1; then apk add --no-cache -q tmux
+elif command -v dnf >/dev/null 2>&1; then dnf install -y -q tmux && dnf clean all
+elif command -v yum >/dev/null 2>&1; then yum install -y -q tmux && yum clean all
+fi
+tmux -V
+"""
+"""What the ``provide_tmux`` layer runs: the distribution's own tmux, from its package registry."""
+
+
+async def ensure_layer_image(base_image: str, name: str, script: str, timeout_sec: float) -> str:
+    """``base_image`` plus one layer that runs ``script`` (sh, as root, with the host's network, at
+    build time), built once per base image id and script and reused after; returns its tag. The
+    base image's user is kept."""
+    base = await asyncio.to_thread(docker_client().api.inspect_image, base_image)
+    user = base["Config"].get("User")
+    dockerfile = "\n".join([
+        f"FROM {base_image}", *(["USER root"] if user else []),
+        f"COPY layer.sh /tmp/slime-harbor-{name}.sh",
+        f"RUN sh /tmp/slime-harbor-{name}.sh && rm -f /tmp/slime-harbor-{name}.sh",
+        *([f"USER {user}"] if user else []),
+    ]) + "\n"  # fmt: skip
+    digest = hashlib.sha256("\0".join([base["Id"], dockerfile, script]).encode()).hexdigest()[:24]
+    tag = f"{TOOLS_REPOSITORY}/{name}:{digest}"
+    # Kept as long as the tag may be built (a cancelled waiter must not delete it under the build).
+    context = _lock_dir() / "contexts" / digest
+    if not (context / "Dockerfile").is_file():
+        staging = context.with_name(f".{digest}.{uuid.uuid4().hex[:8]}")
+        staging.mkdir(parents=True)
+        (staging / "layer.sh").write_text(script)
+        (staging / "Dockerfile").write_text(dockerfile)
+        with contextlib.suppress(OSError):  # another process put the same files there first
+            os.rename(staging, context)
+        shutil.rmtree(staging, ignore_errors=True)
+    await ensure_image(context, tag, f"{base_image} + {name}", timeout_sec)
+    return tag
+
+
 # --- the environment ---------------------------------------------------------------------------
 
 
@@ -256,6 +301,9 @@ class DockerEnvironment(BaseEnvironment):
       task whose task.toml does not set ``[environment] network_mode``.
     - ``gateway_port`` / ``gateway_host``: the model gateway on the host (``gateway_host``, default
       127.0.0.1); a container without the host's network reaches it at 127.0.0.1:<gateway_port>.
+    - ``provide_tmux``: run the trial in the task's image plus a layer with the distribution's
+      tmux (built once per image, with the host's network), for terminus-2: it installs tmux
+      itself at agent setup, which a no-network container cannot.
     """
 
     def __init__(
@@ -270,10 +318,12 @@ class DockerEnvironment(BaseEnvironment):
         network_policy: NetworkPolicy | None = None,
         gateway_port: int | None = None,
         gateway_host: str = "127.0.0.1",
+        provide_tmux: bool | str = False,
         **kwargs,
     ):
         self._gateway_port = gateway_port_kwarg(gateway_port)
         self._gateway_host = gateway_host
+        self._provide_tmux = str(provide_tmux).lower() in ("1", "true", "yes")
         self._default_network_mode = NetworkMode(default_network_mode)
         super().__init__(
             environment_dir=environment_dir,
@@ -287,6 +337,8 @@ class DockerEnvironment(BaseEnvironment):
         )
         self.container_id: str | None = None
         """The trial's container (None before ``start()`` and after ``stop()``)."""
+        self.run_image: str | None = None
+        """The image the container runs: ``image``, or it plus the tmux layer (set by ``start()``)."""
         self._image_workdir = "/"
         self._image_env_keys: set[str] = set()
         self._server: ExecServer | None = None
@@ -351,6 +403,10 @@ class DockerEnvironment(BaseEnvironment):
         else:
             await ensure_image(self.environment_dir, self.image, self.environment_name,
                                self.task_env_config.build_timeout_sec, force_build)  # fmt: skip
+        self.run_image = self.image
+        if self._provide_tmux:
+            self.run_image = await ensure_layer_image(self.image, "tmux", TMUX_SCRIPT,
+                                                      self.task_env_config.build_timeout_sec)  # fmt: skip
         # Recorded as soon as it exists, so a stop() racing this start() removes it.
         await asyncio.to_thread(self._create_container)
         await self._open_gateway_forward()
@@ -397,7 +453,7 @@ class DockerEnvironment(BaseEnvironment):
         )
         name = re.sub(r"[^a-zA-Z0-9_.-]", "-", f"sh-{self.trial_name}")[:60] + f"-{uuid.uuid4().hex[:6]}"
         created = api.create_container(
-            self.image, command=KEEPALIVE, name=name, detach=True, host_config=host_config,
+            self.run_image or self.image, command=KEEPALIVE, name=name, detach=True, host_config=host_config,
             environment=self._startup_env() or None, labels=self._labels(),
         )  # fmt: skip
         self.container_id = created["Id"]
