@@ -15,15 +15,24 @@ import socket
 import threading
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
-from slime_harbor.rollout import DEFAULT_TASKS
-from test_docker_env import _SKIP as DOCKER_SKIP  # noqa: E402
+from slime_harbor.rollout import DEFAULT_TASKS, DOCKER_SANDBOX, agent_config
+from test_docker_env import _SKIP as DOCKER_SKIP
+from test_docker_env import containers_labelled
+from test_rollout_e2e import (  # noqa: F401 (fixtures: the tiny model taught terminus-2's reply format)
+    check_sample_against_model,
+    config,
+    hf_model,
+    responsive_model_dir,
+    responsive_server,
+)
 
 TASK = DEFAULT_TASKS / "dedupe-lines"  # network_mode = "no-network", python:3.11-slim
-SANDBOXES = ["bubblewrap", pytest.param("docker", marks=pytest.mark.skipif(DOCKER_SKIP is not None,
-                                                                            reason=f"no Docker: {DOCKER_SKIP}"))]  # fmt: skip
+needs_docker = pytest.mark.skipif(DOCKER_SKIP is not None, reason=f"no Docker: {DOCKER_SKIP}")
+SANDBOXES = ["bubblewrap", pytest.param("docker", marks=needs_docker)]
 
 # One HTTP/1.0 GET from inside the sandbox, printing the status line and body (bash only).
 HTTP_GET = (
@@ -219,3 +228,50 @@ def test_gateway_on_a_wildcard_address_is_reached_through_loopback(tmp_path, gat
 def test_a_bad_gateway_port_is_one_line(tmp_path, bad):
     with pytest.raises(ValueError, match=r"^gateway_port must be a TCP port number \(1-65535\), got"):
         make_sandbox("bubblewrap", TASK, tmp_path, gateway_port=bad)
+
+
+def terminus2_trial(tmp_path: Path, cfg, environment_kwargs: dict):
+    from harbor.models.trial.config import EnvironmentConfig, TaskConfig, TrialConfig
+    from harbor.trial.trial import Trial
+
+    async def run():
+        environment = EnvironmentConfig(import_path=DOCKER_SANDBOX, delete=True, kwargs=environment_kwargs)
+        trial = await Trial.create(TrialConfig(task=TaskConfig(path=TASK), trials_dir=tmp_path / "trials",
+                                               agent=agent_config(cfg), environment=environment))  # fmt: skip
+        return await trial.run()
+
+    return asyncio.run(run())
+
+
+@needs_docker
+def test_terminus2_trial_runs_in_a_no_network_container_with_tmux_provided(tmp_path, responsive_server,
+                                                                          responsive_model_dir, hf_model, tokenizer):  # fmt: skip
+    """Harbor's terminus-2 installs tmux at setup, which a no-network container cannot: with
+    provide_tmux its session starts, the policy answers, the verifier scores, tokens come back.
+    terminus-2 itself runs on the host (its api_base is the policy's /v1); what runs inside the
+    container reaches the policy only through the forwarded port."""
+    from slime_harbor.converter import trial_to_samples
+
+    port = urlsplit(responsive_server).port
+    cfg = config(tmp_path, responsive_server, responsive_model_dir, agent="terminus-2", step_limit=2, max_new_tokens=96)
+
+    async def container_reaches_the_policy():
+        async with started("docker", tmp_path, gateway_port=port, provide_tmux=True) as sandbox:
+            status, body = await http_get(sandbox, port, "/v1/models")
+            assert status.endswith(" 200 OK") and '"object"' in body, body
+            tmux = await sandbox.exec("tmux -V")
+            assert tmux.return_code == 0 and tmux.stdout.startswith("tmux ")
+
+    asyncio.run(container_reaches_the_policy())
+    # Without it, terminus-2 cannot start its session (the check below can fail).
+    result = terminus2_trial(tmp_path, cfg, {"gateway_port": port})
+    assert result.exception_info is not None and "tmux" in result.exception_info.exception_message
+
+    result = terminus2_trial(tmp_path, cfg, {"gateway_port": port, "provide_tmux": True})
+    assert result.exception_info is None, result.exception_info
+    assert result.verifier_result is not None and result.verifier_result.rewards is not None
+    trained = [s for s in trial_to_samples(result, group_index=0, index=0, tokenizer=tokenizer) if not s.remove_sample]
+    assert trained, "terminus-2 produced no trainable sample"
+    for sample in trained:
+        assert check_sample_against_model(sample, hf_model, cfg.temperature) < 1e-4
+    assert containers_labelled(f"slime-harbor.trial={result.trial_name}") == []
