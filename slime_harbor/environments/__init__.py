@@ -5,4 +5,6 @@
     docker.py       DockerEnvironment: one container per trial on the Docker Engine API; images
                     built once per task; execs through an in-container shell server (docker_exec.py)
     common.py       what both share: exec timeout error, owner stamps, tar archives, network rule
+    gateway_reach.py  what both use to let a no-network sandbox reach the model gateway (and only
+                    it) at 127.0.0.1:<gateway_port>
 """
