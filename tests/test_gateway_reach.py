@@ -230,6 +230,19 @@ def test_a_bad_gateway_port_is_one_line(tmp_path, bad):
         make_sandbox("bubblewrap", TASK, tmp_path, gateway_port=bad)
 
 
+@pytest.mark.parametrize("kind", SANDBOXES)
+def test_provide_tmux_gives_a_working_tmux(kind, tmp_path):
+    """Docker: a layer on the task's image (the bundled image has none); bubblewrap: the host's."""
+    script = "tmux new-session -d -s probe 'sleep 60' && tmux has-session -t probe && tmux -V"
+
+    async def scenario():
+        async with started(kind, tmp_path, provide_tmux="true") as sandbox:
+            return await sandbox.exec(script)
+
+    result = asyncio.run(scenario())
+    assert result.return_code == 0 and result.stdout.startswith("tmux "), result.stderr
+
+
 def terminus2_trial(tmp_path: Path, cfg, environment_kwargs: dict):
     from harbor.models.trial.config import EnvironmentConfig, TaskConfig, TrialConfig
     from harbor.trial.trial import Trial

@@ -78,6 +78,7 @@ from harbor.models.trial.paths import TrialPaths
 
 from slime_harbor.environments.common import (
     ExecTimeoutError,
+    flag_kwarg,
     owner_stamp,
     root_owned,
     shares_host_network,
@@ -146,6 +147,8 @@ class BubblewrapEnvironment(BaseEnvironment):
       task whose task.toml does not set ``[environment] network_mode``.
     - ``gateway_port`` / ``gateway_host``: the model gateway on the host (``gateway_host``, default
       127.0.0.1); a sandbox without the host's network reaches it at 127.0.0.1:<gateway_port>.
+    - ``provide_tmux``: the trial needs tmux (terminus-2); the sandbox has the host's, so this
+      only checks that the host has one, as the Docker environment's kwarg of that name installs it.
     """
 
     def __init__(
@@ -161,10 +164,12 @@ class BubblewrapEnvironment(BaseEnvironment):
         network_policy: NetworkPolicy | None = None,
         gateway_port: int | None = None,
         gateway_host: str = "127.0.0.1",
+        provide_tmux: bool | str = False,
         **kwargs,
     ):
         self._gateway_port = gateway_port_kwarg(gateway_port)
         self._gateway_host = gateway_host
+        self._provide_tmux = flag_kwarg(provide_tmux)
         # Set before super().__init__(), which validates the definition and network policy.
         self._base_dir = Path(base_dir) if base_dir else default_sandbox_root()
         self._default_network_mode = NetworkMode(default_network_mode)
@@ -258,6 +263,9 @@ class BubblewrapEnvironment(BaseEnvironment):
     async def start(self, force_build: bool) -> None:
         if self.sandbox_dir is not None:
             raise RuntimeError("the sandbox was already started")
+        if self._provide_tmux and not any(Path(d, "tmux").is_file() for d in ("/usr/bin", "/usr/local/bin", "/bin")):
+            raise RuntimeError(f"tmux is not installed on this host, and the {SANDBOX_TYPE} sandbox uses the "
+                               "host's (e.g. 'apt-get install tmux')")  # fmt: skip
         self._recipe = parse_dockerfile(self._dockerfile, self.environment_dir)
         self.logger.debug(
             f"Sandbox for {self.environment_name}: base image {self._recipe.base_image!r} "

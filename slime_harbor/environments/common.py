@@ -1,4 +1,5 @@
-"""What the bubblewrap and Docker sandboxes share: timeouts, owner stamps, archives, network rule."""
+"""What the bubblewrap and Docker sandboxes share: timeouts, owner stamps, archives, network rule,
+flag kwargs."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ class ExecTimeoutError(RuntimeError):
 def tail(text: str, limit: int = 4000) -> str:
     """The last `limit` characters of a log, marked as cut when it was."""
     return text if len(text) <= limit else "...\n" + text[-limit:]
+
+
+def flag_kwarg(value: bool | str) -> bool:
+    """An on/off environment kwarg (``--ek`` passes text: true/1/yes)."""
+    return str(value).strip().lower() in ("1", "true", "yes")
 
 
 def owner_stamp(pid: int) -> str | None:

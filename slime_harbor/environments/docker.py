@@ -20,8 +20,8 @@ runs a ``docker compose`` process for every build, start, command and file trans
   task.toml sets ``network_mode = "public"`` (then ``host``: the daemon here has no bridge).
   With ``gateway_port`` set, a ``none`` container still reaches the model gateway on the host, and
   only it, at ``127.0.0.1:<gateway_port>`` (:mod:`slime_harbor.environments.gateway_reach`; needs
-  the daemon on this machine). ``cpus`` / ``memory_mb`` are enforced (CFS quota, memory cgroup) and visible inside. pid 1 is
-  Docker's init, so the orphans of killed commands are reaped.
+  the daemon on this machine). ``cpus`` / ``memory_mb`` are enforced (CFS quota, memory cgroup)
+  and visible inside. pid 1 is Docker's init, so the orphans of killed commands are reaped.
 - Commands: one long-lived shell loop per concurrent command inside the container
   (:mod:`slime_harbor.environments.docker_exec`) instead of a process and Engine API calls per
   command; same semantics as ``docker exec`` (exit code, separate stdout/stderr, cwd, env, user)
@@ -65,7 +65,14 @@ from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPol
 from harbor.models.trial.config import ResourceMode
 from harbor.models.trial.paths import TrialPaths
 
-from slime_harbor.environments.common import ExecTimeoutError, owner_stamp, shares_host_network, tail, write_dir_archive
+from slime_harbor.environments.common import (
+    ExecTimeoutError,
+    flag_kwarg,
+    owner_stamp,
+    shares_host_network,
+    tail,
+    write_dir_archive,
+)
 from slime_harbor.environments.docker_exec import Completed, ExecServer, ExecServerError, ExecServerUnavailable
 from slime_harbor.environments.gateway_reach import GatewayForward, GatewayReachError, gateway_port_kwarg
 
@@ -323,7 +330,7 @@ class DockerEnvironment(BaseEnvironment):
     ):
         self._gateway_port = gateway_port_kwarg(gateway_port)
         self._gateway_host = gateway_host
-        self._provide_tmux = str(provide_tmux).lower() in ("1", "true", "yes")
+        self._provide_tmux = flag_kwarg(provide_tmux)
         self._default_network_mode = NetworkMode(default_network_mode)
         super().__init__(
             environment_dir=environment_dir,
@@ -481,8 +488,9 @@ class DockerEnvironment(BaseEnvironment):
                 ours = container_id in Path(f"/proc/{pid}/cgroup").read_text()
             if not ours:
                 raise GatewayReachError(
-                    f"gateway_port: the Docker daemon at {_docker_host()} does not run its containers on "
-                    "this machine, so a no-network container cannot reach the gateway here"
+                    f"gateway_port: container {container_id[:12]} has no process on this machine (pid {pid}): "
+                    f"it exited, or the Docker daemon at {_docker_host()} runs elsewhere, where a "
+                    "no-network container cannot reach the gateway"
                 )
             self._gateway_forward = await GatewayForward.open(net_ns, self._gateway_port, self._gateway_host)
         finally:
