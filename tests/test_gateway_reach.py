@@ -150,7 +150,8 @@ def test_no_network_sandbox_reaches_the_gateway_port_and_nothing_else(kind, tmp_
     async def scenario():
         async with started(kind, tmp_path, gateway_port=gateway_stand_in) as sandbox:
             assert not sandbox.shares_host_network
-            assert await http_get(sandbox, gateway_stand_in, "/v1/models") == ("HTTP/1.0 200 OK", "gateway saw /v1/models")
+            reply = await http_get(sandbox, gateway_stand_in, "/v1/models")
+            assert reply == ("HTTP/1.0 200 OK", "gateway saw /v1/models")
             status, error = await http_get(sandbox, other_host_port)
             assert status == "" and "Connection refused" in error
             links = (await sandbox.exec("tail -n +3 /proc/net/dev | cut -d: -f1")).stdout.split()
@@ -217,7 +218,8 @@ def test_concurrent_sandboxes_each_reach_the_gateway(kind, tmp_path, gateway_sta
 
 def test_gateway_on_a_wildcard_address_is_reached_through_loopback(tmp_path, gateway_stand_in):
     async def scenario():
-        async with started("bubblewrap", tmp_path, gateway_port=str(gateway_stand_in), gateway_host="0.0.0.0") as sandbox:
+        kwargs = {"gateway_port": str(gateway_stand_in), "gateway_host": "0.0.0.0"}  # as --ek passes them
+        async with started("bubblewrap", tmp_path, **kwargs) as sandbox:
             assert sandbox._gateway_forward.target == ("127.0.0.1", gateway_stand_in)
             assert (await http_get(sandbox, gateway_stand_in))[0] == "HTTP/1.0 200 OK"
 

@@ -20,8 +20,8 @@ The environments' side: both take the kwargs ``gateway_port`` (``None``: no forw
 right after the sandbox's namespaces exist and close it first thing in ``stop()``. A sandbox that
 shares the host's network needs none: the same URL reaches the gateway directly.
 
-Teardown is closing the socket and the piped connections (``close()``): the namespace holds no
-reference to us after that, and a sandbox that is killed first just leaves the socket to close.
+Teardown is closing the socket and the piped connections (``close()``): after that we hold
+nothing of the sandbox's namespace, and a sandbox killed first only leaves a socket to close.
 """
 
 from __future__ import annotations
