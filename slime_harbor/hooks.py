@@ -100,7 +100,7 @@ log = logging.getLogger(__name__)
 _semaphores: dict[int, asyncio.Semaphore] = {}
 
 METRICS: Counter = Counter()
-"""Process-wide counts, for logs and tests: episodes, status/<status>, retries,
+"""Process-wide counts, for logs and tests: episodes, status/<status>, tampering/<kind>, retries,
 retry_budget_exhausted. `hook_metrics()` returns a copy."""
 RETRIES_BY_TASK: Counter = Counter()
 """Transient-failure reruns spent per task name (the retry budget is per task, per process)."""
@@ -341,6 +341,8 @@ def to_slime_samples(sample, pieces: list[TrainingSample], top_p_ids: bool = Fal
                                   "(serve the policy with SLiME's SGLang patch)")
         out.append(s)
     _count(first.status)
+    for kind in first.metadata.get("tampering") or []:  # the grader caught tampering (scored 0)
+        METRICS[f"tampering/{kind}"] += 1
     return out
 
 

@@ -496,6 +496,8 @@ def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, inter
         "n_samples": len(samples),
         "n_trainable_samples": sum(not s.remove_sample for s in samples),
         "drift_count": sum(s.metadata.get("drift_count", 0) for e in episodes for s in e.samples[:1]),
+        # episodes whose grader detected tampering (scored 0), by kind
+        "tampering_counts": dict(Counter(k for e in episodes for k in (e.samples[0].metadata.get("tampering") or []))),
         "errors": {f"{e.task_name}#{e.index}": e.error for e in episodes if e.error},
         "wall_seconds": round(seconds, 2),
         "interrupted": interrupted,

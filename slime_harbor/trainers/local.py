@@ -474,7 +474,9 @@ def rollout_stats(samples: Sequence[TrainingSample]) -> dict[str, Any]:
             rewards.setdefault((s.group_index, s.index), s.reward)
     values = list(rewards.values())
     mean = sum(values) / len(values) if values else None
+    tampered = {(s.group_index, s.index) for s in samples if s.metadata.get("tampering")}
     return {
+        "n_tampered": len(tampered),  # episodes whose grader detected tampering (scored 0)
         "reward_mean": mean,
         "reward_std": math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) if values else None,
         "pass_rate": sum(v >= 1.0 for v in values) / len(values) if values else None,
