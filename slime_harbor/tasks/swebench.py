@@ -333,7 +333,7 @@ def instance_row(inst: Instance) -> dict:
         "eval_type": inst.eval_type,
         "eval_script": inst.eval_script or generated_eval_script(inst),
         # the grader expects its pytest plugin's reports when it wrote the pytest command itself
-        "slime_harbor_guarded": inst.eval_script is None and inst.test_cmd.split()[0] == "pytest",
+        "slime_harbor_guarded": inst.eval_script is None and "pytest" in inst.test_cmd.split()[:3],
         "slime_harbor_test_files": [path for path, _ in patch_files(inst.test_patch)],
     }
 
