@@ -29,6 +29,7 @@ from typing import Any
 from slime_harbor.converter import environment_start_failed, trial_to_samples
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.harbor_job import HarborJob
+from slime_harbor.isolation import isolate_shared_verifier
 from slime_harbor.samples import SampleStatus, TrainingSample
 
 DEFAULT_TASKS = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks"
@@ -243,6 +244,11 @@ def hard_timeout_sec(task_path: Path, multiplier: float, verifier_timeout_sec: f
     agent = config.get("agent", {}).get("timeout_sec", 600.0)
     verifier = verifier_timeout_sec or config.get("verifier", {}).get("timeout_sec", 600.0)
     build = config.get("environment", {}).get("build_timeout_sec", 600.0)
+    verifier_config = config.get("verifier", {})
+    if verifier_config.get("environment_mode") == "separate" or (
+        "environment" in verifier_config and verifier_config.get("environment_mode") != "shared"
+    ):  # a separate verifier starts an environment of its own, under the same build timeout
+        build *= 2
     return multiplier * (agent + verifier + build) + HARD_TIMEOUT_SLACK_SEC
 
 
@@ -294,6 +300,7 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
     trial = None
     try:
         trial = await Trial.create(config)
+        isolate_shared_verifier(trial)  # no agent process or reward file survives into the verifier
         result = await asyncio.wait_for(trial.run(), hard_timeout_sec(task_path, cfg.timeout_multiplier, cfg.verifier_timeout_sec))
     except asyncio.CancelledError:
         await _finish_environment_stop(trial)

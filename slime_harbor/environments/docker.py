@@ -343,6 +343,15 @@ class DockerEnvironment(BaseEnvironment):
                                self.task_env_config.build_timeout_sec, force_build)  # fmt: skip
         # Recorded as soon as it exists, so a stop() racing this start() removes it.
         await asyncio.to_thread(self._create_container)
+        await self._start_exec_server()
+        if not self._has_bash:
+            self.logger.debug(f"{self.image} has no bash: commands run with /bin/sh")
+        writable = self._mount_targets(writable_only=True)
+        if writable:  # bind mounts exist already; chmod so a non-root agent can write its logs
+            await self.ensure_dirs(writable)
+        await self._upload_environment_dir_after_start()
+
+    async def _start_exec_server(self) -> None:
         try:
             self._server = ExecServer(self._client.api, self.container_id)
             await self._server.start()
@@ -353,12 +362,19 @@ class DockerEnvironment(BaseEnvironment):
             self._has_bash = probe.return_code == 0
         else:
             self._has_bash = self._server.has_bash
-        if not self._has_bash:
-            self.logger.debug(f"{self.image} has no bash: commands run with /bin/sh")
-        writable = self._mount_targets(writable_only=True)
-        if writable:  # bind mounts exist already; chmod so a non-root agent can write its logs
-            await self.ensure_dirs(writable)
-        await self._upload_environment_dir_after_start()
+
+    async def end_agent_processes(self) -> None:
+        """Kill every process in the container (detached daemons and a tmux server included);
+        its files and mounts stay. Before a verifier that runs in the agent's container
+        (:mod:`slime_harbor.isolation`): the container is restarted with an immediate SIGKILL,
+        which reaches every process wherever it hid, and the exec workers are started again."""
+        if self.container_id is None or self._stop_task is not None:
+            raise RuntimeError("the container is not running")
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        await asyncio.to_thread(self._client.api.restart, self.container_id, timeout=0)
+        await self._start_exec_server()
 
     def _check_prebuilt_image(self) -> None:
         import docker
