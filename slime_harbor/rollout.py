@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slime_harbor.calibrate import apply_manifest
 from slime_harbor.converter import environment_start_failed, trial_to_samples
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.harbor_job import HarborJob
@@ -52,6 +53,9 @@ class RolloutConfig:
     """Directory of Harbor task dirs (each with task.toml)."""
     task_names: list[str] | None = None
     """Only these tasks (dir names); None = all tasks in tasks_dir."""
+    task_manifest: Path | None = None
+    """A `slime-harbor calibrate` manifest: tasks it marks broken or flaky are skipped (and named in
+    summary.json); tasks it does not list run."""
     agent: str = "native"
     """native | terminus-2 | oracle | nop | any Harbor agent name | module:Class import path."""
     n_samples: int = 4
@@ -395,6 +399,7 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
             raise ConfigError(f"task {task / 'task.toml'} cannot be loaded: {one_line(exc)}") from None
     _check_agent(cfg)
     _check_environment(cfg.env)
+    apply_manifest(tasks, cfg.task_manifest)  # a missing or malformed manifest: ConfigError now
     return tasks
 
 
@@ -441,6 +446,7 @@ def load_tokenizer(model_dir: str | None):
 async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
     """Run n_samples trials per task; stream samples to OUT/samples.jsonl; return the summary."""
     tasks = check_config(cfg)
+    tasks, skipped_tasks = apply_manifest(tasks, cfg.task_manifest)
     preflight_environment(cfg.env)
     out = Path(cfg.out_dir)
     (out / "trials").mkdir(parents=True, exist_ok=True)
@@ -481,6 +487,7 @@ async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
         finally:
             bar.close()
             summary = summarize(episodes, cfg, time.monotonic() - started, interrupted)
+            summary["skipped_tasks"] = skipped_tasks  # broken or flaky in cfg.task_manifest
             (out / "summary.json").write_text(json.dumps(summary, indent=2))
             job.finish(interrupted)
     return summary
