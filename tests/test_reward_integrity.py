@@ -147,6 +147,16 @@ EOF
 }
 
 
+SPY_TOOLS = """
+    for tool in tar git; do
+        real=$(command -v $tool)
+        mv "$real" "$real.real"
+        printf '#!/bin/sh\necho "%s $*" >> /logs/agent/spied-tools.txt\nexec %s "$@"\n' $tool "$real.real" > "$real"
+        chmod +x "$real"
+    done
+    """
+
+
 def oracle_script(body: str) -> str:
     return "#!/bin/bash\n# attack: run by Harbor's oracle agent in the agent's container\n" + textwrap.dedent(body)
 
@@ -174,6 +184,11 @@ def attacked(tmp_path_factory):
     convert(write_jsonl(tmp / "hangs.jsonl", [hangs]), tasks,
             SwebenchTaskOptions(verifier_timeout_sec=TEST_TIMEOUT_MARGIN_SEC + 15))
     shutil.copytree(tasks / "gold", tasks / "renamed-copy-of-gold")
+    # the gold fix, from an agent that also replaced tar and git in its container with spies: the
+    # answer is collected without running anything there, so the spies never run and gold resolves
+    shutil.copytree(tasks / "gold", tasks / "gold-with-spied-tools")
+    solve = tasks / "gold-with-spied-tools" / "solution" / "solve.sh"
+    solve.write_text(solve.read_text() + textwrap.dedent(SPY_TOOLS))
     out = tmp / "out"
     samples = rollout(tasks, "oracle", out, concurrency=4)
     summary = json.loads((out / "summary.json").read_text())
@@ -194,6 +209,15 @@ def test_gold_resolves_also_from_a_renamed_task_dir(attacked):
     for name in ("gold", "renamed-copy-of-gold"):
         assert samples[name]["reward"] == 1.0, (name, verifier_files(samples[name]).get("test_output.txt"))
         assert samples[name]["metadata"]["tampering"] == []
+
+
+@pytest.mark.slow
+def test_the_answer_is_collected_without_running_the_agents_tools(attacked):
+    samples, _ = attacked
+    sample = samples["gold-with-spied-tools"]
+    assert sample["reward"] == 1.0, verifier_files(sample).get("test_output.txt")
+    spied = Path(sample["metadata"]["trial_dir"]) / "agent" / "spied-tools.txt"
+    assert not spied.exists(), spied.read_text()
 
 
 @pytest.mark.slow

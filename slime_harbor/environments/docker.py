@@ -41,6 +41,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import fcntl
+import fnmatch
 import io
 import os
 import posixpath
@@ -643,7 +644,20 @@ class DockerEnvironment(BaseEnvironment):
         target.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(self._download_dir_blocking, source_dir, target)
 
-    def _download_dir_blocking(self, source_dir: str, target: Path) -> None:
+    async def _download_dir_with_exclusions_impl(self, *, source_dir: str, target_dir: Path | str,
+                                                 exclude: list[str], service: str | None) -> None:
+        # Filtered on this side of the Engine API's archive, as tar --exclude would (a pattern
+        # matches a path or any of its components): Harbor's default runs `tar` in the container,
+        # whose tools the agent may have replaced (the SWE-bench tasks' /testbed artifact).
+        if not self.is_main_service(service):
+            from harbor.environments.base import ServiceOperationsUnsupportedError
+
+            raise ServiceOperationsUnsupportedError(self._service_unsupported_message(service))
+        target = Path(target_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self._download_dir_blocking, source_dir, target, tuple(exclude))
+
+    def _download_dir_blocking(self, source_dir: str, target: Path, exclude: tuple[str, ...] = ()) -> None:
         with tempfile.TemporaryFile() as archive:
             self._get_archive(source_dir.rstrip("/") + "/.", archive)
             with tarfile.open(fileobj=archive, mode="r:") as tar:
@@ -654,6 +668,8 @@ class DockerEnvironment(BaseEnvironment):
                     if len(parts) == 1:
                         continue
                     member.name = parts[1]
+                    if exclude and _excluded(member.name, exclude):
+                        continue
                     members.append(member)
                 tar.extractall(path=target, members=members, filter=transfer_tar_filter)
 
@@ -667,6 +683,13 @@ class DockerEnvironment(BaseEnvironment):
         for chunk in stream:
             archive.write(chunk)
         archive.seek(0)
+
+
+def _excluded(path: str, patterns: tuple[str, ...]) -> bool:
+    """Whether tar --exclude=PATTERN would leave `path` (relative, "/"-separated) out."""
+    parts = path.strip("/").split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    return any(fnmatch.fnmatchcase(x, p) for p in patterns for x in (*parts, *prefixes))
 
 
 # Containers started by this process and not yet removed: removed at interpreter exit (e.g. a

@@ -434,10 +434,11 @@ def task_toml(inst: Instance, options: SwebenchTaskOptions) -> str:
         "swebench_image": inst.image,
     }
     meta = "".join(f"{k} = {toml_str(v)}\n" for k, v in metadata.items() if v)
-    # The answer is the agent's /testbed, collected by the sandbox's file transfer (never by a
-    # command in the agent's container) and graded in a separate container of the task image.
+    # The answer is the agent's /testbed (its .git left out: the grader never reads it), collected
+    # by the sandbox's file transfer (our Docker environment filters the Engine API's archive on
+    # the host; no command runs in the agent's container) and graded in a separate container.
     return f"""schema_version = "1.4"
-artifacts = ["/testbed"]
+artifacts = [{{ source = "/testbed", exclude = [".git"] }}]
 
 [metadata]
 {meta}
