@@ -389,3 +389,11 @@ def test_markers_printed_by_tested_code_are_tampering(tmp_path):
     log.write_text("error: patch failed\n>>>>> Patch Apply Failed\n")
     assert grade_log(str(instance), str(log), str(tmp_path / "w")) is None
     assert not (tmp_path / "w" / "reward.json").exists()
+
+
+def test_artifact_exclusions_are_tar_exclude_patterns():
+    from slime_harbor.environments.docker import _excluded
+
+    assert _excluded(".git", (".git",)) and _excluded(".git/objects/ab/cd", (".git",))
+    assert _excluded("vendor/lib/.git/HEAD", (".git",)) and _excluded("a/b.pyc", ("*.pyc",))
+    assert not _excluded("tinycalc/parse.py", (".git",)) and not _excluded(".github/x.yml", (".git",))

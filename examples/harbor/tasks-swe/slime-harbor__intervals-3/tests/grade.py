@@ -424,7 +424,12 @@ def main(instance_path: str, out_dir: str, budget_sec: str) -> int:
         log_path.write_text("the agent's patch did not apply to the pristine tree\n")
         write_result(out, {**extra, "resolved": False}, 0, [])
         return 0
-    rc, timed_out, records = run_tests(float(budget_sec), log_path)
+    try:
+        rc, timed_out, records = run_tests(float(budget_sec), log_path)
+    except (OSError, subprocess.SubprocessError) as exc:  # no user switch here, chown failed: ours, not the policy's
+        write_result(out, {**extra, "slime_harbor_infra_failure": f"running the tests: {exc}"}, None, [])
+        print(f"{instance['instance_id']}: infrastructure failure (running the tests: {exc}): no reward written")
+        return 0
     if timed_out:
         with open(log_path, "a") as f:
             f.write(f"\n{TESTS_TIMEOUT} (after {budget_sec} s)\n")
