@@ -43,6 +43,8 @@ def add_rollout_args(p: argparse.ArgumentParser, defaults: RolloutConfig) -> Non
     p.add_argument("--timeout-multiplier", type=float, default=defaults.timeout_multiplier)
     add_reward_mapping_arg(p, defaults.reward_mapping)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--task-manifest", type=Path, default=None,
+                   help="a `calibrate` manifest: skip the tasks it marks broken or flaky")
 
 
 def add_reward_mapping_arg(p: argparse.ArgumentParser, default: str) -> None:
@@ -56,7 +58,7 @@ def rollout_config(a: argparse.Namespace) -> RolloutConfig:
         policy_url=a.policy_url, model_dir=a.model, env=a.env, concurrency=a.concurrency, out_dir=a.out,
         temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, step_limit=a.step_limit,
         max_new_tokens=a.max_new_tokens, timeout_multiplier=a.timeout_multiplier,
-        reward_mapping=a.reward_mapping, progress=not a.no_progress,
+        reward_mapping=a.reward_mapping, progress=not a.no_progress, task_manifest=a.task_manifest,
     )
 
 
@@ -250,8 +252,19 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
     p.add_argument("--out", type=Path, required=True, help="writes OUT/<instance_id>/ per record")
     p.add_argument("--image-namespace", default="swebench", help="namespace of the published instance images")
 
+    p = sub.add_parser("calibrate", help="run each task's gold solution and the empty answer K times; write the "
+                       "manifest of broken and flaky tasks that rollout / train-local / the SLiME hook skip")
+    p.add_argument("--tasks", type=Path, required=True, help="directory of Harbor task dirs")
+    p.add_argument("--env", default="local", help="as in rollout: local | docker | <harbor env type> | module:Class")
+    p.add_argument("--repeats", type=int, default=3, help="runs of gold and of the empty answer per task")
+    p.add_argument("--out", type=Path, default=None, help="the manifest (default: TASKS/calibration.json)")
+
     a = parser.parse_args(argv)
-    if a.command == "make-model":
+    if a.command == "calibrate":
+        from slime_harbor.calibrate import main as calibrate
+
+        calibrate(a.tasks, a.env, a.repeats, a.out)
+    elif a.command == "make-model":
         print(build_tiny_model(a.out, seed=a.seed))
     elif a.command == "serve":
         from slime_harbor.policy.server import serve

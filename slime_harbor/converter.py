@@ -162,6 +162,16 @@ def scalar_reward(rewards: dict[str, float] | None) -> float | None:
     return values[0] if len(values) == 1 else sum(values) / len(values)
 
 
+TAMPERING_PREFIX = "tampering_"
+"""Verifier reward keys `tampering_<kind>: 1` name tampering the grader detected (and scored 0)."""
+
+
+def tampering_kinds(rewards: dict | None) -> list[str]:
+    """The kinds of tampering a verifier reported beside its reward (SWE-bench tasks' grade.py)."""
+    return sorted(k.removeprefix(TAMPERING_PREFIX) for k, v in (rewards or {}).items()
+                  if k.startswith(TAMPERING_PREFIX) and v)
+
+
 def environment_start_failed(result) -> bool:
     """The trial raised while its environment was starting (or failing its healthcheck): the agent
     was never set up. Build failures are excluded: they are permanent, not worth a retry."""
@@ -239,6 +249,7 @@ def trial_to_samples(
         # Per turn: "stop", or "length" where the turn hit the max-new-token limit (filters.py).
         "finish_reasons": ((details[0].get("extra") or {}).get("finish_reason") if details else None),
         "status_reason": why,
+        "tampering": tampering_kinds(result.verifier_result.rewards if result.verifier_result else None),
         "drift_count": drift,
         "n_segments": len(segments),
     }

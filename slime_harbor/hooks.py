@@ -59,6 +59,9 @@ Plugin settings, read from `args` (set them with SLiME's --custom-config-path YA
     harbor_max_retries_per_task      transient-failure reruns per task, over the process (3)
     harbor_retry_backoff_sec         wait before a rerun (2.0)
     harbor_env_start_retries         environment start retries inside one episode (2)
+    harbor_task_manifest             a `slime-harbor calibrate` manifest: samples of tasks it marks
+                                     broken or flaky are not run (a removed FAILED placeholder,
+                                     counted as skipped_by_manifest)                (none)
 
 Dynamic filtering: groups whose kept episodes all got the same reward carry no GRPO signal. Use
     --dynamic-sampling-filter-path slime_harbor.hooks.dynamic_sampling_filter
@@ -93,6 +96,7 @@ DEFAULTS = {
     "harbor_max_retries_per_task": 3,
     "harbor_retry_backoff_sec": 2.0,
     "harbor_env_start_retries": 2,
+    "harbor_task_manifest": None,
 }
 
 log = logging.getLogger(__name__)
@@ -100,7 +104,7 @@ log = logging.getLogger(__name__)
 _semaphores: dict[int, asyncio.Semaphore] = {}
 
 METRICS: Counter = Counter()
-"""Process-wide counts, for logs and tests: episodes, status/<status>, retries,
+"""Process-wide counts, for logs and tests: episodes, status/<status>, tampering/<kind>, retries,
 retry_budget_exhausted. `hook_metrics()` returns a copy."""
 RETRIES_BY_TASK: Counter = Counter()
 """Transient-failure reruns spent per task name (the retry budget is per task, per process)."""
@@ -201,6 +205,14 @@ def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
     )
 
 
+@functools.lru_cache(maxsize=4)
+def _manifest_skips(path: str) -> dict[str, str]:
+    """Task name -> why it is skipped, read once per manifest path (ConfigError if unreadable)."""
+    from slime_harbor.calibrate import load_manifest
+
+    return load_manifest(path)
+
+
 def resolve_task_dir(args, sample) -> Path | None:
     """The task dir: metadata.task_dir (from prepare-data), else tasks_dir / label."""
     metadata = sample.metadata if isinstance(sample.metadata, dict) else {}
@@ -275,6 +287,12 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
     task_dir = resolve_task_dir(args, sample)
     if task_dir is None:
         return _placeholder(sample, SampleStatus.FAILED, f"no Harbor task for label {sample.label!r} / metadata", top_p_ids)
+    manifest = setting(args, "harbor_task_manifest")
+    skipped = _manifest_skips(str(manifest)).get(task_dir.name) if manifest else None
+    if skipped is not None:
+        METRICS["skipped_by_manifest"] += 1
+        return _placeholder(sample, SampleStatus.FAILED, f"task {task_dir.name} skipped by {manifest}: {skipped}",
+                            top_p_ids, skipped_by_manifest=True)
     cfg = rollout_config(args, sampling_params, sample)
     loop_key = id(asyncio.get_running_loop())
     semaphore = _semaphores.setdefault(loop_key, asyncio.Semaphore(int(setting(args, "harbor_concurrency"))))
@@ -341,6 +359,8 @@ def to_slime_samples(sample, pieces: list[TrainingSample], top_p_ids: bool = Fal
                                   "(serve the policy with SLiME's SGLang patch)")
         out.append(s)
     _count(first.status)
+    for kind in first.metadata.get("tampering") or []:  # the grader caught tampering (scored 0)
+        METRICS[f"tampering/{kind}"] += 1
     return out
 
 

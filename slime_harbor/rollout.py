@@ -26,9 +26,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slime_harbor.calibrate import apply_manifest
 from slime_harbor.converter import environment_start_failed, trial_to_samples
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.harbor_job import HarborJob
+from slime_harbor.isolation import isolate_shared_verifier
 from slime_harbor.samples import SampleStatus, TrainingSample
 
 DEFAULT_TASKS = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks"
@@ -51,6 +53,9 @@ class RolloutConfig:
     """Directory of Harbor task dirs (each with task.toml)."""
     task_names: list[str] | None = None
     """Only these tasks (dir names); None = all tasks in tasks_dir."""
+    task_manifest: Path | None = None
+    """A `slime-harbor calibrate` manifest: tasks it marks broken or flaky are skipped (and named in
+    summary.json); tasks it does not list run."""
     agent: str = "native"
     """native | terminus-2 | oracle | nop | any Harbor agent name | module:Class import path."""
     n_samples: int = 4
@@ -243,6 +248,11 @@ def hard_timeout_sec(task_path: Path, multiplier: float, verifier_timeout_sec: f
     agent = config.get("agent", {}).get("timeout_sec", 600.0)
     verifier = verifier_timeout_sec or config.get("verifier", {}).get("timeout_sec", 600.0)
     build = config.get("environment", {}).get("build_timeout_sec", 600.0)
+    verifier_config = config.get("verifier", {})
+    if verifier_config.get("environment_mode") == "separate" or (
+        "environment" in verifier_config and verifier_config.get("environment_mode") != "shared"
+    ):  # a separate verifier starts an environment of its own, under the same build timeout
+        build *= 2
     return multiplier * (agent + verifier + build) + HARD_TIMEOUT_SLACK_SEC
 
 
@@ -294,6 +304,7 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
     trial = None
     try:
         trial = await Trial.create(config)
+        isolate_shared_verifier(trial)  # no agent process or reward file survives into the verifier
         result = await asyncio.wait_for(trial.run(), hard_timeout_sec(task_path, cfg.timeout_multiplier, cfg.verifier_timeout_sec))
     except asyncio.CancelledError:
         await _finish_environment_stop(trial)
@@ -388,6 +399,7 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
             raise ConfigError(f"task {task / 'task.toml'} cannot be loaded: {one_line(exc)}") from None
     _check_agent(cfg)
     _check_environment(cfg.env)
+    apply_manifest(tasks, cfg.task_manifest)  # a missing or malformed manifest: ConfigError now
     return tasks
 
 
@@ -434,6 +446,7 @@ def load_tokenizer(model_dir: str | None):
 async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
     """Run n_samples trials per task; stream samples to OUT/samples.jsonl; return the summary."""
     tasks = check_config(cfg)
+    tasks, skipped_tasks = apply_manifest(tasks, cfg.task_manifest)
     preflight_environment(cfg.env)
     out = Path(cfg.out_dir)
     (out / "trials").mkdir(parents=True, exist_ok=True)
@@ -474,6 +487,7 @@ async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
         finally:
             bar.close()
             summary = summarize(episodes, cfg, time.monotonic() - started, interrupted)
+            summary["skipped_tasks"] = skipped_tasks  # broken or flaky in cfg.task_manifest
             (out / "summary.json").write_text(json.dumps(summary, indent=2))
             job.finish(interrupted)
     return summary
@@ -496,6 +510,8 @@ def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, inter
         "n_samples": len(samples),
         "n_trainable_samples": sum(not s.remove_sample for s in samples),
         "drift_count": sum(s.metadata.get("drift_count", 0) for e in episodes for s in e.samples[:1]),
+        # episodes whose grader detected tampering (scored 0), by kind
+        "tampering_counts": dict(Counter(k for e in episodes for k in (e.samples[0].metadata.get("tampering") or []))),
         "errors": {f"{e.task_name}#{e.index}": e.error for e in episodes if e.error},
         "wall_seconds": round(seconds, 2),
         "interrupted": interrupted,

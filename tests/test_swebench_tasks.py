@@ -8,8 +8,9 @@ Harbor trials on our DockerEnvironment (containers with no network; images cache
 build, which pip installs swebench into the grader venv) with --reward-mapping pm1: Harbor's oracle
 agent (the gold patch) resolves every bundled instance (reward 1 -> +1), nop resolves none
 (0 -> -1), a partial fix and a fix that breaks a PASS_TO_PASS test do not resolve, tests the agent
-rewrote are reset before grading, and a test patch that cannot apply or tests that time out write
-no reward: the trial fails and is removed, never scored -1.
+rewrote are reset before grading, tests that time out score -1, and a test patch that cannot apply
+writes no reward: the trial fails and is removed, never scored -1. The attacks on the grading are
+in test_reward_integrity.py.
 """
 
 from __future__ import annotations
@@ -204,30 +205,33 @@ def pytest_log(failed: list[str] = (), exit_code: int | None = None, before: str
             + f"\n+ SWEBENCH_TEST_EXIT_CODE={code}\n+ : '>>>>> End Test Output'\n>>>>> Test Exit Code: {code}\n")
 
 
-GRADE_CASES = [  # (case, log, reward.txt or None when no reward file may be written)
-    ("resolved", pytest_log(), "1\n"),
-    ("one FAIL_TO_PASS fails", pytest_log(failed=[F2P[0]]), "0\n"),
-    ("a PASS_TO_PASS test fails", pytest_log(failed=[P2P[2]]), "0\n"),
-    ("tests ran, nothing parsed", "+ : '>>>>> Start Test Output'\nno tests ran\n+ : '>>>>> End Test Output'\n", "0\n"),
-    ("passes printed, exit code 1", pytest_log(exit_code=1), "0\n"),
+GRADE_CASES = [  # (case, log, reward or None when no reward file may be written)
+    ("resolved", pytest_log(), 1),
+    ("one FAIL_TO_PASS fails", pytest_log(failed=[F2P[0]]), 0),
+    ("a PASS_TO_PASS test fails", pytest_log(failed=[P2P[2]]), 0),
+    ("tests ran, nothing parsed", "+ : '>>>>> Start Test Output'\nno tests ran\n+ : '>>>>> End Test Output'\n", 0),
+    ("passes printed, exit code 1", pytest_log(exit_code=1), 0),
+    # the eval script's own setup, before any tested code runs: outside the policy's reach
     ("test patch did not apply", "error: patch failed\n>>>>> Patch Apply Failed\n", None),
     ("test files not reset", "error: pathspec\n>>>>> Reset Failed\n", None),
-    ("timed out", "+ : '>>>>> Start Test Output'\n+ pytest\n>>>>> Tests Timed Out\n", None),
     ("no output markers", "bash: /tests/eval.sh: No such file or directory\n", None),
-    ("environment fault", "+ : '>>>>> Start Test Output'\nCannot allocate memory\n+ : '>>>>> End Test Output'\n", None),
+    # printed while the tests ran: the tested code can print anything, so it is scored (issue 15)
+    ("timeout marker printed by the tests", "+ : '>>>>> Start Test Output'\n+ pytest\n>>>>> Tests Timed Out\n", 0),
+    ("environment fault printed by the tests",
+     "+ : '>>>>> Start Test Output'\nCannot allocate memory\n+ : '>>>>> End Test Output'\n", 0),
 ]
 
 
 @pytest.mark.parametrize("case,log,expected", GRADE_CASES, ids=[c[0] for c in GRADE_CASES])
 def test_grader_reward_from_log(tmp_path, case, log, expected):
-    """tests/grade.py (swebench's get_eval_report) on eval logs: 1 / 0, or no reward for infra failures."""
+    """tests/grade.py's log grading (swebench's get_eval_report): 1 / 0, or no reward for infra failures."""
     from slime_harbor.tasks import swebench_grade
 
     instance = TASKS_SWE / "slime-harbor__tinycalc-1" / "tests" / "instance.json"
     (tmp_path / "test_output.txt").write_text(log)
-    swebench_grade.main(str(instance), str(tmp_path / "test_output.txt"), str(tmp_path / "verifier"))
-    reward = tmp_path / "verifier" / "reward.txt"
-    assert (reward.read_text() if reward.exists() else None) == expected
+    swebench_grade.grade_log(str(instance), str(tmp_path / "test_output.txt"), str(tmp_path / "verifier"))
+    reward = tmp_path / "verifier" / "reward.json"
+    assert (json.loads(reward.read_text())["reward"] if reward.exists() else None) == expected
     report = json.loads((tmp_path / "verifier" / "report.json").read_text())
     assert (report["slime_harbor_infra_failure"] is None) == (expected is not None)
 
@@ -267,7 +271,7 @@ def rollout(tasks_dir: Path, agent: str, out: Path, concurrency: int = 3) -> dic
 
 
 def verifier_files(sample: dict) -> dict[str, str]:
-    """What the trial's verifier left in its trial dir (reward.txt, report.json, test_output.txt)."""
+    """What the trial's verifier left in its trial dir (reward.json, report.json, test_output.txt)."""
     verifier = Path(sample["metadata"]["trial_dir"]) / "verifier"
     return {p.name: p.read_text() for p in verifier.iterdir() if p.is_file()}
 
@@ -358,7 +362,7 @@ def test_oracle_resolves_every_bundled_instance_nop_none(client, tmp_path):
 
 
 @pytest.mark.slow
-def test_wrong_fixes_do_not_resolve_and_infra_failure_is_not_scored(client, tmp_path):
+def test_wrong_fixes_do_not_resolve_timeouts_score_and_infra_failure_is_not_scored(client, tmp_path):
     base = absolute_env(records()[0])
     broken_test_patch = base["test_patch"].replace('         parse_number("forty")', '         parse_number("fifty")')
     assert broken_test_patch != base["test_patch"]
@@ -399,17 +403,19 @@ def test_wrong_fixes_do_not_resolve_and_infra_failure_is_not_scored(client, tmp_
 
     infra = got[f"{iid}-infra"]
     files = verifier_files(infra)
-    assert "reward.txt" not in files and ">>>>> Patch Apply Failed" in files["test_output.txt"]
+    assert "reward.json" not in files and ">>>>> Patch Apply Failed" in files["test_output.txt"]
     assert json.loads(files["report.json"])["slime_harbor_infra_failure"] == "Patch Apply Failed"
     # Harbor: RewardFileNotFoundError -> our converter: failed, no reward, removed (never scored -1)
     assert infra["status"] == "failed" and infra["reward"] is None and infra["remove_sample"] is True
     assert infra["metadata"]["exception_type"] == "RewardFileNotFoundError"
 
+    # tests that run past their budget: code under test can hang, so it is scored, not dropped
     hung = got[f"{iid}-hangs"]
     files = verifier_files(hung)
-    assert "reward.txt" not in files and files["test_output.txt"].rstrip().endswith(">>>>> Tests Timed Out")
-    assert json.loads(files["report.json"])["slime_harbor_infra_failure"] == "Tests Timed Out"
-    assert hung["status"] == "failed" and hung["reward"] is None and hung["remove_sample"] is True
+    assert ">>>>> Tests Timed Out" in files["test_output.txt"]
+    report = json.loads(files["report.json"])
+    assert report["tests_timed_out"] is True and report["slime_harbor_infra_failure"] is None
+    assert hung["status"] == "completed" and hung["reward"] == -1.0
 
 
 @pytest.mark.slow

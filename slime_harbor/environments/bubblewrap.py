@@ -435,6 +435,23 @@ class BubblewrapEnvironment(BaseEnvironment):
             argv += [flag, mount["source"], mount["target"]]
         return [*argv, "--chdir", "/", "--info-fd", str(info_fd), "--", "/bin/sh", "-c", _INIT_SCRIPT]
 
+    async def end_agent_processes(self) -> None:
+        """Kill every process in the sandbox but its pid 1 (detached daemons and a tmux server
+        included); the files stay. Before a verifier that runs in the agent's sandbox
+        (:mod:`slime_harbor.isolation`). ``kill -9 -1`` from inside reaches every process of the
+        pid namespace except pid 1 and the caller; it is repeated until nothing but zombies
+        (orphans ``sleep infinity`` never reaps) is left."""
+        script = (
+            "for _ in $(seq 50); do kill -9 -1 2>/dev/null; live=0;"
+            # the state follows the last ")" of /proc/PID/stat (a command name may hold spaces)
+            " for s in /proc/[0-9]*/stat; do st=$(<\"$s\") 2>/dev/null || continue; pid=${st%% *};"
+            " st=${st##*) }; [ \"$pid\" = 1 ] || [ \"$pid\" = $$ ] || [ \"${st%% *}\" = Z ] || live=1; done;"
+            " [ $live = 0 ] && exit 0; sleep 0.1; done; exit 1"
+        )
+        done = await self._run(["/bin/bash", "-c", script], env={**self._base_env, "PATH": DEFAULT_PATH}, timeout_sec=60)
+        if done.return_code != 0:
+            raise RuntimeError(f"processes of the agent survived in the sandbox: {done.stderr.decode(errors='replace')[-300:]}")
+
     # --- running commands -------------------------------------------------------------------
 
     async def exec(

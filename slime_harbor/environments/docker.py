@@ -43,6 +43,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import fcntl
+import fnmatch
 import hashlib
 import io
 import os
@@ -417,6 +418,15 @@ class DockerEnvironment(BaseEnvironment):
         # Recorded as soon as it exists, so a stop() racing this start() removes it.
         await asyncio.to_thread(self._create_container)
         await self._open_gateway_forward()
+        await self._start_exec_server()
+        if not self._has_bash:
+            self.logger.debug(f"{self.image} has no bash: commands run with /bin/sh")
+        writable = self._mount_targets(writable_only=True)
+        if writable:  # bind mounts exist already; chmod so a non-root agent can write its logs
+            await self.ensure_dirs(writable)
+        await self._upload_environment_dir_after_start()
+
+    async def _start_exec_server(self) -> None:
         try:
             self._server = ExecServer(self._client.api, self.container_id)
             await self._server.start()
@@ -427,12 +437,22 @@ class DockerEnvironment(BaseEnvironment):
             self._has_bash = probe.return_code == 0
         else:
             self._has_bash = self._server.has_bash
-        if not self._has_bash:
-            self.logger.debug(f"{self.image} has no bash: commands run with /bin/sh")
-        writable = self._mount_targets(writable_only=True)
-        if writable:  # bind mounts exist already; chmod so a non-root agent can write its logs
-            await self.ensure_dirs(writable)
-        await self._upload_environment_dir_after_start()
+
+    async def end_agent_processes(self) -> None:
+        """Kill every process in the container (detached daemons and a tmux server included);
+        its files and mounts stay. Before a verifier that runs in the agent's container
+        (:mod:`slime_harbor.isolation`): the container is restarted with an immediate SIGKILL,
+        which reaches every process wherever it hid, and the exec workers are started again."""
+        if self.container_id is None or self._stop_task is not None:
+            raise RuntimeError("the container is not running")
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        if self._gateway_forward is not None:  # the agent is done; a restart gives a new namespace anyway
+            self._gateway_forward.close()
+            self._gateway_forward = None
+        await asyncio.to_thread(self._client.api.restart, self.container_id, timeout=0)
+        await self._start_exec_server()
 
     def _check_prebuilt_image(self) -> None:
         import docker
@@ -728,7 +748,20 @@ class DockerEnvironment(BaseEnvironment):
         target.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(self._download_dir_blocking, source_dir, target)
 
-    def _download_dir_blocking(self, source_dir: str, target: Path) -> None:
+    async def _download_dir_with_exclusions_impl(self, *, source_dir: str, target_dir: Path | str,
+                                                 exclude: list[str], service: str | None) -> None:
+        # Filtered on this side of the Engine API's archive, as tar --exclude would (a pattern
+        # matches a path or any of its components): Harbor's default runs `tar` in the container,
+        # whose tools the agent may have replaced (the SWE-bench tasks' /testbed artifact).
+        if not self.is_main_service(service):
+            from harbor.environments.base import ServiceOperationsUnsupportedError
+
+            raise ServiceOperationsUnsupportedError(self._service_unsupported_message(service))
+        target = Path(target_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self._download_dir_blocking, source_dir, target, tuple(exclude))
+
+    def _download_dir_blocking(self, source_dir: str, target: Path, exclude: tuple[str, ...] = ()) -> None:
         with tempfile.TemporaryFile() as archive:
             self._get_archive(source_dir.rstrip("/") + "/.", archive)
             with tarfile.open(fileobj=archive, mode="r:") as tar:
@@ -739,6 +772,8 @@ class DockerEnvironment(BaseEnvironment):
                     if len(parts) == 1:
                         continue
                     member.name = parts[1]
+                    if exclude and _excluded(member.name, exclude):
+                        continue
                     members.append(member)
                 tar.extractall(path=target, members=members, filter=transfer_tar_filter)
 
@@ -752,6 +787,13 @@ class DockerEnvironment(BaseEnvironment):
         for chunk in stream:
             archive.write(chunk)
         archive.seek(0)
+
+
+def _excluded(path: str, patterns: tuple[str, ...]) -> bool:
+    """Whether tar --exclude=PATTERN would leave `path` (relative, "/"-separated) out."""
+    parts = path.strip("/").split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    return any(fnmatch.fnmatchcase(x, p) for p in patterns for x in (*parts, *prefixes))
 
 
 # Containers started by this process and not yet removed: removed at interpreter exit (e.g. a

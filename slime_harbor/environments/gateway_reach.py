@@ -47,7 +47,7 @@ try:
     if user_ns >= 0:
         os.setns(user_ns, os.CLONE_NEWUSER)
     os.setns(net_ns, os.CLONE_NEWNET)
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
     listener.listen(int(sys.argv[5]))

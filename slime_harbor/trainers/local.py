@@ -63,6 +63,7 @@ import torch
 from slime_harbor.exits import ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
 from slime_harbor.filters import TrajectoryFilters, apply_limit_filters, drop_zero_std_groups, varying_groups
 from slime_harbor.grpo import GRPOConfig, episode_advantages, grpo_loss, masked_mean
+from slime_harbor.calibrate import apply_manifest
 from slime_harbor.rollout import (DEFAULT_TASKS, RolloutConfig, check_config, check_environment_runs, discover_tasks,
                                   run_rollouts)
 from slime_harbor.trainers.evaluate import eval_metrics
@@ -87,6 +88,8 @@ class LocalTrainConfig:
     """Directory of Harbor task dirs (flag --tasks; default: the bundled tasks)."""
     task_names: list[str] | None = None
     """Only these task dir names; None = every task in tasks_dir."""
+    task_manifest: Path | None = None
+    """A `slime-harbor calibrate` manifest: the tasks it marks broken or flaky are not trained on."""
     agent: str = "native"
     """native | terminus-2 (agents that sample from the policy being trained)."""
     env: str = "local"
@@ -474,7 +477,9 @@ def rollout_stats(samples: Sequence[TrainingSample]) -> dict[str, Any]:
             rewards.setdefault((s.group_index, s.index), s.reward)
     values = list(rewards.values())
     mean = sum(values) / len(values) if values else None
+    tampered = {(s.group_index, s.index) for s in samples if s.metadata.get("tampering")}
     return {
+        "n_tampered": len(tampered),  # episodes whose grader detected tampering (scored 0)
         "reward_mean": mean,
         "reward_std": math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) if values else None,
         "pass_rate": sum(v >= 1.0 for v in values) / len(values) if values else None,
@@ -691,7 +696,10 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_facto
     `learner_factory(cfg, base_model, device, checkpoint, out, start)` builds the policy side."""
     check_train_config(cfg)
     guard = guard or SignalGuard()  # not entered: signals keep their usual effect
-    tasks = [p.name for p in discover_tasks(cfg.tasks_dir, cfg.task_names)]
+    tasks, skipped_tasks = apply_manifest(discover_tasks(cfg.tasks_dir, cfg.task_names), cfg.task_manifest)
+    tasks = [p.name for p in tasks]
+    if not tasks:
+        raise ConfigError(f"every task in {cfg.tasks_dir} is marked broken or flaky in {cfg.task_manifest}")
     checkpoint = find_checkpoint(cfg.resume) if cfg.resume else None
     state = json.loads((checkpoint / TRAINER_STATE).read_text()) if checkpoint else None
     if state and state["lora"] != cfg.lora:
@@ -774,6 +782,7 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_facto
     finally:
         learner.close()
     summary = _summary(metrics, cfg, base_model, out, last_checkpoint, time.monotonic() - started)
+    summary["skipped_tasks"] = skipped_tasks  # broken or flaky in --task-manifest: never trained on
     summary["interrupted"] = interrupted is not None
     summary["reward_curve"] = _plot(out, metrics)
     if tracker is not None:

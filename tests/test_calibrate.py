@@ -1,0 +1,134 @@
+"""`slime-harbor calibrate` and the task manifest it writes (issue 15, item 6).
+
+Real trials on the bubblewrap sandbox: a working task is ok; a task whose gold solution does not
+solve it and one whose empty answer already passes are broken; the manifest makes rollout skip
+them (named in summary.json) while tasks it does not list run; train-local and the SLiME hook take
+it too. The SWE-bench case (Docker): an instance whose gold patch needs a conftest.py is broken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slime_harbor.calibrate import BROKEN, FLAKY, OK, apply_manifest, judge, load_manifest
+from slime_harbor.cli import main as cli_main
+from slime_harbor.exits import ConfigError
+from slime_harbor.rollout import RolloutConfig, run_rollouts
+
+ROOT = Path(__file__).resolve().parent.parent
+GOOD = ROOT / "examples" / "harbor" / "tasks" / "fix-sort-key"
+
+
+def make_tasks(root: Path) -> Path:
+    tasks = root / "tasks"
+    shutil.copytree(GOOD, tasks / "good")
+    shutil.copytree(GOOD, tasks / "gold-fails")
+    (tasks / "gold-fails" / "solution" / "solve.sh").write_text("#!/bin/bash\ntrue\n")
+    shutil.copytree(GOOD, tasks / "empty-passes")
+    (tasks / "empty-passes" / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    return tasks
+
+
+def test_judge_statuses():
+    assert judge([1.0, 1.0], [0.0, 0.0], [])[0] == OK
+    assert judge([0.0, 0.0], [0.0, 0.0], []) == (BROKEN, "the gold solution never passes in 2 of 2 runs")
+    assert judge([None, None], [0.0, 0.0], [])[1] == "the gold solution failed (no reward) in 2 of 2 runs"
+    assert judge([1.0, 1.0], [1.0, 1.0], []) == (BROKEN, "the empty answer passes in 2 of 2 runs")
+    assert judge([1.0, 0.0, 1.0], [0.0] * 3, []) == (FLAKY, "the gold solution passes in 2 of 3 runs")
+    assert judge([1.0] * 3, [0.0, 1.0, 0.0], []) == (FLAKY, "the empty answer passes in 1 of 3 runs")
+    assert judge([1.0], [0.0], ["tests/conftest.py: test configuration"])[0] == BROKEN
+
+
+@pytest.mark.slow
+def test_calibrate_then_rollout_skips_what_it_marks(tmp_path, capsys):
+    tasks = make_tasks(tmp_path)
+    cli_main(["calibrate", "--tasks", str(tasks), "--repeats", "2"])
+    manifest = json.loads((tasks / "calibration.json").read_text())
+    status = {name: t["status"] for name, t in manifest["tasks"].items()}
+    assert status == {"good": OK, "gold-fails": BROKEN, "empty-passes": BROKEN}, manifest
+    assert manifest["tasks"]["good"]["gold"] == [1.0, 1.0] and manifest["tasks"]["good"]["empty"] == [0.0, 0.0]
+    assert "never passes" in manifest["broken"]["gold-fails"]
+    assert "empty answer passes" in manifest["broken"]["empty-passes"]
+    assert "1 ok, 2 broken, 0 flaky" in capsys.readouterr().out
+
+    shutil.copytree(GOOD, tasks / "not-calibrated")  # not in the manifest: it runs
+    out = tmp_path / "rollout"
+    summary = asyncio.run(run_rollouts(RolloutConfig(
+        tasks_dir=tasks, agent="oracle", n_samples=1, out_dir=out, progress=False,
+        task_manifest=tasks / "calibration.json")))
+    assert sorted(summary["per_task_rewards"]) == ["good", "not-calibrated"]
+    assert sorted(summary["skipped_tasks"]) == ["empty-passes", "gold-fails"]
+    assert json.loads((out / "summary.json").read_text())["skipped_tasks"]["gold-fails"].startswith("broken: ")
+
+
+def test_manifest_errors_are_one_line(tmp_path):
+    tasks = make_tasks(tmp_path)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    for path, words in ((tmp_path / "absent.json", "does not exist"), (bad, "is not JSON")):
+        with pytest.raises(ConfigError, match=words):
+            load_manifest(path)
+        proc = subprocess.run([sys.executable, "-m", "slime_harbor.cli", "rollout", "--tasks", str(tasks),
+                               "--agent", "oracle", "--task-manifest", str(path), "--out", str(tmp_path / "o")],
+                              capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+        assert proc.returncode != 0 and proc.stderr.strip().count("\n") == 0 and words in proc.stderr, proc.stderr
+    bad.write_text('{"tasks": {"x": 1}}')
+    with pytest.raises(ConfigError, match="not a calibrate manifest"):
+        load_manifest(bad)
+    assert apply_manifest([tasks / "good"], None) == ([tasks / "good"], {})
+
+
+def test_train_local_and_the_hook_take_the_manifest(tmp_path):
+    from slime_harbor import hooks
+    from slime_harbor.trainers.local import config_from_args
+
+    tasks = make_tasks(tmp_path)
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"tasks": {"gold-fails": {"status": "broken", "reason": "r"},
+                                              "good": {"status": "ok", "reason": "fine"}}}))
+    cfg = config_from_args(["--tasks", str(tasks), "--task-manifest", str(manifest)])
+    assert cfg.task_manifest == manifest
+    kept, skipped = apply_manifest(sorted(p for p in tasks.iterdir()), cfg.task_manifest)
+    assert [p.name for p in kept] == ["empty-passes", "good"] and skipped == {"gold-fails": "broken: r"}
+
+    class Args:
+        harbor_tasks_dir = str(tasks)
+        harbor_task_manifest = str(manifest)
+        harbor_agent = "oracle"
+
+    from test_hooks import SampleLike  # SLiME's Sample shape (its Status enum included)
+
+    sample = SampleLike(label="gold-fails")
+    before = hooks.METRICS["skipped_by_manifest"]
+    [placeholder] = asyncio.run(hooks.generate(Args(), sample, {}))
+    assert placeholder.remove_sample is True and "skipped by" in placeholder.metadata["status_reason"]
+    assert hooks.METRICS["skipped_by_manifest"] == before + 1
+
+
+@pytest.mark.slow
+def test_swebench_gold_patch_needing_test_configuration_is_broken(tmp_path):
+    """The gold patch of an instance adds a conftest.py, which grading drops: calibrate says broken."""
+    from test_reward_integrity import GOLD_PARSE, patch_against_base
+    from test_swebench_tasks import absolute_env, docker_client, records, write_jsonl
+
+    docker_client()  # skips without a Docker daemon
+    from slime_harbor.tasks.swebench import convert
+
+    base = absolute_env(records()[0])
+    rows = [{**base, "instance_id": "needs-conftest",
+             "patch": patch_against_base({"tinycalc/parse.py": GOLD_PARSE, "tests/conftest.py": "collect_ignore = []\n"})},
+            {**base, "instance_id": "plain-gold"}]
+    convert(write_jsonl(tmp_path / "i.jsonl", rows), tmp_path / "tasks")
+    cli_main(["calibrate", "--tasks", str(tmp_path / "tasks"), "--env", "docker", "--repeats", "1",
+              "--out", str(tmp_path / "m.json")])
+    manifest = json.loads((tmp_path / "m.json").read_text())
+    assert manifest["tasks"]["plain-gold"]["status"] == OK, manifest
+    assert manifest["tasks"]["needs-conftest"]["status"] == BROKEN
+    assert "tests/conftest.py: test configuration" in manifest["broken"]["needs-conftest"]
