@@ -141,6 +141,8 @@ class BubblewrapEnvironment(BaseEnvironment):
       ``slime-harbor-sandboxes``, created with mode 0700).
     - ``default_network_mode``: ``"no-network"`` (default) or ``"public"``: the network of a
       task whose task.toml does not set ``[environment] network_mode``.
+    - ``agent_installs``: agents whose host-side install (built once, cached) is bound read-only
+      into the sandbox (names or ``module:attr``; see :mod:`slime_harbor.installed_agents`).
     """
 
     def __init__(
@@ -154,8 +156,12 @@ class BubblewrapEnvironment(BaseEnvironment):
         base_dir: str | Path | None = None,
         default_network_mode: str = NetworkMode.NO_NETWORK.value,
         network_policy: NetworkPolicy | None = None,
+        agent_installs: str | list[str] | None = None,
         **kwargs,
     ):
+        from slime_harbor.installed_agents import resolve_installs
+
+        self._agent_installs = resolve_installs(agent_installs)
         # Set before super().__init__(), which validates the definition and network policy.
         self._base_dir = Path(base_dir) if base_dir else default_sandbox_root()
         self._default_network_mode = NetworkMode(default_network_mode)
@@ -259,6 +265,10 @@ class BubblewrapEnvironment(BaseEnvironment):
         _live_sandboxes[self.sandbox_dir] = self
         self._etc_template = await asyncio.to_thread(_etc_template, self._base_dir)
         await asyncio.to_thread(_populate_root, self._rootfs)
+        for install in self._agent_installs:  # bound like Harbor's read-only mounts
+            host_dir = await asyncio.to_thread(install.host_dir)
+            self._mounts.append({"type": "bind", "source": str(host_dir), "target": install.sandbox_dir,
+                                 "read_only": True})  # fmt: skip
         await self._start_init()
         for step in self._recipe.steps:
             await self._apply(step)

@@ -41,7 +41,9 @@ import atexit
 import concurrent.futures
 import contextlib
 import fcntl
+import hashlib
 import io
+import json
 import os
 import posixpath
 import re
@@ -241,6 +243,36 @@ def image_tag(environment_name: str, content_hash: str) -> str:
     return f"{IMAGE_REPOSITORY}/{name}:{content_hash[:24]}"
 
 
+async def ensure_agent_image(base_image: str, installs, timeout_sec: float) -> str:
+    """``base_image`` plus one layer per agent install (see :mod:`slime_harbor.installed_agents`):
+    built with the host's network, once per base image id and install script, reused after.
+    Returns its tag. The base image's user is kept (the install runs as root)."""
+    api = docker_client().api
+    base = await asyncio.to_thread(api.inspect_image, base_image)
+    scripts = [(install.name, install.docker_script()) for install in installs]
+    digest = hashlib.sha256(json.dumps([base["Id"], scripts]).encode()).hexdigest()
+    names = "-".join(name for name, _ in scripts)
+    tag = f"{IMAGE_REPOSITORY}-agents/{names}:{digest[:24]}"
+    # The context lives as long as the tag may be built (a cancelled waiter must not delete it
+    # under the build), so it is kept under the lock dir, named by its digest.
+    context = _lock_dir() / "contexts" / digest[:24]
+    lines = [f"FROM {base_image}", "USER root"]
+    for k, (_, script) in enumerate(scripts):
+        lines += [f"COPY install-{k}.sh /tmp/slime-harbor-install-{k}.sh",
+                  f"RUN sh /tmp/slime-harbor-install-{k}.sh && rm -f /tmp/slime-harbor-install-{k}.sh"]  # fmt: skip
+    if base["Config"].get("User"):
+        lines.append(f"USER {base['Config']['User']}")
+    files = {"Dockerfile": "\n".join(lines) + "\n", **{f"install-{k}.sh": s for k, (_, s) in enumerate(scripts)}}
+    context.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        if not (context / name).is_file() or (context / name).read_text() != text:
+            partial = context / f".{name}.{uuid.uuid4().hex[:8]}"
+            partial.write_text(text)
+            os.replace(partial, context / name)
+    await ensure_image(context, tag, f"{base_image} + {names}", timeout_sec)
+    return tag
+
+
 # --- the environment ---------------------------------------------------------------------------
 
 
@@ -251,6 +283,8 @@ class DockerEnvironment(BaseEnvironment):
 
     - ``default_network_mode``: ``"no-network"`` (default) or ``"public"``: the network of a
       task whose task.toml does not set ``[environment] network_mode``.
+    - ``agent_installs``: agents to install into an image layer on top of the task's (names or
+      ``module:attr``; see :mod:`slime_harbor.installed_agents`), built once per task image.
     """
 
     def __init__(
@@ -263,9 +297,13 @@ class DockerEnvironment(BaseEnvironment):
         *,
         default_network_mode: str = NetworkMode.NO_NETWORK.value,
         network_policy: NetworkPolicy | None = None,
+        agent_installs: str | list[str] | None = None,
         **kwargs,
     ):
+        from slime_harbor.installed_agents import resolve_installs
+
         self._default_network_mode = NetworkMode(default_network_mode)
+        self._agent_installs = resolve_installs(agent_installs)
         super().__init__(
             environment_dir=environment_dir,
             environment_name=environment_name,
@@ -278,6 +316,8 @@ class DockerEnvironment(BaseEnvironment):
         )
         self.container_id: str | None = None
         """The trial's container (None before ``start()`` and after ``stop()``)."""
+        self.run_image: str | None = None
+        """The image the container runs: ``image``, or its agent-install layer (set by ``start()``)."""
         self._image_workdir = "/"
         self._image_env_keys: set[str] = set()
         self._server: ExecServer | None = None
@@ -341,6 +381,10 @@ class DockerEnvironment(BaseEnvironment):
         else:
             await ensure_image(self.environment_dir, self.image, self.environment_name,
                                self.task_env_config.build_timeout_sec, force_build)  # fmt: skip
+        self.run_image = self.image
+        if self._agent_installs:
+            self.run_image = await ensure_agent_image(self.image, self._agent_installs,
+                                                      self.task_env_config.build_timeout_sec)  # fmt: skip
         # Recorded as soon as it exists, so a stop() racing this start() removes it.
         await asyncio.to_thread(self._create_container)
         try:
@@ -386,7 +430,7 @@ class DockerEnvironment(BaseEnvironment):
         )
         name = re.sub(r"[^a-zA-Z0-9_.-]", "-", f"sh-{self.trial_name}")[:60] + f"-{uuid.uuid4().hex[:6]}"
         created = api.create_container(
-            self.image, command=KEEPALIVE, name=name, detach=True, host_config=host_config,
+            self.run_image or self.image, command=KEEPALIVE, name=name, detach=True, host_config=host_config,
             environment=self._startup_env() or None, labels=self._labels(),
         )  # fmt: skip
         self.container_id = created["Id"]
