@@ -1,0 +1,334 @@
+"""Harbor's mini-swe-agent (slime_harbor.installed_agents.mini_swe_agent) installed from the
+registries only, in our bubblewrap and Docker sandboxes, through real Harbor trials against a real
+model endpoint (the embedded policy server's OpenAI API on the tiny model).
+
+The embedded server's /v1/chat/completions ignores tools, so every reply of the tiny model is a
+format error for mini-swe-agent's tool-calling config: the episode ends at mini-swe-agent's own
+step limit or format-error limit, and must be verified and scored (truncated). Until the gateway
+and the sandbox forwarding exist, the trials run on a public-network copy of a bundled task (the
+sandbox shares the host's loopback, where the server listens).
+
+The installs are real (PyPI over the host network): the first run of this module builds them
+(about a minute each), later runs reuse them. Docker tests skip without a daemon or with
+SLIME_HARBOR_NO_DOCKER set."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import os
+import re
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+from harbor.trial.trial import Trial
+
+from slime_harbor.converter import trial_to_samples
+from slime_harbor.installed_agents import environment_kwargs, resolve_installs
+from slime_harbor.installed_agents import mini_swe_agent as mswea
+from slime_harbor.rollout import DEFAULT_TASKS, DOCKER_SANDBOX, LOCAL_SANDBOX
+from slime_harbor.samples import SampleStatus
+
+AGENT_IMPORT_PATH = "slime_harbor.installed_agents.mini_swe_agent:MiniSweAgent"
+TASK = "count-errors"
+
+
+def _docker_skip_reason() -> str | None:
+    if os.environ.get("SLIME_HARBOR_NO_DOCKER"):
+        return "SLIME_HARBOR_NO_DOCKER is set"
+    try:
+        from slime_harbor.environments.docker import DockerUnavailableError, check_docker
+    except ImportError as exc:
+        return f"cannot import the Docker environment: {exc}"
+    try:
+        check_docker(timeout=5)
+    except DockerUnavailableError as exc:
+        return str(exc)
+    return None
+
+
+needs_docker = pytest.mark.skipif((reason := _docker_skip_reason()) is not None, reason=f"no Docker: {reason}")
+
+
+class RecordingProxy:
+    """An HTTP proxy on loopback that answers 502 to everything and records what was asked: set as
+    HTTP(S)_PROXY in the agent's environment, it catches any traffic not meant for the model."""
+
+    def __init__(self):
+        self.requests: list[str] = []
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _refuse(self):
+                proxy.requests.append(f"{self.command} {self.path}")
+                self.send_error(502)
+
+            do_GET = do_POST = do_HEAD = do_CONNECT = do_PUT = _refuse
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def proxy():
+    recorder = RecordingProxy()
+    try:
+        yield recorder
+    finally:
+        recorder.close()
+
+
+def public_task_copy(dest_root: Path) -> Path:
+    """A copy of a bundled task whose sandbox shares the host's network (the model endpoint is on
+    the host's loopback until the sandbox forwarding exists)."""
+    dest = dest_root / TASK
+    shutil.copytree(DEFAULT_TASKS / TASK, dest)
+    toml = dest / "task.toml"
+    toml.write_text(re.sub(r'network_mode = "no-network"', 'network_mode = "public"', toml.read_text()))
+    return dest
+
+
+def agent_config(policy_url: str, served_name: str, proxy_url: str, step_limit: int) -> AgentConfig:
+    """What the gateway wiring gives an installed agent: the OpenAI base URL under every name
+    Harbor's class and LiteLLM read, a key, LiteLLM's local cost map, hosted_vllm/<name>."""
+    base = f"{policy_url}/v1"
+    return AgentConfig(
+        import_path=AGENT_IMPORT_PATH,
+        model_name=f"hosted_vllm/{served_name}",
+        kwargs={"step_limit": step_limit, "max_tokens": 16},
+        env={
+            "OPENAI_BASE_URL": base, "OPENAI_API_BASE": base, "HOSTED_VLLM_API_BASE": base,
+            "MSWEA_API_KEY": "none", "OPENAI_API_KEY": "none", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            # Anything not sent to the model goes to the recording proxy (and fails there).
+            "HTTP_PROXY": proxy_url, "HTTPS_PROXY": proxy_url, "ALL_PROXY": proxy_url,
+            "http_proxy": proxy_url, "https_proxy": proxy_url, "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1,localhost",
+        },  # fmt: skip
+    )
+
+
+async def run_trial(task: Path, tmp_path: Path, agent: AgentConfig, env_import_path: str, env_kwargs: dict):
+    config = TrialConfig(
+        task=TaskConfig(path=task),
+        trials_dir=tmp_path / "trials",
+        agent=agent,
+        environment=EnvironmentConfig(import_path=env_import_path, delete=True,
+                                      kwargs={**environment_kwargs(agent), **env_kwargs}),  # fmt: skip
+    )
+    trial = await Trial.create(config)
+    result = await trial.run()
+    return trial, result
+
+
+def check_scored_truncated(result, expected_agent_exit: str, step_limit: int) -> dict:
+    """The episode ended at mini-swe-agent's own limit, was verified, and is scored truncated."""
+    assert result.exception_info is None, result.exception_info
+    assert result.verifier_result is not None and result.verifier_result.rewards == {"reward": 0.0}
+    meta = result.agent_result.metadata
+    assert meta["agent_exit_status"] == expected_agent_exit and meta["exit_status"] == "step_limit", meta
+    assert 1 <= meta["turns"] <= step_limit
+    (sample,) = trial_to_samples(result)
+    assert sample.status == SampleStatus.TRUNCATED and sample.reward == 0.0
+    return meta
+
+
+def check_requests_to_model(trial_dir: Path, step_limit: int) -> list[dict]:
+    """mini-swe-agent's trajectory: what it sent (tools, parameters) and what came back."""
+    trajectory = json.loads((trial_dir / "agent" / "mini-swe-agent.trajectory.json").read_text())
+    assert trajectory["info"]["config"]["agent"]["step_limit"] == step_limit
+    assert trajectory["info"]["mini_version"] == mswea.MINI_SWE_AGENT_VERSION
+    replies = [m for m in trajectory["messages"] if (m.get("extra") or {}).get("response")]
+    assert replies, trajectory["messages"][-1]
+    assert (trial_dir / "agent" / "trajectory.json").is_file()  # Harbor's ATIF conversion
+    return replies
+
+
+# --- the agent class on its own -----------------------------------------------------------------
+
+
+def test_step_limit_maps_onto_mini_swe_agents_step_limit(tmp_path):
+    agent = mswea.MiniSweAgent(logs_dir=tmp_path, model_name="hosted_vllm/policy", step_limit=7,
+                               config={"agent": {"cost_limit": 0}, "model": {"model_kwargs": {"temperature": 1.0}}})  # fmt: skip
+    assert "step_limit: 7" in agent._config_yaml and "cost_limit: 0" in agent._config_yaml
+    assert "temperature: 1.0" in agent._config_yaml
+    assert agent.version() == mswea.MINI_SWE_AGENT_VERSION
+    for bad in (0, -1, "3", True):
+        with pytest.raises(ValueError, match="step_limit"):
+            mswea.MiniSweAgent(logs_dir=tmp_path, model_name="hosted_vllm/policy", step_limit=bad)
+    with pytest.raises(ValueError, match="pinned"):
+        mswea.MiniSweAgent(logs_dir=tmp_path, model_name="hosted_vllm/policy", version="2.0.0")
+
+
+def test_environment_kwargs_name_the_install_and_resolve():
+    config = AgentConfig(import_path=AGENT_IMPORT_PATH, model_name="hosted_vllm/policy")
+    kwargs = environment_kwargs(config)
+    assert kwargs == {"agent_installs": ["mini-swe-agent"]}
+    assert resolve_installs(kwargs["agent_installs"]) == [mswea.SANDBOX_INSTALL]
+    assert resolve_installs("slime_harbor.installed_agents.mini_swe_agent:SANDBOX_INSTALL") == [mswea.SANDBOX_INSTALL]
+    assert environment_kwargs(AgentConfig(name="oracle")) == {}
+    with pytest.raises(ValueError, match="unknown agent install 'nope'"):
+        resolve_installs("nope")
+
+
+@pytest.mark.parametrize(
+    "exit_status, expected",
+    [("Submitted", "submitted"), ("LimitsExceeded", "step_limit"), ("RepeatedFormatError", "step_limit"),
+     ("ContextWindowExceededError", "context_limit"), ("APIConnectionError", "aborted")],
+)  # fmt: skip
+def test_exit_status_is_reported_in_the_converters_words(tmp_path, exit_status, expected):
+    from harbor.models.agent.context import AgentContext
+
+    agent = mswea.MiniSweAgent(logs_dir=tmp_path, model_name="hosted_vllm/policy")
+    (tmp_path / "mini-swe-agent.trajectory.json").write_text(json.dumps(
+        {"info": {"exit_status": exit_status, "model_stats": {"api_calls": 3}}, "messages": []}
+    ))  # fmt: skip
+    context = AgentContext()
+    agent.populate_context_post_run(context)
+    assert context.metadata == {"exit_status": expected, "agent_exit_status": exit_status, "turns": 3}
+
+
+# --- bubblewrap -----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_bubblewrap_trial_runs_mini_swe_agent_to_the_verifier(tmp_path, policy_server, tiny_model_dir, proxy):
+    task = public_task_copy(tmp_path / "tasks")
+    step_limit = 5  # above the format-error limit (3): the episode ends at RepeatedFormatError
+    agent = agent_config(policy_server, Path(tiny_model_dir).name, proxy.url, step_limit)
+    env_kwargs = {"base_dir": str(tmp_path / "sandboxes")}
+    host_dir = await asyncio.to_thread(mswea.SANDBOX_INSTALL.host_dir)  # built here at most once
+    builds = mswea.host_builds
+    stamp = (host_dir / "build.json").stat().st_mtime_ns
+
+    trial, result = await run_trial(task, tmp_path / "one", agent, LOCAL_SANDBOX, env_kwargs)
+    check_scored_truncated(result, "RepeatedFormatError", step_limit)
+    replies = check_requests_to_model(Path(trial.trial_dir), step_limit)
+    assert len(replies) == 3  # mini-swe-agent's max_consecutive_format_errors
+    assert not proxy.requests, proxy.requests  # no cost map, update check or telemetry
+    assert not trial.agent_environment.sandbox_dir.exists()
+
+    # A second trial reuses the host install: no build, the same directory.
+    trial, result = await run_trial(task, tmp_path / "two", agent, LOCAL_SANDBOX, env_kwargs)
+    check_scored_truncated(result, "RepeatedFormatError", step_limit)
+    assert mswea.host_builds == builds and (host_dir / "build.json").stat().st_mtime_ns == stamp
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_bubblewrap_install_is_read_only_and_leaves_the_task_python_alone(tmp_path):
+    from slime_harbor.environments.bubblewrap import BubblewrapEnvironment
+    from harbor.models.trial.paths import TrialPaths
+    from harbor.models.task.task import Task
+
+    task = Task(DEFAULT_TASKS / TASK)
+    paths = TrialPaths(trial_dir=tmp_path / "trial")
+    paths.mkdir()
+    env = BubblewrapEnvironment(
+        environment_dir=task.paths.environment_dir, environment_name=TASK, session_id="mswea-ro",
+        trial_paths=paths, task_env_config=task.config.environment, base_dir=str(tmp_path / "sandboxes"),
+        agent_installs="mini-swe-agent",
+    )  # fmt: skip
+    await env.start(force_build=False)
+    try:
+        done = await env.exec(f"{mswea.LAUNCHER} --help && touch {mswea.SANDBOX_DIR}/x")
+        assert "Run mini-SWE-agent" in done.stdout and done.return_code != 0
+        assert "Read-only file system" in done.stderr
+        # The task's python is the host's, without the agent's packages.
+        done = await env.exec("command -v python3; python3 -c 'import minisweagent'")
+        assert done.stdout.strip() in ("/usr/bin/python3", "/usr/local/bin/python3") and done.return_code != 0
+    finally:
+        await env.stop(delete=True)
+
+
+# --- Docker -------------------------------------------------------------------------------------
+
+
+def _image(tag: str) -> dict:
+    from slime_harbor.environments.docker import docker_client
+
+    return docker_client().api.inspect_image(tag)
+
+
+@needs_docker
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_docker_trial_runs_mini_swe_agent_on_a_layer_built_once(tmp_path, policy_server, tiny_model_dir, proxy):
+    task = public_task_copy(tmp_path / "tasks")
+    step_limit = 2  # below the format-error limit: the episode ends at LimitsExceeded
+    agent = agent_config(policy_server, Path(tiny_model_dir).name, proxy.url, step_limit)
+
+    trial, result = await run_trial(task, tmp_path / "one", agent, DOCKER_SANDBOX, {})
+    check_scored_truncated(result, "LimitsExceeded", step_limit)
+    replies = check_requests_to_model(Path(trial.trial_dir), step_limit)
+    assert len(replies) == step_limit
+    assert not proxy.requests, proxy.requests
+    environment = trial.agent_environment
+    layer = _image(environment.run_image)
+    base = _image(environment.image)
+    assert environment.run_image != environment.image and layer["Id"] != base["Id"]
+    assert layer["RootFS"]["Layers"][: len(base["RootFS"]["Layers"])] == base["RootFS"]["Layers"]
+    assert layer["Config"]["User"] == base["Config"]["User"] and layer["Config"]["WorkingDir"] == base["Config"]["WorkingDir"]
+
+    # A second trial starts from the same layer image: not rebuilt.
+    trial, result = await run_trial(task, tmp_path / "two", agent, DOCKER_SANDBOX, {})
+    check_scored_truncated(result, "LimitsExceeded", step_limit)
+    assert trial.agent_environment.run_image == environment.run_image
+    again = _image(environment.run_image)
+    assert again["Id"] == layer["Id"] and again["Created"] == layer["Created"]
+
+
+@needs_docker
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_docker_layer_leaves_the_task_python_untouched(tmp_path):
+    """The layer adds /opt/slime-harbor only: the image's python3 and its site-packages are the
+    base image's, byte for byte (what SWE-bench's /testbed env relies on)."""
+    from harbor.models.task.task import Task
+    from harbor.models.trial.paths import TrialPaths
+
+    from slime_harbor.environments.docker import DockerEnvironment
+
+    task = Task(DEFAULT_TASKS / TASK)
+    paths = TrialPaths(trial_dir=tmp_path / "trial")
+    paths.mkdir()
+    env = DockerEnvironment(
+        environment_dir=task.paths.environment_dir, environment_name=TASK, session_id="mswea-py__env",
+        trial_paths=paths, task_env_config=task.config.environment, agent_installs=["mini-swe-agent"],
+    )  # fmt: skip
+    await env.start(force_build=False)
+    try:
+        probe = ("command -v python3; python3 -c 'import sys, site; print(sys.prefix); print(site.getsitepackages())'; "
+                 "python3 -m pip freeze --all 2>/dev/null | sort | md5sum; python3 -c 'import minisweagent' 2>&1 | tail -1")  # fmt: skip
+        inside = await env.exec(probe)
+        done = await env.exec(f"{mswea.LAUNCHER} --help")
+        assert done.return_code == 0 and "Run mini-SWE-agent" in done.stdout
+    finally:
+        await env.stop(delete=True)
+    # The same probe in a container of the task's own image.
+    from slime_harbor.environments.docker import docker_client
+
+    api = docker_client().api
+    container = api.create_container(env.image, ["sh", "-c", probe], network_disabled=True,
+                                     host_config=api.create_host_config(network_mode="none"))  # fmt: skip
+    try:
+        api.start(container)
+        api.wait(container, timeout=120)
+        base_output = api.logs(container, stdout=True, stderr=True).decode()
+    finally:
+        api.remove_container(container, force=True)
+    assert inside.stdout.strip() == base_output.strip()
+    assert "No module named 'minisweagent'" in base_output
