@@ -54,12 +54,14 @@ SANDBOX_DIR = "/opt/slime-harbor/mini-swe-agent"
 LAUNCHER = f"{SANDBOX_DIR}/bin/mini-swe-agent"
 
 # mini-swe-agent 2.4.6's dependencies minus `datasets`, which only its SWE-bench batch runners
-# import (it brings pyarrow, pandas and numpy: half of a 700 MB venv), plus orjson and fastapi,
-# which Harbor adds for LiteLLM's tool-calling path.
+# import (it brings pyarrow, pandas and numpy: half of a 700 MB venv), plus what LiteLLM imports
+# on its tool-calling path without declaring it: orjson and fastapi (Harbor adds them too) and mcp
+# (LiteLLM 1.106 imports its MCP handler for any request with tools). LiteLLM is pinned to the
+# version this was tested with.
 REQUIREMENTS = (
-    "pyyaml", "requests", "jinja2", "pydantic>=2.0", "litellm>=1.75.5,!=1.82.7,!=1.82.8", "tenacity",
+    "pyyaml", "requests", "jinja2", "pydantic>=2.0", "litellm==1.106.2", "tenacity",
     "rich", "python-dotenv", "typer", "platformdirs", "textual", "prompt_toolkit",
-    "openai!=1.100.0,!=1.100.1", "orjson", "fastapi",
+    "openai!=1.100.0,!=1.100.1", "orjson", "fastapi", "mcp",
 )  # fmt: skip
 
 # The launcher: the venv's Python, isolated (-I: no PYTHON* variables, no user site, no cwd on
