@@ -216,7 +216,7 @@ async def test_bubblewrap_trial_runs_mini_swe_agent_to_the_verifier(tmp_path, po
 
     trial, result = await run_trial(task, tmp_path / "one", agent, LOCAL_SANDBOX, env_kwargs)
     check_scored_truncated(result, "RepeatedFormatError", step_limit)
-    replies = check_requests_to_model(Path(trial.trial_dir), step_limit)
+    replies = check_requests_to_model(trial.paths.trial_dir, step_limit)
     assert len(replies) == 3  # mini-swe-agent's max_consecutive_format_errors
     assert not proxy.requests, proxy.requests  # no cost map, update check or telemetry
     assert not trial.agent_environment.sandbox_dir.exists()
@@ -273,7 +273,7 @@ async def test_docker_trial_runs_mini_swe_agent_on_a_layer_built_once(tmp_path, 
 
     trial, result = await run_trial(task, tmp_path / "one", agent, DOCKER_SANDBOX, {})
     check_scored_truncated(result, "LimitsExceeded", step_limit)
-    replies = check_requests_to_model(Path(trial.trial_dir), step_limit)
+    replies = check_requests_to_model(trial.paths.trial_dir, step_limit)
     assert len(replies) == step_limit
     assert not proxy.requests, proxy.requests
     environment = trial.agent_environment
