@@ -227,6 +227,87 @@ async def test_bubblewrap_trial_runs_mini_swe_agent_to_the_verifier(tmp_path, po
     assert mswea.host_builds == builds and (host_dir / "build.json").stat().st_mtime_ns == stamp
 
 
+class ToolCallingStub:
+    """An OpenAI chat-completions endpoint on loopback that records every request and answers with
+    a bash tool call: `commands` in order, then mini-swe-agent's submit command."""
+
+    def __init__(self, commands: list[str]):
+        self.requests: list[dict] = []
+        stub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                stub.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                n = len(stub.requests)
+                command = commands[n - 1] if n <= len(commands) else "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+                reply = {
+                    "id": f"chatcmpl-{n}", "object": "chat.completion", "created": 0, "model": body.get("model"),
+                    "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                        "role": "assistant", "content": f"step {n}",
+                        "tool_calls": [{"id": f"call_{n}", "type": "function", "function": {
+                            "name": "bash", "arguments": json.dumps({"command": command})}}]}}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                }  # fmt: skip
+                data = json.dumps(reply).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_what_mini_swe_agent_sends_the_model_and_a_submitted_episode(tmp_path, proxy):
+    """The wire format the gateway must handle, and the other way an episode ends: the agent runs a
+    command, submits, and the verifier scores it (completed, not truncated)."""
+    task = public_task_copy(tmp_path / "tasks")
+    command = "python3 -c 'import sys; print(sys.prefix)'"
+    stub = ToolCallingStub([command])
+    try:
+        agent = agent_config(stub.url, "policy", proxy.url, step_limit=5)
+        trial, result = await run_trial(task, tmp_path, agent, LOCAL_SANDBOX, {"base_dir": str(tmp_path / "sb")})
+    finally:
+        stub.close()
+    assert result.exception_info is None, result.exception_info
+    assert result.agent_result.metadata["exit_status"] == "submitted"
+    assert result.verifier_result.rewards == {"reward": 0.0}
+    (sample,) = trial_to_samples(result)
+    assert sample.status == SampleStatus.COMPLETED
+    assert not proxy.requests, proxy.requests
+
+    first, second = [r["body"] for r in stub.requests]
+    for request in stub.requests:
+        assert request["path"] == "/v1/chat/completions"
+        assert request["headers"]["X-Session-ID"] == f"{trial.config.trial_name}__agent"
+        # hosted_vllm/<name> reaches the server as <name>; no stream, no tool_choice, no sampling
+        # parameters: only the run's max_tokens.
+        assert set(request["body"]) == {"model", "messages", "max_tokens", "tools"}, request["body"]
+        assert request["body"]["model"] == "policy" and request["body"]["max_tokens"] == 16
+        assert [t["function"]["name"] for t in request["body"]["tools"]] == ["bash"]
+    assert [m["role"] for m in first["messages"]] == ["system", "user"]
+    # Append-only: the second request is the first's messages, the reply as sent, the tool result.
+    assert second["messages"][:2] == first["messages"]
+    reply, observation = second["messages"][2:]
+    assert reply["role"] == "assistant" and reply["content"] == "step 1"
+    assert reply["tool_calls"][0]["function"]["arguments"] == json.dumps({"command": command})
+    assert observation["role"] == "tool" and observation["tool_call_id"] == "call_1"
+    output = json.loads(observation["content"])
+    assert output["returncode"] == 0 and "/opt/slime-harbor" not in output["output"]  # the task's python
+
+
 @pytest.mark.slow
 @pytest.mark.asyncio
 async def test_bubblewrap_install_is_read_only_and_leaves_the_task_python_alone(tmp_path):

@@ -250,19 +250,19 @@ async def ensure_agent_image(base_image: str, installs, timeout_sec: float) -> s
     api = docker_client().api
     base = await asyncio.to_thread(api.inspect_image, base_image)
     scripts = [(install.name, install.docker_script()) for install in installs]
-    digest = hashlib.sha256(json.dumps([base["Id"], scripts]).encode()).hexdigest()
+    user = base["Config"].get("User")
+    lines = [f"FROM {base_image}"] + (["USER root"] if user else [])
+    for k, (_, script) in enumerate(scripts):
+        lines += [f"COPY install-{k}.sh /tmp/slime-harbor-install-{k}.sh",
+                  f"RUN sh /tmp/slime-harbor-install-{k}.sh && rm -f /tmp/slime-harbor-install-{k}.sh"]  # fmt: skip
+    lines += [f"USER {user}"] if user else []
+    files = {"Dockerfile": "\n".join(lines) + "\n", **{f"install-{k}.sh": s for k, (_, s) in enumerate(scripts)}}
+    digest = hashlib.sha256(json.dumps([base["Id"], files]).encode()).hexdigest()
     names = "-".join(name for name, _ in scripts)
     tag = f"{IMAGE_REPOSITORY}-agents/{names}:{digest[:24]}"
     # The context lives as long as the tag may be built (a cancelled waiter must not delete it
     # under the build), so it is kept under the lock dir, named by its digest.
     context = _lock_dir() / "contexts" / digest[:24]
-    lines = [f"FROM {base_image}", "USER root"]
-    for k, (_, script) in enumerate(scripts):
-        lines += [f"COPY install-{k}.sh /tmp/slime-harbor-install-{k}.sh",
-                  f"RUN sh /tmp/slime-harbor-install-{k}.sh && rm -f /tmp/slime-harbor-install-{k}.sh"]  # fmt: skip
-    if base["Config"].get("User"):
-        lines.append(f"USER {base['Config']['User']}")
-    files = {"Dockerfile": "\n".join(lines) + "\n", **{f"install-{k}.sh": s for k, (_, s) in enumerate(scripts)}}
     context.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         if not (context / name).is_file() or (context / name).read_text() != text:
