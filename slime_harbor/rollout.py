@@ -398,9 +398,12 @@ async def start_gateway(cfg: RolloutConfig):
     /v1 with policy_api openai), serving cfg.model_dir's policy (and cfg.lora_name) as cfg.model_name."""
     from slime_harbor.gateway import Gateway
 
-    gateway = Gateway(cfg.policy_url, cfg.model_dir, host=cfg.gateway_host, port=0,
-                      served_model_name=cfg.model_name, upstream_api=cfg.policy_api, lora_name=cfg.lora_name)
-    await gateway.start()
+    try:
+        gateway = Gateway(cfg.policy_url, cfg.model_dir, host=cfg.gateway_host, port=0,
+                          served_model_name=cfg.model_name, upstream_api=cfg.policy_api, lora_name=cfg.lora_name)
+        await gateway.start()
+    except (ValueError, OSError) as exc:  # a model family without a reply parser, an address we cannot bind
+        raise ConfigError(f"the model gateway for agent {cfg.agent!r} cannot start: {one_line(exc)}") from None
     return gateway
 
 

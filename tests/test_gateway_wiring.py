@@ -8,7 +8,6 @@ recomputation by the model on the sample's own tokens (fp32 mean abs diff < 1e-4
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import socket
 from datetime import datetime, timezone
@@ -16,6 +15,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from conftest import needs_gateway
 
 from slime_harbor.converter import classify
 from slime_harbor.rollout import (ModelEndpoint, RolloutConfig, agent_config, environment_config, is_installed_agent,
@@ -25,8 +25,6 @@ from test_rollout_e2e import (  # noqa: F401 (fixtures: the tiny model SFT'd to 
     check_sample_against_model, config, hf_model, leftovers, responsive_model_dir,
 )
 
-needs_gateway = pytest.mark.skipif(importlib.util.find_spec("slime_harbor.gateway") is None,
-                                   reason="slime_harbor.gateway (branch gateway-core) is not merged into this branch")
 CHAT_TOOLS_AGENT = "chat_tools_agent:ChatToolsAgent"  # tests/chat_tools_agent.py, importable from tests/
 ENDPOINT = ModelEndpoint(host_url="http://127.0.0.1:4321/s/trial-1/v1",
                          sandbox_url="http://127.0.0.1:4321/s/trial-1/v1", api_key="trial-1")

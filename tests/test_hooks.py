@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import needs_gateway
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
@@ -167,10 +168,6 @@ def test_generate_hook_runs_a_real_trial(tmp_path, policy_server, tiny_model_dir
     # A label that names no task is an unusable rollout: removed, never a -1, and still a list.
     (missing,) = asyncio.run(generate(args, Sample(index=0, prompt="p", label="no-such-task"), {}))
     assert missing.remove_sample and missing.status == Sample.Status.FAILED and missing.reward == 0.0
-
-
-needs_gateway = pytest.mark.skipif(importlib.util.find_spec("slime_harbor.gateway") is None,
-                                   reason="slime_harbor.gateway (branch gateway-core) is not merged into this branch")
 
 
 @needs_gateway
