@@ -47,6 +47,9 @@ TRANSIENT_EXCEPTIONS = frozenset(
 # wrote no reward and a task dir Harbor rejects are FAILED too (see classify / run_episode).
 PERMANENT_EXCEPTIONS = frozenset({"SandboxBuildFailedError", "DockerfileError"})
 TRUNCATING_EXITS = frozenset({"step_limit", "context_limit"})
+"""Exits at the agent's own limits (steps / turns, format errors, context): verified and scored as
+TRUNCATED. Agents report them in agent_result.metadata["exit_status"] (the native agent, our
+mini-swe-agent class); terminus-2 reports none, see agent_exit_status."""
 
 
 @dataclass
@@ -175,6 +178,22 @@ def environment_start_failed(result) -> bool:
     )
 
 
+def agent_exit_status(result) -> str | None:
+    """How the agent says its episode ended (agent_result.metadata["exit_status"]). terminus-2 says
+    nothing when it reaches max_turns (its loop just ends): a run of max_turns turns is step_limit.
+    (One that confirmed completion on exactly its last turn is counted step_limit too: scored as
+    well, only labelled truncated.)"""
+    meta = (result.agent_result.metadata if result.agent_result else None) or {}
+    if meta.get("exit_status") is not None:
+        return meta["exit_status"]
+    agent = getattr(getattr(result, "config", None), "agent", None)
+    if result.agent_info is not None and result.agent_info.name == "terminus-2":
+        max_turns = (getattr(agent, "kwargs", None) or {}).get("max_turns")
+        if max_turns and (meta.get("n_episodes") or 0) >= max_turns:
+            return "step_limit"
+    return None
+
+
 def classify(result) -> tuple[SampleStatus, float | None, str]:
     """(status, reward, why) of a finished trial. Only verifier-scored episodes keep a reward.
 
@@ -184,8 +203,7 @@ def classify(result) -> tuple[SampleStatus, float | None, str]:
     reward = scalar_reward(rewards)
     exc = result.exception_info
     exc_type = exc.exception_type if exc else None
-    meta = (result.agent_result.metadata if result.agent_result else None) or {}
-    exit_status = meta.get("exit_status")
+    exit_status = agent_exit_status(result)
     if exc_type in PERMANENT_EXCEPTIONS:
         return SampleStatus.FAILED, None, f"{exc_type}: {exc.exception_message}"
     if exc_type in TRANSIENT_EXCEPTIONS or exit_status == "aborted" or environment_start_failed(result):

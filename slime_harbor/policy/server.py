@@ -534,8 +534,10 @@ def serve(
 def policy_endpoint(cfg):
     """Yield a RolloutConfig with policy_url/model_dir set: the given server, or an embedded one
     on loopback serving cfg.model_dir (default: the tiny offline model)."""
-    if cfg.agent not in ("native", "terminus-2") or cfg.policy_url:
-        if cfg.agent in ("native", "terminus-2") and not cfg.model_dir:
+    from slime_harbor.rollout import samples_policy
+
+    if not samples_policy(cfg.agent) or cfg.policy_url:
+        if samples_policy(cfg.agent) and not cfg.model_dir:
             raise SystemExit("--model (the policy's HF dir, for its tokenizer) is required with --policy-url")
         yield cfg
         return
