@@ -62,7 +62,7 @@ class HarborJob:
         self.config = JobConfig(
             job_name=self.job_dir.name, jobs_dir=self.job_dir.parent.resolve(), n_attempts=1,
             n_concurrent_trials=cfg.concurrency, timeout_multiplier=cfg.timeout_multiplier, quiet=True,
-            environment=environment_config(cfg.env), agents=[agent_config(cfg)],
+            environment=environment_config(cfg.env, agent=agent_config(cfg)), agents=[agent_config(cfg)],
             tasks=[TaskConfig(path=Path(t).resolve()) for t in tasks],
         )
         n_total = len(tasks) * cfg.n_samples

@@ -298,12 +298,17 @@ def agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None = None):
     return config
 
 
-def environment_config(env: str, gateway_port: int | None = None):
+def environment_config(env: str, gateway_port: int | None = None, agent=None):
     """The trial's EnvironmentConfig. With a gateway, our sandboxes (local, docker) are told its
-    port: a no-network sandbox then reaches it, and nothing else, at 127.0.0.1:<port>."""
+    port: a no-network sandbox then reaches it, and nothing else, at 127.0.0.1:<port>. Given the
+    trial's AgentConfig, they also install what the agent needs from the registries before the
+    trial starts (`agent_installs`, e.g. mini-swe-agent's venv; slime_harbor.installed_agents)."""
     from harbor.models.trial.config import EnvironmentConfig
 
+    from slime_harbor.installed_agents import environment_kwargs
+
     ours = {"gateway_port": gateway_port} if gateway_port is not None else {}
+    ours.update(environment_kwargs(agent) if agent is not None else {})
     if env == "local":
         return EnvironmentConfig(import_path=LOCAL_SANDBOX, delete=True, kwargs=ours)
     if env == "docker":
@@ -438,8 +443,8 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
                 task=TaskConfig(path=task_path.resolve()),
                 trial_name=trial_name,
                 trials_dir=trials_dir,
-                agent=agent_config(cfg, endpoint),
-                environment=environment_config(cfg.env, gateway.port if gateway is not None else None),
+                agent=(agent := agent_config(cfg, endpoint)),
+                environment=environment_config(cfg.env, gateway.port if gateway is not None else None, agent),
                 verifier=VerifierConfig(override_timeout_sec=cfg.verifier_timeout_sec),
                 timeout_multiplier=cfg.timeout_multiplier,
             )

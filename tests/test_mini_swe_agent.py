@@ -413,3 +413,54 @@ async def test_docker_layer_leaves_the_task_python_untouched(tmp_path):
         api.remove_container(container, force=True)
     assert inside.stdout.strip() == base_output.strip()
     assert "No module named 'minisweagent'" in base_output
+
+
+# --- through rollout: `--agent mini-swe-agent` ----------------------------------------------------
+
+
+def test_rollout_has_our_sandboxes_install_mini_swe_agent():
+    from slime_harbor.rollout import RolloutConfig, agent_config, environment_config
+
+    agent = agent_config(RolloutConfig(agent="mini-swe-agent", step_limit=4))
+    assert agent.import_path == AGENT_IMPORT_PATH and agent.kwargs["step_limit"] == 4
+    for env in ("docker", "local"):
+        assert environment_config(env, 4321, agent).kwargs == {"gateway_port": 4321, "agent_installs": ["mini-swe-agent"]}
+    assert environment_config("harbor-docker", 4321, agent).kwargs == {}
+    assert environment_config("docker", 4321, agent_config(RolloutConfig(agent="oracle"))).kwargs == {"gateway_port": 4321}
+
+
+def _sandbox_forwards_the_gateway() -> bool:
+    import inspect
+
+    from slime_harbor.environments.docker import DockerEnvironment
+
+    return "gateway_port" in inspect.signature(DockerEnvironment.__init__).parameters
+
+
+@needs_docker
+@pytest.mark.slow
+@pytest.mark.skipif(not _sandbox_forwards_the_gateway(), reason="the sandbox's gateway forward (branch sandbox-reach) is not merged")
+def test_mini_swe_agent_trains_in_docker_on_a_no_network_task(tmp_path, policy_server, tiny_model_dir, model):
+    """Plain `--agent mini-swe-agent --env docker` on a bundled no-network task: through the gateway,
+    samples kept whose rollout_log_probs match a recomputation by the model."""
+    from conftest import needs_gateway
+
+    if needs_gateway.args[0]:
+        pytest.skip(needs_gateway.kwargs["reason"])
+    from test_gateway_wiring import check_trains
+    from test_rollout_e2e import config, leftovers
+
+    from slime_harbor.rollout import run_rollouts
+    from slime_harbor.samples import read_jsonl
+
+    cfg = config(tmp_path, policy_server, tiny_model_dir, agent="mini-swe-agent", env="docker", task_names=[TASK],
+                 n_samples=2, step_limit=2, max_new_tokens=32)  # fmt: skip
+    summary = asyncio.run(run_rollouts(cfg))
+    samples = read_jsonl(cfg.out_dir / "samples.jsonl")
+    assert summary["status_counts"]["aborted"] == 0 and summary["status_counts"]["failed"] == 0, summary["errors"]
+    trained = check_trains(samples, model)
+    for s in trained:
+        assert s.status == SampleStatus.TRUNCATED and s.reward is not None  # mini-swe-agent's own limits
+        assert s.metadata["exit_status"] == "step_limit"
+        assert (Path(s.metadata["trial_dir"]) / "agent" / "gateway" / "calls.jsonl").is_file()
+    assert leftovers(cfg.out_dir) == ([], [])
