@@ -231,7 +231,7 @@ class ToolCallingStub:
     """An OpenAI chat-completions endpoint on loopback that records every request and answers with
     a bash tool call: `commands` in order, then mini-swe-agent's submit command."""
 
-    def __init__(self, commands: list[str]):
+    def __init__(self, commands: list[str], context_limit_after: int | None = None):
         self.requests: list[dict] = []
         stub = self
 
@@ -240,6 +240,17 @@ class ToolCallingStub:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 stub.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
                 n = len(stub.requests)
+                if context_limit_after is not None and n > context_limit_after:
+                    # vLLM's (and the gateway's) wording, which LiteLLM maps to ContextWindowExceededError
+                    error = {"error": {"message": "This model's maximum context length is 64 tokens. However, your "
+                                                  "request has 99 input tokens.", "type": "BadRequestError", "code": 400}}
+                    data = json.dumps(error).encode()
+                    self.send_response(400)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
                 command = commands[n - 1] if n <= len(commands) else "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
                 reply = {
                     "id": f"chatcmpl-{n}", "object": "chat.completion", "created": 0, "model": body.get("model"),
@@ -306,6 +317,27 @@ async def test_what_mini_swe_agent_sends_the_model_and_a_submitted_episode(tmp_p
     assert observation["role"] == "tool" and observation["tool_call_id"] == "call_1"
     output = json.loads(observation["content"])
     assert output["returncode"] == 0 and "/opt/slime-harbor" not in output["output"]  # the task's python
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_a_prompt_over_the_context_limit_ends_the_episode_truncated_and_verified(tmp_path, proxy):
+    """mini-swe-agent exits non-zero on a context-window error (after saving its trajectory): the
+    episode is still verified and scored, truncated at context_limit, not an agent failure."""
+    task = public_task_copy(tmp_path / "tasks")
+    stub = ToolCallingStub(["true"], context_limit_after=1)
+    try:
+        agent = agent_config(stub.url, "policy", proxy.url, step_limit=5)
+        _, result = await run_trial(task, tmp_path, agent, LOCAL_SANDBOX, {"base_dir": str(tmp_path / "sb")})
+    finally:
+        stub.close()
+    assert len(stub.requests) == 2  # not retried
+    assert result.exception_info is None, result.exception_info
+    meta = result.agent_result.metadata
+    assert meta["exit_status"] == "context_limit" and meta["agent_exit_status"] == "ContextWindowExceededError"
+    assert result.verifier_result.rewards == {"reward": 0.0}
+    (sample,) = trial_to_samples(result)
+    assert sample.status == SampleStatus.TRUNCATED
 
 
 @pytest.mark.slow
