@@ -30,6 +30,7 @@ endpoint could not be reached. mini-swe-agent's own status stays in ``agent_exit
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -138,11 +139,7 @@ class MiniSweAgentInstall(SandboxInstall):
         return DOCKER_SCRIPT
 
     def host_dir(self) -> Path:
-        python = host_python()
-        version = subprocess.run([python, "-c", "import sys; print(sys.version)"], capture_output=True,
-                                 text=True, check=True).stdout.strip()  # fmt: skip
-        key = hashlib.sha256(f"{python}\n{version}\n{_PIP_INSTALL}\n{_PIP_INSTALL_REQUIREMENTS}\n{LAUNCHER_SCRIPT}".encode())
-        return ensure_host_install(python, key.hexdigest()[:16])
+        return ensure_host_install(*_host_install_key())
 
 
 SANDBOX_INSTALL = MiniSweAgentInstall()
@@ -152,12 +149,23 @@ host_builds = 0
 """Host venvs this process built (tests check that a second trial builds none)."""
 
 
+@functools.cache
+def _host_install_key() -> tuple[str, str]:
+    """(host Python, key of the install built with it): the Python's version and the recipe."""
+    python = host_python()
+    version = subprocess.run([python, "-c", "import sys; print(sys.version)"], capture_output=True, text=True,
+                             check=True).stdout.strip()  # fmt: skip
+    recipe = "\n".join((python, version, _PIP_INSTALL, _PIP_INSTALL_REQUIREMENTS, LAUNCHER_SCRIPT))
+    return python, hashlib.sha256(recipe.encode()).hexdigest()[:16]
+
+
 def host_python() -> str:
     """A host Python >= 3.10 with venv whose files a bubblewrap sandbox sees (it binds the host's
     /usr, /bin and /lib*, not /root or /opt): /usr/bin/python3, else /usr/local/bin/python3."""
     check = "import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 10))"
     for candidate in _HOST_PYTHONS:
-        if os.access(candidate, os.X_OK) and subprocess.run([candidate, "-c", check], capture_output=True).returncode == 0:
+        if os.access(candidate, os.X_OK) and subprocess.run([candidate, "-c", check],
+                                                            capture_output=True).returncode == 0:  # fmt: skip
             return candidate
     raise RuntimeError(
         f"mini-swe-agent in the bubblewrap sandbox needs a Python >= 3.10 with venv at one of {_HOST_PYTHONS} "
@@ -226,14 +234,19 @@ class MiniSweAgent(HarborMiniSweAgent):
         **kwargs: Any,
     ) -> None:
         if version not in (None, MINI_SWE_AGENT_VERSION):
-            raise ValueError(f"this mini-swe-agent install is pinned to {MINI_SWE_AGENT_VERSION}, got version={version!r}")
+            raise ValueError(
+                f"this mini-swe-agent install is pinned to {MINI_SWE_AGENT_VERSION}, got version={version!r}"
+            )
         if step_limit is not None:
             if isinstance(step_limit, bool) or not isinstance(step_limit, int) or step_limit < 1:
                 raise ValueError(f"Invalid value for 'step_limit': expected an int >= 1, got {step_limit!r}")
             if config is not None and config_file is not None:
                 raise ValueError("'config' and 'config_file' are mutually exclusive")
             # Harbor writes `config` to a YAML file passed after `-c mini`; mini-swe-agent merges it.
-            base = dict(config) if config is not None else (yaml.safe_load(Path(config_file).read_text()) if config_file else {})
+            if config is not None:
+                base = dict(config)
+            else:
+                base = yaml.safe_load(Path(config_file).read_text()) if config_file else {}
             if not isinstance(base, dict):
                 raise ValueError(f"Invalid value for 'config_file': {config_file} is not a YAML mapping")
             config = {**base, "agent": {**(base.get("agent") or {}), "step_limit": step_limit}}
