@@ -496,3 +496,60 @@ def test_mini_swe_agent_trains_in_docker_on_a_no_network_task(tmp_path, policy_s
         assert s.metadata["exit_status"] == "step_limit"
         assert (Path(s.metadata["trial_dir"]) / "agent" / "gateway" / "calls.jsonl").is_file()
     assert leftovers(cfg.out_dir) == ([], [])
+
+
+ROOTFS_IMAGE = "slime-harbor/debian-rootfs:bookworm"  # scripts/setup-docker.sh: Debian, no Python
+
+
+def _image_present(tag: str) -> bool:
+    if _docker_skip_reason() is not None:
+        return False
+    from slime_harbor.environments.docker import docker_client
+
+    try:
+        docker_client().api.inspect_image(tag)
+        return True
+    except Exception:
+        return False
+
+
+@needs_docker
+@pytest.mark.slow
+@pytest.mark.skipif(not _image_present(ROOTFS_IMAGE), reason=f"{ROOTFS_IMAGE} is not built (scripts/setup-docker.sh)")
+@pytest.mark.asyncio
+async def test_docker_layer_on_an_image_without_python_and_with_a_non_root_user(tmp_path):
+    """No Python in the image: Debian's python3 comes from apt at build time. The image's own user
+    stays its default user, and can run the agent."""
+    from harbor.models.task.task import Task
+    from harbor.models.trial.paths import TrialPaths
+
+    from slime_harbor.environments.docker import DockerEnvironment
+
+    task_dir = tmp_path / "no-python"
+    shutil.copytree(DEFAULT_TASKS / TASK, task_dir)
+    # The host's CA bundle, as setup-docker.sh's Debian images have it (this network's TLS proxy).
+    shutil.copy("/etc/ssl/certs/ca-certificates.crt", task_dir / "environment" / "host-ca.crt")
+    (task_dir / "environment" / "Dockerfile").write_text(
+        f"FROM {ROOTFS_IMAGE}\n"
+        "COPY host-ca.crt /etc/ssl/certs/ca-certificates.crt\n"
+        "COPY host-ca.crt /usr/local/share/ca-certificates/slime-harbor-host-ca.crt\n"
+        "RUN useradd -m worker && mkdir /app && chown worker /app\nUSER worker\nWORKDIR /app\n"
+    )
+    task = Task(task_dir)
+    paths = TrialPaths(trial_dir=tmp_path / "trial")
+    paths.mkdir()
+    env = DockerEnvironment(
+        environment_dir=task.paths.environment_dir, environment_name="mswea-no-python", session_id="mswea-np__env",
+        trial_paths=paths, task_env_config=task.config.environment, agent_installs="mini-swe-agent",
+    )  # fmt: skip
+    await env.start(force_build=False)
+    try:
+        assert _image(env.run_image)["Config"]["User"] == "worker"
+        done = await env.exec(f"id -un; readlink -f {mswea.SANDBOX_DIR}/venv/bin/python; {mswea.LAUNCHER} --help",
+                              user="worker")  # fmt: skip
+        assert done.return_code == 0, done.stderr
+        user, python = done.stdout.splitlines()[:2]
+        assert user == "worker" and python.startswith("/usr/bin/python3")
+        assert "Run mini-SWE-agent" in done.stdout
+    finally:
+        await env.stop(delete=True)

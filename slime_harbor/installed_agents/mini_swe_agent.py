@@ -105,6 +105,10 @@ if [ -z "$py" ]; then
   fi
 fi
 echo "mini-swe-agent venv on $py ($("$py" --version 2>&1))"
+# pip trusts its own CA bundle; the image's trust store (with a cluster's TLS proxy CA) is the one.
+if [ -z "${{PIP_CERT:-}}${{REQUESTS_CA_BUNDLE:-}}" ] && [ -s /etc/ssl/certs/ca-certificates.crt ]; then
+  export PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+fi
 "$py" -m venv {SANDBOX_DIR}/venv
 {SANDBOX_DIR}/venv/bin/python {_PIP_INSTALL}
 {SANDBOX_DIR}/venv/bin/python {_PIP_INSTALL_REQUIREMENTS}
