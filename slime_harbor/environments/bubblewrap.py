@@ -34,6 +34,8 @@ Network: a task gets the host's network only when its task.toml sets
 ``[environment] network_mode = "public"``; otherwise (``no-network``, or nothing set) the sandbox
 has a loopback of its own. Harbor itself treats an unset mode as public; set
 ``default_network_mode="public"`` (``--ek default_network_mode=public``) to follow it.
+With ``gateway_port`` set, a sandbox without the host's network still reaches the model gateway,
+and only it, at ``127.0.0.1:<gateway_port>`` (see :mod:`slime_harbor.environments.gateway_reach`).
 ``allowlist`` policies and policies that change between phases are rejected, as Harbor requires
 of providers that cannot enforce them.
 
@@ -92,6 +94,7 @@ from slime_harbor.environments.dockerfile import (
     RunCommand,
     parse_dockerfile,
 )
+from slime_harbor.environments.gateway_reach import GatewayForward, gateway_port_kwarg
 
 SANDBOX_TYPE = "bubblewrap"
 # The sandbox's /etc is a tmpfs filled from a copy of the host's (see _etc_template): copying
@@ -141,6 +144,8 @@ class BubblewrapEnvironment(BaseEnvironment):
       ``slime-harbor-sandboxes``, created with mode 0700).
     - ``default_network_mode``: ``"no-network"`` (default) or ``"public"``: the network of a
       task whose task.toml does not set ``[environment] network_mode``.
+    - ``gateway_port`` / ``gateway_host``: the model gateway on the host (``gateway_host``, default
+      127.0.0.1); a sandbox without the host's network reaches it at 127.0.0.1:<gateway_port>.
     - ``agent_installs``: agents whose host-side install (built once, cached) is bound read-only
       into the sandbox (names or ``module:attr``; see :mod:`slime_harbor.installed_agents`).
     """
@@ -156,12 +161,16 @@ class BubblewrapEnvironment(BaseEnvironment):
         base_dir: str | Path | None = None,
         default_network_mode: str = NetworkMode.NO_NETWORK.value,
         network_policy: NetworkPolicy | None = None,
+        gateway_port: int | None = None,
+        gateway_host: str = "127.0.0.1",
         agent_installs: str | list[str] | None = None,
         **kwargs,
     ):
         from slime_harbor.installed_agents import resolve_installs
 
         self._agent_installs = resolve_installs(agent_installs)
+        self._gateway_port = gateway_port_kwarg(gateway_port)
+        self._gateway_host = gateway_host
         # Set before super().__init__(), which validates the definition and network policy.
         self._base_dir = Path(base_dir) if base_dir else default_sandbox_root()
         self._default_network_mode = NetworkMode(default_network_mode)
@@ -192,6 +201,7 @@ class BubblewrapEnvironment(BaseEnvironment):
         self._namespace_fds: dict[str, int] = {}
         self._pid1_fd: int | None = None  # a pidfd: readable once pid 1 has exited
         self._execs: set[asyncio.subprocess.Process] = set()
+        self._gateway_forward: GatewayForward | None = None
         self._stopped = False
         self._stop_task: asyncio.Future | None = None
 
@@ -270,6 +280,7 @@ class BubblewrapEnvironment(BaseEnvironment):
             self._mounts.append({"type": "bind", "source": str(host_dir), "target": install.sandbox_dir,
                                  "read_only": True})  # fmt: skip
         await self._start_init()
+        await self._open_gateway_forward()
         for step in self._recipe.steps:
             await self._apply(step)
         if self.task_env_config.workdir:
@@ -288,6 +299,8 @@ class BubblewrapEnvironment(BaseEnvironment):
 
     async def _stop(self, delete: bool) -> None:
         self._stopped = True
+        if self._gateway_forward is not None:
+            self._gateway_forward.close()
         self._kill_all()
         if self._init is not None:
             try:
@@ -392,6 +405,17 @@ class BubblewrapEnvironment(BaseEnvironment):
         if os.fstat(self._namespace_fds["pid"]).st_ino != info["pid-namespace"]:
             raise RuntimeError("bubblewrap sandbox exited while starting")
         self._init_pid = pid
+
+    async def _open_gateway_forward(self) -> None:
+        """127.0.0.1:<gateway_port> in the sandbox's own network, piped to the host's gateway."""
+        if self._gateway_port is None or self.shares_host_network:
+            return  # no gateway, or the sandbox reaches it directly
+        self._gateway_forward = await GatewayForward.open(
+            self._namespace_fds["net"], self._gateway_port, self._gateway_host,
+            user_ns_fd=self._namespace_fds["user"],  # the network namespace is the sandbox user's
+        )  # fmt: skip
+        if self._stopped:  # stop() ran while it opened
+            self._gateway_forward.close()
 
     def _bwrap_argv(self, info_fd: int) -> list[str]:
         argv = [

@@ -18,7 +18,9 @@ runs a ``docker compose`` process for every build, start, command and file trans
 - Containers: one per trial, labelled (``slime-harbor.*``: run, trial, owner) and removed by
   ``stop()``, with everything else labelled with the trial. Network ``none`` unless the task's
   task.toml sets ``network_mode = "public"`` (then ``host``: the daemon here has no bridge).
-  ``cpus`` / ``memory_mb`` are enforced (CFS quota, memory cgroup) and visible inside. pid 1 is
+  With ``gateway_port`` set, a ``none`` container still reaches the model gateway on the host, and
+  only it, at ``127.0.0.1:<gateway_port>`` (:mod:`slime_harbor.environments.gateway_reach`; needs
+  the daemon on this machine). ``cpus`` / ``memory_mb`` are enforced (CFS quota, memory cgroup) and visible inside. pid 1 is
   Docker's init, so the orphans of killed commands are reaped.
 - Commands: one long-lived shell loop per concurrent command inside the container
   (:mod:`slime_harbor.environments.docker_exec`) instead of a process and Engine API calls per
@@ -43,11 +45,11 @@ import contextlib
 import fcntl
 import hashlib
 import io
-import json
 import os
 import posixpath
 import re
 import shlex
+import shutil
 import signal
 import socket
 import tarfile
@@ -65,6 +67,7 @@ from harbor.models.trial.paths import TrialPaths
 
 from slime_harbor.environments.common import ExecTimeoutError, owner_stamp, shares_host_network, tail, write_dir_archive
 from slime_harbor.environments.docker_exec import Completed, ExecServer, ExecServerError, ExecServerUnavailable
+from slime_harbor.environments.gateway_reach import GatewayForward, GatewayReachError, gateway_port_kwarg
 
 ENV_TYPE = "slime-docker"
 LABEL = "slime-harbor"
@@ -243,33 +246,46 @@ def image_tag(environment_name: str, content_hash: str) -> str:
     return f"{IMAGE_REPOSITORY}/{name}:{content_hash[:24]}"
 
 
-async def ensure_agent_image(base_image: str, installs, timeout_sec: float) -> str:
-    """``base_image`` plus one layer per agent install (see :mod:`slime_harbor.installed_agents`):
-    built with the host's network, once per base image id and install script, reused after.
-    Returns its tag. The base image's user is kept (the install runs as root)."""
-    api = docker_client().api
-    base = await asyncio.to_thread(api.inspect_image, base_image)
-    scripts = [(install.name, install.docker_script()) for install in installs]
+TOOLS_REPOSITORY = f"{IMAGE_REPOSITORY}-tools"
+TMUX_SCRIPT = """set -eu
+command -v tmux >/dev/null 2>&1 && exit 0
+if command -v apt-get >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends tmux >/dev/null && rm -rf /var/lib/apt/lists/*
+elif command -v apk >/dev/null 2>&1; then apk add --no-cache -q tmux
+elif command -v dnf >/dev/null 2>&1; then dnf install -y -q tmux && dnf clean all
+elif command -v yum >/dev/null 2>&1; then yum install -y -q tmux && yum clean all
+fi
+tmux -V
+"""
+"""What the ``provide_tmux`` layer runs: the distribution's own tmux, from its package registry."""
+
+
+async def ensure_layer_image(base_image: str, name: str, script: str, timeout_sec: float) -> str:
+    """``base_image`` plus one layer that runs ``script`` (sh, as root, with the host's network, at
+    build time), built once per base image id and script and reused after; returns its tag. The
+    base image's user is kept."""
+    base = await asyncio.to_thread(docker_client().api.inspect_image, base_image)
     user = base["Config"].get("User")
-    lines = [f"FROM {base_image}"] + (["USER root"] if user else [])
-    for k, (_, script) in enumerate(scripts):
-        lines += [f"COPY install-{k}.sh /tmp/slime-harbor-install-{k}.sh",
-                  f"RUN sh /tmp/slime-harbor-install-{k}.sh && rm -f /tmp/slime-harbor-install-{k}.sh"]  # fmt: skip
-    lines += [f"USER {user}"] if user else []
-    files = {"Dockerfile": "\n".join(lines) + "\n", **{f"install-{k}.sh": s for k, (_, s) in enumerate(scripts)}}
-    digest = hashlib.sha256(json.dumps([base["Id"], files]).encode()).hexdigest()
-    names = "-".join(name for name, _ in scripts)
-    tag = f"{IMAGE_REPOSITORY}-agents/{names}:{digest[:24]}"
-    # The context lives as long as the tag may be built (a cancelled waiter must not delete it
-    # under the build), so it is kept under the lock dir, named by its digest.
-    context = _lock_dir() / "contexts" / digest[:24]
-    context.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        if not (context / name).is_file() or (context / name).read_text() != text:
-            partial = context / f".{name}.{uuid.uuid4().hex[:8]}"
-            partial.write_text(text)
-            os.replace(partial, context / name)
-    await ensure_image(context, tag, f"{base_image} + {names}", timeout_sec)
+    dockerfile = "\n".join([
+        f"FROM {base_image}", *(["USER root"] if user else []),
+        f"COPY layer.sh /tmp/slime-harbor-{name}.sh",
+        f"RUN sh /tmp/slime-harbor-{name}.sh && rm -f /tmp/slime-harbor-{name}.sh",
+        *([f"USER {user}"] if user else []),
+    ]) + "\n"  # fmt: skip
+    digest = hashlib.sha256("\0".join([base["Id"], dockerfile, script]).encode()).hexdigest()[:24]
+    tag = f"{TOOLS_REPOSITORY}/{name}:{digest}"
+    # Kept as long as the tag may be built (a cancelled waiter must not delete it under the build).
+    context = _lock_dir() / "contexts" / digest
+    if not (context / "Dockerfile").is_file():
+        staging = context.with_name(f".{digest}.{uuid.uuid4().hex[:8]}")
+        staging.mkdir(parents=True)
+        (staging / "layer.sh").write_text(script)
+        (staging / "Dockerfile").write_text(dockerfile)
+        with contextlib.suppress(OSError):  # another process put the same files there first
+            os.rename(staging, context)
+        shutil.rmtree(staging, ignore_errors=True)
+    await ensure_image(context, tag, f"{base_image} + {name}", timeout_sec)
     return tag
 
 
@@ -283,6 +299,11 @@ class DockerEnvironment(BaseEnvironment):
 
     - ``default_network_mode``: ``"no-network"`` (default) or ``"public"``: the network of a
       task whose task.toml does not set ``[environment] network_mode``.
+    - ``gateway_port`` / ``gateway_host``: the model gateway on the host (``gateway_host``, default
+      127.0.0.1); a container without the host's network reaches it at 127.0.0.1:<gateway_port>.
+    - ``provide_tmux``: run the trial in the task's image plus a layer with the distribution's
+      tmux (built once per image, with the host's network), for terminus-2: it installs tmux
+      itself at agent setup, which a no-network container cannot.
     - ``agent_installs``: agents to install into an image layer on top of the task's (names or
       ``module:attr``; see :mod:`slime_harbor.installed_agents`), built once per task image.
     """
@@ -297,11 +318,17 @@ class DockerEnvironment(BaseEnvironment):
         *,
         default_network_mode: str = NetworkMode.NO_NETWORK.value,
         network_policy: NetworkPolicy | None = None,
+        gateway_port: int | None = None,
+        gateway_host: str = "127.0.0.1",
+        provide_tmux: bool | str = False,
         agent_installs: str | list[str] | None = None,
         **kwargs,
     ):
         from slime_harbor.installed_agents import resolve_installs
 
+        self._gateway_port = gateway_port_kwarg(gateway_port)
+        self._gateway_host = gateway_host
+        self._provide_tmux = str(provide_tmux).lower() in ("1", "true", "yes")
         self._default_network_mode = NetworkMode(default_network_mode)
         self._agent_installs = resolve_installs(agent_installs)
         super().__init__(
@@ -317,10 +344,12 @@ class DockerEnvironment(BaseEnvironment):
         self.container_id: str | None = None
         """The trial's container (None before ``start()`` and after ``stop()``)."""
         self.run_image: str | None = None
-        """The image the container runs: ``image``, or its agent-install layer (set by ``start()``)."""
+        """The image the container runs: ``image``, or it plus the tmux and agent-install layers (set
+        by ``start()``)."""
         self._image_workdir = "/"
         self._image_env_keys: set[str] = set()
         self._server: ExecServer | None = None
+        self._gateway_forward: GatewayForward | None = None
         self._has_bash = False  # until start() knows: commands run with bash if the image has it
         self._stop_task: asyncio.Future | None = None
 
@@ -382,11 +411,15 @@ class DockerEnvironment(BaseEnvironment):
             await ensure_image(self.environment_dir, self.image, self.environment_name,
                                self.task_env_config.build_timeout_sec, force_build)  # fmt: skip
         self.run_image = self.image
-        if self._agent_installs:
-            self.run_image = await ensure_agent_image(self.image, self._agent_installs,
+        if self._provide_tmux:
+            self.run_image = await ensure_layer_image(self.image, "tmux", TMUX_SCRIPT,
+                                                      self.task_env_config.build_timeout_sec)  # fmt: skip
+        for install in self._agent_installs:  # one layer each, on top of the previous one
+            self.run_image = await ensure_layer_image(self.run_image, install.name, install.docker_script(),
                                                       self.task_env_config.build_timeout_sec)  # fmt: skip
         # Recorded as soon as it exists, so a stop() racing this start() removes it.
         await asyncio.to_thread(self._create_container)
+        await self._open_gateway_forward()
         try:
             self._server = ExecServer(self._client.api, self.container_id)
             await self._server.start()
@@ -444,6 +477,30 @@ class DockerEnvironment(BaseEnvironment):
         self._image_workdir = config.get("WorkingDir") or "/"
         self._image_env_keys = {e.split("=", 1)[0] for e in config.get("Env") or []}
 
+    async def _open_gateway_forward(self) -> None:
+        """127.0.0.1:<gateway_port> in the container's own network, piped to the host's gateway."""
+        if self._gateway_port is None or self.shares_host_network:
+            return  # no gateway, or the container reaches it directly
+        container_id = self.container_id
+        pid = (await asyncio.to_thread(self._client.api.inspect_container, container_id))["State"]["Pid"]
+        net_ns, ours = None, False
+        try:
+            with contextlib.suppress(OSError):
+                net_ns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+                # The pid is the container's (not a pid of this machine that a remote daemon reported).
+                ours = container_id in Path(f"/proc/{pid}/cgroup").read_text()
+            if not ours:
+                raise GatewayReachError(
+                    f"gateway_port: the Docker daemon at {_docker_host()} does not run its containers on "
+                    "this machine, so a no-network container cannot reach the gateway here"
+                )
+            self._gateway_forward = await GatewayForward.open(net_ns, self._gateway_port, self._gateway_host)
+        finally:
+            if net_ns is not None:
+                os.close(net_ns)
+        if self._stop_task is not None:  # stop() ran while it opened
+            self._gateway_forward.close()
+
     def _labels(self) -> dict[str, str]:
         return {
             f"{LABEL}.sandbox": ENV_TYPE,
@@ -463,6 +520,8 @@ class DockerEnvironment(BaseEnvironment):
         if self._stop_task is None:
             if self._server is not None:
                 self._server.close()  # on the event loop: its streams belong to it
+            if self._gateway_forward is not None:
+                self._gateway_forward.close()
             self._stop_task = asyncio.ensure_future(asyncio.to_thread(self._stop_blocking, delete))
         await asyncio.shield(self._stop_task)
 
