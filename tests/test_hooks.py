@@ -21,6 +21,9 @@ from slime_harbor import hooks
 from slime_harbor.cli import prepare_data
 from slime_harbor.rollout import DEFAULT_TASKS
 from slime_harbor.hooks import HookConfigError, dynamic_sampling_filter, generate, reward_post_process
+from test_rollout_e2e import (  # noqa: F401 (fixtures: the tiny model SFT'd to answer in each agent's format)
+    hf_model, recompute_logprobs, responsive_model_dir, responsive_server,
+)
 
 HAVE_SLIME = importlib.util.find_spec("slime") is not None
 needs_slime = pytest.mark.skipif(not HAVE_SLIME, reason="slime is not importable (PYTHONPATH=<a THUDM/slime checkout>)")
@@ -156,7 +159,7 @@ def test_generate_hook_runs_a_real_trial(tmp_path, policy_server, tiny_model_dir
                            harbor_step_limit=2, harbor_trials_dir=str(tmp_path / "trials"))
     task = DEFAULT_TASKS / "dedupe-lines"
     sample = Sample(group_index=3, index=7, prompt="p", label=task.name, metadata={"task_dir": str(task)})
-    out = asyncio.run(generate(args, sample, {"temperature": 1.0, "max_new_tokens": 24}))
+    out = asyncio.run(generate(args, sample, {"temperature": 1.0, "max_new_tokens": 96}))
     assert isinstance(out, list) and out[0] is sample
     for s in out:
         assert isinstance(s, Sample) and s.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
@@ -171,30 +174,31 @@ def test_generate_hook_runs_a_real_trial(tmp_path, policy_server, tiny_model_dir
 
 
 @needs_gateway
-def test_generate_hook_runs_terminus2_through_the_process_gateway(tmp_path, policy_server, tiny_model_dir, model,
-                                                                  Sample, fresh_counters):
+def test_generate_hook_runs_terminus2_through_the_process_gateway(tmp_path, responsive_server, responsive_model_dir,
+                                                                  hf_model, Sample, fresh_counters):
     """`harbor_agent: terminus-2`: one gateway per process and event loop in front of the "router",
     reused by every trial, closed by close_gateway (port free). Its samples train (logprobs equal a
     recomputation by the model), and SLiME's top-p replay, stop_token_ids and sampling_seed now
-    apply to it: its samples carry top-p ids."""
+    apply to it: its samples carry top-p ids. The policy is test_rollout_e2e's SFT'd tiny model, so
+    terminus-2's turns end (the untrained one hits max_tokens each turn and terminus-2 re-asks until
+    its timeout)."""
     import torch
 
     from test_gateway_wiring import port_is_free
-    from test_rollout_e2e import recompute_logprobs
 
-    host, port = policy_server.removeprefix("http://").split(":")
-    args = SimpleNamespace(sglang_router_ip=host, sglang_router_port=int(port), hf_checkpoint=str(tiny_model_dir),
+    host, port = responsive_server.removeprefix("http://").split(":")
+    args = SimpleNamespace(sglang_router_ip=host, sglang_router_port=int(port), hf_checkpoint=str(responsive_model_dir),
                            harbor_agent="terminus-2", harbor_step_limit=2, harbor_trials_dir=str(tmp_path / "trials"))
     task = DEFAULT_TASKS / "dedupe-lines"
 
     async def two_trials():
         plain = Sample(group_index=0, index=1, prompt="p", label=task.name, session_id="sess-1",
                        metadata={"task_dir": str(task)})
-        first = await generate(args, plain, {"temperature": 1.0, "max_new_tokens": 24})
+        first = await generate(args, plain, {"temperature": 1.0, "max_new_tokens": 96})
         gateway = hooks._gateways[asyncio.get_running_loop()]
         replay = Sample(group_index=0, index=2, prompt="p", label=task.name, session_id="sess-2",
                         metadata={"task_dir": str(task)})
-        second = await generate(args, replay, {"temperature": 1.0, "top_p": 0.9, "max_new_tokens": 24,
+        second = await generate(args, replay, {"temperature": 1.0, "top_p": 0.9, "max_new_tokens": 96,
                                                 "stop_token_ids": [5], "sampling_seed": 3,
                                                 "custom_params": {"return_top_p_token_ids": True}})
         assert hooks._gateways[asyncio.get_running_loop()] is gateway  # one per process and loop
@@ -206,7 +210,7 @@ def test_generate_hook_runs_terminus2_through_the_process_gateway(tmp_path, poli
     for s in first:
         assert s.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED) and not s.remove_sample
         n = s.response_length
-        lp = recompute_logprobs(model, s.tokens, 1.0)[-n:]
+        lp = recompute_logprobs(hf_model, s.tokens, 1.0)[-n:]
         mask = torch.tensor(s.loss_mask, dtype=torch.bool)
         assert (lp[mask] - torch.tensor(s.rollout_log_probs)[mask]).abs().mean().item() < 1e-4
     for s in second:
