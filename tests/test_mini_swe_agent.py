@@ -2,11 +2,13 @@
 registries only, in our bubblewrap and Docker sandboxes, through real Harbor trials against a real
 model endpoint (the embedded policy server's OpenAI API on the tiny model).
 
-The embedded server's /v1/chat/completions ignores tools, so every reply of the tiny model is a
-format error for mini-swe-agent's tool-calling config: the episode ends at mini-swe-agent's own
-step limit or format-error limit, and must be verified and scored (truncated). Until the gateway
-and the sandbox forwarding exist, the trials run on a public-network copy of a bundled task (the
-sandbox shares the host's loopback, where the server listens).
+The trials that talk to a model directly (no gateway) run on a public-network copy of a bundled
+task, so the sandbox shares the host's loopback where the endpoint listens: the embedded server's
+/v1/chat/completions (it ignores tools, so every reply of the tiny model is a format error and the
+episode ends at mini-swe-agent's own step or format-error limit, verified and scored truncated),
+or a stub that records mini-swe-agent's requests. The last test is the production path: plain
+`--agent mini-swe-agent --env docker` on the bundled no-network task, through the recording
+gateway and the sandbox's forward to it, and the samples train.
 
 The installs are real (PyPI over the host network): the first run of this module builds them
 (about a minute each), later runs reuse them. Docker tests skip without a daemon or with
