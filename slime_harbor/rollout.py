@@ -547,6 +547,7 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
             raise ConfigError(f"task {task / 'task.toml'} cannot be loaded: {one_line(exc)}") from None
     _check_agent(cfg)
     _check_environment(cfg.env)
+    _check_agent_installs(cfg)
     return tasks
 
 
@@ -561,6 +562,20 @@ def _check_agent(cfg: RolloutConfig) -> None:
             raise ConfigError(f"unknown agent {cfg.agent!r}: use native, terminus-2, mini-swe-agent, oracle, nop, another Harbor "
                               f"agent name ({examples}, ...) or module:Class") from None
         raise ConfigError(f"agent {cfg.agent!r} cannot be imported: {one_line(exc)}") from None
+
+
+def _check_agent_installs(cfg: RolloutConfig) -> None:
+    """What the agent needs installed in the sandbox can be built here (the bubblewrap sandbox's
+    host-side installs; a Docker layer's build fails its trials with the build log instead)."""
+    from slime_harbor.installed_agents import ENVIRONMENT_KWARG, environment_kwargs, resolve_installs
+
+    if cfg.env != "local" or not samples_policy(cfg.agent) or is_native(cfg.agent):
+        return
+    for install in resolve_installs(environment_kwargs(agent_config(cfg)).get(ENVIRONMENT_KWARG)):
+        try:
+            install.check_host()
+        except RuntimeError as exc:
+            raise ConfigError(f"agent {cfg.agent!r} cannot run with env 'local': {one_line(exc)}") from None
 
 
 def _check_environment(env: str) -> None:

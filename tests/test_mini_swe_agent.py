@@ -505,3 +505,15 @@ def test_mini_swe_agent_trains_on_a_no_network_task(env, tmp_path, policy_server
         assert stats["calls"] == stats["delivered"] == stats["trained"] == step_limit
         assert (Path(s.metadata["trial_dir"]) / "agent" / "gateway" / "calls.jsonl").is_file()
     assert leftovers(cfg.out_dir) == ([], [])
+
+
+def test_no_usable_host_python_is_one_config_error_before_any_trial(monkeypatch, tmp_path):
+    from slime_harbor.rollout import ConfigError, RolloutConfig, check_config
+
+    monkeypatch.setattr(mswea, "_HOST_PYTHONS", (str(tmp_path / "no-python3"),))
+    cfg = RolloutConfig(agent="mini-swe-agent", env="local", tasks_dir=DEFAULT_TASKS, task_names=[TASK],
+                        policy_url="http://127.0.0.1:9", model_dir=str(tmp_path))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"agent 'mini-swe-agent' cannot run with env 'local': .*Python >= 3.10"):
+        check_config(cfg)
+    monkeypatch.undo()
+    check_config(cfg)  # this host has one

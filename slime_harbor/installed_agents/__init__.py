@@ -53,6 +53,10 @@ class SandboxInstall(ABC):
         """A host directory bound read-only at ``sandbox_dir`` in a bubblewrap sandbox (which shares
         the host's /usr): built on first use, reused after. Blocking; safe across processes."""
 
+    def check_host(self) -> None:
+        """Raise RuntimeError (one line) when this host cannot build :meth:`host_dir`, so a run
+        says so before its first trial."""
+
 
 def resolve_installs(spec: str | list[str] | tuple[str, ...] | None) -> list[SandboxInstall]:
     """The installs an ``agent_installs`` kwarg names: a name, ``module:attr``, a comma-separated

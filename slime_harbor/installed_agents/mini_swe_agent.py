@@ -145,6 +145,9 @@ class MiniSweAgentInstall(SandboxInstall):
     def host_dir(self) -> Path:
         return ensure_host_install(*_host_install_key())
 
+    def check_host(self) -> None:
+        host_python()
+
 
 SANDBOX_INSTALL = MiniSweAgentInstall()
 
