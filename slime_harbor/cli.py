@@ -28,7 +28,8 @@ EXIT_ALL_FAILED = 1
 def add_rollout_args(p: argparse.ArgumentParser, defaults: RolloutConfig) -> None:
     p.add_argument("--tasks", type=Path, default=DEFAULT_TASKS, help="Harbor task dirs (default: bundled tasks)")
     p.add_argument("--task-names", nargs="*", default=None, help="only these task dir names")
-    p.add_argument("--agent", default=defaults.agent, help="native | terminus-2 | oracle | nop | module:Class")
+    p.add_argument("--agent", default=defaults.agent, help="native | terminus-2 | mini-swe-agent | oracle | nop | another Harbor agent | module:Class "
+                   "(all but native / oracle / nop sample through the recording gateway)")
     p.add_argument("--n-samples", type=int, default=defaults.n_samples, help="episodes per task (GRPO group size)")
     p.add_argument("--policy-url", default=None, help="SGLang router / policy server URL (default: embedded)")
     p.add_argument("--model", default=None, help="policy HF dir (default: the tiny offline model)")
@@ -41,6 +42,8 @@ def add_rollout_args(p: argparse.ArgumentParser, defaults: RolloutConfig) -> Non
     p.add_argument("--step-limit", type=int, default=defaults.step_limit, help="agent turns per episode")
     p.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help="tokens per turn")
     p.add_argument("--timeout-multiplier", type=float, default=defaults.timeout_multiplier)
+    p.add_argument("--gateway-host", default=defaults.gateway_host,
+                   help="address the model gateway binds (gateway agents); sandboxes off this host need a reachable one")
     add_reward_mapping_arg(p, defaults.reward_mapping)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--task-manifest", type=Path, default=None,
@@ -59,16 +62,17 @@ def rollout_config(a: argparse.Namespace) -> RolloutConfig:
         temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, step_limit=a.step_limit,
         max_new_tokens=a.max_new_tokens, timeout_multiplier=a.timeout_multiplier,
         reward_mapping=a.reward_mapping, progress=not a.no_progress, task_manifest=a.task_manifest,
+        gateway_host=a.gateway_host,
     )
 
 
 def run_rollout_command(cfg: RolloutConfig, guard: SignalGuard) -> dict:
     """Check everything that can be checked before a trial starts, run, print the summary; a run
     in which no trial was scored ends with EXIT_ALL_FAILED and the most common reason."""
-    from slime_harbor.rollout import check_config, check_environment_runs, run_rollouts
+    from slime_harbor.rollout import check_config, check_environment_runs, run_rollouts, samples_policy
 
     if cfg.policy_url:
-        if cfg.agent in ("native", "terminus-2") and not cfg.model_dir:
+        if samples_policy(cfg.agent) and not cfg.model_dir:
             raise ConfigError("--model (the policy's HF dir, for its tokenizer) is required with --policy-url")
         check_policy_server(cfg.policy_url)
     check_config(dataclasses.replace(cfg, policy_url=cfg.policy_url or "embedded",

@@ -37,17 +37,24 @@ agent was running a command at that moment would go on to its step limit, so `ge
 that flag: it cancels the trial (the sandbox is torn down before the call returns) and returns an
 aborted, removed sample. Trials still queued behind harbor_concurrency do not start.
 
-SLiME's sampling params reach the agent: temperature/top_p/top_k/max_new_tokens, stop,
-stop_token_ids, skip_special_tokens, no_stop_trim, sampling_seed (deterministic inference),
+Every agent but native / oracle / nop (`harbor_agent: mini-swe-agent`, terminus-2, any Harbor
+agent, module:Class) samples through one recording gateway per process and event loop
+(slime_harbor/gateway), in front of SLiME's router, started on the first such call and closed at
+exit: one gateway session per trial, sample.session_id as its X-SMG-Routing-Key, and a SLiME abort
+cancels the trial and closes its session (its in-flight calls aborted).
+
+SLiME's sampling params reach every agent (the native agent's own client, or the gateway, which
+calls /generate itself): temperature/top_p/top_k/max_new_tokens, stop, stop_token_ids,
+skip_special_tokens, no_stop_trim, sampling_seed (deterministic inference),
 custom_params.return_top_p_token_ids (--rollout-top-p < 1: every sample, placeholders too,
 carries rollout_top_p_token_ids/offsets); sample.session_id is sent as X-SMG-Routing-Key;
 --rollout-max-context-len bounds an episode's context. What cannot apply raises a one-line
 HookConfigError on the first generate call: --use-rollout-routing-replay (our agents cannot return
-routed experts), --partial-rollout (a Harbor trial cannot resume), and for agents other than the
-native one, top-p token ids, stop_token_ids and sampling_seed.
+routed experts) and --partial-rollout (a Harbor trial cannot resume).
 
 Plugin settings, read from `args` (set them with SLiME's --custom-config-path YAML):
-    harbor_agent                     native | terminus-2 | module:Class            (native)
+    harbor_agent                     native | mini-swe-agent | terminus-2 | <Harbor agent> | module:Class
+                                     (native)
                                      (a prompt row's metadata.harbor_agent overrides it per sample)
     harbor_env                       local | docker | <harbor env type> | module:Class  (local)
     harbor_tasks_dir                 where task dirs named by the sample's label live
@@ -72,6 +79,7 @@ crashes on our list-shaped results and counts removed samples' 0.0 as rewards.)
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
 import logging
 import sys
@@ -81,7 +89,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slime_harbor.grpo import episode_advantages
-from slime_harbor.rollout import RolloutConfig, load_tokenizer, run_episode
+from slime_harbor.rollout import RolloutConfig, load_tokenizer, run_episode, start_gateway, uses_gateway
 from slime_harbor.samples import SampleStatus, TrainingSample
 
 DEFAULTS = {
@@ -140,49 +148,61 @@ def agent_for(args, sample) -> str:
     return (metadata.get("harbor_agent") if isinstance(metadata, dict) else None) or setting(args, "harbor_agent")
 
 
-def check_supported(args, sampling_params: dict, agent: str) -> None:
-    """Raise HookConfigError for a SLiME setting the agent (or every agent of ours) cannot honour."""
+def check_supported(args) -> None:
+    """Raise HookConfigError for a SLiME setting no agent of ours can honour."""
     if getattr(args, "use_rollout_routing_replay", False):
         raise HookConfigError("--use-rollout-routing-replay: Harbor agents cannot return routed experts; drop the flag")
     if getattr(args, "partial_rollout", False):
         raise HookConfigError("--partial-rollout: a Harbor trial cannot be resumed from a partial sample; drop the flag")
-    if agent not in ("native", "terminus-2"):
-        return  # an agent of the user's own: it owns its sampling
-    if agent != "native":
-        for name, unsupported in [
-            ("--rollout-top-p < 1 (top-p token ids)", wants_top_p_ids(sampling_params)),
-            ("--rollout-stop-token-ids", bool(sampling_params.get("stop_token_ids"))),
-            ("sampling_seed (--sglang-enable-deterministic-inference)", sampling_params.get("sampling_seed") is not None),
-        ]:
-            if unsupported:
-                raise HookConfigError(f"{name} is only honoured by harbor_agent=native, not {agent!r}")
 
 
-def terminus_kwargs(args, sample, sampling_params: dict) -> dict:
-    """SLiME's stop strings, routing key and context size in terminus-2's own kwargs (the native
-    agent takes them as RolloutConfig fields). skip_special_tokens / no_stop_trim shape SGLang's
-    /generate text; terminus-2 reads the chat API's message text, which must stay clean to be
-    re-rendered next turn, so they are not sent."""
-    call = {}
-    if sampling_params.get("stop"):
-        call["stop"] = list(sampling_params["stop"])
-    if getattr(sample, "session_id", None):
-        call["extra_headers"] = {"X-SMG-Routing-Key": str(sample.session_id)}
-    extra = {"llm_call_kwargs": call}
-    if getattr(args, "rollout_max_context_len", None):
-        extra["model_info"] = {"max_input_tokens": int(args.rollout_max_context_len)}
-    return extra
+_gateways: dict[asyncio.AbstractEventLoop, object] = {}
+"""The process's gateway per event loop (a gateway's server runs in the loop that started it)."""
+_gateway_locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
+
+
+async def process_gateway(cfg: RolloutConfig):
+    """This process's gateway in front of SLiME's router (cfg.policy_url), started on first use in
+    the running event loop and reused by every later trial of it; closed by close_gateway / at exit."""
+    loop = asyncio.get_running_loop()
+    async with _gateway_locks.setdefault(loop, asyncio.Lock()):
+        if loop not in _gateways:
+            _gateways[loop] = await start_gateway(cfg)
+            log.info("model gateway for Harbor agents at %s (upstream %s)", _gateways[loop].base_url, cfg.policy_url)
+    return _gateways[loop]
+
+
+async def close_gateway() -> None:
+    """Close the running event loop's gateway (its sessions, server and port), if it has one."""
+    _gateway_locks.pop(asyncio.get_running_loop(), None)
+    gateway = _gateways.pop(asyncio.get_running_loop(), None)
+    if gateway is not None:
+        await gateway.aclose()
+
+
+@atexit.register
+def _close_gateways_at_exit() -> None:
+    """At interpreter exit: close each gateway in its own loop, where that loop can still run it
+    (SLiME runs its rollout loop in a background thread; a closed loop took its sockets with it)."""
+    for loop, gateway in list(_gateways.items()):
+        _gateways.pop(loop, None)
+        try:
+            if loop.is_running():
+                asyncio.run_coroutine_threadsafe(gateway.aclose(), loop).result(timeout=30)
+            elif not loop.is_closed():
+                loop.run_until_complete(gateway.aclose())
+        except Exception as exc:  # exiting anyway: say so, never raise from atexit
+            log.warning("closing the model gateway at exit failed: %s", exc)
 
 
 def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
     """SLiME args + per-call sampling params (+ the sample's routing key) -> our RolloutConfig.
 
     skip_special_tokens and no_stop_trim change only the text SGLang returns, never the token ids;
-    the native agent decodes the ids itself, so they need nothing from it."""
+    the native agent and the gateway decode the ids themselves, so they need nothing from them."""
     router = f"http://{getattr(args, 'sglang_router_ip', None)}:{getattr(args, 'sglang_router_port', None)}"
-    agent = agent_for(args, sample)
     return RolloutConfig(
-        agent=agent,
+        agent=agent_for(args, sample),
         env=setting(args, "harbor_env"),
         policy_url=router,
         model_dir=getattr(args, "hf_checkpoint", None),
@@ -200,7 +220,6 @@ def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
         timeout_multiplier=float(setting(args, "harbor_trial_timeout_multiplier")),
         reward_mapping=setting(args, "harbor_reward_mapping"),
         progress=False,
-        agent_kwargs=terminus_kwargs(args, sample, sampling_params) if agent == "terminus-2" else {},
         env_start_retries=int(setting(args, "harbor_env_start_retries")),
     )
 
@@ -282,7 +301,7 @@ async def run_unless_aborted(episode: Awaitable, aborted: Callable[[], bool], po
 
 async def generate(args, sample, sampling_params, evaluation: bool = False) -> list:
     """SLiME custom generate: one Harbor trial for `sample`'s task -> list[Sample] (one rollout_id)."""
-    check_supported(args, sampling_params, agent_for(args, sample))
+    check_supported(args)
     top_p_ids = wants_top_p_ids(sampling_params)
     task_dir = resolve_task_dir(args, sample)
     if task_dir is None:
@@ -294,6 +313,7 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
         return _placeholder(sample, SampleStatus.FAILED, f"task {task_dir.name} skipped by {manifest}: {skipped}",
                             top_p_ids, skipped_by_manifest=True)
     cfg = rollout_config(args, sampling_params, sample)
+    gateway = await process_gateway(cfg) if uses_gateway(cfg.agent) else None
     loop_key = id(asyncio.get_running_loop())
     semaphore = _semaphores.setdefault(loop_key, asyncio.Semaphore(int(setting(args, "harbor_concurrency"))))
     budget = int(setting(args, "harbor_max_retries_per_task"))
@@ -305,7 +325,8 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
                                     top_p_ids, harbor_retries=retries)
             episode = await run_unless_aborted(
                 run_episode(task_dir, cfg, group_index=sample.group_index or 0, index=sample.index or 0,
-                            trials_dir=Path(setting(args, "harbor_trials_dir")), tokenizer=_tokenizer(cfg.model_dir)),
+                            trials_dir=Path(setting(args, "harbor_trials_dir")), tokenizer=_tokenizer(cfg.model_dir),
+                            gateway=gateway),
                 slime_rollout_aborted,
             )
             if episode is None:
@@ -335,8 +356,8 @@ def to_slime_samples(sample, pieces: list[TrainingSample], top_p_ids: bool = Fal
     first = pieces[0]
     if first.response_length == 0:  # nothing the policy sampled (infra failure, agent crashed first)
         if first.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED):
-            # The trial ran, but no token ids came back: e.g. terminus-2 behind sglang-router 0.3.2,
-            # which drops prompt_token_ids / token_ids from chat replies. Counted, never trained.
+            # The trial ran, but the agent sampled nothing (it crashed or quit before its first
+            # call). Counted, never trained.
             METRICS["no_tokens"] += 1
             log.warning("%s: a finished trial recorded no token ids (agent %s); the sample is removed",
                         first.metadata.get("task_name"), first.metadata.get("agent"))

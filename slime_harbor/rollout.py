@@ -10,11 +10,20 @@ One episode = one real Harbor Trial (agent + sandbox + verifier) = `run_episode`
                         (harbor_job.py), so `harbor view OUT` / `slime-harbor view OUT` show the run
 
 `run_episode` is the unit the SLiME hook (hooks.py) and the local trainer call too.
+
+Every agent but native / oracle / nop samples through the recording gateway (slime_harbor/gateway):
+`run_rollouts` starts one in front of cfg.policy_url, `run_episode` opens one session per trial
+(its id is the trial name, its calls recorded under the trial's agent/gateway dir), hands the agent
+the session's URL, closes the session when the trial ends and builds the samples from what the
+gateway recorded. Host-side agents (terminus-2, a `module:Class` BaseAgent) get it as `api_base`;
+installed agents (run inside the sandbox) as OPENAI_BASE_URL & co., through the sandbox's forward of
+127.0.0.1:<gateway port> (EnvironmentConfig kwarg `gateway_port`, our `local` and `docker` sandboxes).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -38,6 +47,13 @@ DEFAULT_TASKS = Path(__file__).resolve().parent.parent / "examples" / "harbor" /
 LOCAL_SANDBOX = "slime_harbor.environments.bubblewrap:BubblewrapEnvironment"
 DOCKER_SANDBOX = "slime_harbor.environments.docker:DockerEnvironment"
 NATIVE_AGENT = "slime_harbor.agent:NativeAgent"
+NO_MODEL_AGENTS = frozenset({"oracle", "nop"})
+"""Harbor agents that never call a model: they need no policy and no gateway."""
+AGENT_IMPORT_PATHS = {"mini-swe-agent": "slime_harbor.installed_agents.mini_swe_agent:MiniSweAgent"}
+"""Harbor agent names we run through our own class (mini-swe-agent: installed from the registries
+only); every other name resolves as Harbor resolves it."""
+SANDBOX_LOOPBACK = "127.0.0.1"
+"""The gateway's address inside a sandbox: our sandboxes forward <loopback>:<gateway port> to it."""
 # Slack on top of the task's own agent + verifier + build timeouts before we cancel a trial that
 # Harbor's own timeouts failed to end (a hung container teardown, a stuck verifier upload).
 HARD_TIMEOUT_SLACK_SEC = 120.0
@@ -57,15 +73,16 @@ class RolloutConfig:
     """A `slime-harbor calibrate` manifest: tasks it marks broken or flaky are skipped (and named in
     summary.json); tasks it does not list run."""
     agent: str = "native"
-    """native | terminus-2 | oracle | nop | any Harbor agent name | module:Class import path."""
+    """native | terminus-2 | mini-swe-agent | oracle | nop | any Harbor agent name | module:Class import
+    path. Every one but native / oracle / nop samples through the recording gateway."""
     n_samples: int = 4
     """Episodes per task: the GRPO group size."""
     policy_url: str | None = None
-    """SGLang router / policy server base URL (native and terminus-2 agents)."""
+    """SGLang router / policy server base URL (the native agent's, and the gateway's upstream)."""
     model_dir: str | None = None
     """HF dir of the policy: tokenizer for the native agent and for decoding samples."""
     model_name: str = "policy"
-    """Name the OpenAI-compatible endpoint serves the policy under (terminus-2)."""
+    """Name the gateway serves the policy under (agents get `hosted_vllm/<model_name>`)."""
     env: str = "local"
     """local (bubblewrap) | docker (ours, Engine API) | harbor-docker (Harbor's, docker compose) |
     daytona | modal | ... (Harbor's environment types) | module:Class import path."""
@@ -120,6 +137,9 @@ class RolloutConfig:
     after the last one the episode is ABORTED (removed, counted, never scored)."""
     env_start_backoff_sec: float = 1.0
     """Wait before the first retry of an environment start; doubled for each further retry."""
+    gateway_host: str = "127.0.0.1"
+    """Address the model gateway binds (gateway agents). Loopback: our sandboxes reach it through
+    their forward; a sandbox elsewhere (Modal, Daytona, E2B) needs an address it can reach."""
 
 
 @dataclass
@@ -152,10 +172,75 @@ def discover_tasks(tasks_dir: Path, names: list[str] | None = None) -> list[Path
     return tasks
 
 
-def agent_config(cfg: RolloutConfig):
+def is_native(agent: str) -> bool:
+    return agent in ("native", NATIVE_AGENT)
+
+
+def uses_gateway(agent: str) -> bool:
+    """Whether `agent` samples through the recording gateway: every agent but native / oracle / nop."""
+    return not is_native(agent) and agent not in NO_MODEL_AGENTS
+
+
+def samples_policy(agent: str) -> bool:
+    """Whether `agent` calls the policy at all (oracle and nop do not)."""
+    return agent not in NO_MODEL_AGENTS
+
+
+@dataclass(frozen=True)
+class ModelEndpoint:
+    """Where a gateway agent reaches its trial's gateway session."""
+
+    host_url: str
+    """The session's OpenAI base URL (ending /v1) as seen from this process: host-side agents."""
+    sandbox_url: str
+    """The same inside the trial's sandbox (http://127.0.0.1:<gateway port>/s/<session>/v1)."""
+    api_key: str
+    """The session id: the gateway accepts any key on a session path, and reads it where none is."""
+
+    @classmethod
+    def of(cls, gateway, session_id: str) -> ModelEndpoint:
+        host = gateway.host if gateway.host not in ("0.0.0.0", "::", "") else SANDBOX_LOOPBACK
+        return cls(host_url=f"http://{host}:{gateway.port}/s/{session_id}/v1",
+                   sandbox_url=f"http://{SANDBOX_LOOPBACK}:{gateway.port}/s/{session_id}/v1", api_key=session_id)
+
+
+UNBOUND_ENDPOINT = ModelEndpoint("http://127.0.0.1:0/s/unbound/v1", "http://127.0.0.1:0/s/unbound/v1", "unbound")
+"""What agent_config puts in a config built only to be checked (no gateway running)."""
+
+
+def installed_agent_env(endpoint: ModelEndpoint) -> dict[str, str]:
+    """The variables Harbor's installed agents read for their endpoint and key (LiteLLM's, OpenAI's,
+    mini-swe-agent's, Anthropic's base URL without /v1), all naming the trial's session."""
+    url = endpoint.sandbox_url
+    return {
+        "OPENAI_BASE_URL": url, "OPENAI_API_BASE": url, "HOSTED_VLLM_API_BASE": url,
+        "OPENAI_API_KEY": endpoint.api_key, "MSWEA_API_KEY": endpoint.api_key, "HOSTED_VLLM_API_KEY": endpoint.api_key,
+        "ANTHROPIC_BASE_URL": url.removesuffix("/v1"),
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # else LiteLLM fetches its cost map from the internet
+    }
+
+
+def agent_class(config):
+    """The Harbor agent class an AgentConfig names (raises when it does not resolve)."""
+    from harbor.agents.factory import AgentFactory
+
+    return AgentFactory.get_agent_class_from_config(config)
+
+
+def is_installed_agent(config) -> bool:
+    """Whether the agent runs inside the sandbox (a Harbor BaseInstalledAgent), not in this process."""
+    from harbor.agents.installed.base import BaseInstalledAgent
+
+    return issubclass(agent_class(config), BaseInstalledAgent)
+
+
+def agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None = None):
+    """The trial's AgentConfig. Gateway agents get `endpoint` (their session; a placeholder when
+    the config is only checked) as Harbor's conventions pass it: `api_base` + `model_name` kwargs
+    to host-side agents, environment variables to installed agents."""
     from harbor.models.trial.config import AgentConfig
 
-    if cfg.agent == "native" or cfg.agent == NATIVE_AGENT:
+    if is_native(cfg.agent):
         return AgentConfig(
             import_path=NATIVE_AGENT,
             model_name=cfg.model_name,
@@ -178,47 +263,61 @@ def agent_config(cfg: RolloutConfig):
                 **cfg.agent_kwargs,
             },
         )
+    if cfg.agent in NO_MODEL_AGENTS:
+        return AgentConfig(name=cfg.agent, kwargs=dict(cfg.agent_kwargs))
+    endpoint = endpoint or UNBOUND_ENDPOINT
+    import_path = AGENT_IMPORT_PATHS.get(cfg.agent, cfg.agent if ":" in cfg.agent else None)
+    # The gateway serves the policy (and its LoRA adapter) under one name and accepts any model
+    # string; agents get it in the provider/model form LiteLLM-based agents need.
+    config = AgentConfig(name=None if import_path else cfg.agent, import_path=import_path,
+                         model_name=f"hosted_vllm/{cfg.model_name}")
+    if is_installed_agent(config):
+        config.env = installed_agent_env(endpoint)
+        if cfg.agent == "mini-swe-agent":
+            config.kwargs["step_limit"] = cfg.step_limit
+    else:
+        config.kwargs["api_base"] = endpoint.host_url
+        config.env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "HOSTED_VLLM_API_KEY": endpoint.api_key}
     if cfg.agent == "terminus-2":
-        context = _max_context(cfg.model_dir)
-        config = AgentConfig(
-            name="terminus-2",
-            model_name=f"hosted_vllm/{cfg.lora_name or cfg.model_name}",  # vLLM: an adapter is a model name
-            kwargs={
-                "api_base": cfg.policy_url if cfg.policy_api == "openai" else f"{cfg.policy_url.rstrip('/')}/v1",
-                "collect_rollout_details": True,
-                # Summarisation rewrites the history, which breaks the per-turn token prefix.
-                "enable_summarize": False,
-                "proactive_summarization_threshold": 0,
-                "temperature": cfg.temperature,
-                "max_turns": cfg.step_limit,
-                "record_terminal_session": False,
-                "suppress_max_turns_warning": True,
-                "model_info": {
-                    "max_input_tokens": context,
-                    "max_output_tokens": cfg.max_new_tokens,
-                    "input_cost_per_token": 0.0,
-                    "output_cost_per_token": 0.0,
-                },
-                "llm_call_kwargs": {"max_tokens": cfg.max_new_tokens},
+        config.kwargs.update({
+            # The gateway records the tokens; terminus-2's own token-id fields are not needed.
+            "collect_rollout_details": False,
+            # Summarisation rewrites the history: every summary would start a new sample.
+            "enable_summarize": False,
+            "proactive_summarization_threshold": 0,
+            "temperature": cfg.temperature,
+            "max_turns": cfg.step_limit,
+            "record_terminal_session": False,
+            "suppress_max_turns_warning": True,
+            "model_info": {
+                "max_input_tokens": cfg.max_context_len or _max_context(cfg.model_dir),
+                "max_output_tokens": cfg.max_new_tokens,
+                "input_cost_per_token": 0.0,
+                "output_cost_per_token": 0.0,
             },
-            env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "HOSTED_VLLM_API_KEY": "none"},
-        )
-        for key, value in cfg.agent_kwargs.items():
-            merge = key in ("llm_call_kwargs", "model_info") and isinstance(value, dict)
-            config.kwargs[key] = {**config.kwargs[key], **value} if merge else value
-        return config
-    if ":" in cfg.agent:
-        return AgentConfig(import_path=cfg.agent, model_name=cfg.model_name)
-    return AgentConfig(name=cfg.agent)
+            "llm_call_kwargs": {"max_tokens": cfg.max_new_tokens},
+        })
+    for key, value in cfg.agent_kwargs.items():
+        merge = isinstance(config.kwargs.get(key), dict) and isinstance(value, dict)
+        config.kwargs[key] = {**config.kwargs[key], **value} if merge else value
+    return config
 
 
-def environment_config(env: str):
+def environment_config(env: str, gateway_port: int | None = None, agent=None):
+    """The trial's EnvironmentConfig. With a gateway, our sandboxes (local, docker) are told its
+    port: a no-network sandbox then reaches it, and nothing else, at 127.0.0.1:<port>. Given the
+    trial's AgentConfig, they also install what the agent needs from the registries before the
+    trial starts (`agent_installs`, e.g. mini-swe-agent's venv; slime_harbor.installed_agents)."""
     from harbor.models.trial.config import EnvironmentConfig
 
+    from slime_harbor.installed_agents import environment_kwargs
+
+    ours = {"gateway_port": gateway_port} if gateway_port is not None else {}
+    ours.update(environment_kwargs(agent) if agent is not None else {})
     if env == "local":
-        return EnvironmentConfig(import_path=LOCAL_SANDBOX, delete=True)
+        return EnvironmentConfig(import_path=LOCAL_SANDBOX, delete=True, kwargs=ours)
     if env == "docker":
-        return EnvironmentConfig(import_path=DOCKER_SANDBOX, delete=True)
+        return EnvironmentConfig(import_path=DOCKER_SANDBOX, delete=True, kwargs=ours)
     if env == "harbor-docker":  # Harbor's own, one `docker compose` process per call
         return EnvironmentConfig(type="docker", delete=True)
     if ":" in env:
@@ -264,17 +363,25 @@ async def run_episode(
     index: int,
     trials_dir: Path,
     tokenizer=None,
+    gateway=None,
 ) -> Episode:
     """Run one Harbor Trial of `task_path` and convert it. Never raises for trial failures:
     they come back as an Episode with status aborted (transient) / failed (permanent);
     cancellation still propagates. An environment that fails to start is retried
-    cfg.env_start_retries times with backoff; `metadata["env_start_attempts"]` says how often."""
+    cfg.env_start_retries times with backoff; `metadata["env_start_attempts"]` says how often.
+
+    A gateway agent samples through `gateway` (a started slime_harbor.gateway.Gateway), one session
+    per trial; without one, the episode starts its own and closes it when it ends."""
+    if gateway is None and uses_gateway(cfg.agent):
+        async with serving_gateway(cfg) as gateway:
+            return await run_episode(task_path, cfg, group_index=group_index, index=index, trials_dir=trials_dir,
+                                     tokenizer=tokenizer, gateway=gateway)
     started = time.monotonic()
     attempts = 0
     while True:
         attempts += 1
         episode = await _run_trial_once(task_path, cfg, group_index=group_index, index=index,
-                                        trials_dir=trials_dir, tokenizer=tokenizer, started=started)
+                                        trials_dir=trials_dir, tokenizer=tokenizer, started=started, gateway=gateway)
         retry = episode.samples[0].metadata.get("environment_start_failed") and attempts <= cfg.env_start_retries
         if not retry:
             break
@@ -287,41 +394,93 @@ async def run_episode(
     return episode
 
 
-async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, trials_dir, tokenizer, started) -> Episode:
+@contextlib.asynccontextmanager
+async def serving_gateway(cfg: RolloutConfig):
+    """A started gateway in front of cfg.policy_url for cfg's agent (None for agents that need
+    none), closed with its sessions and its port freed however the block ends (Ctrl-C included)."""
+    if not uses_gateway(cfg.agent):
+        yield None
+        return
+    gateway = await start_gateway(cfg)
+    try:
+        yield gateway
+    finally:
+        await gateway.aclose()
+
+
+async def start_gateway(cfg: RolloutConfig):
+    """A started gateway in front of cfg.policy_url (SGLang's /generate, or an OpenAI-compatible
+    /v1 with policy_api openai), serving cfg.model_dir's policy (and cfg.lora_name) as cfg.model_name."""
+    from slime_harbor.gateway import Gateway
+
+    try:
+        gateway = Gateway(cfg.policy_url, cfg.model_dir, host=cfg.gateway_host, port=0,
+                          served_model_name=cfg.model_name, upstream_api=cfg.policy_api, lora_name=cfg.lora_name)
+        await gateway.start()
+    except (ValueError, OSError) as exc:  # a model family without a reply parser, an address we cannot bind
+        raise ConfigError(f"the model gateway for agent {cfg.agent!r} cannot start: {one_line(exc)}") from None
+    return gateway
+
+
+def session_sampling(cfg: RolloutConfig):
+    """The run's sampling, which the gateway applies to every call of a session (the request's
+    own temperature / top-p / top-k are replaced, its max_tokens capped, its stop strings added)."""
+    from slime_harbor.policy.client import SamplingParams
+
+    return SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                          max_new_tokens=cfg.max_new_tokens, stop=list(cfg.stop),
+                          stop_token_ids=list(cfg.stop_token_ids), return_top_p_token_ids=cfg.return_top_p_token_ids)
+
+
+async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, trials_dir, tokenizer, started,
+                          gateway=None) -> Episode:
     from harbor.models.trial.config import TaskConfig, TrialConfig, VerifierConfig
     from harbor.trial.trial import Trial
 
     task_path = Path(task_path)
-    config = TrialConfig(
-        task=TaskConfig(path=task_path.resolve()),
-        trial_name=f"{task_path.name}__g{group_index}_{index}__{uuid.uuid4().hex[:6]}",
-        trials_dir=Path(trials_dir).resolve(),
-        agent=agent_config(cfg),
-        environment=environment_config(cfg.env),
-        verifier=VerifierConfig(override_timeout_sec=cfg.verifier_timeout_sec),
-        timeout_multiplier=cfg.timeout_multiplier,
-    )
+    trials_dir = Path(trials_dir).resolve()
+    trial_name = f"{task_path.name}__g{group_index}_{index}__{uuid.uuid4().hex[:6]}"
+    session = endpoint = None
+    if gateway is not None:  # one session per trial, named after it, recorded in its agent dir
+        session = gateway.open_session(trial_name, record_dir=trials_dir / trial_name / "agent" / "gateway",
+                                       sampling=session_sampling(cfg), routing_key=cfg.routing_key,
+                                       sampling_seed=cfg.sampling_seed, max_context_len=cfg.max_context_len)
+        endpoint = ModelEndpoint.of(gateway, trial_name)
     trial = None
     try:
-        trial = await Trial.create(config)
-        isolate_shared_verifier(trial)  # no agent process or reward file survives into the verifier
-        result = await asyncio.wait_for(trial.run(), hard_timeout_sec(task_path, cfg.timeout_multiplier, cfg.verifier_timeout_sec))
-    except asyncio.CancelledError:
-        await _finish_environment_stop(trial)
-        raise
-    except TimeoutError:
-        # wait_for cancelled the trial, which recorded a CancelledError (classified aborted).
-        await _finish_environment_stop(trial)
-        result = trial.result
-    except Exception as exc:  # the trial could not even be created (malformed task dir, bad config): permanent
-        log.warning("trial for %s failed before running: %s", task_path.name, exc)
-        return Episode(
-            task_name=task_path.name, group_index=group_index, index=index, status=SampleStatus.FAILED,
-            reward=None, samples=[_failed_sample(task_path.name, group_index, index, exc)],
-            seconds=time.monotonic() - started, error=f"{type(exc).__name__}: {exc}",
-        )
+        try:
+            config = TrialConfig(
+                task=TaskConfig(path=task_path.resolve()),
+                trial_name=trial_name,
+                trials_dir=trials_dir,
+                agent=(agent := agent_config(cfg, endpoint)),
+                environment=environment_config(cfg.env, gateway.port if gateway is not None else None, agent),
+                verifier=VerifierConfig(override_timeout_sec=cfg.verifier_timeout_sec),
+                timeout_multiplier=cfg.timeout_multiplier,
+            )
+            trial = await Trial.create(config)
+            isolate_shared_verifier(trial)  # no agent process or reward file survives into the verifier
+            result = await asyncio.wait_for(trial.run(), hard_timeout_sec(task_path, cfg.timeout_multiplier, cfg.verifier_timeout_sec))
+        except asyncio.CancelledError:
+            await _finish_environment_stop(trial)
+            raise
+        except TimeoutError:
+            # wait_for cancelled the trial, which recorded a CancelledError (classified aborted).
+            await _finish_environment_stop(trial)
+            result = trial.result
+        except Exception as exc:  # the trial could not even be created (malformed task dir, bad config): permanent
+            log.warning("trial for %s failed before running: %s", task_path.name, exc)
+            return Episode(
+                task_name=task_path.name, group_index=group_index, index=index, status=SampleStatus.FAILED,
+                reward=None, samples=[_failed_sample(task_path.name, group_index, index, exc)],
+                seconds=time.monotonic() - started, error=f"{type(exc).__name__}: {exc}",
+            )
+    finally:  # ended, failed or cancelled: in-flight calls are aborted and the recording flushed
+        if session is not None:
+            await gateway.close_session(trial_name)
     samples = trial_to_samples(
-        result, group_index=group_index, index=index, tokenizer=tokenizer, reward_mapping=cfg.reward_mapping
+        result, group_index=group_index, index=index, tokenizer=tokenizer, reward_mapping=cfg.reward_mapping,
+        **({"recorded": session} if session is not None else {}),
     )
     first = samples[0]
     if environment_start_failed(result):
@@ -384,7 +543,7 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
-    if cfg.agent in ("native", "terminus-2") and not (cfg.policy_url and cfg.model_dir):
+    if samples_policy(cfg.agent) and not (cfg.policy_url and cfg.model_dir):
         raise ConfigError(f"agent {cfg.agent} needs policy_url and model_dir")
     try:
         tasks = discover_tasks(cfg.tasks_dir, cfg.task_names)
@@ -399,6 +558,7 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
             raise ConfigError(f"task {task / 'task.toml'} cannot be loaded: {one_line(exc)}") from None
     _check_agent(cfg)
     _check_environment(cfg.env)
+    _check_agent_installs(cfg)
     apply_manifest(tasks, cfg.task_manifest)  # a missing or malformed manifest: ConfigError now
     return tasks
 
@@ -407,13 +567,27 @@ def _check_agent(cfg: RolloutConfig) -> None:
     from harbor.agents.factory import AgentFactory
 
     try:
-        AgentFactory.get_agent_class_from_config(agent_config(cfg))
+        agent_class(agent_config(cfg))
     except Exception as exc:
-        if ":" not in cfg.agent:
+        if ":" not in cfg.agent and cfg.agent not in AGENT_IMPORT_PATHS:
             examples = ", ".join(AgentFactory.registered_names()[:4])
-            raise ConfigError(f"unknown agent {cfg.agent!r}: use native, terminus-2, oracle, nop, another Harbor "
+            raise ConfigError(f"unknown agent {cfg.agent!r}: use native, terminus-2, mini-swe-agent, oracle, nop, another Harbor "
                               f"agent name ({examples}, ...) or module:Class") from None
         raise ConfigError(f"agent {cfg.agent!r} cannot be imported: {one_line(exc)}") from None
+
+
+def _check_agent_installs(cfg: RolloutConfig) -> None:
+    """What the agent needs installed in the sandbox can be built here (the bubblewrap sandbox's
+    host-side installs; a Docker layer's build fails its trials with the build log instead)."""
+    from slime_harbor.installed_agents import ENVIRONMENT_KWARG, environment_kwargs, resolve_installs
+
+    if cfg.env != "local" or not samples_policy(cfg.agent) or is_native(cfg.agent):
+        return
+    for install in resolve_installs(environment_kwargs(agent_config(cfg)).get(ENVIRONMENT_KWARG)):
+        try:
+            install.check_host()
+        except RuntimeError as exc:
+            raise ConfigError(f"agent {cfg.agent!r} cannot run with env 'local': {one_line(exc)}") from None
 
 
 def _check_environment(env: str) -> None:
@@ -452,6 +626,13 @@ async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
     (out / "trials").mkdir(parents=True, exist_ok=True)
     job = HarborJob(out / "trials", cfg, tasks)
     tokenizer = load_tokenizer(cfg.model_dir)
+
+    async with serving_gateway(cfg) as gateway:  # closed, port freed, also on Ctrl-C
+        return await _run_all(cfg, tasks, out, job, tokenizer, gateway, skipped_tasks)
+
+
+async def _run_all(cfg: RolloutConfig, tasks: list[Path], out: Path, job: HarborJob, tokenizer, gateway,
+                   skipped_tasks: dict[str, str]) -> dict[str, Any]:
     semaphore = asyncio.Semaphore(cfg.concurrency)
     episodes: list[Episode] = []
     bar = _Progress(len(tasks) * cfg.n_samples, enabled=cfg.progress)
@@ -463,9 +644,8 @@ async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
         async def one(task_path: Path, group_index: int, index: int) -> None:
             async with semaphore:
                 job.trial_started()
-                episode = await run_episode(
-                    task_path, cfg, group_index=group_index, index=index, trials_dir=out / "trials", tokenizer=tokenizer
-                )
+                episode = await run_episode(task_path, cfg, group_index=group_index, index=index,
+                                            trials_dir=out / "trials", tokenizer=tokenizer, gateway=gateway)
             episodes.append(episode)
             job.trial_finished(episode)
             for s in episode.samples:  # written as soon as the trial ends: Ctrl-C loses nothing finished

@@ -1,11 +1,17 @@
 """Shared fixtures: the tiny policy model and a running policy server on loopback."""
 
+import contextlib
+import importlib.util
 import os
 
 # LiteLLM fetches its model-cost map from the internet on import unless told to use its own copy.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import pytest
+
+needs_gateway = pytest.mark.skipif(importlib.util.find_spec("slime_harbor.gateway") is None,
+                                   reason="slime_harbor.gateway (branch gateway-core) is not merged into this branch")
+"""Marks a test that runs an agent through the recording gateway."""
 
 
 @pytest.fixture(scope="session")
@@ -47,3 +53,52 @@ def model(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def sglang_router(worker_urls):
+    """The real sglang-router (cache_aware, its default policy) on loopback before `worker_urls`;
+    yields its URL. Its metrics listener gets its own loopback port (the default 0.0.0.0:29000
+    collides with any other router); it is killed, with its process group, whatever happens."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import httpx
+
+    router_bin = Path(sys.executable).parent / "sglang-router"
+    if not router_bin.exists():
+        pytest.skip("sglang-router is not installed in .venv")
+    port = free_port()
+    router = subprocess.Popen(
+        [str(router_bin), "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *worker_urls,
+         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert router.poll() is None, "sglang-router exited while starting"
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "sglang-router did not become healthy in 60 s"
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(router.pid, signal.SIGKILL)
+        router.wait(timeout=30)

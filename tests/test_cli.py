@@ -230,7 +230,7 @@ def test_train_local_bad_flag_is_one_line(extra, words):
 @pytest.mark.parametrize("flags, words", [
     ({"num_rollouts": 0}, "num_rollouts"), ({"n_samples": -1}, "n_samples"), ({"concurrency": 0}, "concurrency"),
     ({"step_limit": 0}, "step_limit"), ({"micro_batch_size": 0}, "micro_batch_size"), ({"lr": -1.0}, "lr"),
-    ({"lr": float("nan")}, "lr"), ({"device": "tpu"}, "tpu"), ({"agent": "oracle"}, "native or terminus-2"),
+    ({"lr": float("nan")}, "lr"), ({"device": "tpu"}, "tpu"), ({"agent": "oracle"}, "does not sample from the policy"),
     ({"resume": Path("/nonexistent/run")}, "/nonexistent/run"), ({"model": "/nonexistent/model"}, "/nonexistent/model"),
     ({"env": "bogus"}, "bogus"), ({"tasks_dir": Path("/nonexistent/tasks")}, "/nonexistent/tasks"),
 ])

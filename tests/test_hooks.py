@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import needs_gateway
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
@@ -20,6 +21,9 @@ from slime_harbor import hooks
 from slime_harbor.cli import prepare_data
 from slime_harbor.rollout import DEFAULT_TASKS
 from slime_harbor.hooks import HookConfigError, dynamic_sampling_filter, generate, reward_post_process
+from test_rollout_e2e import (  # noqa: F401 (fixtures: the tiny model SFT'd to answer in each agent's format)
+    hf_model, recompute_logprobs, responsive_model_dir, responsive_server,
+)
 
 HAVE_SLIME = importlib.util.find_spec("slime") is not None
 needs_slime = pytest.mark.skipif(not HAVE_SLIME, reason="slime is not importable (PYTHONPATH=<a THUDM/slime checkout>)")
@@ -155,7 +159,7 @@ def test_generate_hook_runs_a_real_trial(tmp_path, policy_server, tiny_model_dir
                            harbor_step_limit=2, harbor_trials_dir=str(tmp_path / "trials"))
     task = DEFAULT_TASKS / "dedupe-lines"
     sample = Sample(group_index=3, index=7, prompt="p", label=task.name, metadata={"task_dir": str(task)})
-    out = asyncio.run(generate(args, sample, {"temperature": 1.0, "max_new_tokens": 24}))
+    out = asyncio.run(generate(args, sample, {"temperature": 1.0, "max_new_tokens": 96}))
     assert isinstance(out, list) and out[0] is sample
     for s in out:
         assert isinstance(s, Sample) and s.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
@@ -167,6 +171,51 @@ def test_generate_hook_runs_a_real_trial(tmp_path, policy_server, tiny_model_dir
     # A label that names no task is an unusable rollout: removed, never a -1, and still a list.
     (missing,) = asyncio.run(generate(args, Sample(index=0, prompt="p", label="no-such-task"), {}))
     assert missing.remove_sample and missing.status == Sample.Status.FAILED and missing.reward == 0.0
+
+
+@needs_gateway
+def test_generate_hook_runs_terminus2_through_the_process_gateway(tmp_path, responsive_server, responsive_model_dir,
+                                                                  hf_model, Sample, fresh_counters):
+    """`harbor_agent: terminus-2`: one gateway per process and event loop in front of the "router",
+    reused by every trial, closed by close_gateway (port free). Its samples train (logprobs equal a
+    recomputation by the model), and SLiME's top-p replay, stop_token_ids and sampling_seed now
+    apply to it: its samples carry top-p ids. The policy is test_rollout_e2e's SFT'd tiny model, so
+    terminus-2's turns end (the untrained one hits max_tokens each turn and terminus-2 re-asks until
+    its timeout)."""
+    import torch
+
+    from test_gateway_wiring import port_is_free
+
+    host, port = responsive_server.removeprefix("http://").split(":")
+    args = SimpleNamespace(sglang_router_ip=host, sglang_router_port=int(port), hf_checkpoint=str(responsive_model_dir),
+                           harbor_agent="terminus-2", harbor_step_limit=2, harbor_trials_dir=str(tmp_path / "trials"))
+    task = DEFAULT_TASKS / "dedupe-lines"
+
+    async def two_trials():
+        plain = Sample(group_index=0, index=1, prompt="p", label=task.name, session_id="sess-1",
+                       metadata={"task_dir": str(task)})
+        first = await generate(args, plain, {"temperature": 1.0, "max_new_tokens": 96})
+        gateway = hooks._gateways[asyncio.get_running_loop()]
+        replay = Sample(group_index=0, index=2, prompt="p", label=task.name, session_id="sess-2",
+                        metadata={"task_dir": str(task)})
+        second = await generate(args, replay, {"temperature": 1.0, "top_p": 0.9, "max_new_tokens": 96,
+                                                "stop_token_ids": [5], "sampling_seed": 3,
+                                                "custom_params": {"return_top_p_token_ids": True}})
+        assert hooks._gateways[asyncio.get_running_loop()] is gateway  # one per process and loop
+        await hooks.close_gateway()
+        return first, second, gateway.port
+
+    first, second, gateway_port = asyncio.run(two_trials())
+    assert port_is_free(gateway_port) and not hooks._gateways
+    for s in first:
+        assert s.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED) and not s.remove_sample
+        n = s.response_length
+        lp = recompute_logprobs(hf_model, s.tokens, 1.0)[-n:]
+        mask = torch.tensor(s.loss_mask, dtype=torch.bool)
+        assert (lp[mask] - torch.tensor(s.rollout_log_probs)[mask]).abs().mean().item() < 1e-4
+    for s in second:
+        assert not s.remove_sample and s.rollout_top_p_token_ids is not None
+        assert len(s.rollout_top_p_token_offsets) == s.response_length + 1
 
 
 def test_a_slime_abort_stops_the_trial_and_tears_the_sandbox_down(tmp_path, policy_server, tiny_model_dir):
@@ -354,14 +403,19 @@ async def _coro(value):
 @pytest.mark.parametrize("overrides, params, match", [
     (dict(use_rollout_routing_replay=True), {}, "routed experts"),
     (dict(partial_rollout=True), {}, "cannot be resumed"),
-    (dict(harbor_agent="terminus-2"), {"custom_params": {"return_top_p_token_ids": True}}, "top-p"),
-    (dict(harbor_agent="terminus-2"), {"stop_token_ids": [5]}, "stop-token-ids"),
-    (dict(harbor_agent="terminus-2"), {"sampling_seed": 3}, "sampling_seed"),
+    (dict(use_rollout_routing_replay=True, harbor_agent="terminus-2"), {"sampling_seed": 3}, "routed experts"),
 ])
 def test_settings_that_cannot_apply_raise_on_the_first_call(overrides, params, match, Sample):
     args = SimpleNamespace(**overrides)
     with pytest.raises(HookConfigError, match=match):
         asyncio.run(generate(args, Sample(index=0, label="dedupe-lines"), params))
+
+
+@pytest.mark.parametrize("agent", ["native", "terminus-2", "mini-swe-agent", "chat_tools_agent:ChatToolsAgent"])
+def test_slime_sampling_params_are_accepted_for_every_agent(agent):
+    """The gateway calls /generate itself, so top-p replay ids, stop_token_ids and sampling_seed
+    apply to every agent: no HookConfigError for them any more."""
+    hooks.check_supported(SimpleNamespace(harbor_agent=agent))
 
 
 def test_sampling_params_reach_the_agent_config(Sample):
@@ -378,9 +432,16 @@ def test_sampling_params_reach_the_agent_config(Sample):
     assert native["stop"] == ["</x>"] and native["stop_token_ids"] == [7] and native["sampling_seed"] == 11
     assert native["return_top_p_token_ids"] is True and native["routing_key"] == "sess-1"
     assert native["max_context_len"] == 900
-    term = agent_config(rollout_config(SimpleNamespace(harbor_agent="terminus-2", rollout_max_context_len=900),
-                                       {"stop": ["</x>"]}, sample)).kwargs
-    assert term["llm_call_kwargs"] == {"max_tokens": 512, "stop": ["</x>"], "extra_headers": {"X-SMG-Routing-Key": "sess-1"}}
+    # A gateway agent: the run's sampling is its gateway session's, the routing key the session's too.
+    from slime_harbor.rollout import session_sampling
+
+    cfg = rollout_config(SimpleNamespace(harbor_agent="terminus-2", rollout_max_context_len=900), params, sample)
+    sampling = session_sampling(cfg)
+    assert (sampling.temperature, sampling.top_p, sampling.max_new_tokens) == (0.7, 0.9, 33)
+    assert sampling.stop == ["</x>"] and sampling.stop_token_ids == [7] and sampling.return_top_p_token_ids
+    assert cfg.sampling_seed == 11 and cfg.routing_key == "sess-1" and cfg.max_context_len == 900
+    term = agent_config(cfg).kwargs
+    assert term["llm_call_kwargs"] == {"max_tokens": 33}  # stop strings and routing live in the gateway
     assert term["model_info"]["max_input_tokens"] == 900 and term["model_info"]["output_cost_per_token"] == 0.0
 
 

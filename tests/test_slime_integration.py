@@ -29,13 +29,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
 import types
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -388,48 +383,18 @@ def test_slime_generate_rollout_drives_our_hook(slime_modules, embedded_front, p
 
 # ---- the real SGLang router in front of two embedded servers ------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def router_front(policy_dir):
-    """sglang-router (cache_aware, its default policy) on loopback before two embedded servers.
-    Its metrics listener gets its own loopback port (the default 0.0.0.0:29000 collides with any
-    other router); the router is killed, with its process group, whatever happens."""
-    import httpx
+    """sglang-router (conftest.sglang_router) on loopback before two embedded servers."""
+    from conftest import sglang_router
 
     from slime_harbor.policy.server import EmbeddedPolicyServer
 
-    router_bin = REPO / ".venv" / "bin" / "sglang-router"
-    if not router_bin.exists():
-        pytest.skip("sglang-router is not installed in .venv")
     servers = [EmbeddedPolicyServer(policy_dir), EmbeddedPolicyServer(policy_dir)]
-    port = _free_port()
-    router = subprocess.Popen(
-        [str(router_bin), "launch", "--host", "127.0.0.1", "--port", str(port),
-         "--worker-urls", *[s.url for s in servers], "--prometheus-host", "127.0.0.1",
-         "--prometheus-port", str(_free_port()), "--log-level", "warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert router.poll() is None, "sglang-router exited while starting"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "sglang-router did not become healthy in 60 s"
-            time.sleep(0.5)
-        yield url, servers
+        with sglang_router([s.url for s in servers]) as url:
+            yield url, servers
     finally:
-        os.killpg(router.pid, signal.SIGKILL)
-        router.wait(timeout=30)
         for s in servers:
             s.stop()
 

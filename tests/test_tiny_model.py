@@ -7,7 +7,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3ForCausalLM
 
-from slime_harbor.policy.tiny_model import ENDOFTEXT, IM_END, IM_START, TinyModelConfig, build_tiny_model
+from slime_harbor.policy.tiny_model import (
+    ENDOFTEXT,
+    FORMAT_TOKENS,
+    IM_END,
+    IM_START,
+    TinyModelConfig,
+    build_tiny_model,
+    ensure_tiny_model,
+    recipe_hash,
+)
 
 
 def _files(directory):
@@ -33,10 +42,17 @@ def test_loads_with_auto_classes_as_a_qwen3_policy(tiny_model_dir, tokenizer):
     assert 2000 <= len(tokenizer) <= 4096
     assert model.config.vocab_size == len(tokenizer)
     assert tokenizer.eos_token == IM_END and tokenizer.pad_token == ENDOFTEXT
-    assert [tokenizer.convert_ids_to_tokens(i) for i in range(len(tokenizer) - 3, len(tokenizer))] == [
+    # Qwen3's order: the special tokens, then its tool-call / tool-response / think tokens.
+    assert [tokenizer.convert_ids_to_tokens(i) for i in range(len(tokenizer) - 9, len(tokenizer))] == [
         ENDOFTEXT,
         IM_START,
         IM_END,
+        "<tool_call>",
+        "</tool_call>",
+        "<tool_response>",
+        "</tool_response>",
+        "<think>",
+        "</think>",
     ]
     assert set(model.generation_config.eos_token_id) == {tokenizer.eos_token_id, tokenizer.pad_token_id}
 
@@ -74,12 +90,21 @@ def test_special_tokens_are_single_tokens(tokenizer):
     assert ids[0] == tokenizer.convert_tokens_to_ids(IM_START)
     assert ids[-1] == tokenizer.eos_token_id
     assert tokenizer.decode(ids, skip_special_tokens=True) == "user\nhi"
+    # The format tokens are single tokens too, and (as in Qwen3) not special: decoding keeps them.
+    text = "<think>\nhm\n</think>\n\n<tool_call>\n{}\n</tool_call><tool_response>\nx\n</tool_response>"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert set(tokenizer.convert_tokens_to_ids(FORMAT_TOKENS)) <= set(ids)
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text
 
 
-def test_chat_template_is_chatml(tokenizer):
+TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a command.",
+                                           "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+
+
+def test_chat_template_is_qwen3s(tokenizer):
     messages = [
         {"role": "system", "content": "You are an agent."},
-        {"role": "user", "content": [{"type": "text", "text": "List "}, {"type": "text", "text": "files."}]},
+        {"role": "user", "content": "List files."},
         {"role": "assistant", "content": "THOUGHT: ok\n```bash\nls\n```"},
         {"role": "user", "content": "done?"},
     ]
@@ -93,8 +118,71 @@ def test_chat_template_is_chatml(tokenizer):
     )
     without = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
     assert rendered == without + "<|im_start|>assistant\n"
-    empty = tokenizer.apply_chat_template([{"role": "assistant", "content": None}], tokenize=False)
-    assert empty == "<|im_start|>assistant\n<|im_end|>\n"
+    no_thinking = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                enable_thinking=False)
+    assert no_thinking == rendered + "<think>\n\n</think>\n\n"
+
+    # Tools, a tool call with reasoning after the last query, and its result, as Qwen3 renders them.
+    turns = [
+        {"role": "user", "content": "List files."},
+        {"role": "assistant", "content": "Listing.", "reasoning_content": "need ls",
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": {"command": "ls"}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "a.txt"},
+    ]
+    rendered = tokenizer.apply_chat_template(turns, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert rendered.startswith("<|im_start|>system\n# Tools\n\nYou may call one or more functions")
+    assert '\n<tools>\n{"type": "function", "function": {"name": "bash"' in rendered
+    assert rendered.endswith(
+        "<|im_start|>user\nList files.<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nneed ls\n</think>\n\nListing.\n"
+        '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\na.txt\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_renderers_qwen3_renders_and_parses_like_the_template(tokenizer):
+    """PyPI renderers' Qwen3Renderer (the gateway's) gives the template's exact tokens and parses
+    the format back."""
+    from renderers import create_renderer
+    from renderers.configs import Qwen3RendererConfig
+
+    renderer = create_renderer(tokenizer, Qwen3RendererConfig(thinking_retention="all"))
+    turns = [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": "List files."},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": {"command": "ls"}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "a.txt"},
+    ]
+    template = tokenizer.apply_chat_template(turns, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert renderer.render_ids(turns, tools=TOOLS, add_generation_prompt=True) == tokenizer.encode(
+        template, add_special_tokens=False
+    )
+    reply = tokenizer.encode('<think>\nlook\n</think>\n\nNow cat.\n<tool_call>\n{"name": "bash", '
+                             '"arguments": {"command": "cat a.txt"}}\n</tool_call><|im_end|>', add_special_tokens=False)
+    parsed = renderer.parse_response(reply)
+    assert (parsed.content, parsed.reasoning_content) == ("Now cat.", "look")
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("bash", {"command": "cat a.txt"})]
+
+
+def test_a_cached_model_is_rebuilt_when_its_recipe_changes(tmp_path, monkeypatch):
+    import json
+
+    from slime_harbor.policy import tiny_model
+
+    monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path))
+    built = ensure_tiny_model(0)
+    assert recipe_hash() in built.name and json.loads((built / "tiny_model.json").read_text())["recipe"] == recipe_hash()
+    stamp = (built / "tiny_model.json").stat().st_mtime_ns
+    assert ensure_tiny_model(0) == built and (built / "tiny_model.json").stat().st_mtime_ns == stamp  # reused
+    # A stamp from another recipe (or none: a build cut off half-way) means: build again.
+    (built / "tiny_model.json").write_text(json.dumps({"recipe": "older"}))
+    assert ensure_tiny_model(0) == built
+    assert json.loads((built / "tiny_model.json").read_text())["recipe"] == recipe_hash()
+    # A recipe change (here the template) gives another fingerprint, hence another cache dir.
+    monkeypatch.setattr(tiny_model, "CHAT_TEMPLATE", tiny_model.CHAT_TEMPLATE + " ")
+    assert recipe_hash() not in built.name and ensure_tiny_model(0) != built
 
 
 def test_config_shapes_the_model(tmp_path):

@@ -149,6 +149,8 @@ class BubblewrapEnvironment(BaseEnvironment):
       127.0.0.1); a sandbox without the host's network reaches it at 127.0.0.1:<gateway_port>.
     - ``provide_tmux``: the trial needs tmux (terminus-2); the sandbox has the host's, so this
       only checks that the host has one, as the Docker environment's kwarg of that name installs it.
+    - ``agent_installs``: agents whose host-side install (built once, cached) is bound read-only
+      into the sandbox (names or ``module:attr``; see :mod:`slime_harbor.installed_agents`).
     """
 
     def __init__(
@@ -165,8 +167,12 @@ class BubblewrapEnvironment(BaseEnvironment):
         gateway_port: int | None = None,
         gateway_host: str = "127.0.0.1",
         provide_tmux: bool | str = False,
+        agent_installs: str | list[str] | None = None,
         **kwargs,
     ):
+        from slime_harbor.installed_agents import resolve_installs
+
+        self._agent_installs = resolve_installs(agent_installs)
         self._gateway_port = gateway_port_kwarg(gateway_port)
         self._gateway_host = gateway_host
         self._provide_tmux = flag_kwarg(provide_tmux)
@@ -277,6 +283,10 @@ class BubblewrapEnvironment(BaseEnvironment):
         _live_sandboxes[self.sandbox_dir] = self
         self._etc_template = await asyncio.to_thread(_etc_template, self._base_dir)
         await asyncio.to_thread(_populate_root, self._rootfs)
+        for install in self._agent_installs:  # bound like Harbor's read-only mounts
+            host_dir = await asyncio.to_thread(install.host_dir)
+            self._mounts.append({"type": "bind", "source": str(host_dir), "target": install.sandbox_dir,
+                                 "read_only": True})  # fmt: skip
         await self._start_init()
         await self._open_gateway_forward()
         for step in self._recipe.steps:

@@ -312,6 +312,8 @@ class DockerEnvironment(BaseEnvironment):
     - ``provide_tmux``: run the trial in the task's image plus a layer with the distribution's
       tmux (built once per image, with the host's network), for terminus-2: it installs tmux
       itself at agent setup, which a no-network container cannot.
+    - ``agent_installs``: agents to install into an image layer on top of the task's (names or
+      ``module:attr``; see :mod:`slime_harbor.installed_agents`), built once per task image.
     """
 
     def __init__(
@@ -327,12 +329,16 @@ class DockerEnvironment(BaseEnvironment):
         gateway_port: int | None = None,
         gateway_host: str = "127.0.0.1",
         provide_tmux: bool | str = False,
+        agent_installs: str | list[str] | None = None,
         **kwargs,
     ):
+        from slime_harbor.installed_agents import resolve_installs
+
         self._gateway_port = gateway_port_kwarg(gateway_port)
         self._gateway_host = gateway_host
         self._provide_tmux = flag_kwarg(provide_tmux)
         self._default_network_mode = NetworkMode(default_network_mode)
+        self._agent_installs = resolve_installs(agent_installs)
         super().__init__(
             environment_dir=environment_dir,
             environment_name=environment_name,
@@ -346,7 +352,8 @@ class DockerEnvironment(BaseEnvironment):
         self.container_id: str | None = None
         """The trial's container (None before ``start()`` and after ``stop()``)."""
         self.run_image: str | None = None
-        """The image the container runs: ``image``, or it plus the tmux layer (set by ``start()``)."""
+        """The image the container runs: ``image``, or it plus the tmux and agent-install layers (set
+        by ``start()``)."""
         self._image_workdir = "/"
         self._image_env_keys: set[str] = set()
         self._server: ExecServer | None = None
@@ -414,6 +421,9 @@ class DockerEnvironment(BaseEnvironment):
         self.run_image = self.image
         if self._provide_tmux:
             self.run_image = await ensure_layer_image(self.image, "tmux", TMUX_SCRIPT,
+                                                      self.task_env_config.build_timeout_sec)  # fmt: skip
+        for install in self._agent_installs:  # one layer each, on top of the previous one
+            self.run_image = await ensure_layer_image(self.run_image, install.name, install.docker_script(),
                                                       self.task_env_config.build_timeout_sec)  # fmt: skip
         # Recorded as soon as it exists, so a stop() racing this start() removes it.
         await asyncio.to_thread(self._create_container)

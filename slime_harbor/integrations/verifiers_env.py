@@ -4,15 +4,17 @@
     id = "slime-harbor-verifiers"          # the top-level shim package; or "slime_harbor.integrations.verifiers_env"
     tasks_dir = "examples/harbor/tasks"
     environment_type = "local"             # local (bubblewrap) | docker | any Harbor env type | module:Class
-    agent = "native"                       # native | terminus-2
+    agent = "native"                       # native | terminus-2 | mini-swe-agent | <Harbor agent> | module:Class
     max_turns = 30
     n_parallel_envs = 8
 
 One episode is one real Harbor Trial through rollout.run_episode (Harbor's runner, the task's
 environment, the agent, the task's own verifier), sampling from the OpenAI-compatible server and
 model verifiers hands the env (`ModelContext`: prime-rl's vLLM, or any /v1 base URL). The native
-agent sends token ids to /v1/completions (vLLM's token-in / token-out); terminus-2 uses Harbor's own
-implementation through chat completions. The trial's samples, from our converter, become the
+agent sends token ids to /v1/completions (vLLM's token-in / token-out); every other agent (terminus-2,
+mini-swe-agent, any Harbor agent or module:Class) speaks chat completions to our recording gateway,
+which renders the prompt and sends token ids to that same /v1/completions (one gateway per env
+process and model, closed when the env stops). The trial's samples, from our converter, become the
 trace prime-rl trains on: one chain of message nodes per sample (the prompt, then each sampled
 completion with its logprobs and mask True, each observation with mask False), so each
 `trace.branches[i]` carries exactly the tokens, mask and logprobs of one of our samples. The
@@ -35,7 +37,8 @@ from verifiers.v1.envs.single_agent import SingleAgentEnv
 from verifiers.v1.trace import AgentInfo, TraceTask
 
 from slime_harbor.integrations.verifiers_trace import fill_trace
-from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig, discover_tasks, load_tokenizer, run_episode
+from slime_harbor.rollout import (DEFAULT_TASKS, RolloutConfig, discover_tasks, load_tokenizer, run_episode,
+                                  start_gateway, uses_gateway)
 
 
 class HarborTrialsConfig(vf.TasksetConfig):
@@ -46,7 +49,8 @@ class HarborTrialsConfig(vf.TasksetConfig):
     environment_type: str = "local"
     """Where trials run: local (bubblewrap, replays the Dockerfile) | docker | any Harbor env type | module:Class."""
     agent: str = "native"
-    """native (token in / token out over /v1/completions) | terminus-2 (Harbor's, over chat completions)."""
+    """native (token in / token out over /v1/completions) | terminus-2 | mini-swe-agent | another Harbor
+    agent | module:Class (chat completions through the recording gateway, token ids upstream)."""
     max_turns: int = Field(30, ge=1)
     """Most agent turns per trial."""
     n_parallel_envs: int = Field(4, ge=1)
@@ -86,6 +90,9 @@ class HarborTrialsEnv(SingleAgentEnv):
         self._gate: asyncio.Semaphore | None = None
         self._tokenizers: dict[str, object] = {}
         self._tokenizer_lock = asyncio.Lock()
+        self._gateways: dict[tuple, object] = {}
+        """Started gateways by (upstream URL, model, tokenizer): one per policy the env samples from."""
+        self._gateway_lock = asyncio.Lock()
 
     @contextlib.asynccontextmanager
     async def serving(self):
@@ -95,7 +102,26 @@ class HarborTrialsEnv(SingleAgentEnv):
             await self.start()
             yield
         finally:
-            await self.stop()
+            try:
+                await self.stop()
+            finally:
+                await self.close_gateways()
+
+    async def gateway_for(self, rollout: RolloutConfig):
+        """The gateway in front of the rollout's policy (started on first use), or None for the native agent."""
+        if not uses_gateway(rollout.agent):
+            return None
+        key = (rollout.policy_url, rollout.model_name, rollout.model_dir)
+        async with self._gateway_lock:
+            if key not in self._gateways:
+                self._gateways[key] = await start_gateway(rollout)
+        return self._gateways[key]
+
+    async def close_gateways(self) -> None:
+        """Close every gateway this env started: sessions, server, port."""
+        while self._gateways:
+            _, gateway = self._gateways.popitem()
+            await gateway.aclose()
 
     async def run(self, task: vf.Task, agents: vf.Agents) -> None:  # run_episode below replaces it
         raise NotImplementedError("HarborTrialsEnv runs whole Harbor Trials in run_episode")
@@ -120,9 +146,11 @@ class HarborTrialsEnv(SingleAgentEnv):
         if on_trace is not None:
             on_trace(trace)
         started = time.time()
+        gateway = await self.gateway_for(rollout)
         async with self._gate:
             episode = await run_episode(Path(task.data.task_dir), rollout, group_index=task.data.idx or 0, index=0,
-                                        trials_dir=cfg.trials_dir, tokenizer=self._tokenizers[tokenizer_name])
+                                        trials_dir=cfg.trials_dir, tokenizer=self._tokenizers[tokenizer_name],
+                                        gateway=gateway)
         fill_trace(trace, episode.samples, self._tokenizers[tokenizer_name], cfg.reward_key, model=ctx.model)
         trace.timing.agent.start, trace.timing.agent.end = started, time.time()
         out = vf.Episode(env=vf.EnvInfo(id=self.config.env_id), task=trace.task)

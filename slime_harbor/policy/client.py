@@ -27,7 +27,13 @@ from slime_harbor.samples import top_p_offsets_ok
 
 
 class PolicyServerError(RuntimeError):
-    """The policy server is unreachable or answered something unusable (an infra failure)."""
+    """The policy server is unreachable or answered something unusable (an infra failure).
+
+    `status_code`: the HTTP status it answered with, None when it could not be reached at all."""
+
+    def __init__(self, message: str, status_code: int | None = None):
+        super().__init__(message)
+        self.status_code = status_code
 
 
 @dataclass
@@ -90,6 +96,8 @@ class Generation:
     """Top-p replay, flat: token i kept top_p_token_ids[offsets[i]:offsets[i + 1]]. None unless asked."""
     top_p_token_offsets: list[int] | None = None
     """len(token_ids) + 1 offsets into top_p_token_ids, from 0."""
+    weight_version: str | None = None
+    """The server's meta_info.weight_version (which weights sampled it); None when not reported."""
 
 
 API_KINDS = ("sglang", "openai")
@@ -138,6 +146,7 @@ class PolicyClient:
             text=reply.get("text", ""),
             finish_reason=finish_type,
             rid=rid,
+            weight_version=None if meta.get("weight_version") is None else str(meta["weight_version"]),
         )
         if params.return_top_p_token_ids and params.truncates and generation.token_ids:
             generation.top_p_token_ids, generation.top_p_token_offsets = self._top_p(meta, generation.token_ids)
@@ -215,7 +224,8 @@ class PolicyClient:
             except httpx.HTTPError as exc:
                 raise PolicyServerError(f"request to {url} failed: {type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
-            raise PolicyServerError(f"{url} answered HTTP {response.status_code}: {response.text[:500]}")
+            raise PolicyServerError(f"{url} answered HTTP {response.status_code}: {response.text[:500]}",
+                                    status_code=response.status_code)
         return response.json()
 
     async def aclose(self) -> None:

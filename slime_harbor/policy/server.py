@@ -158,7 +158,10 @@ class PolicyServer:
         if not isinstance(messages, list) or not messages:
             raise BadRequest("messages must be a non-empty list")
         tokenizer = self.engine.tokenizer
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        # Qwen3's template renders string content only: OpenAI text parts are joined first, as vLLM does.
+        messages = [flatten_text_parts(m) for m in messages]
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                               tools=body.get("tools") or None)
         prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
         context = self.engine.context_length
         if len(prompt_ids) >= context:
@@ -340,6 +343,16 @@ class PolicyServer:
         return JSONResponse(
             status_code=400, content={"error": {"message": str(error), "type": "BadRequestError", "code": 400}}
         )
+
+
+def flatten_text_parts(message: Any) -> Any:
+    """A message whose content is a list of OpenAI text parts, with that content as one string."""
+    if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+        return message
+    parts = message["content"]
+    if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in parts):
+        raise BadRequest("only text content parts are supported")
+    return {**message, "content": "".join(p["text"] for p in parts)}
 
 
 def sglang_sampling_params(raw: dict[str, Any]) -> SamplingParams:
@@ -534,8 +547,10 @@ def serve(
 def policy_endpoint(cfg):
     """Yield a RolloutConfig with policy_url/model_dir set: the given server, or an embedded one
     on loopback serving cfg.model_dir (default: the tiny offline model)."""
-    if cfg.agent not in ("native", "terminus-2") or cfg.policy_url:
-        if cfg.agent in ("native", "terminus-2") and not cfg.model_dir:
+    from slime_harbor.rollout import samples_policy
+
+    if not samples_policy(cfg.agent) or cfg.policy_url:
+        if samples_policy(cfg.agent) and not cfg.model_dir:
             raise SystemExit("--model (the policy's HF dir, for its tokenizer) is required with --policy-url")
         yield cfg
         return

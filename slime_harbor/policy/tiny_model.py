@@ -23,20 +23,110 @@ ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
+# Qwen3's added (non-special) tokens of its tool-call and reasoning format, in Qwen3's vocab order
+# (<tool_call> 151657 ... </think> 151668): single tokens, kept when decoding with
+# skip_special_tokens, so renderers' Qwen3Renderer and tool-call parsers work on this tokenizer.
+TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"
+TOOL_RESPONSE, TOOL_RESPONSE_END = "<tool_response>", "</tool_response>"
+THINK, THINK_END = "<think>", "</think>"
+FORMAT_TOKENS = [TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE, TOOL_RESPONSE_END, THINK, THINK_END]
 
-# ChatML, as Qwen3 renders it (without Qwen3's tool-call and <think> handling). A message's
-# content may be a string, None, or a list of OpenAI content parts ({"type": "text", "text": ...}).
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
-    "{%- if message['content'] is string %}{{- message['content'] }}"
-    "{%- elif message['content'] is not none %}{%- for part in message['content'] %}"
-    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}"
-    "{%- endfor %}{%- endif %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+# Qwen3's own chat template (as shipped in Qwen/Qwen3-* tokenizer_config.json): tools in the system
+# turn, <tool_call> JSON in assistant turns, tool results as <tool_response> in a user turn, <think>
+# blocks after the last user query, enable_thinking=False prefilling an empty think block.
+CHAT_TEMPLATE = QWEN3_CHAT_TEMPLATE = r'''{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}'''
+
+# Bump when the build changes in a way the fields of TinyModelConfig do not show (corpus, tokens,
+# template, init): cached models built by an older recipe are then rebuilt (ensure_tiny_model).
+RECIPE_VERSION = 2
 
 
 @dataclass
@@ -224,7 +314,7 @@ user assistant system tool thought analysis plan keystrokes duration
 def build_tokenizer(config: TinyModelConfig | None = None):
     """Train the byte-level BPE tokenizer and wrap it as a PreTrainedTokenizerFast."""
     config = config or TinyModelConfig()
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
@@ -242,8 +332,10 @@ def build_tokenizer(config: TinyModelConfig | None = None):
     lines += 2 * [" ".join(words) + "\n", " ".join(w.capitalize() for w in words) + "\n"]
     lines += 2 * [w + "\n" for w in words]
     tokenizer.train_from_iterator(lines, trainer=trainer)
-    # Added after training so they sit at the end of the vocab, as in Qwen.
+    # Added after training so they sit at the end of the vocab, as in Qwen: the special tokens,
+    # then the format tokens as plain added tokens (Qwen3 marks them special=False).
     tokenizer.add_special_tokens(SPECIAL_TOKENS)
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in FORMAT_TOKENS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token=IM_END,
@@ -299,8 +391,21 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, config: TinyModelConfig
         pad_token_id=model_config.pad_token_id,
     )
     model.save_pretrained(out)
-    (out / "tiny_model.json").write_text(json.dumps({"seed": seed, **asdict(config)}, indent=2) + "\n")
+    (out / "tiny_model.json").write_text(
+        json.dumps({"seed": seed, "recipe": recipe_hash(config), **asdict(config)}, indent=2) + "\n"
+    )
     return out
+
+
+def recipe_hash(config: TinyModelConfig | None = None) -> str:
+    """Fingerprint of everything a build depends on besides the seed (the shape, corpus, tokens,
+    template, recipe version): a cached model with another fingerprint is stale."""
+    import hashlib
+
+    recipe = json.dumps(
+        [RECIPE_VERSION, asdict(config or TinyModelConfig()), CORPUS, WORDS, SPECIAL_TOKENS, FORMAT_TOKENS, CHAT_TEMPLATE]
+    )
+    return hashlib.sha256(recipe.encode()).hexdigest()[:16]
 
 
 def cache_dir() -> Path:
@@ -309,9 +414,20 @@ def cache_dir() -> Path:
 
 
 def ensure_tiny_model(seed: int = 0) -> Path:
-    """The offline tiny model, built once per seed and reused."""
-    out = cache_dir() / f"tiny-model-seed{seed}"
-    if not (out / "config.json").exists():
+    """The offline tiny model, built once per seed and recipe and reused.
+
+    The directory is named for the recipe, so a model cached by an older recipe (another vocab or
+    chat template) is never picked up; tiny_model.json's recipe is checked too, and a half-written
+    build (no tiny_model.json, written last) is built again.
+    """
+    recipe = recipe_hash()
+    out = cache_dir() / f"tiny-model-seed{seed}-{recipe}"
+    stamp = out / "tiny_model.json"
+    try:
+        built = json.loads(stamp.read_text()).get("recipe")
+    except (OSError, ValueError):
+        built = None
+    if built != recipe:
         print(f"building the tiny offline policy model in {out}", file=sys.stderr)
         build_tiny_model(out, seed=seed)
     return out

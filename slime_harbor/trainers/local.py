@@ -65,7 +65,7 @@ from slime_harbor.filters import TrajectoryFilters, apply_limit_filters, drop_ze
 from slime_harbor.grpo import GRPOConfig, episode_advantages, grpo_loss, masked_mean
 from slime_harbor.calibrate import apply_manifest
 from slime_harbor.rollout import (DEFAULT_TASKS, RolloutConfig, check_config, check_environment_runs, discover_tasks,
-                                  run_rollouts)
+                                  run_rollouts, samples_policy)
 from slime_harbor.trainers.evaluate import eval_metrics
 from slime_harbor.samples import TrainingSample, read_jsonl
 
@@ -91,7 +91,8 @@ class LocalTrainConfig:
     task_manifest: Path | None = None
     """A `slime-harbor calibrate` manifest: the tasks it marks broken or flaky are not trained on."""
     agent: str = "native"
-    """native | terminus-2 (agents that sample from the policy being trained)."""
+    """native | terminus-2 | mini-swe-agent | another Harbor agent | module:Class: an agent that samples
+    from the policy being trained (all but native through the recording gateway)."""
     env: str = "local"
     """Where trials run: local (bubblewrap) | docker | <harbor env type> | module:Class."""
     n_samples: int = 4
@@ -115,6 +116,9 @@ class LocalTrainConfig:
     one; it must serve --model. After each optimizer step the weights are written under
     OUTPUT_DIR/weights and the server is told to load them (see --weight-sync): the server reads
     that path itself, so it must run on this host or see it on a shared filesystem."""
+    gateway_host: str = "127.0.0.1"
+    """Address the model gateway binds (agents other than native); a sandbox off this host needs
+    an address it can reach."""
     weight_sync: str = "auto"
     """With --policy-url: lora (/load_lora_adapter + /unload_lora_adapter) | disk
     (/update_weights_from_disk with the full, merged weights) | none (the server keeps its weights;
@@ -223,6 +227,7 @@ class LocalTrainConfig:
             policy_url=policy_url, model_dir=model_dir, env=self.env, concurrency=self.concurrency,
             out_dir=out_dir, temperature=self.temperature, step_limit=self.step_limit,
             max_new_tokens=self.max_new_tokens, reward_mapping=self.reward_mapping, progress=self.progress,
+            gateway_host=self.gateway_host,
         )
 
     def eval_rollout(self, policy_url: str, model_dir: str, out_dir: Path, lora_name: str | None = None) -> RolloutConfig:
@@ -930,8 +935,9 @@ def check_train_config(cfg: LocalTrainConfig) -> None:
             raise ConfigError(f"{name} must be >= 0, got {getattr(cfg, name)}")
     if not cfg.lr > 0:
         raise ConfigError(f"lr must be > 0, got {cfg.lr}")
-    if cfg.agent not in ("native", "terminus-2"):
-        raise ConfigError(f"agent {cfg.agent!r} does not sample from the policy; use native or terminus-2")
+    if not samples_policy(cfg.agent):
+        raise ConfigError(f"agent {cfg.agent!r} does not sample from the policy; use native, terminus-2, "
+                          "mini-swe-agent, another Harbor agent or module:Class")
     resolve_device(cfg.device)
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device cuda was asked for, but torch sees no CUDA device")

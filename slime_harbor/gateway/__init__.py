@@ -1,0 +1,17 @@
+"""A recording model gateway: any agent that speaks OpenAI Chat Completions, trained token-exact.
+
+    agent --OpenAI chat--> Gateway (server.py) --SGLang /generate, token ids--> policy
+                              |
+                              +-- GatewaySession (session.py): branches of exact tokens, calls.jsonl,
+                                  rollout_details() for the converter, an ATIF trajectory
+
+Whose parts: rendering messages to token ids, bridging to the next turn and parsing replies
+(<tool_call> JSON, <think> blocks) are PyPI `renderers` (PrimeIntellect), one renderer per model
+family; the upstream call is our PolicyClient (SGLang /generate, or vLLM-style /v1/completions);
+the session matching that keeps an append-only conversation ONE sample is ours.
+"""
+
+from slime_harbor.gateway.server import RENDERER_FAMILIES, Gateway, GatewayError
+from slime_harbor.gateway.session import GatewaySession
+
+__all__ = ["Gateway", "GatewayError", "GatewaySession", "RENDERER_FAMILIES"]

@@ -1,0 +1,390 @@
+"""The gateway's HTTP server: OpenAI Chat Completions in, SGLang `/generate` token ids out.
+
+Responsible for: the wire format (requests checked, replies and SSE streams built, OpenAI-style
+errors), sessions by URL path or API key, the run's sampling replacing the agent's, the context
+limit, and upstream faults. Not responsible for: which tokens a prompt is (session.py: branches
+and bridges) or how messages become tokens (PyPI `renderers`, one renderer per model family).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from slime_harbor.agent import turn_seed
+from slime_harbor.gateway.session import BadRequest, Call, GatewaySession, canonical, normalise_messages
+from slime_harbor.policy.client import PolicyClient, PolicyServerError, SamplingParams
+
+# config.json model_type -> the renderers config that speaks the family's chat format. Qwen2.5 and
+# Qwen3 (dense and MoE) share ChatML with Hermes-style <tool_call> JSON; Qwen3's renderer also
+# handles <think> blocks. thinking_retention="all": a bridge keeps every sampled reasoning token
+# (the Jinja template would drop reasoning of earlier turns, which is a re-render, i.e. drift).
+RENDERER_FAMILIES = {"qwen2": "qwen3", "qwen3": "qwen3", "qwen3_moe": "qwen3"}
+
+
+class GatewayError(ValueError):
+    """The gateway cannot serve this model (one line, at construction)."""
+
+
+class _Unavailable(Exception):
+    """The policy cannot answer (down, or the session is closing): the agent gets a 503."""
+
+
+def make_renderer(model_dir: str | Path, tokenizer):
+    """The renderer of the model's family, read from its config.json model_type."""
+    from renderers import create_renderer
+    from renderers.configs import Qwen3RendererConfig
+
+    config_path = Path(model_dir) / "config.json"
+    try:
+        model_type = json.loads(config_path.read_text()).get("model_type")
+    except (OSError, ValueError) as error:
+        raise GatewayError(f"cannot read the model's config.json at {config_path}: {error}") from error
+    family = RENDERER_FAMILIES.get(model_type)
+    if family is None:
+        raise GatewayError(
+            f"the gateway has no chat renderer/parser for model family {model_type!r} ({model_dir}); "
+            f"supported model_type values: {', '.join(sorted(RENDERER_FAMILIES))}"
+        )
+    try:
+        return create_renderer(tokenizer, Qwen3RendererConfig(thinking_retention="all"))
+    except AssertionError as error:  # renderers asserts the family's special tokens exist
+        raise GatewayError(f"{model_dir}: the tokenizer lacks the {family} chat format's tokens ({error})") from error
+
+
+class _InLoopServer:
+    """uvicorn serving in the caller's event loop, leaving the process's signals alone (Ctrl-C
+    belongs to the run, which closes the gateway itself)."""
+
+    def __init__(self, app, sock: socket.socket):
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self):
+                yield
+
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=2)
+        self.server = Server(config)
+        self.task = asyncio.get_running_loop().create_task(self.server.serve(sockets=[sock]))
+
+    async def started(self) -> None:
+        while not self.server.started:
+            if self.task.done():
+                await self.task
+                raise RuntimeError("the gateway's HTTP server did not start")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        await self.task
+
+
+class Gateway:
+    """A recording OpenAI-compatible gateway in front of an SGLang-protocol policy (see CONTRACT)."""
+
+    def __init__(self, upstream_url: str, model_dir: str | Path, host: str = "127.0.0.1", port: int = 0,
+                 served_model_name: str = "policy", upstream_api: str = "sglang", lora_name: str | None = None):
+        from transformers import AutoTokenizer
+
+        self.model_dir = str(model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.renderer = make_renderer(self.model_dir, self.tokenizer)
+        config = json.loads((Path(self.model_dir) / "config.json").read_text())
+        self.max_context_len = int(config.get("max_position_embeddings") or self.tokenizer.model_max_length)
+        self.served_model_name = served_model_name
+        self.upstream = PolicyClient(upstream_url, lora_path=lora_name, api=upstream_api, model=served_model_name)
+        self.host, self.port = host, port
+        self.sessions: dict[str, GatewaySession] = {}
+        self._server: _InLoopServer | None = None
+        self._socket: socket.socket | None = None
+        self.app = FastAPI(title="slime-harbor gateway", docs_url=None, redoc_url=None, openapi_url=None)
+        for prefix in ("/s/{session_id}/v1", "/v1"):
+            self.app.add_api_route(prefix + "/chat/completions", self.chat_completions, methods=["POST"])
+            self.app.add_api_route(prefix + "/models", self.models, methods=["GET"])
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        self._socket = sock
+        self._server = _InLoopServer(self.app, sock)
+        await self._server.started()
+
+    def open_session(self, session_id: str, record_dir: str | Path, sampling: SamplingParams | None = None,
+                     routing_key: str | None = None, sampling_seed: int | None = None,
+                     max_context_len: int | None = None) -> GatewaySession:
+        if session_id in self.sessions:
+            raise ValueError(f"gateway session {session_id!r} is already open")
+        session = GatewaySession(self, session_id, record_dir, sampling or SamplingParams(), routing_key,
+                                 sampling_seed, max_context_len or self.max_context_len)
+        self.sessions[session_id] = session
+        return session
+
+    async def close_session(self, session_id: str) -> GatewaySession:
+        """Abort the session's in-flight upstream calls, flush its files; it stays readable."""
+        session = self.sessions.pop(session_id)
+        session.closed = True
+        for rid, task in list(session.in_flight.items()):
+            await self.upstream.abort(rid)
+            task.cancel()
+        await session.flush()
+        return session
+
+    async def aclose(self) -> None:
+        for session_id in list(self.sessions):
+            await self.close_session(session_id)
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+        await self.upstream.aclose()
+
+    # ---- routes ---------------------------------------------------------------------------
+    async def models(self, request: Request, session_id: str | None = None) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.served_model_name, "object": "model", "created": 0, "owned_by": "slime-harbor",
+            "max_model_len": self.max_context_len}]})
+
+    async def chat_completions(self, request: Request, session_id: str | None = None):
+        try:
+            session = self._session(request, session_id)
+            try:
+                body = await request.json()
+            except ValueError as error:
+                raise BadRequest(f"the body is not JSON: {error}") from None
+            if not isinstance(body, dict):
+                raise BadRequest("the body must be a JSON object")
+            return await self._complete(request, session, body)
+        except BadRequest as error:
+            return _error(400, str(error), "invalid_request_error", error.param, error.code)
+        except LookupError as error:
+            return _error(404, str(error.args[0]), "not_found_error", None, "session_not_found")
+        except _Unavailable as error:
+            return _error(503, str(error), "service_unavailable", None, "policy_unavailable")
+
+    def _session(self, request: Request, session_id: str | None) -> GatewaySession:
+        if session_id is None:  # no session in the path: the API key names it
+            auth = request.headers.get("authorization", "")
+            session_id = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
+        session = self.sessions.get(session_id or "")
+        if session is None:
+            raise LookupError(f"no open gateway session {session_id!r}")
+        return session
+
+    async def _complete(self, request: Request, session: GatewaySession, body: dict[str, Any]):
+        stream = body.get("stream") or False
+        if not isinstance(stream, bool):
+            raise BadRequest("stream must be a boolean", param="stream")
+        if body.get("n") not in (None, 1):
+            raise BadRequest("only n=1 is supported", param="n")
+        messages = normalise_messages(body.get("messages"))
+        tools = body.get("tools") or None
+        if tools is not None and (not isinstance(tools, list) or not all(
+                isinstance(t, dict) and isinstance((t.get("function") or {}).get("name"), str) for t in tools)):
+            raise BadRequest("tools must be a list of {type: function, function: {name, ...}}", param="tools")
+        params = self._sampling(session, body)
+        if session.exit_reason == "policy_unavailable":  # the trial is aborted: fail fast
+            raise _Unavailable("the policy server is unavailable")
+        request_canon = tuple(canonical(m) for m in messages)
+        turn = session.resolve(messages, request_canon, tools)
+        prompt = turn.prompt_ids
+        room = session.max_context_len - len(prompt)
+        if room <= 0:
+            session.exit_reason = "context_limit"
+            session.count_error()
+            raise BadRequest(
+                f"This model's maximum context length is {session.max_context_len} tokens. However, your request "
+                f"has {len(prompt)} input tokens. Please reduce the length of the input messages.",
+                param="messages", code="context_length_exceeded")
+        call = Call(index=len(session.calls), branch=turn.branch.index, prompt_ids=prompt, request=request_canon,
+                    rid=f"{session.session_id}-{len(session.calls)}-{uuid.uuid4().hex[:8]}")
+        call.new_messages = turn.supersedes.new_messages if turn.supersedes else _new_messages(messages, turn)
+        session.calls.append(call)
+        seed = session.sampling_seed
+        params = dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, room),
+                                     sampling_seed=turn_seed(seed, call.index) if seed is not None else None)
+        model = body.get("model") if isinstance(body.get("model"), str) else self.served_model_name
+        if stream:
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if isinstance(
+                body.get("stream_options"), dict) else False
+            return StreamingResponse(self._stream(request, session, turn, call, params, tools, model, include_usage),
+                                     media_type="text/event-stream")
+        delivered = False
+        try:
+            await self._generate(request, session, call, params, tools)
+            if await request.is_disconnected():
+                raise _Unavailable("the client went away")
+            reply = _completion(call, model)
+            session.commit(turn, call, canonical(normalise_messages([call.message])[0]))
+            delivered = True
+            return JSONResponse(reply)
+        finally:
+            if not delivered:
+                call.delivered = False
+            session.finished(call)
+
+    def _sampling(self, session: GatewaySession, body: dict[str, Any]) -> SamplingParams:
+        """The run's sampling, with the request's max_tokens (capped) and stop strings added. The
+        request's temperature / top_p are ignored: the run's are what the policy is trained under."""
+        params = session.sampling
+        requested = body.get("max_completion_tokens", body.get("max_tokens"))
+        if requested is not None and (not isinstance(requested, int) or isinstance(requested, bool) or requested < 1):
+            raise BadRequest("max_tokens must be a positive integer", param="max_tokens")
+        stop = body.get("stop")
+        stop = [stop] if isinstance(stop, str) else (stop or [])
+        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+            raise BadRequest("stop must be a string or a list of strings", param="stop")
+        return dataclasses.replace(
+            params, max_new_tokens=min(params.max_new_tokens, requested or params.max_new_tokens),
+            stop=list(dict.fromkeys([*params.stop, *stop])),
+        )
+
+    async def _generate(self, request: Request, session: GatewaySession, call: Call, params: SamplingParams,
+                        tools: list | None) -> None:
+        """Sample the call upstream, watching the client: if it goes away, the upstream request is
+        aborted. Fills the call's completion and its OpenAI message."""
+        task = asyncio.get_running_loop().create_task(
+            self.upstream.generate(call.prompt_ids, params, rid=call.rid, routing_key=session.routing_key))
+        session.in_flight[call.rid] = task
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.2)
+                if done:
+                    break
+                if await request.is_disconnected():
+                    task.cancel()
+                    await self.upstream.abort(call.rid)
+                    call.error = "client disconnected"
+                    raise _Unavailable("the client went away")
+            generation = task.result()
+        except asyncio.CancelledError:
+            if not task.done():
+                task.cancel()
+                await self.upstream.abort(call.rid)
+            call.error = "cancelled"
+            if session.closed:
+                raise _Unavailable("the session is closed") from None
+            raise
+        except PolicyServerError as error:
+            session.count_error()
+            call.error = str(error)
+            if error.status_code is not None and error.status_code < 500:
+                raise BadRequest(f"the policy server refused the request: {error}") from None
+            session.exit_reason = "policy_unavailable"
+            raise _Unavailable(f"the policy server is unavailable: {error}") from None
+        finally:
+            session.in_flight.pop(call.rid, None)
+        call.latency_s = time.monotonic() - call.started
+        call.completion_ids, call.logprobs = generation.token_ids, generation.logprobs
+        call.finish_reason, call.weight_version = generation.finish_reason, generation.weight_version
+        call.top_p_token_ids, call.top_p_token_offsets = generation.top_p_token_ids, generation.top_p_token_offsets
+        if generation.finish_reason == "abort":
+            call.error = "aborted upstream"
+            raise _Unavailable("the policy server aborted the request" + (" (session closed)" if session.closed else ""))
+        call.message = self._message(call, params, tools)
+
+    def _message(self, call: Call, params: SamplingParams, tools: list | None) -> dict[str, Any]:
+        """The completion parsed by the family's renderer into an OpenAI assistant message."""
+        parsed = self.renderer.parse_response(call.completion_ids, tools=tools, prompt_ids=call.prompt_ids)
+        content = parsed.content
+        for stop in params.stop:  # OpenAI's reply leaves out the stop string (the tokens keep it)
+            if content.endswith(stop):
+                content = content[: -len(stop)]
+                break
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if parsed.reasoning_content:
+            message["reasoning_content"] = parsed.reasoning_content
+        ok = [c for c in parsed.tool_calls if c.status == "ok" and c.name]
+        if ok:
+            message["tool_calls"] = [
+                {"id": f"call_{call.index}_{k}", "type": "function",
+                 "function": {"name": c.name, "arguments": c.arguments if isinstance(c.arguments, str)
+                              else json.dumps(c.arguments if c.arguments is not None else {}, ensure_ascii=False)}}
+                for k, c in enumerate(ok)
+            ]
+            message["content"] = content or None  # OpenAI: null content beside tool calls
+        return message
+
+    async def _stream(self, request: Request, session: GatewaySession, turn, call: Call, params: SamplingParams,
+                      tools: list | None, model: str, include_usage: bool):
+        """SSE: the role chunk at once, then (once sampled) content / reasoning / tool-call deltas,
+        the finish chunk, usage if asked, [DONE]. The reply counts as delivered once [DONE] is sent."""
+        head = {"id": f"chatcmpl-{call.rid}", "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": model}
+
+        def chunk(delta: dict[str, Any], finish: str | None = None, **extra) -> str:
+            return "data: " + json.dumps({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                                                                "logprobs": None}], **extra}) + "\n\n"
+
+        delivered = False
+        try:
+            yield chunk({"role": "assistant", "content": ""})
+            try:
+                await self._generate(request, session, call, params, tools)
+            except (BadRequest, _Unavailable) as error:  # headers are sent: the error goes in the stream
+                yield "data: " + json.dumps({"error": {"message": str(error), "type": type(error).__name__,
+                                                       "param": None, "code": None}}) + "\n\n"
+                return
+            message = call.message
+            if message.get("reasoning_content"):
+                yield chunk({"reasoning_content": message["reasoning_content"]})
+            if message.get("content"):
+                yield chunk({"content": message["content"]})
+            for k, tool_call in enumerate(message.get("tool_calls") or []):
+                yield chunk({"tool_calls": [{"index": k, "id": tool_call["id"], "type": "function",
+                                             "function": {"name": tool_call["function"]["name"], "arguments": ""}}]})
+                yield chunk({"tool_calls": [{"index": k, "function": {"arguments": tool_call["function"]["arguments"]}}]})
+            yield chunk({}, _finish_reason(call))
+            if include_usage:
+                yield "data: " + json.dumps({**head, "choices": [], "usage": call.usage()}) + "\n\n"
+            yield "data: [DONE]\n\n"
+            session.commit(turn, call, canonical(normalise_messages([message])[0]))
+            delivered = True
+        finally:
+            if not delivered:
+                call.delivered = False
+            session.finished(call)
+
+
+def _finish_reason(call: Call) -> str:
+    if call.message and call.message.get("tool_calls"):
+        return "tool_calls"
+    return "length" if call.finish_reason == "length" else "stop"
+
+
+def _completion(call: Call, model: str) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{call.rid}", "object": "chat.completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "message": call.message, "finish_reason": _finish_reason(call), "logprobs": None}],
+        "usage": call.usage(),
+    }
+
+
+def _new_messages(messages: list[dict], turn) -> list[dict]:
+    """The messages this request adds to its branch (all of them on a new branch): the ATIF steps."""
+    known = len(turn.branch.canon) if turn.branch.calls else 0
+    return messages[known:] if known <= len(messages) else messages
+
+
+def _error(status: int, message: str, kind: str, param: str | None, code: str | None) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "param": param,
+                                                               "code": code}})

@@ -1,0 +1,405 @@
+"""One trial's conversation through the gateway: branches of exact tokens, the calls, the files.
+
+A branch is one token-exact sample in the making: the token ids sampled so far with the
+template tokens between them (prompt_0 + c_0 + bridge_1 + c_1 + ...), and the canonical form of the
+messages those tokens stand for. A request whose messages are a branch's messages plus new
+user / tool messages continues the branch: its prompt is the branch's tokens bridged to the next
+turn by the renderer (PyPI `renderers`' `bridge_to_next_turn`), never a re-render of the history,
+so the agent re-serialising what the gateway said cannot change a token. A request that edits the
+history (a compaction, a dropped turn) is rendered whole and starts a new branch: a new sample of
+the same episode.
+
+Canonical form (what "the same messages" means): assistant content whitespace-stripped, with any
+inline <think> block and the reasoning ignored; tool-call arguments compared as parsed JSON, their
+ids ignored; other messages compared exactly (OpenAI text parts joined).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from slime_harbor.policy.client import SamplingParams
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class BadRequest(ValueError):
+    """A request the gateway refuses with an OpenAI-style 400; `param` names the field at fault."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+def text_of(content: Any, where: str) -> str:
+    """A message's content as one string: a string, None, or a list of OpenAI text parts."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text") and isinstance(
+                part.get("text"), str
+            ):
+                texts.append(part["text"])
+            else:
+                raise BadRequest(f"{where}.content: only text parts are supported", param=f"{where}.content")
+        return "".join(texts)
+    raise BadRequest(f"{where}.content must be a string, null or a list of text parts", param=f"{where}.content")
+
+
+def normalise_messages(raw: Any) -> list[dict[str, Any]]:
+    """The request's messages, checked, in the shape the renderer takes (string content, a
+    developer message as system, tool-call arguments as given). 400 on anything malformed."""
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest("messages must be a non-empty list", param="messages")
+    messages = []
+    for i, message in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise BadRequest(f"{where} must be an object with a role in {list(ROLES)}", param=where)
+        role = "system" if message["role"] == "developer" else message["role"]
+        out: dict[str, Any] = {"role": role, "content": text_of(message.get("content"), where)}
+        if role == "assistant":
+            for key in ("reasoning_content", "reasoning"):
+                if isinstance(message.get(key), str):
+                    out["reasoning_content"] = message[key]
+            calls = message.get("tool_calls") or []
+            if not isinstance(calls, list):
+                raise BadRequest(f"{where}.tool_calls must be a list", param=f"{where}.tool_calls")
+            if calls:
+                out["tool_calls"] = []
+            for k, call in enumerate(calls):
+                function = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not isinstance(
+                    function.get("arguments", "{}"), (str, dict)
+                ):
+                    raise BadRequest(f"{where}.tool_calls[{k}] must have function.name and function.arguments",
+                                     param=f"{where}.tool_calls")
+                out["tool_calls"].append({"id": call.get("id"), "type": "function",
+                                          "function": {"name": function["name"], "arguments": function.get("arguments", "{}")}})
+        if role == "tool":
+            out["tool_call_id"] = message.get("tool_call_id")
+        messages.append(out)
+    return messages
+
+
+def _canonical_arguments(arguments: str | dict) -> str:
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return arguments.strip()
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def canonical(message: dict[str, Any]) -> tuple:
+    """What identifies a (normalised) message when the agent sends it back."""
+    if message["role"] != "assistant":
+        return (message["role"], message["content"])
+    content = message["content"]
+    if "</think>" in content:  # reasoning some clients keep inline; reasoning is not compared
+        content = content.split("</think>", 1)[1]
+    calls = tuple(
+        (c["function"]["name"], _canonical_arguments(c["function"]["arguments"])) for c in message.get("tool_calls") or []
+    )
+    return ("assistant", content.strip(), calls)
+
+
+def tools_key(tools: list | None) -> str:
+    return json.dumps(tools or [], sort_keys=True)
+
+
+@dataclass
+class Call:
+    """One upstream call: what was sent, what came back, and what became of the reply."""
+
+    index: int
+    branch: int
+    prompt_ids: list[int]
+    request: tuple  # canonical messages of the request
+    rid: str
+    started: float = field(default_factory=time.monotonic)
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    weight_version: str | None = None
+    top_p_token_ids: list[int] | None = None
+    top_p_token_offsets: list[int] | None = None
+    latency_s: float | None = None
+    delivered: bool = False
+    trained: bool = False
+    superseded_by: int | None = None
+    error: str | None = None
+    message: dict[str, Any] | None = None  # the OpenAI assistant message delivered
+    new_messages: list[dict[str, Any]] = field(default_factory=list)  # what this request added (ATIF)
+
+    def usage(self) -> dict[str, int]:
+        n_prompt, n_out = len(self.prompt_ids), len(self.completion_ids)
+        return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+
+    def record(self, session_id: str) -> dict[str, Any]:
+        return {
+            "session": session_id, "call": self.index, "branch": self.branch, "rid": self.rid,
+            "prompt_ids": self.prompt_ids, "completion_ids": self.completion_ids, "logprobs": self.logprobs,
+            "finish_reason": self.finish_reason, "weight_version": self.weight_version,
+            "top_p_token_ids": self.top_p_token_ids, "top_p_token_offsets": self.top_p_token_offsets,
+            "latency_s": self.latency_s, "delivered": self.delivered, "trained": self.trained,
+            "error": self.error, "usage": self.usage(),
+        }
+
+
+@dataclass
+class Branch:
+    """Token-exact history: `calls` are its trained calls, each prompt extending the previous
+    prompt + completion. With no call yet, `first_prompt` is what its first call samples from."""
+
+    index: int
+    tools: str
+    canon: tuple  # canonical messages the tokens stand for (ending with the gateway's last reply)
+    first_prompt: list[int]
+    calls: list[Call] = field(default_factory=list)
+    version: int = 0  # bumped by every commit: a call started on an older version forks instead
+
+
+@dataclass
+class Turn:
+    """Where one request's prompt comes from (GatewaySession.resolve)."""
+
+    branch: Branch
+    prompt_ids: list[int]
+    version: int
+    supersedes: Call | None = None  # an identical retry of the branch's last call
+
+
+class GatewaySession:
+    """One trial's session. Built by Gateway.open_session; read after Gateway.close_session."""
+
+    def __init__(self, gateway, session_id: str, record_dir: Path | str, sampling: SamplingParams,
+                 routing_key: str | None, sampling_seed: int | None, max_context_len: int):
+        self.gateway = gateway
+        self.session_id = session_id
+        self.record_dir = Path(record_dir)
+        self.sampling = sampling
+        self.routing_key = routing_key
+        self.sampling_seed = sampling_seed
+        self.max_context_len = max_context_len
+        self.exit_reason: str | None = None
+        self.calls: list[Call] = []
+        self.branches: list[Branch] = []
+        self.closed = False
+        self.in_flight: dict[str, asyncio.Task] = {}  # rid -> the task awaiting the upstream
+        self._errors = 0
+        self._pending_lines: list[Call | dict] = []
+        self._writer: asyncio.Task | None = None
+        self._file_lock = threading.Lock()
+
+    def openai_base_url(self, host: str | None = None) -> str:
+        return f"http://{host or self.gateway.host}:{self.gateway.port}/s/{self.session_id}/v1"
+
+    # ---- branches -------------------------------------------------------------------------
+    def resolve(self, messages: list[dict], request: tuple, tools: list | None) -> Turn:
+        """The prompt of a request: an identical retry, a continuation (bridged), or a new branch."""
+        key = tools_key(tools)
+        for branch in reversed(self.branches):
+            if branch.tools != key:
+                continue
+            if not branch.calls and branch.canon == request:  # its first call was never delivered
+                return Turn(branch, branch.first_prompt, branch.version)
+            for position, call in enumerate(branch.calls):
+                if call.request != request:
+                    continue
+                if position == len(branch.calls) - 1:
+                    return Turn(branch, call.prompt_ids, branch.version, supersedes=call)
+                # A retry of an older call after later ones: a fork from that call's exact prompt.
+                return self._new_branch(key, request, call.prompt_ids)
+        candidates = [b for b in self.branches if b.tools == key and b.calls and len(b.canon) < len(request)
+                      and request[: len(b.canon)] == b.canon]
+        if candidates:
+            branch = max(candidates, key=lambda b: len(b.canon))
+            last = branch.calls[-1]
+            bridged = self.gateway.renderer.bridge_to_next_turn(
+                last.prompt_ids, last.completion_ids, messages[len(branch.canon):], tools=tools
+            )
+            so_far = len(last.prompt_ids) + len(last.completion_ids)
+            # The bridge may close a truncated turn (a synthesised <|im_end|>, a </think>): those
+            # tokens follow the completion like any template token. Anything else is no extension.
+            if bridged is not None and bridged.token_ids[: len(last.prompt_ids)] == last.prompt_ids and \
+                    bridged.token_ids[len(last.prompt_ids):so_far] == last.completion_ids:
+                return Turn(branch, bridged.token_ids, branch.version)
+        prompt = self.gateway.renderer.render_ids(messages, tools=tools, add_generation_prompt=True)
+        return self._new_branch(key, request, prompt)
+
+    def _new_branch(self, key: str, request: tuple, prompt: list[int]) -> Turn:
+        branch = Branch(index=len(self.branches), tools=key, canon=request, first_prompt=list(prompt))
+        self.branches.append(branch)
+        return Turn(branch, branch.first_prompt, branch.version)
+
+    def commit(self, turn: Turn, call: Call, reply: tuple) -> None:
+        """A delivered reply joins its branch (and is trained): the branch now stands for the
+        request's messages + this reply."""
+        branch = turn.branch
+        if branch.version != turn.version:
+            # Another call of the same state committed meanwhile (the agent sampled in parallel):
+            # this one is a sample of its own, from its exact prompt.
+            branch = self._new_branch(branch.tools, call.request, call.prompt_ids).branch
+        elif turn.supersedes is not None:
+            old = branch.calls.pop()
+            old.trained, old.superseded_by = False, call.index
+            self._queue({"event": "superseded", "session": self.session_id, "call": old.index, "by": call.index})
+        call.branch, call.delivered, call.trained = branch.index, True, True
+        branch.calls.append(call)
+        branch.canon = call.request + (reply,)
+        branch.version += 1
+        if self.exit_reason == "context_limit":  # the agent made room (compacted) and went on
+            self.exit_reason = None
+
+    # ---- what the converter reads ---------------------------------------------------------
+    def rollout_details(self) -> list[dict[str, Any]]:
+        """One Harbor RolloutDetail-shaped dict per branch with trained calls, in branch order."""
+        details = []
+        for branch in self.branches:
+            if not branch.calls:
+                continue
+            calls = branch.calls
+            extra: dict[str, Any] = {
+                "finish_reason": [c.finish_reason for c in calls],
+                "weight_version": [c.weight_version for c in calls],
+                "branch": branch.index,
+                "call_index": [c.index for c in calls],
+            }
+            if self.sampling.return_top_p_token_ids:
+                extra["top_p_token_ids"] = [c.top_p_token_ids for c in calls]
+                extra["top_p_token_offsets"] = [c.top_p_token_offsets for c in calls]
+            details.append({
+                "prompt_token_ids": [c.prompt_ids for c in calls],
+                "completion_token_ids": [c.completion_ids for c in calls],
+                "logprobs": [c.logprobs for c in calls],
+                "extra": extra,
+            })
+        return details
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return {
+            "calls": len(self.calls),
+            "delivered": sum(c.delivered for c in self.calls),
+            "trained": sum(c.trained for c in self.calls),
+            "superseded_retries": sum(c.superseded_by is not None for c in self.calls),
+            "undelivered": sum(not c.delivered for c in self.calls),
+            "branches": sum(bool(b.calls) for b in self.branches),
+            "errors": self._errors,
+        }
+
+    def count_error(self) -> None:
+        self._errors += 1
+
+    # ---- files ----------------------------------------------------------------------------
+    def finished(self, call: Call) -> None:
+        """A call is over (delivered or not): its line goes to calls.jsonl, off the event loop."""
+        self._queue(call)
+
+    def _queue(self, item: Call | dict) -> None:
+        self._pending_lines.append(item)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(asyncio.to_thread(self._drain))
+
+    def _drain(self) -> None:
+        with self._file_lock:
+            if not self._pending_lines:
+                return
+            lines, self._pending_lines = self._pending_lines, []
+            self.record_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.record_dir / "calls.jsonl", "a") as f:
+                for item in lines:
+                    f.write(json.dumps(item.record(self.session_id) if isinstance(item, Call) else item) + "\n")
+
+    async def flush(self) -> None:
+        """Write every pending line, the session summary, and the ATIF trajectory if the agent
+        wrote none."""
+        if self._writer is not None:
+            await self._writer
+        await asyncio.to_thread(self._write_files)
+
+    def _write_files(self) -> None:
+        self._drain()
+        self.record_dir.mkdir(parents=True, exist_ok=True)
+        summary = {
+            "session": self.session_id, "exit_reason": self.exit_reason, "stats": self.stats,
+            "calls": [{"call": c.index, "branch": c.branch, "delivered": c.delivered, "trained": c.trained,
+                       "superseded_by": c.superseded_by} for c in self.calls],
+        }
+        (self.record_dir / "session.json").write_text(json.dumps(summary, indent=1) + "\n")
+        trajectory = self.record_dir.parent / "trajectory.json"
+        if self.calls and not trajectory.exists():
+            trajectory.write_text(json.dumps(self.trajectory(), indent=1))
+
+    def trajectory(self) -> dict[str, Any]:
+        """The delivered turns as an ATIF-v1.8 trajectory (what `slime-harbor view` shows)."""
+        steps: list[dict[str, Any]] = []
+        now = datetime.now(timezone.utc).isoformat()
+
+        def add(source: str, message: str, **fields) -> dict[str, Any]:
+            steps.append({"step_id": len(steps) + 1, "timestamp": now, "source": source, "message": message, **fields})
+            return steps[-1]
+
+        last_agent: dict[str, Any] | None = None
+        delivered = [c for c in self.calls if c.delivered]
+        for call in delivered:
+            for message in call.new_messages:
+                if message["role"] == "tool" and last_agent is not None:
+                    results = last_agent.setdefault("observation", {"results": []})["results"]
+                    result = {"content": message["content"]}
+                    if message.get("tool_call_id"):
+                        result["source_call_id"] = message["tool_call_id"]
+                    results.append(result)
+                elif message["role"] in ("system", "user"):
+                    add(message["role"], message["content"])
+            reply = call.message or {}
+            fields: dict[str, Any] = {
+                "model_name": self.gateway.served_model_name,
+                "metrics": {"prompt_tokens": len(call.prompt_ids), "completion_tokens": len(call.completion_ids),
+                            "completion_token_ids": call.completion_ids, "logprobs": call.logprobs,
+                            "extra": {"branch": call.branch, "trained": call.trained,
+                                      "weight_version": call.weight_version}},
+            }
+            if reply.get("reasoning_content"):
+                fields["reasoning_content"] = reply["reasoning_content"]
+            if reply.get("tool_calls"):
+                fields["tool_calls"] = [
+                    {"tool_call_id": tc["id"], "function_name": tc["function"]["name"],
+                     "arguments": _arguments_dict(tc["function"]["arguments"])}
+                    for tc in reply["tool_calls"]
+                ]
+            last_agent = add("agent", reply.get("content") or "", **fields)
+        return {
+            "schema_version": "ATIF-v1.8",
+            "session_id": self.session_id,
+            "agent": {"name": "slime-harbor-gateway", "version": "0.1.0", "model_name": self.gateway.served_model_name},
+            "steps": steps,
+            "final_metrics": {
+                "total_prompt_tokens": sum(len(c.prompt_ids) for c in delivered),
+                "total_completion_tokens": sum(len(c.completion_ids) for c in delivered),
+                "total_steps": len(steps),
+            },
+            "extra": {"exit_reason": self.exit_reason, "gateway": self.stats},
+        }
+
+
+def _arguments_dict(arguments: str | dict) -> dict[str, Any]:
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {"raw": arguments}
+    return value if isinstance(value, dict) else {"value": value}

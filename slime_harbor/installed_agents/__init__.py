@@ -1,0 +1,93 @@
+"""Harbor's installed agents (they run inside the sandbox) with installs that need only the
+package registries (PyPI, Debian, npm).
+
+    mini_swe_agent.py   MiniSweAgent: Harbor's mini-swe-agent, installed from PyPI into its own
+                        venv under /opt/slime-harbor (Harbor's install fetches uv from astral.sh
+                        and a Python build from GitHub)
+
+Why the sandbox installs them, not the agent's ``setup()``: Harbor sets an agent up after its
+environment started, and a no-network task's sandbox cannot reach a registry then. So the
+environment installs the agent before the trial starts, once per base image (Docker) or once per
+host (bubblewrap), and every trial reuses it:
+
+- ``DockerEnvironment`` builds a derived image ``FROM`` the task's image (one ``RUN`` of
+  :meth:`SandboxInstall.docker_script`, with the host network, at image build time), tagged by the
+  base image's id and the script, and starts the trial's container from it.
+- ``BubblewrapEnvironment`` builds :meth:`SandboxInstall.host_dir` on the host once (cached under
+  ``slime_harbor.policy.tiny_model.cache_dir()``) and binds it read-only at ``sandbox_dir``.
+
+The coupling is one environment kwarg, ``agent_installs`` (``--ek agent_installs=mini-swe-agent``;
+a name below or ``module:attr`` of a :class:`SandboxInstall`), which :func:`environment_kwargs`
+derives from an agent config. The agent checks in ``setup()`` that its install is there and says
+how to get it when it is not.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+SANDBOX_INSTALLS = {"mini-swe-agent": "slime_harbor.installed_agents.mini_swe_agent:SANDBOX_INSTALL"}
+"""Installs by name: what ``agent_installs`` may name besides a ``module:attr`` path."""
+
+ENVIRONMENT_KWARG = "agent_installs"
+
+
+class SandboxInstall(ABC):
+    """Something an agent needs inside the sandbox, installed from the registries only and kept
+    in ``sandbox_dir`` (away from the task's own Python and packages)."""
+
+    name: str
+    """Short name, used in image tags and cache dir names."""
+    sandbox_dir: str
+    """Where it lives inside the sandbox."""
+
+    @abstractmethod
+    def docker_script(self) -> str:
+        """POSIX shell run as root in a ``RUN`` step ``FROM`` the task's image, with the host's
+        network: installs into ``sandbox_dir``."""
+
+    @abstractmethod
+    def host_dir(self) -> Path:
+        """A host directory bound read-only at ``sandbox_dir`` in a bubblewrap sandbox (which shares
+        the host's /usr): built on first use, reused after. Blocking; safe across processes."""
+
+    def check_host(self) -> None:
+        """Raise RuntimeError (one line) when this host cannot build :meth:`host_dir`, so a run
+        says so before its first trial."""
+
+
+def resolve_installs(spec: str | list[str] | tuple[str, ...] | None) -> list[SandboxInstall]:
+    """The installs an ``agent_installs`` kwarg names: a name, ``module:attr``, a comma-separated
+    string of those, or a list. Raises ValueError with one line for an unknown one."""
+    if not spec:
+        return []
+    names = [n.strip() for n in spec.split(",")] if isinstance(spec, str) else list(spec)
+    installs = []
+    for name in filter(None, names):
+        path = SANDBOX_INSTALLS.get(name, name)
+        if ":" not in path:
+            raise ValueError(f"unknown agent install {name!r}: use one of {sorted(SANDBOX_INSTALLS)} or module:attr")
+        module, _, attr = path.partition(":")
+        try:
+            install = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"agent install {name!r} cannot be imported: {exc}") from None
+        if not isinstance(install, SandboxInstall):
+            raise ValueError(f"agent install {name!r} is not a SandboxInstall")
+        installs.append(install)
+    return installs
+
+
+def environment_kwargs(agent_config) -> dict[str, list[str]]:
+    """The environment kwargs a trial of this agent needs (``{}`` for agents without installs): a
+    Harbor ``AgentConfig`` whose class has a ``SANDBOX_INSTALLS`` attribute (a list of names)."""
+    from harbor.agents.factory import AgentFactory
+
+    try:
+        agent_class = AgentFactory.get_agent_class_from_config(agent_config)
+    except Exception:  # unknown agents are reported by the agent check, not here
+        return {}
+    installs = list(getattr(agent_class, "SANDBOX_INSTALLS", ()))
+    return {ENVIRONMENT_KWARG: installs} if installs else {}

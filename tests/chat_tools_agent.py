@@ -1,0 +1,72 @@
+"""A host-side Harbor agent of a user's own (`--agent chat_tools_agent:ChatToolsAgent`), for the
+gateway tests: it speaks OpenAI chat completions with a `bash` tool through the openai SDK to the
+`api_base` it is given, runs the tool calls it gets in the trial's sandbox, and sends the results
+back as tool messages. A reply without a tool call is answered with a short user nudge, so every
+episode runs `max_turns` model calls over an append-only conversation (one token-exact sample)."""
+
+from __future__ import annotations
+
+import json
+
+from harbor.agents.base import BaseAgent
+from harbor.environments.base import BaseEnvironment
+from harbor.models.agent.context import AgentContext
+
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a shell command in the task's sandbox and return its output.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    },
+}
+
+
+class ChatToolsAgent(BaseAgent):
+    def __init__(self, logs_dir, model_name: str | None = None, api_base: str | None = None, max_turns: int = 3,
+                 **kwargs):
+        super().__init__(logs_dir, model_name=model_name, **kwargs)
+        if not api_base:
+            raise ValueError("ChatToolsAgent needs api_base (the gateway session's OpenAI base URL)")
+        self.api_base = api_base
+        self.max_turns = max_turns
+
+    @staticmethod
+    def name() -> str:
+        return "chat-tools-test-agent"
+
+    def version(self) -> str | None:
+        return "0"
+
+    async def setup(self, environment: BaseEnvironment) -> None:
+        pass
+
+    async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
+        from openai import AsyncOpenAI
+
+        client = AsyncOpenAI(base_url=self.api_base, api_key="any", max_retries=0, timeout=120)
+        messages = [{"role": "system", "content": "Solve the task with the bash tool."},
+                    {"role": "user", "content": instruction}]
+        turns = 0
+        try:
+            for _ in range(self.max_turns):
+                reply = await client.chat.completions.create(model=self.model_name or "policy", messages=messages,
+                                                             tools=[BASH_TOOL], max_tokens=64)
+                turns += 1
+                message = reply.choices[0].message
+                calls = message.tool_calls or []
+                messages.append({"role": "assistant", "content": message.content or "",
+                                 **({"tool_calls": [c.model_dump() for c in calls]} if calls else {})})
+                if not calls:
+                    messages.append({"role": "user", "content": "Use the bash tool."})
+                for call in calls:
+                    try:
+                        command = json.loads(call.function.arguments).get("command", "")
+                    except (json.JSONDecodeError, AttributeError):
+                        command = ""
+                    result = await environment.exec(command or "true", timeout_sec=30)
+                    messages.append({"role": "tool", "tool_call_id": call.id,
+                                     "content": (result.stdout or "") + (result.stderr or "")})
+        finally:
+            await client.close()
+            context.metadata = {"turns": turns, "exit_status": "step_limit" if turns == self.max_turns else None}

@@ -1,0 +1,205 @@
+"""Every agent but native / oracle / nop samples through the recording gateway: what each kind of
+agent is handed (rollout.agent_config), and real rollouts through it: terminus-2 behind the real
+sglang-router, a `module:Class` agent of our own that speaks chat completions with tools through the
+openai SDK, and the gateway closed with its port free after the run (also after a cancellation).
+"Trains" is checked as the issue states it: samples kept, and their rollout_log_probs equal to a
+recomputation by the model on the sample's own tokens (fp32 mean abs diff < 1e-4)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+from conftest import needs_gateway
+
+from slime_harbor.converter import classify
+from slime_harbor.rollout import (ModelEndpoint, RolloutConfig, agent_config, environment_config, is_installed_agent,
+                                  run_rollouts, samples_policy, uses_gateway)
+from slime_harbor.samples import SampleStatus, read_jsonl
+from test_rollout_e2e import (  # noqa: F401 (fixtures: the tiny model SFT'd to answer in each agent's format)
+    check_sample_against_model, config, hf_model, leftovers, responsive_model_dir,
+)
+
+CHAT_TOOLS_AGENT = "chat_tools_agent:ChatToolsAgent"  # tests/chat_tools_agent.py, importable from tests/
+ENDPOINT = ModelEndpoint(host_url="http://127.0.0.1:4321/s/trial-1/v1",
+                         sandbox_url="http://127.0.0.1:4321/s/trial-1/v1", api_key="trial-1")
+
+
+# ---- what each agent is handed ------------------------------------------------------------------
+
+def test_which_agents_go_through_the_gateway():
+    assert [uses_gateway(a) for a in ("native", "slime_harbor.agent:NativeAgent", "oracle", "nop")] == [False] * 4
+    assert all(uses_gateway(a) for a in ("terminus-2", "mini-swe-agent", "claude-code", CHAT_TOOLS_AGENT))
+    assert not samples_policy("oracle") and samples_policy("native") and samples_policy(CHAT_TOOLS_AGENT)
+
+
+def test_host_side_agents_get_api_base_and_a_hosted_vllm_model_name():
+    cfg = RolloutConfig(agent="terminus-2", model_name="policy", step_limit=7, max_new_tokens=33, max_context_len=900,
+                        agent_kwargs={"model_info": {"max_output_tokens": 40}})
+    term = agent_config(cfg, ENDPOINT)
+    assert not is_installed_agent(term)
+    assert term.name == "terminus-2" and term.model_name == "hosted_vllm/policy"
+    kwargs = term.kwargs
+    assert kwargs["api_base"] == ENDPOINT.host_url and kwargs["api_base"].endswith("/v1")
+    assert kwargs["max_turns"] == 7 and kwargs["enable_summarize"] is False and kwargs["llm_call_kwargs"] == {"max_tokens": 33}
+    # agent_kwargs merge key by key into the dict-valued defaults
+    assert kwargs["model_info"]["max_input_tokens"] == 900 and kwargs["model_info"]["max_output_tokens"] == 40
+    assert term.env["HOSTED_VLLM_API_KEY"] == "trial-1"
+
+    own = agent_config(RolloutConfig(agent=CHAT_TOOLS_AGENT, agent_kwargs={"max_turns": 2}), ENDPOINT)
+    assert not is_installed_agent(own) and own.import_path == CHAT_TOOLS_AGENT
+    assert own.kwargs == {"api_base": ENDPOINT.host_url, "max_turns": 2} and own.model_name == "hosted_vllm/policy"
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex", "aider"])
+def test_installed_agents_get_the_endpoint_variables_of_their_session(agent):
+    installed = agent_config(RolloutConfig(agent=agent, model_name="policy"), ENDPOINT)
+    assert is_installed_agent(installed) and installed.model_name == "hosted_vllm/policy"
+    env = installed.env
+    for key in ("OPENAI_BASE_URL", "OPENAI_API_BASE", "HOSTED_VLLM_API_BASE"):
+        assert env[key] == ENDPOINT.sandbox_url
+    for key in ("OPENAI_API_KEY", "MSWEA_API_KEY", "HOSTED_VLLM_API_KEY"):
+        assert env[key] == "trial-1"
+    assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:4321/s/trial-1" and env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+    assert "api_base" not in installed.kwargs
+
+
+def test_endpoint_of_a_gateway_bound_to_every_address_is_reached_on_loopback():
+    class Bound:
+        host, port = "0.0.0.0", 5555
+
+    endpoint = ModelEndpoint.of(Bound(), "t__g0_1__abc")
+    assert endpoint.host_url == endpoint.sandbox_url == "http://127.0.0.1:5555/s/t__g0_1__abc/v1"
+
+
+def test_our_sandboxes_are_told_the_gateway_port():
+    assert environment_config("local", 4321).kwargs == {"gateway_port": 4321}
+    assert environment_config("docker", 4321).kwargs == {"gateway_port": 4321}
+    assert environment_config("docker").kwargs == {} and environment_config("harbor-docker", 4321).kwargs == {}
+
+
+def _terminus_result(n_episodes: int, max_turns: int = 2, rewards=None):
+    from harbor.models.agent.context import AgentContext
+    from harbor.models.trial.config import AgentConfig, TaskConfig, TrialConfig
+    from harbor.models.trial.result import AgentInfo, TrialResult
+    from harbor.models.verifier.result import VerifierResult
+
+    return TrialResult(
+        task_name="t", trial_name="t__1", trial_uri="file:///tmp/trials/t__1", task_id={"path": "/tmp/t"},
+        task_checksum="x", started_at=datetime.now(timezone.utc),
+        config=TrialConfig(task=TaskConfig(path="/tmp/t"), agent=AgentConfig(name="terminus-2", kwargs={"max_turns": max_turns})),
+        agent_info=AgentInfo(name="terminus-2", version="0"),
+        agent_result=AgentContext(metadata={"n_episodes": n_episodes, "summarization_count": 0}),
+        verifier_result=VerifierResult(rewards=rewards if rewards is not None else {"reward": 0.0}),
+    )
+
+
+def test_terminus2_reaching_max_turns_is_truncated_and_scored():
+    """terminus-2 reports no exit status: its loop just ends at max_turns. Verified and scored."""
+    assert classify(_terminus_result(n_episodes=2)) == (SampleStatus.TRUNCATED, 0.0, "step_limit")
+    assert classify(_terminus_result(n_episodes=1, rewards={"reward": 1.0}))[:2] == (SampleStatus.COMPLETED, 1.0)
+
+
+# ---- real rollouts through the gateway ------------------------------------------------------------
+
+def session_ports(out: Path) -> set[int]:
+    """The gateway ports the run's trials were handed (their Harbor config.json: api_base / env)."""
+    ports = set()
+    for trial in (out / "trials").iterdir():
+        if not (trial / "config.json").is_file():
+            continue
+        agent = json.loads((trial / "config.json").read_text())["agent"]
+        url = (agent.get("kwargs") or {}).get("api_base") or (agent.get("env") or {}).get("OPENAI_BASE_URL")
+        ports.add(urlparse(url).port)
+    return ports
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def sampled_turns(sample) -> int:
+    """How many sampled stretches (runs of loss mask 1) the sample holds: one per model call."""
+    return sum(1 for i, m in enumerate(sample.loss_mask) if m == 1 and (i == 0 or sample.loss_mask[i - 1] == 0))
+
+
+def check_trains(samples, model, temperature=1.0) -> list:
+    trained = [s for s in samples if not s.remove_sample]
+    assert trained, [s.metadata.get("status_reason") for s in samples]
+    diffs = [check_sample_against_model(s, model, temperature) for s in trained]
+    assert sum(diffs) / len(diffs) < 1e-4, diffs
+    return trained
+
+
+@needs_gateway
+@pytest.mark.slow
+def test_terminus2_trains_through_the_gateway_behind_the_real_sglang_router(tmp_path, responsive_model_dir, hf_model):
+    """sglang-router strips chat replies' token-id fields; the gateway calls /generate through it itself."""
+    from conftest import sglang_router
+
+    from slime_harbor.policy.server import EmbeddedPolicyServer
+
+    with EmbeddedPolicyServer(responsive_model_dir) as server, sglang_router([server.url]) as router:
+        cfg = config(tmp_path, router, responsive_model_dir, agent="terminus-2", n_samples=2, step_limit=2,
+                     max_new_tokens=96)
+        summary = asyncio.run(run_rollouts(cfg))
+    samples = read_jsonl(cfg.out_dir / "samples.jsonl")
+    assert summary["status_counts"]["aborted"] == 0 and summary["status_counts"]["failed"] == 0, summary["errors"]
+    trained = check_trains(samples, hf_model)
+    for s in trained:
+        assert s.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED) and s.reward is not None
+        assert (Path(s.metadata["trial_dir"]) / "agent" / "gateway" / "calls.jsonl").is_file()
+    # terminus-2 only appends to its history: each episode is one token-exact sample
+    assert len(trained) == len({s.rollout_id for s in trained}) == 2
+    (port,) = session_ports(cfg.out_dir)
+    assert port_is_free(port)
+    assert leftovers(cfg.out_dir) == ([], [])
+
+
+@needs_gateway
+def test_a_module_class_agent_with_tools_trains_through_the_gateway(tmp_path, policy_server, tiny_model_dir, model):
+    """Our own host-side agent (openai SDK, chat completions with a bash tool): three calls over an
+    append-only history, so one sample per episode holding all three sampled replies."""
+    cfg = config(tmp_path, policy_server, tiny_model_dir, agent=CHAT_TOOLS_AGENT, n_samples=2,
+                 agent_kwargs={"max_turns": 3}, max_new_tokens=48)
+    summary = asyncio.run(run_rollouts(cfg))
+    samples = read_jsonl(cfg.out_dir / "samples.jsonl")
+    assert summary["status_counts"]["aborted"] == 0 and summary["status_counts"]["failed"] == 0, summary["errors"]
+    trained = check_trains(samples, model)
+    assert len(trained) == 2 and all(sampled_turns(s) == 3 for s in trained)
+    assert all(s.status == SampleStatus.TRUNCATED for s in trained)  # the agent's own turn limit: scored
+    (port,) = session_ports(cfg.out_dir)
+    assert port_is_free(port) and leftovers(cfg.out_dir) == ([], [])
+
+
+@needs_gateway
+def test_a_cancelled_rollout_closes_the_gateway_and_frees_its_port(tmp_path, policy_server, tiny_model_dir):
+    cfg = config(tmp_path, policy_server, tiny_model_dir, agent=CHAT_TOOLS_AGENT, n_samples=2,
+                 agent_kwargs={"max_turns": 200}, max_new_tokens=48)
+
+    async def cancel_after(seconds: float) -> None:
+        run = asyncio.ensure_future(run_rollouts(cfg))
+        await asyncio.sleep(seconds)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+
+    asyncio.run(cancel_after(10.0))
+    summary = json.loads((cfg.out_dir / "summary.json").read_text())
+    assert summary["interrupted"] is True
+    (port,) = session_ports(cfg.out_dir)
+    assert port_is_free(port)
+    assert leftovers(cfg.out_dir) == ([], [])
+    # every session was closed and flushed: each started trial has its call record
+    calls = list((cfg.out_dir / "trials").glob("*/agent/gateway/calls.jsonl"))
+    assert calls and all(path.read_text().strip() for path in calls)
