@@ -120,9 +120,18 @@ def session_ports(out: Path) -> set[int]:
 
 
 def port_is_free(port: int) -> bool:
-    with socket.socket() as s:
+    """Nothing listens on the loopback port, and a new server can bind it (SO_REUSEADDR, as servers
+    do: connections the gateway closed may linger in TIME_WAIT, which is not a leak)."""
+    with socket.socket() as probe:
         try:
-            s.bind(("127.0.0.1", port))
+            probe.connect(("127.0.0.1", port))
+            return False
+        except ConnectionRefusedError:
+            pass
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            server.bind(("127.0.0.1", port))
             return True
         except OSError:
             return False
