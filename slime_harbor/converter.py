@@ -194,10 +194,13 @@ def agent_exit_status(result) -> str | None:
     return None
 
 
-def classify(result) -> tuple[SampleStatus, float | None, str]:
+def classify(result, gateway_exit: str | None = None) -> tuple[SampleStatus, float | None, str]:
     """(status, reward, why) of a finished trial. Only verifier-scored episodes keep a reward.
 
     ABORTED = transient infra failure (may be retried), FAILED = permanent (never retried).
+    `gateway_exit`: the model gateway's exit_reason for the trial's agent (GatewaySession):
+    "policy_unavailable" aborts it, "context_limit" truncates it (scored, whatever the agent did
+    with the 400 it got).
     """
     rewards = result.verifier_result.rewards if result.verifier_result else None
     reward = scalar_reward(rewards)
@@ -206,6 +209,8 @@ def classify(result) -> tuple[SampleStatus, float | None, str]:
     exit_status = agent_exit_status(result)
     if exc_type in PERMANENT_EXCEPTIONS:
         return SampleStatus.FAILED, None, f"{exc_type}: {exc.exception_message}"
+    if gateway_exit == "policy_unavailable":
+        return SampleStatus.ABORTED, None, "policy unavailable (the gateway answered 503)"
     if exc_type in TRANSIENT_EXCEPTIONS or exit_status == "aborted" or environment_start_failed(result):
         why = f"{exc_type}: {exc.exception_message}" if exc else f"policy abort: {exit_status}"
         if environment_start_failed(result):
@@ -216,6 +221,8 @@ def classify(result) -> tuple[SampleStatus, float | None, str]:
         return SampleStatus.FAILED, None, why
     if exc_type == "AgentTimeoutError" or exit_status in TRUNCATING_EXITS:
         return SampleStatus.TRUNCATED, reward, exc_type or exit_status
+    if gateway_exit in TRUNCATING_EXITS:
+        return SampleStatus.TRUNCATED, reward, gateway_exit
     if exc_type is not None:
         return SampleStatus.FAILED, None, f"{exc_type}: {exc.exception_message}"
     return SampleStatus.COMPLETED, reward, exit_status or "completed"
@@ -229,17 +236,30 @@ def trial_to_samples(
     rollout_id: int | None = None,
     tokenizer=None,
     reward_mapping: str = "raw",
+    recorded=None,
 ) -> list[TrainingSample]:
     """Convert one Harbor TrialResult to training samples (several if the tokens drifted).
 
     reward_mapping: "raw" keeps the verifier's reward; "pm1" maps reward r in [0, 1] to 2r - 1.
     Infra failures carry remove_sample=True and reward None; they are never trained.
+    recorded: the model gateway's session of the trial (anything with rollout_details(),
+    exit_reason and stats, e.g. a GatewaySession): its branches replace the agent's own
+    rollout_details, one sample piece (or more) per branch, all with the episode's rollout_id.
     """
-    status, reward, why = classify(result)
+    status, reward, why = classify(result, gateway_exit=recorded.exit_reason if recorded is not None else None)
     tokenizer = tokenizer if tokenizer is not None else agent_tokenizer(result)
     agent_result = result.agent_result
-    details = (agent_result.rollout_details if agent_result else None) or []
-    segments, drift = split_into_segments(details[0]) if details else ([], 0)
+    if recorded is not None:
+        details = recorded.rollout_details()
+    else:  # the agent's own record: one RolloutDetail (the native agent, terminus-2)
+        details = ((agent_result.rollout_details if agent_result else None) or [])[:1]
+    segments, drift, weight_versions = [], 0, []
+    for detail in details:
+        pieces, pieces_drift = split_into_segments(detail)
+        versions = (detail.get("extra") or {}).get("weight_version")
+        segments += pieces
+        drift += pieces_drift
+        weight_versions += [[versions[t] for t in piece.turns] if versions else None for piece in pieces]
     if reward is not None and reward_mapping == "pm1":
         reward = 2.0 * reward - 1.0
     elif reward_mapping not in ("raw", "pm1"):
@@ -252,14 +272,20 @@ def trial_to_samples(
         "raw_rewards": result.verifier_result.rewards if result.verifier_result else None,
         "agent": result.agent_info.name if result.agent_info else None,
         "turns": (agent_result.metadata or {}).get("turns") if agent_result else None,
-        "exit_status": (agent_result.metadata or {}).get("exit_status") if agent_result else None,
+        "exit_status": agent_exit_status(result),  # filters.py reads step_limit here
         "exception_type": result.exception_info.exception_type if result.exception_info else None,
         # Per turn: "stop", or "length" where the turn hit the max-new-token limit (filters.py).
-        "finish_reasons": ((details[0].get("extra") or {}).get("finish_reason") if details else None),
+        "finish_reasons": ([r for d in details for r in (d.get("extra") or {}).get("finish_reason") or []]
+                           if details else None),
         "status_reason": why,
         "drift_count": drift,
         "n_segments": len(segments),
     }
+    if recorded is not None:
+        metadata["n_branches"] = len(details)
+        metadata["gateway"] = {**recorded.stats, "exit_reason": recorded.exit_reason}
+        if metadata["turns"] is None:
+            metadata["turns"] = sum(len(d["completion_token_ids"]) for d in details)
     if not segments:
         # Agents that record no tokens (oracle, nop, a crash before the first turn) still report
         # their reward and status; there is nothing to train on.
@@ -287,7 +313,7 @@ def trial_to_samples(
                 index=index,
                 rollout_id=rollout_id if rollout_id is not None else index,
                 remove_sample=removed,
-                metadata={**metadata, "segment": k, "turn_indices": seg.turns},
+                metadata={**metadata, "segment": k, "turn_indices": seg.turns, "weight_versions": weight_versions[k]},
                 rollout_top_p_token_ids=seg.top_p_ids,
                 rollout_top_p_token_offsets=seg.top_p_offsets,
             )

@@ -1,0 +1,414 @@
+"""The model gateway on the tiny model behind the embedded policy server: OpenAI chat completions
+(the real `openai` SDK as the client, raw httpx for the wire), token-exact branches, recording,
+the converter's samples, and every fault."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+
+from slime_harbor.converter import trial_to_samples
+from slime_harbor.gateway import Gateway, GatewayError
+from slime_harbor.policy.client import SamplingParams
+from slime_harbor.samples import SampleStatus
+from test_converter import make_result
+from test_rollout_e2e import check_sample_against_model
+
+TOOLS = [{"type": "function", "function": {
+    "name": "bash", "description": "Run one shell command.",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}},
+                   "required": ["command"]}}}]
+SYSTEM = "You are a coding agent. Use the bash tool."
+TASK = "List the files in the repository."
+# What the SFT'd model answers at every turn: reasoning, content and a two-key tool call.
+TOOL_REPLY = ('<think>\nlook first\n</think>\n\nI will list the files.\n<tool_call>\n'
+              '{"name": "bash", "arguments": {"command": "ls -la", "timeout": 10}}\n</tool_call><|im_end|>')
+TURNS = 10
+
+
+def observation(k: int) -> str:
+    return f"file_{k}.txt\nREADME.md"
+
+
+@pytest.fixture(scope="module")
+def tool_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model after a few SFT steps on the gateway's own prompts of a TURNS-turn tool
+    conversation, so it answers with a tool call (the format the gateway parses) at every turn."""
+    from renderers import create_renderer
+    from renderers.configs import Qwen3RendererConfig
+    from transformers import AutoTokenizer
+
+    from slime_harbor.trainers.sft import SFTConfig, sft_model_dir
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    renderer = create_renderer(tok, Qwen3RendererConfig(thinking_retention="all"))
+    reply = tok.encode(TOOL_REPLY, add_special_tokens=False)
+    prompt = renderer.render_ids([{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}],
+                                 tools=TOOLS, add_generation_prompt=True)
+    pairs = []
+    for k in range(TURNS + 2):
+        pairs.append((prompt, reply))
+        prompt = renderer.bridge_to_next_turn(prompt, reply, [{"role": "tool", "content": observation(k)}],
+                                              tools=TOOLS).token_ids
+    out = tmp_path_factory.mktemp("tool_model")
+    losses = sft_model_dir(tiny_model_dir, out, pairs, SFTConfig(steps=40, batch_size=4))
+    assert losses[-1] < 0.1 * losses[0]
+    return out
+
+
+@pytest.fixture(scope="module")
+def tool_server(tool_model_dir):
+    from slime_harbor.policy.server import EmbeddedPolicyServer
+
+    with EmbeddedPolicyServer(tool_model_dir) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module")
+def tool_model(tool_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tool_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def base_server(tiny_model_dir):
+    """The untrained tiny model: it rarely ends a turn, so its replies run to max_tokens."""
+    from slime_harbor.policy.server import EmbeddedPolicyServer
+
+    with EmbeddedPolicyServer(tiny_model_dir) as server:
+        yield server.url
+
+
+def run_with_gateway(upstream: str, model_dir, scenario, **kwargs):
+    """Start a gateway in a fresh event loop, run `scenario(gateway)`, close it; returns the
+    scenario's result and the gateway's (now free) port."""
+    async def main():
+        gateway = Gateway(upstream, model_dir, **kwargs)
+        await gateway.start()
+        try:
+            return await scenario(gateway), gateway.port
+        finally:
+            await gateway.aclose()
+
+    return asyncio.run(main())
+
+
+def sdk(session, **kwargs) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=session.openai_base_url(), api_key="any-key", max_retries=0, **kwargs)
+
+
+def first_messages():
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+
+
+def echoed(message) -> dict:
+    """The assistant message as a harness sends it back: content whitespace changed, reasoning
+    dropped, tool-call arguments re-serialised (other key order and spacing), ids kept."""
+    out = {"role": "assistant", "content": "  " + (message.content or "").strip() + "\n"}
+    if message.tool_calls:
+        out["tool_calls"] = []
+        for call in message.tool_calls:
+            args = json.loads(call.function.arguments)
+            reordered = dict(reversed(list(args.items())))
+            out["tool_calls"].append({"id": call.id, "type": "function", "function": {
+                "name": call.function.name, "arguments": json.dumps(reordered, indent=2)}})
+    return out
+
+
+def tool_results(message, k: int) -> list[dict]:
+    if not message.tool_calls:
+        return [{"role": "user", "content": observation(k)}]
+    return [{"role": "tool", "tool_call_id": c.id, "content": observation(k)} for c in message.tool_calls]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_append_only_conversation_is_one_exact_sample(tool_server, tool_model_dir, tool_model, tmp_path):
+    """10 turns, streamed and not, the client re-serialising what it got: one branch, one sample,
+    usage.completion_tokens == trained tokens, logprobs == the model's on the sample's tokens."""
+    async def scenario(gateway):
+        session = gateway.open_session("ep1", tmp_path / "agent" / "gateway", SamplingParams(max_new_tokens=64))
+        client = sdk(session)
+        messages, usages, tool_turns = first_messages(), [], 0
+        for k in range(TURNS):
+            if k % 2:
+                stream = await client.chat.completions.create(
+                    model="whatever", messages=messages, tools=TOOLS, stream=True,
+                    stream_options={"include_usage": True}, temperature=0.0, top_p=0.5)
+                message, usage = await collect(stream)
+            else:
+                reply = await client.chat.completions.create(model="whatever", messages=messages, tools=TOOLS)
+                message, usage = reply.choices[0].message, reply.usage
+                assert reply.choices[0].finish_reason == ("tool_calls" if message.tool_calls else "stop")
+            tool_turns += bool(message.tool_calls)
+            usages.append(usage)
+            messages = messages + [echoed(message)] + tool_results(message, k)
+        await client.close()
+        await gateway.close_session("ep1")
+        return session, usages, tool_turns
+
+    (session, usages, tool_turns), port = run_with_gateway(tool_server, tool_model_dir, scenario)
+    assert tool_turns >= TURNS - 2  # the re-serialised tool calls are really exercised
+    details = session.rollout_details()
+    assert len(details) == 1 and session.stats == {
+        "calls": TURNS, "delivered": TURNS, "trained": TURNS, "superseded_retries": 0, "undelivered": 0,
+        "branches": 1, "errors": 0}
+    assert [len(c) for c in details[0]["completion_token_ids"]] == [u.completion_tokens for u in usages]
+    assert [len(p) for p in details[0]["prompt_token_ids"]] == [u.prompt_tokens for u in usages]
+    samples = trial_to_samples(make_result(rewards={"reward": 1.0}), recorded=session, rollout_id=7)
+    assert len(samples) == 1
+    sample = samples[0]
+    assert not sample.remove_sample and sample.status == SampleStatus.COMPLETED and sample.rollout_id == 7
+    assert sum(sample.loss_mask) == sum(u.completion_tokens for u in usages)
+    assert sample.metadata["n_branches"] == 1 and sample.metadata["drift_count"] == 0
+    assert sample.metadata["weight_versions"] == ["0"] * TURNS
+    # The run's sampling (temperature 1) was used, not the request's temperature 0 / top_p 0.5.
+    assert check_sample_against_model(sample, tool_model, temperature=1.0) < 1e-4
+    # Recording: one calls.jsonl line per call, and an ATIF trajectory Harbor's own model accepts.
+    lines = [json.loads(line) for line in (tmp_path / "agent" / "gateway" / "calls.jsonl").read_text().splitlines()]
+    assert [(r["call"], r["delivered"], r["trained"], r["usage"]["completion_tokens"]) for r in lines] == [
+        (k, True, True, u.completion_tokens) for k, u in enumerate(usages)]
+    assert all(r["weight_version"] == "0" and r["latency_s"] > 0 for r in lines)
+    from harbor.models.trajectories.trajectory import Trajectory
+
+    trajectory = Trajectory.model_validate_json((tmp_path / "agent" / "trajectory.json").read_text())
+    agent_steps = [s for s in trajectory.steps if s.source == "agent"]
+    assert len(agent_steps) == TURNS and [s.source for s in trajectory.steps[:2]] == ["system", "user"]
+    assert port_is_free(port)
+
+
+async def collect(stream):
+    """Assemble an SDK chat stream into (message, usage) the way an agent harness does."""
+    role, content, reasoning, calls, usage, finish = None, "", "", {}, None, None
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            delta = choice.delta
+            role = role or delta.role
+            content += delta.content or ""
+            reasoning += getattr(delta, "reasoning_content", None) or ""
+            for tc in delta.tool_calls or []:
+                entry = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                entry["id"] = tc.id or entry["id"]
+                entry["name"] += (tc.function.name or "") if tc.function else ""
+                entry["arguments"] += (tc.function.arguments or "") if tc.function else ""
+            finish = choice.finish_reason or finish
+    assert role == "assistant" and usage is not None
+    assert finish == ("tool_calls" if calls else "stop") or finish == "length"
+    message = openai.types.chat.ChatCompletionMessage.model_validate({
+        "role": "assistant", "content": content or None,
+        "tool_calls": [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                       for _, c in sorted(calls.items())] or None})
+    return message, usage
+
+
+def test_reply_is_parsed_into_openai_fields_and_the_wire_is_sse(tool_server, tool_model_dir, tokenizer, tmp_path):
+    async def scenario(gateway):
+        session = gateway.open_session("wire", tmp_path / "gw", SamplingParams(max_new_tokens=64))
+        client = sdk(session)
+        reply = await client.chat.completions.create(model="m", messages=first_messages(), tools=TOOLS)
+        models = await client.models.list()
+        await client.close()
+        async with httpx.AsyncClient(timeout=60) as http:
+            # No session in the path: the API key names it.
+            body = {"model": "m", "messages": first_messages(), "tools": TOOLS, "stream": True,
+                    "stream_options": {"include_usage": True}, "some_future_field": {"x": 1}}
+            async with http.stream("POST", gateway.base_url + "/v1/chat/completions", json=body,
+                                   headers={"Authorization": "Bearer wire"}) as response:
+                assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+                lines = [line async for line in response.aiter_lines() if line]
+        return session, reply, models, lines
+
+    (session, reply, models, lines), _ = run_with_gateway(tool_server, tool_model_dir, scenario)
+    message = reply.choices[0].message
+    assert message.content == "I will list the files." and message.reasoning_content == "look first"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [
+        ("bash", {"command": "ls -la", "timeout": 10})]
+    assert reply.choices[0].finish_reason == "tool_calls"
+    # The prompt is the model's own chat template with the tools, token for token.
+    rendered = tokenizer.apply_chat_template(first_messages(), tools=TOOLS, add_generation_prompt=True, tokenize=False)
+    assert session.calls[0].prompt_ids == tokenizer.encode(rendered, add_special_tokens=False)
+    assert reply.usage.completion_tokens == len(session.calls[0].completion_ids)
+    assert [m.id for m in models.data] == ["policy"]
+
+    assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("content") or "" for d in deltas) == "I will list the files."
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == "look first"
+    tool_deltas = [tc for d in deltas for tc in d.get("tool_calls") or []]
+    assert tool_deltas[0]["index"] == 0 and tool_deltas[0]["id"] and tool_deltas[0]["function"]["name"] == "bash"
+    assert json.loads("".join(tc["function"].get("arguments") or "" for tc in tool_deltas)) == {
+        "command": "ls -la", "timeout": 10}
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "tool_calls"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == len(session.calls[1].completion_ids)
+    assert session.stats["trained"] == 2
+
+
+def test_compaction_makes_a_second_sample_of_the_same_episode(tool_server, tool_model_dir, tool_model, tmp_path):
+    async def scenario(gateway):
+        session = gateway.open_session("compact", tmp_path / "gw", SamplingParams(max_new_tokens=64))
+        client = sdk(session)
+        messages = first_messages()
+        for k in range(5):
+            if k == 3:  # the harness summarises the history so far into one user message
+                messages = first_messages() + [{"role": "user", "content": "Summary: you listed the files 3 times."}]
+            reply = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+            message = reply.choices[0].message
+            messages = messages + [echoed(message)] + tool_results(message, k)
+        await client.close()
+        return session
+
+    session, _ = run_with_gateway(tool_server, tool_model_dir, scenario)
+    details = session.rollout_details()
+    assert [len(d["completion_token_ids"]) for d in details] == [3, 2] and session.stats["branches"] == 2
+    samples = trial_to_samples(make_result(rewards={"reward": 1.0}), recorded=session, rollout_id=3)
+    assert len(samples) == 2 and {s.rollout_id for s in samples} == {3}
+    assert all(not s.remove_sample and s.reward == 1.0 for s in samples)
+    assert [s.metadata["turn_indices"] for s in samples] == [[0, 1, 2], [0, 1]]
+    for sample in samples:
+        assert check_sample_against_model(sample, tool_model, temperature=1.0) < 1e-4
+
+
+def test_identical_retry_supersedes_and_undelivered_replies_are_not_trained(base_server, tiny_model_dir, tmp_path):
+    async def scenario(gateway):
+        session = gateway.open_session("retry", tmp_path / "gw", SamplingParams(max_new_tokens=16))
+        client = sdk(session)
+        messages = first_messages()
+        first = await client.chat.completions.create(model="m", messages=messages)
+        again = await client.chat.completions.create(model="m", messages=messages)  # e.g. a client timeout
+        messages = messages + [echoed(again.choices[0].message), {"role": "user", "content": "go on"}]
+        # A streamed reply the client walks away from mid-stream: recorded, never trained.
+        session.sampling = SamplingParams(max_new_tokens=2000)
+        async with httpx.AsyncClient(timeout=60) as http:
+            async with http.stream("POST", session.openai_base_url() + "/chat/completions",
+                                   json={"messages": messages, "stream": True}) as response:
+                async for line in response.aiter_lines():
+                    assert json.loads(line[6:])["choices"][0]["delta"]["role"] == "assistant"
+                    break
+        for _ in range(600):
+            if session.stats["undelivered"]:
+                break
+            await asyncio.sleep(0.05)
+        session.sampling = SamplingParams(max_new_tokens=16)
+        last = await client.chat.completions.create(model="m", messages=messages)
+        await client.close()
+        return session, first, again, last
+
+    (session, first, again, last), _ = run_with_gateway(base_server, tiny_model_dir, scenario)
+    assert session.stats == {"calls": 4, "delivered": 3, "trained": 2, "superseded_retries": 1, "undelivered": 1,
+                             "branches": 1, "errors": 0}
+    assert session.calls[2].error == "client disconnected" and not session.calls[2].trained
+    (detail,) = session.rollout_details()
+    assert [len(c) for c in detail["completion_token_ids"]] == [again.usage.completion_tokens, last.usage.completion_tokens]
+    assert detail["extra"]["call_index"] == [1, 3]
+    sample = trial_to_samples(make_result(rewards={"reward": 0.0}), recorded=session)[0]
+    assert sum(sample.loss_mask) == again.usage.completion_tokens + last.usage.completion_tokens
+    assert first.usage.completion_tokens == len(session.calls[0].completion_ids) and session.calls[0].superseded_by == 1
+
+
+def test_policy_down_is_a_503_and_an_aborted_episode(tiny_model_dir, tmp_path):
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+    async def scenario(gateway):
+        session = gateway.open_session("down", tmp_path / "gw")
+        client = sdk(session)
+        with pytest.raises(openai.APIStatusError) as error:
+            await client.chat.completions.create(model="m", messages=first_messages())
+        await client.close()
+        return session, error.value
+
+    (session, error), port = run_with_gateway(dead, tiny_model_dir, scenario)
+    assert error.status_code == 503 and "unavailable" in error.message
+    assert session.exit_reason == "policy_unavailable" and session.stats["trained"] == 0
+    (sample,) = trial_to_samples(make_result(rewards={"reward": 0.0}), recorded=session)
+    assert sample.status == SampleStatus.ABORTED and sample.remove_sample and sample.reward is None
+    assert port_is_free(port)
+
+
+def test_context_limit_is_vllms_400_and_a_truncated_episode(base_server, tiny_model_dir, tmp_path):
+    async def scenario(gateway):
+        session = gateway.open_session("ctx", tmp_path / "gw", max_context_len=40)
+        with pytest.raises(openai.BadRequestError) as sdk_error:
+            await sdk(session).chat.completions.create(model="m", messages=first_messages())
+        import litellm  # Harbor's agents' client: it must see a context-window error
+
+        with pytest.raises(litellm.ContextWindowExceededError):
+            await litellm.acompletion(model="hosted_vllm/policy", api_base=session.openai_base_url(), api_key="k",
+                                      messages=first_messages(), num_retries=0)
+        return session, sdk_error.value
+
+    (session, error), _ = run_with_gateway(base_server, tiny_model_dir, scenario)
+    assert "maximum context length is 40 tokens. However, your request has" in error.message
+    assert error.code == "context_length_exceeded" and session.exit_reason == "context_limit"
+    (sample,) = trial_to_samples(make_result(rewards={"reward": 0.5}), recorded=session)
+    assert sample.status == SampleStatus.TRUNCATED and sample.reward == 0.5
+
+
+def test_bad_requests_get_openai_errors_never_a_500(base_server, tiny_model_dir, tmp_path):
+    async def scenario(gateway):
+        session = gateway.open_session("bad", tmp_path / "gw", SamplingParams(max_new_tokens=4))
+        url = session.openai_base_url() + "/chat/completions"
+        ok = {"messages": first_messages()}
+        cases = {
+            "not json": dict(content=b"{nope"),
+            "no messages": dict(json={"model": "m"}),
+            "bad role": dict(json={"messages": [{"role": "wizard", "content": "hi"}]}),
+            "image part": dict(json={"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+            "n=2": dict(json={**ok, "n": 2}),
+            "stream not bool": dict(json={**ok, "stream": "yes"}),
+            "max_tokens": dict(json={**ok, "max_tokens": -3}),
+            "tools": dict(json={**ok, "tools": "bash"}),
+            "array body": dict(json=[ok]),
+        }
+        answers = {}
+        async with httpx.AsyncClient(timeout=60) as http:
+            for name, kwargs in cases.items():
+                answers[name] = await http.post(url, **kwargs)
+            answers["unknown session"] = await http.post(gateway.base_url + "/s/nobody/v1/chat/completions", json=ok)
+            answers["unknown key"] = await http.post(gateway.base_url + "/v1/chat/completions", json=ok,
+                                                     headers={"x-api-key": "nobody"})
+            answers["ok"] = await http.post(url, json={**ok, "n": 1, "max_tokens": 1000, "frobnicate": True})
+        return session, answers
+
+    (session, answers), _ = run_with_gateway(base_server, tiny_model_dir, scenario)
+    for name, response in answers.items():
+        if name == "ok":
+            assert response.status_code == 200
+            assert response.json()["usage"]["completion_tokens"] <= 4  # capped by the run's max_new_tokens
+            continue
+        assert response.status_code == (404 if name.startswith("unknown") else 400), (name, response.text)
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["message"], name
+        assert "Traceback" not in response.text
+    assert answers["n=2"].json()["error"]["param"] == "n"
+    assert session.stats["calls"] == 1
+
+
+def test_a_model_family_without_a_parser_is_one_clear_error(tiny_model_dir, tmp_path):
+    other = tmp_path / "llama-like"
+    shutil.copytree(tiny_model_dir, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    with pytest.raises(GatewayError, match="no chat renderer/parser for model family 'llama'.*supported"):
+        Gateway("http://127.0.0.1:1", other)
