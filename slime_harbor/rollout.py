@@ -589,13 +589,11 @@ async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
     """Run n_samples trials per task; stream samples to OUT/samples.jsonl; return the summary."""
     tasks = check_config(cfg)
     preflight_environment(cfg.env)
-    out = Path(cfg.out_dir)
-    (out / "trials").mkdir(parents=True, exist_ok=True)
-    job = HarborJob(out / "trials", cfg, tasks)
-    tokenizer = load_tokenizer(cfg.model_dir)
-
     async with serving_gateway(cfg) as gateway:  # closed, port freed, also on Ctrl-C
-        return await _run_all(cfg, tasks, out, job, tokenizer, gateway)
+        out = Path(cfg.out_dir)
+        (out / "trials").mkdir(parents=True, exist_ok=True)
+        job = HarborJob(out / "trials", cfg, tasks)
+        return await _run_all(cfg, tasks, out, job, load_tokenizer(cfg.model_dir), gateway)
 
 
 async def _run_all(cfg: RolloutConfig, tasks: list[Path], out: Path, job: HarborJob, tokenizer, gateway) -> dict[str, Any]:

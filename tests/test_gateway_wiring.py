@@ -105,6 +105,19 @@ def test_terminus2_reaching_max_turns_is_truncated_and_scored():
     assert classify(_terminus_result(n_episodes=1, rewards={"reward": 1.0}))[:2] == (SampleStatus.COMPLETED, 1.0)
 
 
+@needs_gateway
+def test_a_gateway_that_cannot_start_is_one_config_error(tiny_model_dir):
+    """An address not on this host (--gateway-host): one ConfigError line, which the CLI prints."""
+    from slime_harbor.exits import ConfigError
+    from slime_harbor.rollout import start_gateway
+
+    cfg = RolloutConfig(agent="terminus-2", policy_url="http://127.0.0.1:9", model_dir=str(tiny_model_dir),
+                        gateway_host="192.0.2.1")
+    with pytest.raises(ConfigError, match="model gateway for agent 'terminus-2' cannot start: .*") as error:
+        asyncio.run(start_gateway(cfg))
+    assert "\n" not in str(error.value)
+
+
 # ---- real rollouts through the gateway ------------------------------------------------------------
 
 def session_ports(out: Path) -> set[int]:
