@@ -194,9 +194,13 @@ class ModelEndpoint:
 
     @classmethod
     def of(cls, gateway, session_id: str) -> ModelEndpoint:
-        host = gateway.host if gateway.host not in ("0.0.0.0", "::", "") else SANDBOX_LOOPBACK
-        return cls(host_url=f"http://{host}:{gateway.port}/s/{session_id}/v1",
+        return cls(host_url=f"http://{connect_host(gateway)}:{gateway.port}/s/{session_id}/v1",
                    sandbox_url=f"http://{SANDBOX_LOOPBACK}:{gateway.port}/s/{session_id}/v1", api_key=session_id)
+
+
+def connect_host(gateway) -> str:
+    """The address this host reaches the gateway at (a gateway bound to every address: loopback)."""
+    return gateway.host if gateway.host not in ("0.0.0.0", "::", "") else SANDBOX_LOOPBACK
 
 
 UNBOUND_ENDPOINT = ModelEndpoint("http://127.0.0.1:0/s/unbound/v1", "http://127.0.0.1:0/s/unbound/v1", "unbound")
@@ -298,12 +302,15 @@ def agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None = None):
     return config
 
 
-def environment_config(env: str, gateway_port: int | None = None):
-    """The trial's EnvironmentConfig. With a gateway, our sandboxes (local, docker) are told its
-    port: a no-network sandbox then reaches it, and nothing else, at 127.0.0.1:<port>."""
+def environment_config(env: str, gateway=None, provide_tmux: bool = False):
+    """The trial's EnvironmentConfig. With a gateway, our sandboxes (local, docker) are told where
+    it listens: a no-network sandbox then reaches it, and nothing else, at 127.0.0.1:<its port>.
+    provide_tmux (terminus-2): they give the trial tmux without opening the task's network."""
     from harbor.models.trial.config import EnvironmentConfig
 
-    ours = {"gateway_port": gateway_port} if gateway_port is not None else {}
+    ours = {"gateway_port": gateway.port, "gateway_host": connect_host(gateway)} if gateway is not None else {}
+    if provide_tmux:
+        ours["provide_tmux"] = True
     if env == "local":
         return EnvironmentConfig(import_path=LOCAL_SANDBOX, delete=True, kwargs=ours)
     if env == "docker":
@@ -439,7 +446,7 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
                 trial_name=trial_name,
                 trials_dir=trials_dir,
                 agent=agent_config(cfg, endpoint),
-                environment=environment_config(cfg.env, gateway.port if gateway is not None else None),
+                environment=environment_config(cfg.env, gateway, provide_tmux=cfg.agent == "terminus-2"),
                 verifier=VerifierConfig(override_timeout_sec=cfg.verifier_timeout_sec),
                 timeout_multiplier=cfg.timeout_multiplier,
             )

@@ -77,10 +77,14 @@ def test_endpoint_of_a_gateway_bound_to_every_address_is_reached_on_loopback():
     assert endpoint.host_url == endpoint.sandbox_url == "http://127.0.0.1:5555/s/t__g0_1__abc/v1"
 
 
-def test_our_sandboxes_are_told_the_gateway_port():
-    assert environment_config("local", 4321).kwargs == {"gateway_port": 4321}
-    assert environment_config("docker", 4321).kwargs == {"gateway_port": 4321}
-    assert environment_config("docker").kwargs == {} and environment_config("harbor-docker", 4321).kwargs == {}
+def test_our_sandboxes_are_told_where_the_gateway_listens():
+    class Bound:
+        host, port = "0.0.0.0", 4321
+
+    reach = {"gateway_port": 4321, "gateway_host": "127.0.0.1"}
+    assert environment_config("local", Bound()).kwargs == reach
+    assert environment_config("docker", Bound(), provide_tmux=True).kwargs == {**reach, "provide_tmux": True}
+    assert environment_config("docker").kwargs == {} and environment_config("harbor-docker", Bound()).kwargs == {}
 
 
 def _terminus_result(n_episodes: int, max_turns: int = 2, rewards=None):
