@@ -302,14 +302,15 @@ def agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None = None):
     return config
 
 
-def environment_config(env: str, gateway=None, provide_tmux: bool = False):
+def environment_config(env: str, gateway=None, agent=None):
     """The trial's EnvironmentConfig. With a gateway, our sandboxes (local, docker) are told where
     it listens: a no-network sandbox then reaches it, and nothing else, at 127.0.0.1:<its port>.
-    provide_tmux (terminus-2): they give the trial tmux without opening the task's network."""
+    Given the trial's AgentConfig, they provide what the agent needs: tmux for terminus-2, without
+    opening the task's network."""
     from harbor.models.trial.config import EnvironmentConfig
 
     ours = {"gateway_port": gateway.port, "gateway_host": connect_host(gateway)} if gateway is not None else {}
-    if provide_tmux:
+    if agent is not None and agent.name == "terminus-2":
         ours["provide_tmux"] = True
     if env == "local":
         return EnvironmentConfig(import_path=LOCAL_SANDBOX, delete=True, kwargs=ours)
@@ -445,8 +446,8 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
                 task=TaskConfig(path=task_path.resolve()),
                 trial_name=trial_name,
                 trials_dir=trials_dir,
-                agent=agent_config(cfg, endpoint),
-                environment=environment_config(cfg.env, gateway, provide_tmux=cfg.agent == "terminus-2"),
+                agent=(agent := agent_config(cfg, endpoint)),
+                environment=environment_config(cfg.env, gateway, agent),
                 verifier=VerifierConfig(override_timeout_sec=cfg.verifier_timeout_sec),
                 timeout_multiplier=cfg.timeout_multiplier,
             )

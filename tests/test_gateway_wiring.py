@@ -83,7 +83,8 @@ def test_our_sandboxes_are_told_where_the_gateway_listens():
 
     reach = {"gateway_port": 4321, "gateway_host": "127.0.0.1"}
     assert environment_config("local", Bound()).kwargs == reach
-    assert environment_config("docker", Bound(), provide_tmux=True).kwargs == {**reach, "provide_tmux": True}
+    terminus = agent_config(RolloutConfig(agent="terminus-2"), ENDPOINT)
+    assert environment_config("docker", Bound(), terminus).kwargs == {**reach, "provide_tmux": True}
     assert environment_config("docker").kwargs == {} and environment_config("harbor-docker", Bound()).kwargs == {}
 
 
