@@ -59,10 +59,11 @@ class HarborJob:
 
         self.job_dir = Path(job_dir)
         self.job_dir.mkdir(parents=True, exist_ok=True)
+        agent = agent_config(cfg)
         self.config = JobConfig(
             job_name=self.job_dir.name, jobs_dir=self.job_dir.parent.resolve(), n_attempts=1,
             n_concurrent_trials=cfg.concurrency, timeout_multiplier=cfg.timeout_multiplier, quiet=True,
-            environment=environment_config(cfg.env), agents=[agent_config(cfg)],
+            environment=environment_config(cfg.env, agent=agent), agents=[agent],
             tasks=[TaskConfig(path=Path(t).resolve()) for t in tasks],
         )
         n_total = len(tasks) * cfg.n_samples
