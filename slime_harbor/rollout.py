@@ -428,6 +428,7 @@ def session_sampling(cfg: RolloutConfig):
 async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, trials_dir, tokenizer, started,
                           gateway=None) -> Episode:
     from harbor.models.trial.config import TaskConfig, TrialConfig, VerifierConfig
+    from harbor.trial.hooks import TrialEvent
     from harbor.trial.trial import Trial
 
     task_path = Path(task_path)
@@ -452,6 +453,9 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
                 timeout_multiplier=cfg.timeout_multiplier,
             )
             trial = await Trial.create(config)
+            if session is not None:  # the agent is done: its session's files (the ATIF trajectory of
+                # an agent that writes none) must be there before the verifier and the log upload
+                trial.add_hook(TrialEvent.AGENT_END, lambda event: _close_session(gateway, trial_name))
             result = await asyncio.wait_for(trial.run(), hard_timeout_sec(task_path, cfg.timeout_multiplier, cfg.verifier_timeout_sec))
         except asyncio.CancelledError:
             await _finish_environment_stop(trial)
@@ -469,7 +473,7 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
             )
     finally:  # ended, failed or cancelled: in-flight calls are aborted and the recording flushed
         if session is not None:
-            await gateway.close_session(trial_name)
+            await _close_session(gateway, trial_name)
     samples = trial_to_samples(
         result, group_index=group_index, index=index, tokenizer=tokenizer, reward_mapping=cfg.reward_mapping,
         **({"recorded": session} if session is not None else {}),
@@ -483,6 +487,12 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
         samples=samples, seconds=time.monotonic() - started, trial_dir=first.metadata.get("trial_dir"),
         error=None if first.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED) else first.metadata.get("status_reason"),
     )
+
+
+async def _close_session(gateway, session_id: str) -> None:
+    """Close a trial's gateway session unless it is closed already (at the agent's end)."""
+    if session_id in gateway.sessions:
+        await gateway.close_session(session_id)
 
 
 async def _finish_environment_stop(trial) -> None:
