@@ -32,6 +32,8 @@ TASK = "List the files in the repository."
 TOOL_REPLY = ('<think>\nlook first\n</think>\n\nI will list the files.\n<tool_call>\n'
               '{"name": "bash", "arguments": {"command": "ls -la", "timeout": 10}}\n</tool_call><|im_end|>')
 TURNS = 10
+# The run's sampling for the SFT'd model: cool enough that it keeps to the taught format.
+RUN = SamplingParams(temperature=0.3, max_new_tokens=64)
 
 
 def observation(k: int) -> str:
@@ -59,8 +61,8 @@ def tool_model_dir(tiny_model_dir, tmp_path_factory):
         prompt = renderer.bridge_to_next_turn(prompt, reply, [{"role": "tool", "content": observation(k)}],
                                               tools=TOOLS).token_ids
     out = tmp_path_factory.mktemp("tool_model")
-    losses = sft_model_dir(tiny_model_dir, out, pairs, SFTConfig(steps=40, batch_size=4))
-    assert losses[-1] < 0.1 * losses[0]
+    losses = sft_model_dir(tiny_model_dir, out, pairs, SFTConfig(steps=80, batch_size=4))
+    assert losses[-1] < 0.05 * losses[0]
     return out
 
 
@@ -77,6 +79,7 @@ def tool_model(tool_model_dir):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(tool_model_dir, dtype=torch.float32).eval()
+
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +146,7 @@ def test_append_only_conversation_is_one_exact_sample(tool_server, tool_model_di
     """10 turns, streamed and not, the client re-serialising what it got: one branch, one sample,
     usage.completion_tokens == trained tokens, logprobs == the model's on the sample's tokens."""
     async def scenario(gateway):
-        session = gateway.open_session("ep1", tmp_path / "agent" / "gateway", SamplingParams(max_new_tokens=64))
+        session = gateway.open_session("ep1", tmp_path / "agent" / "gateway", RUN)
         client = sdk(session)
         messages, usages, tool_turns = first_messages(), [], 0
         for k in range(TURNS):
@@ -155,7 +158,8 @@ def test_append_only_conversation_is_one_exact_sample(tool_server, tool_model_di
             else:
                 reply = await client.chat.completions.create(model="whatever", messages=messages, tools=TOOLS)
                 message, usage = reply.choices[0].message, reply.usage
-                assert reply.choices[0].finish_reason == ("tool_calls" if message.tool_calls else "stop")
+                assert reply.choices[0].finish_reason == (
+                    "tool_calls" if message.tool_calls else "length" if usage.completion_tokens == 64 else "stop")
             tool_turns += bool(message.tool_calls)
             usages.append(usage)
             messages = messages + [echoed(message)] + tool_results(message, k)
@@ -178,8 +182,8 @@ def test_append_only_conversation_is_one_exact_sample(tool_server, tool_model_di
     assert sum(sample.loss_mask) == sum(u.completion_tokens for u in usages)
     assert sample.metadata["n_branches"] == 1 and sample.metadata["drift_count"] == 0
     assert sample.metadata["weight_versions"] == ["0"] * TURNS
-    # The run's sampling (temperature 1) was used, not the request's temperature 0 / top_p 0.5.
-    assert check_sample_against_model(sample, tool_model, temperature=1.0) < 1e-4
+    # The run's sampling (temperature 0.3) was used, not the request's temperature 0 / top_p 0.5.
+    assert check_sample_against_model(sample, tool_model, temperature=RUN.temperature) < 1e-4
     # Recording: one calls.jsonl line per call, and an ATIF trajectory Harbor's own model accepts.
     lines = [json.loads(line) for line in (tmp_path / "agent" / "gateway" / "calls.jsonl").read_text().splitlines()]
     assert [(r["call"], r["delivered"], r["trained"], r["usage"]["completion_tokens"]) for r in lines] == [
@@ -221,7 +225,7 @@ async def collect(stream):
 
 def test_reply_is_parsed_into_openai_fields_and_the_wire_is_sse(tool_server, tool_model_dir, tokenizer, tmp_path):
     async def scenario(gateway):
-        session = gateway.open_session("wire", tmp_path / "gw", SamplingParams(max_new_tokens=64))
+        session = gateway.open_session("wire", tmp_path / "gw", RUN)
         client = sdk(session)
         reply = await client.chat.completions.create(model="m", messages=first_messages(), tools=TOOLS)
         models = await client.models.list()
@@ -265,7 +269,7 @@ def test_reply_is_parsed_into_openai_fields_and_the_wire_is_sse(tool_server, too
 
 def test_compaction_makes_a_second_sample_of_the_same_episode(tool_server, tool_model_dir, tool_model, tmp_path):
     async def scenario(gateway):
-        session = gateway.open_session("compact", tmp_path / "gw", SamplingParams(max_new_tokens=64))
+        session = gateway.open_session("compact", tmp_path / "gw", RUN)
         client = sdk(session)
         messages = first_messages()
         for k in range(5):
@@ -285,7 +289,7 @@ def test_compaction_makes_a_second_sample_of_the_same_episode(tool_server, tool_
     assert all(not s.remove_sample and s.reward == 1.0 for s in samples)
     assert [s.metadata["turn_indices"] for s in samples] == [[0, 1, 2], [0, 1]]
     for sample in samples:
-        assert check_sample_against_model(sample, tool_model, temperature=1.0) < 1e-4
+        assert check_sample_against_model(sample, tool_model, temperature=RUN.temperature) < 1e-4
 
 
 def test_identical_retry_supersedes_and_undelivered_replies_are_not_trained(base_server, tiny_model_dir, tmp_path):
