@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import shutil
 import socket
 import statistics
 import sys
@@ -45,9 +46,13 @@ def run_stub(model_dir: str, port: int) -> None:
     from transformers import AutoTokenizer
 
     reply_ids = AutoTokenizer.from_pretrained(model_dir).encode(REPLY, add_special_tokens=False)
+    last_prompt: dict[str, list[int]] = {}  # gateway session -> the input_ids of its latest call
 
     async def generate(request: Request) -> JSONResponse:
         body = await request.json()
+        rid = str(body.get("rid") or "")
+        if not rid.startswith("direct-"):
+            last_prompt[rid.split("-")[0]] = body["input_ids"]
         meta = {"id": body.get("rid"), "finish_reason": {"type": "stop", "matched": reply_ids[-1]},
                 "prompt_tokens": len(body["input_ids"]), "completion_tokens": len(reply_ids), "cached_tokens": 0,
                 "weight_version": "0", "e2e_latency": 0.0,
@@ -57,7 +62,11 @@ def run_stub(model_dir: str, port: int) -> None:
     async def abort(request: Request) -> JSONResponse:
         return JSONResponse({"aborted": 0})
 
+    async def last(request: Request) -> JSONResponse:
+        return JSONResponse(last_prompt.get(request.path_params["session"]))
+
     app = Starlette(routes=[Route("/generate", generate, methods=["POST"]),
+                            Route("/last/{session}", last, methods=["GET"]),
                             Route("/abort_request", abort, methods=["POST"])])
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
@@ -117,8 +126,8 @@ async def one_session(http, gateway_url: str, stub_url: str, session: str, histo
                                 "content": f"file_{k}.txt README.md"}]
         if k == 0:
             continue
-        # The same tokens straight to the upstream: the gateway's recorded prompt of this call.
-        prompt_ids = prompt_of(session, k)
+        # The same tokens straight to the upstream: the prompt the gateway sent for this call.
+        prompt_ids = (await http.get(f"{stub_url}/last/{session}")).json()
         assert len(prompt_ids) == n_prompt
         payload = {"input_ids": prompt_ids, "sampling_params": {"max_new_tokens": 64}, "return_logprob": True,
                    "rid": f"direct-{session}-{k}"}
@@ -128,23 +137,6 @@ async def one_session(http, gateway_url: str, stub_url: str, session: str, histo
         direct = time.perf_counter() - started
         added.append((through - direct) * 1000)
     return added
-
-
-PROMPTS: dict[str, list[list[int]]] = {}
-RECORD_ROOT = Path()
-
-
-def prompt_of(session: str, call: int) -> list[int]:
-    """The prompt the gateway sent upstream for `call` (read back from its calls.jsonl)."""
-    path = RECORD_ROOT / session / "agent" / "gateway" / "calls.jsonl"
-    for _ in range(200):
-        if path.exists():
-            for line in path.read_text().splitlines():
-                record = json.loads(line)
-                if record.get("call") == call:
-                    return record["prompt_ids"]
-        time.sleep(0.01)
-    raise SystemExit(f"the gateway recorded no call {call} of {session}")
 
 
 async def run_case(gateway_url, stub_url, tokenizer, history_tokens, concurrency, calls, first_session):
@@ -160,7 +152,6 @@ async def run_case(gateway_url, stub_url, tokenizer, history_tokens, concurrency
 
 
 def main() -> None:
-    global RECORD_ROOT
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=20, help="timed calls per session")
     parser.add_argument("--histories", default="1k,8k,32k", help="history sizes in tokens (k = 1024)")
@@ -177,12 +168,12 @@ def main() -> None:
     histories = [int(h.rstrip("k")) * 1024 if h.endswith("k") else int(h) for h in args.histories.split(",")]
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     n_sessions = len(histories) * sum(concurrencies)
-    RECORD_ROOT = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
+    record_root = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
     ctx = mp.get_context("spawn")
     stub_port, gateway_port = free_port(), free_port()
     stub = ctx.Process(target=run_stub, args=(model_dir, stub_port), daemon=True)
     gateway = ctx.Process(target=run_gateway, args=(f"http://127.0.0.1:{stub_port}", model_dir, gateway_port,
-                                                    n_sessions, str(RECORD_ROOT)), daemon=True)
+                                                    n_sessions, str(record_root)), daemon=True)
     stub.start()
     gateway.start()
     try:
@@ -201,6 +192,7 @@ def main() -> None:
         for process in (gateway, stub):
             process.terminate()
             process.join(10)
+        shutil.rmtree(record_root, ignore_errors=True)
 
 
 if __name__ == "__main__":

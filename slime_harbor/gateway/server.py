@@ -362,6 +362,7 @@ class Gateway:
         finally:
             if not delivered:
                 call.delivered = False
+                call.error = call.error or "the client left before the reply was sent"
             session.finished(call)
 
 
