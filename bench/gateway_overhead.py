@@ -79,7 +79,7 @@ def run_gateway(upstream: str, model_dir: str, port: int, sessions: int, record_
         gateway = Gateway(upstream, model_dir, port=port)
         for i in range(sessions):
             gateway.open_session(f"s{i}", Path(record_root) / f"s{i}" / "agent" / "gateway",
-                                 SamplingParams(max_new_tokens=64))
+                                 SamplingParams(max_new_tokens=64), max_context_len=64 * 1024)  # a stub has room
         await gateway.start()
         await asyncio.Event().wait()  # until terminated
 
