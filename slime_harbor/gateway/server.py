@@ -146,6 +146,10 @@ class Gateway:
         for rid, task in list(session.in_flight.items()):
             await self.upstream.abort(rid)
             task.cancel()
+        for _ in range(100):  # let the handlers of cancelled calls record them (they answer 503)
+            if not session.open_calls:
+                break
+            await asyncio.sleep(0.05)
         await session.flush()
         return session
 
@@ -221,6 +225,7 @@ class Gateway:
                     rid=f"{session.session_id}-{len(session.calls)}-{uuid.uuid4().hex[:8]}")
         call.new_messages = turn.supersedes.new_messages if turn.supersedes else _new_messages(messages, turn)
         session.calls.append(call)
+        session.open_calls.add(call.index)
         seed = session.sampling_seed
         params = dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, room),
                                      sampling_seed=turn_seed(seed, call.index) if seed is not None else None)
