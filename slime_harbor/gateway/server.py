@@ -143,9 +143,15 @@ class Gateway:
         """Abort the session's in-flight upstream calls, flush its files; it stays readable."""
         session = self.sessions.pop(session_id)
         session.closed = True
-        for rid, task in list(session.in_flight.items()):
+        calls = list(session.in_flight.items())
+        for rid, task in calls:
             await self.upstream.abort(rid)
             task.cancel()
+        if calls:  # a request still in transit missed the first abort: the server has it by now
+            await asyncio.wait([task for _, task in calls], timeout=5)
+            await asyncio.sleep(0.1)
+            for rid, _ in calls:
+                await self.upstream.abort(rid)
         for _ in range(100):  # let the handlers of cancelled calls record them (they answer 503)
             if not session.open_calls:
                 break
