@@ -8,7 +8,6 @@ import asyncio
 import json
 import shutil
 import socket
-from pathlib import Path
 
 import httpx
 import openai
