@@ -282,7 +282,7 @@ def trial_to_samples(
         "raw_rewards": result.verifier_result.rewards if result.verifier_result else None,
         "agent": result.agent_info.name if result.agent_info else None,
         "turns": (agent_result.metadata or {}).get("turns") if agent_result else None,
-        "exit_status": (agent_result.metadata or {}).get("exit_status") if agent_result else None,
+        "exit_status": agent_exit_status(result),  # filters.py reads step_limit here
         "exception_type": result.exception_info.exception_type if result.exception_info else None,
         # Per turn: "stop", or "length" where the turn hit the max-new-token limit (filters.py).
         "finish_reasons": ([r for d in details for r in (d.get("extra") or {}).get("finish_reason") or []]

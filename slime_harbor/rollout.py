@@ -199,9 +199,13 @@ class ModelEndpoint:
 
     @classmethod
     def of(cls, gateway, session_id: str) -> ModelEndpoint:
-        host = gateway.host if gateway.host not in ("0.0.0.0", "::", "") else SANDBOX_LOOPBACK
-        return cls(host_url=f"http://{host}:{gateway.port}/s/{session_id}/v1",
+        return cls(host_url=f"http://{connect_host(gateway)}:{gateway.port}/s/{session_id}/v1",
                    sandbox_url=f"http://{SANDBOX_LOOPBACK}:{gateway.port}/s/{session_id}/v1", api_key=session_id)
+
+
+def connect_host(gateway) -> str:
+    """The address this host reaches the gateway at (a gateway bound to every address: loopback)."""
+    return gateway.host if gateway.host not in ("0.0.0.0", "::", "") else SANDBOX_LOOPBACK
 
 
 UNBOUND_ENDPOINT = ModelEndpoint("http://127.0.0.1:0/s/unbound/v1", "http://127.0.0.1:0/s/unbound/v1", "unbound")
@@ -303,16 +307,19 @@ def agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None = None):
     return config
 
 
-def environment_config(env: str, gateway_port: int | None = None, agent=None):
-    """The trial's EnvironmentConfig. With a gateway, our sandboxes (local, docker) are told its
-    port: a no-network sandbox then reaches it, and nothing else, at 127.0.0.1:<port>. Given the
-    trial's AgentConfig, they also install what the agent needs from the registries before the
-    trial starts (`agent_installs`, e.g. mini-swe-agent's venv; slime_harbor.installed_agents)."""
+def environment_config(env: str, gateway=None, agent=None):
+    """The trial's EnvironmentConfig. With a gateway, our sandboxes (local, docker) are told where
+    it listens: a no-network sandbox then reaches it, and nothing else, at 127.0.0.1:<its port>.
+    Given the trial's AgentConfig, they provide what the agent needs without opening the task's
+    network: tmux for terminus-2, and what the agent installs from the registries before the trial
+    starts (`agent_installs`, e.g. mini-swe-agent's venv; slime_harbor.installed_agents)."""
     from harbor.models.trial.config import EnvironmentConfig
 
     from slime_harbor.installed_agents import environment_kwargs
 
-    ours = {"gateway_port": gateway_port} if gateway_port is not None else {}
+    ours = {"gateway_port": gateway.port, "gateway_host": connect_host(gateway)} if gateway is not None else {}
+    if agent is not None and agent.name == "terminus-2":
+        ours["provide_tmux"] = True
     ours.update(environment_kwargs(agent) if agent is not None else {})
     if env == "local":
         return EnvironmentConfig(import_path=LOCAL_SANDBOX, delete=True, kwargs=ours)
@@ -435,6 +442,7 @@ def session_sampling(cfg: RolloutConfig):
 async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, trials_dir, tokenizer, started,
                           gateway=None) -> Episode:
     from harbor.models.trial.config import TaskConfig, TrialConfig, VerifierConfig
+    from harbor.trial.hooks import TrialEvent
     from harbor.trial.trial import Trial
 
     task_path = Path(task_path)
@@ -454,12 +462,15 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
                 trial_name=trial_name,
                 trials_dir=trials_dir,
                 agent=(agent := agent_config(cfg, endpoint)),
-                environment=environment_config(cfg.env, gateway.port if gateway is not None else None, agent),
+                environment=environment_config(cfg.env, gateway, agent),
                 verifier=VerifierConfig(override_timeout_sec=cfg.verifier_timeout_sec),
                 timeout_multiplier=cfg.timeout_multiplier,
             )
             trial = await Trial.create(config)
             isolate_shared_verifier(trial)  # no agent process or reward file survives into the verifier
+            if session is not None:  # the agent is done: its session's files (the ATIF trajectory of
+                # an agent that writes none) must be there before the verifier and the log upload
+                trial.add_hook(TrialEvent.AGENT_END, lambda event: _close_session(gateway, trial_name))
             result = await asyncio.wait_for(trial.run(), hard_timeout_sec(task_path, cfg.timeout_multiplier, cfg.verifier_timeout_sec))
         except asyncio.CancelledError:
             await _finish_environment_stop(trial)
@@ -477,7 +488,7 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
             )
     finally:  # ended, failed or cancelled: in-flight calls are aborted and the recording flushed
         if session is not None:
-            await gateway.close_session(trial_name)
+            await _close_session(gateway, trial_name)
     samples = trial_to_samples(
         result, group_index=group_index, index=index, tokenizer=tokenizer, reward_mapping=cfg.reward_mapping,
         **({"recorded": session} if session is not None else {}),
@@ -491,6 +502,12 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
         samples=samples, seconds=time.monotonic() - started, trial_dir=first.metadata.get("trial_dir"),
         error=None if first.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED) else first.metadata.get("status_reason"),
     )
+
+
+async def _close_session(gateway, session_id: str) -> None:
+    """Close a trial's gateway session unless it is closed already (at the agent's end)."""
+    if session_id in gateway.sessions:
+        await gateway.close_session(session_id)
 
 
 async def _finish_environment_stop(trial) -> None:
@@ -622,13 +639,11 @@ async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
     tasks = check_config(cfg)
     tasks, skipped_tasks = apply_manifest(tasks, cfg.task_manifest)
     preflight_environment(cfg.env)
-    out = Path(cfg.out_dir)
-    (out / "trials").mkdir(parents=True, exist_ok=True)
-    job = HarborJob(out / "trials", cfg, tasks)
-    tokenizer = load_tokenizer(cfg.model_dir)
-
     async with serving_gateway(cfg) as gateway:  # closed, port freed, also on Ctrl-C
-        return await _run_all(cfg, tasks, out, job, tokenizer, gateway, skipped_tasks)
+        out = Path(cfg.out_dir)
+        (out / "trials").mkdir(parents=True, exist_ok=True)
+        job = HarborJob(out / "trials", cfg, tasks)
+        return await _run_all(cfg, tasks, out, job, load_tokenizer(cfg.model_dir), gateway, skipped_tasks)
 
 
 async def _run_all(cfg: RolloutConfig, tasks: list[Path], out: Path, job: HarborJob, tokenizer, gateway,

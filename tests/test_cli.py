@@ -252,6 +252,21 @@ def test_train_local_reward_mapping_reaches_the_rollout(tmp_path):
     assert config_from_args([]).rollout("http://x", "m", tmp_path).reward_mapping == "raw"
 
 
+def test_gateway_host_reaches_the_rollout_from_both_commands(tmp_path):
+    import argparse
+
+    from slime_harbor.cli import add_rollout_args, rollout_config
+    from slime_harbor.rollout import RolloutConfig
+    from slime_harbor.trainers.local import config_from_args
+
+    assert config_from_args(["--gateway-host", "0.0.0.0"]).rollout("http://x", "m", tmp_path).gateway_host == "0.0.0.0"
+    assert config_from_args([]).rollout("http://x", "m", tmp_path).gateway_host == "127.0.0.1"
+    parser = argparse.ArgumentParser()
+    add_rollout_args(parser, RolloutConfig())
+    args = parser.parse_args(["--gateway-host", "10.0.0.5"])
+    assert rollout_config(args).gateway_host == "10.0.0.5"
+
+
 @pytest.mark.slow
 def test_train_local_sigterm_keeps_metrics_and_checkpoints(tmp_path):
     """SIGTERM during step 2's rollout: step 1's metrics and checkpoint stay, summary.json says

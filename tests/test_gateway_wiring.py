@@ -77,10 +77,15 @@ def test_endpoint_of_a_gateway_bound_to_every_address_is_reached_on_loopback():
     assert endpoint.host_url == endpoint.sandbox_url == "http://127.0.0.1:5555/s/t__g0_1__abc/v1"
 
 
-def test_our_sandboxes_are_told_the_gateway_port():
-    assert environment_config("local", 4321).kwargs == {"gateway_port": 4321}
-    assert environment_config("docker", 4321).kwargs == {"gateway_port": 4321}
-    assert environment_config("docker").kwargs == {} and environment_config("harbor-docker", 4321).kwargs == {}
+def test_our_sandboxes_are_told_where_the_gateway_listens():
+    class Bound:
+        host, port = "0.0.0.0", 4321
+
+    reach = {"gateway_port": 4321, "gateway_host": "127.0.0.1"}
+    assert environment_config("local", Bound()).kwargs == reach
+    terminus = agent_config(RolloutConfig(agent="terminus-2"), ENDPOINT)
+    assert environment_config("docker", Bound(), terminus).kwargs == {**reach, "provide_tmux": True}
+    assert environment_config("docker").kwargs == {} and environment_config("harbor-docker", Bound()).kwargs == {}
 
 
 def _terminus_result(n_episodes: int, max_turns: int = 2, rewards=None):
@@ -105,6 +110,19 @@ def test_terminus2_reaching_max_turns_is_truncated_and_scored():
     assert classify(_terminus_result(n_episodes=1, rewards={"reward": 1.0}))[:2] == (SampleStatus.COMPLETED, 1.0)
 
 
+@needs_gateway
+def test_a_gateway_that_cannot_start_is_one_config_error(tiny_model_dir):
+    """An address not on this host (--gateway-host): one ConfigError line, which the CLI prints."""
+    from slime_harbor.exits import ConfigError
+    from slime_harbor.rollout import start_gateway
+
+    cfg = RolloutConfig(agent="terminus-2", policy_url="http://127.0.0.1:9", model_dir=str(tiny_model_dir),
+                        gateway_host="192.0.2.1")
+    with pytest.raises(ConfigError, match="model gateway for agent 'terminus-2' cannot start: .*") as error:
+        asyncio.run(start_gateway(cfg))
+    assert "\n" not in str(error.value)
+
+
 # ---- real rollouts through the gateway ------------------------------------------------------------
 
 def session_ports(out: Path) -> set[int]:
@@ -120,9 +138,18 @@ def session_ports(out: Path) -> set[int]:
 
 
 def port_is_free(port: int) -> bool:
-    with socket.socket() as s:
+    """Nothing listens on the loopback port, and a new server can bind it (SO_REUSEADDR, as servers
+    do: connections the gateway closed may linger in TIME_WAIT, which is not a leak)."""
+    with socket.socket() as probe:
         try:
-            s.bind(("127.0.0.1", port))
+            probe.connect(("127.0.0.1", port))
+            return False
+        except ConnectionRefusedError:
+            pass
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            server.bind(("127.0.0.1", port))
             return True
         except OSError:
             return False

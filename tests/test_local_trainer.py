@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import needs_gateway
 
 from slime_harbor.trainers.local import (
     OPTIMIZER_STATE, LocalTrainConfig, Policy, config_from_args, find_checkpoint, make_batch, token_logprobs,
@@ -260,3 +261,23 @@ def test_integration_script():
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "integration OK" in proc.stdout
+
+
+@needs_gateway
+@pytest.mark.slow
+def test_a_gateway_agent_trains_locally(tiny_model_dir, tmp_path):
+    """train-local with a `module:Class` agent (tests/chat_tools_agent.py): its episodes go through
+    the gateway in front of the trainer's embedded server; the gateway writes the ATIF trajectory
+    the agent does not write when the agent ends, before the verifier reads it (vowel-share scores
+    the agent's text from it), so the group has a signal and the step trains."""
+    out = tmp_path / "run"
+    train(run_config(tiny_model_dir, out, agent="chat_tools_agent:ChatToolsAgent", num_rollouts=1,
+                     updates_per_rollout=1))
+    (m,) = json.loads((out / "metrics.json").read_text())
+    assert m["skipped"] is None and m["aborted"] == 0 and m["n_trained_samples"] == 4, m
+    samples = read_jsonl(out / "rollouts" / "step_1" / "samples.jsonl")
+    assert len({s.metadata["raw_rewards"]["reward"] for s in samples}) > 1
+    for s in samples:
+        trial = Path(s.metadata["trial_dir"])
+        assert (trial / "agent" / "trajectory.json").is_file() and (trial / "agent" / "gateway" / "calls.jsonl").is_file()
+    assert rollout_logprob_gap(base_model(tiny_model_dir), samples) < 1e-4  # step 1 samples the base policy

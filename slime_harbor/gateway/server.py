@@ -119,7 +119,9 @@ class Gateway:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
+        # without it every reply waits ~40 ms for the client's delayed ACK (Nagle).
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
@@ -141,9 +143,19 @@ class Gateway:
         """Abort the session's in-flight upstream calls, flush its files; it stays readable."""
         session = self.sessions.pop(session_id)
         session.closed = True
-        for rid, task in list(session.in_flight.items()):
+        calls = list(session.in_flight.items())
+        for rid, task in calls:
             await self.upstream.abort(rid)
             task.cancel()
+        if calls:  # a request still in transit missed the first abort: the server has it by now
+            await asyncio.wait([task for _, task in calls], timeout=5)
+            await asyncio.sleep(0.1)
+            for rid, _ in calls:
+                await self.upstream.abort(rid)
+        for _ in range(100):  # let the handlers of cancelled calls record them (they answer 503)
+            if not session.open_calls:
+                break
+            await asyncio.sleep(0.05)
         await session.flush()
         return session
 
@@ -219,6 +231,7 @@ class Gateway:
                     rid=f"{session.session_id}-{len(session.calls)}-{uuid.uuid4().hex[:8]}")
         call.new_messages = turn.supersedes.new_messages if turn.supersedes else _new_messages(messages, turn)
         session.calls.append(call)
+        session.open_calls.add(call.index)
         seed = session.sampling_seed
         params = dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, room),
                                      sampling_seed=turn_seed(seed, call.index) if seed is not None else None)
@@ -362,6 +375,7 @@ class Gateway:
         finally:
             if not delivered:
                 call.delivered = False
+                call.error = call.error or "the client left before the reply was sent"
             session.finished(call)
 
 

@@ -489,7 +489,7 @@ class EmbeddedPolicyServer:
         self.engine = engine or load_engine(model_dir, engine_config)
         name = model_name or (Path(model_dir).name if model_dir else "policy")
         self.policy = PolicyServer(self.engine, name, str(model_dir) if model_dir else None)
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY (asyncio)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.host, self.port = self._socket.getsockname()[:2]
