@@ -91,7 +91,7 @@ def claude_results(message: anthropic.types.Message, k: int) -> dict:
 async def claude_turn(client, messages, k):
     kwargs = dict(model="claude-whatever", max_tokens=1000, messages=messages, tools=ANTHROPIC_TOOLS,
                   system=[{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}],
-                  metadata={"user_id": "someone"}, temperature=0.0,
+                  metadata={"user_id": "someone"}, extra_body={"temperature": 0.0},
                   extra_headers={"anthropic-beta": "interleaved-thinking-2025-05-14"})
     if k % 2:
         async with client.messages.stream(**kwargs) as stream:
