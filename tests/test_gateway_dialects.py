@@ -5,7 +5,9 @@ template, one token-exact sample for an append-only conversation, a branch per c
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 
 import anthropic
 import httpx
@@ -14,9 +16,11 @@ import pytest
 import websockets
 
 from slime_harbor.converter import trial_to_samples
+from slime_harbor.gateway.anthropic import anthropic_base_url
+from slime_harbor.samples import SampleStatus
 from test_converter import make_result
 from test_gateway import (  # noqa: F401  (module fixtures: the SFT'd tool model and its server)
-    RUN, SYSTEM, TASK, TOOLS, observation, run_with_gateway, tool_model, tool_model_dir, tool_server)
+    RUN, SYSTEM, TASK, TOOLS, base_server, observation, run_with_gateway, tool_model, tool_model_dir, tool_server)
 from test_rollout_e2e import check_sample_against_model
 
 ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"],
@@ -28,7 +32,8 @@ TURNS = 6
 
 def session_root(session) -> str:
     """What a host-side agent given the OpenAI api_base uses as an Anthropic base URL."""
-    return session.openai_base_url().removesuffix("/v1")
+    assert anthropic_base_url(session) == session.openai_base_url().removesuffix("/v1")
+    return anthropic_base_url(session)
 
 
 def chat_prompt(tokenizer, extra=()) -> list[int]:
@@ -368,3 +373,82 @@ def test_responses_wire_errors_and_websocket_refusal(tool_server, tool_model_dir
     assert out["ws"].status_code == 426
     assert json.loads(out["ws"].body)["error"]["code"] == "websocket_not_supported"
     assert session.stats["calls"] == 2  # the refused requests sampled nothing
+
+
+# ---- both: faults -----------------------------------------------------------------------------
+
+def test_policy_down_is_each_dialects_error_streamed_or_not(tiny_model_dir, tmp_path):
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+    async def scenario(gateway):
+        claude_session = gateway.open_session("down-claude", tmp_path / "claude")
+        codex_session = gateway.open_session("down-codex", tmp_path / "codex")
+        errors = {}
+        async with httpx.AsyncClient(timeout=60) as http:  # a stream's first call: the error is in the stream
+            for name, url, body in [
+                ("anthropic stream", session_root(claude_session) + "/v1/messages",
+                 {"max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": TASK}]}),
+                ("responses stream", codex_session.openai_base_url() + "/responses", {"input": TASK, "stream": True}),
+            ]:
+                async with http.stream("POST", url, json=body) as response:
+                    assert response.status_code == 200
+                    errors[name] = sse_events([line async for line in response.aiter_lines() if line])
+        claude = anthropic.AsyncAnthropic(base_url=session_root(claude_session), api_key="k", max_retries=0)
+        codex = openai.AsyncOpenAI(base_url=codex_session.openai_base_url(), api_key="k", max_retries=0)
+        with pytest.raises(anthropic.APIStatusError) as error:
+            await claude.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": TASK}])
+        errors["anthropic"] = error.value
+        with pytest.raises(openai.APIStatusError) as error:
+            await codex.responses.create(model="m", input=TASK)
+        errors["responses"] = error.value
+        await claude.close()
+        await codex.close()
+        return [claude_session, codex_session], errors
+
+    (sessions, errors), _ = run_with_gateway(dead, tiny_model_dir, scenario)
+    assert [name for name, _ in errors["anthropic stream"]] == ["message_start", "error"]
+    assert errors["anthropic stream"][1][1]["error"]["type"] == "api_error"
+    assert "unavailable" in errors["anthropic stream"][1][1]["error"]["message"]
+    assert [name for name, _ in errors["responses stream"]] == ["response.created", "response.in_progress",
+                                                                 "response.failed"]
+    assert "unavailable" in errors["responses stream"][-1][1]["response"]["error"]["message"]
+    assert errors["anthropic"].status_code == 503 and errors["anthropic"].body["type"] == "error"
+    assert "unavailable" in errors["anthropic"].body["error"]["message"]
+    assert errors["responses"].status_code == 503 and "unavailable" in errors["responses"].message
+    for session in sessions:
+        assert session.exit_reason == "policy_unavailable" and session.stats["trained"] == 0
+        (sample,) = trial_to_samples(make_result(rewards={"reward": 0.0}), recorded=session)
+        assert sample.status == SampleStatus.ABORTED and sample.remove_sample
+
+
+def test_a_stream_the_client_leaves_is_recorded_not_trained(base_server, tiny_model_dir, tmp_path):
+    """Claude Code / Codex hanging up mid-stream: the upstream request is aborted, the call is
+    recorded as undelivered and nothing is trained; the OpenAI base URL used as an Anthropic base
+    URL (/v1/v1/messages) reaches the session too."""
+    from slime_harbor.policy.client import SamplingParams
+
+    async def scenario(gateway):
+        session = gateway.open_session("gone", tmp_path / "gw", SamplingParams(max_new_tokens=2000))
+        requests = [
+            (session.openai_base_url() + "/v1/messages",
+             {"max_tokens": 2000, "stream": True, "messages": [{"role": "user", "content": TASK}]}),
+            (session.openai_base_url() + "/responses", {"input": TASK, "stream": True}),
+        ]
+        async with httpx.AsyncClient(timeout=60) as http:
+            for url, body in requests:
+                async with http.stream("POST", url, json=body) as response:
+                    assert response.status_code == 200
+                    async for line in response.aiter_lines():
+                        assert "message_start" in line or "response.created" in line
+                        break
+        for _ in range(600):
+            if session.stats["undelivered"] == 2 and not session.in_flight:
+                break
+            await asyncio.sleep(0.05)
+        return session
+
+    session, _ = run_with_gateway(base_server, tiny_model_dir, scenario)
+    assert session.stats["calls"] == 2 and session.stats["undelivered"] == 2 and session.stats["trained"] == 0
+    assert all(call.error for call in session.calls) and session.rollout_details() == []

@@ -1,10 +1,10 @@
 """Anthropic Messages on the gateway's sessions (what Claude Code speaks).
 
 Routes: `POST {root}/v1/messages` (streamed or not) and `{root}/v1/messages/count_tokens`, where
-`{root}` is the session root `/s/<session>` (an OpenAI `api_base` without its `/v1`: Anthropic
-SDKs append `/v1/messages` to their base URL), or nothing, the session then named by `x-api-key` or
-the bearer token (ANTHROPIC_AUTH_TOKEN); `HEAD /` (and the session root) answers 200 for clients
-that probe the base URL. `GET /v1/models` answers in Anthropic's shape when the request carries
+`{root}` is the session root `/s/<session>` (`anthropic_base_url(session)`: an OpenAI `api_base`
+without its `/v1`, since Anthropic SDKs append `/v1/messages` to their base URL), or nothing, the
+session then named by `x-api-key` or the bearer token (ANTHROPIC_AUTH_TOKEN); `HEAD /` (and the
+session root) answers 200 for clients that probe the base URL. `GET /v1/models` answers in Anthropic's shape when the request carries
 `anthropic-version` (server.Gateway.models). Errors are Anthropic's
 `{"type": "error", "error": {"type": ..., "message": ...}}`.
 
@@ -40,11 +40,18 @@ ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "api_e
 
 def add_routes(gateway) -> None:
     handler = MessagesAPI(gateway)
-    for prefix in ("/s/{session_id}/v1", "/v1"):
+    # "/s/{session_id}/v1/v1": a client handed the session's OpenAI base URL (ending in /v1) as its
+    # Anthropic base URL, to which the SDK appends /v1/messages again.
+    for prefix in ("/s/{session_id}/v1", "/v1", "/s/{session_id}/v1/v1"):
         gateway.app.add_api_route(prefix + "/messages", handler.messages, methods=["POST"])
         gateway.app.add_api_route(prefix + "/messages/count_tokens", handler.count_tokens, methods=["POST"])
     for path in ("/", "/s/{session_id}", "/s/{session_id}/v1"):
         gateway.app.add_api_route(path, handler.head, methods=["HEAD"])
+
+
+def anthropic_base_url(session, host: str | None = None) -> str:
+    """The session's root, what ANTHROPIC_BASE_URL should be (the SDK appends /v1/messages)."""
+    return session.openai_base_url(host).removesuffix("/v1")
 
 
 def models_reply(served_model_name: str) -> dict[str, Any]:
