@@ -5,8 +5,8 @@ Routes: `POST {root}/v1/messages` (streamed or not) and `{root}/v1/messages/coun
 without its `/v1`, since Anthropic SDKs append `/v1/messages` to their base URL), or nothing, the
 session then named by `x-api-key` or the bearer token (ANTHROPIC_AUTH_TOKEN); `HEAD /` (and the
 session root) answers 200 for clients that probe the base URL. `GET /v1/models` answers in
-Anthropic's shape when the request carries `anthropic-version` (server.Gateway.models). Errors are Anthropic's
-`{"type": "error", "error": {"type": ..., "message": ...}}`.
+Anthropic's shape when the request carries `anthropic-version` (server.Gateway.models). Errors
+are Anthropic's `{"type": "error", "error": {"type": ..., "message": ...}}`.
 
 A request becomes the chat-completions turn the gateway serves (same template, exact tokens for
 the gateway's own earlier replies, branches, the run's sampling, recording): `system` (a string or
