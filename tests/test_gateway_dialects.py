@@ -452,3 +452,40 @@ def test_a_stream_the_client_leaves_is_recorded_not_trained(base_server, tiny_mo
     session, _ = run_with_gateway(base_server, tiny_model_dir, scenario)
     assert session.stats["calls"] == 2 and session.stats["undelivered"] == 2 and session.stats["trained"] == 0
     assert all(call.error for call in session.calls) and session.rollout_details() == []
+
+
+def test_streams_keep_alive_while_the_policy_samples(base_server, tiny_model_dir, tmp_path, monkeypatch):
+    """A long generation: Anthropic `ping` events and Responses `response.in_progress` events (with
+    consecutive sequence numbers) until the reply, which both SDKs still assemble."""
+    import slime_harbor.gateway.wire as wire
+    from slime_harbor.policy.client import SamplingParams
+
+    monkeypatch.setattr(wire, "KEEPALIVE_S", 0.005)
+
+    async def scenario(gateway):
+        session = gateway.open_session("alive", tmp_path / "gw", SamplingParams(max_new_tokens=200))
+        out = {}
+        async with httpx.AsyncClient(timeout=60) as http:
+            for name, url, body in [
+                ("anthropic", session_root(session) + "/v1/messages",
+                 {"max_tokens": 200, "stream": True, "messages": [{"role": "user", "content": TASK}]}),
+                ("responses", session.openai_base_url() + "/responses", {"input": "Again: " + TASK, "stream": True}),
+            ]:
+                async with http.stream("POST", url, json=body) as response:
+                    out[name] = sse_events([line async for line in response.aiter_lines() if line])
+        claude = anthropic.AsyncAnthropic(base_url=session_root(session), api_key="k", max_retries=0)
+        async with claude.messages.stream(model="m", max_tokens=200,
+                                          messages=[{"role": "user", "content": "Once more: " + TASK}]) as stream:
+            out["sdk"] = await stream.get_final_message()
+        await claude.close()
+        return session, out
+
+    (session, out), _ = run_with_gateway(base_server, tiny_model_dir, scenario)
+    names = [name for name, _ in out["anthropic"]]
+    assert names[0] == "message_start" and names[1] == "ping" and names[-1] == "message_stop"
+    names = [name for name, _ in out["responses"]]
+    assert names[:3] == ["response.created", "response.in_progress", "response.in_progress"]
+    assert names[-1] == "response.completed"
+    assert [p["sequence_number"] for _, p in out["responses"]] == list(range(len(names)))
+    assert out["sdk"].usage.output_tokens == len(session.calls[2].completion_ids) > 0
+    assert session.stats["trained"] == 3
