@@ -8,7 +8,6 @@ import asyncio
 import json
 import shutil
 import socket
-from pathlib import Path
 
 import httpx
 import openai
@@ -134,7 +133,9 @@ def tool_results(message, k: int) -> list[dict]:
 
 
 def port_is_free(port: int) -> bool:
+    """Nothing listens on the port any more (SO_REUSEADDR: closed connections in TIME_WAIT may stay)."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:
@@ -418,3 +419,34 @@ def test_a_model_family_without_a_parser_is_one_clear_error(tiny_model_dir, tmp_
     (other / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
     with pytest.raises(GatewayError, match="no chat renderer/parser for model family 'llama'.*supported"):
         Gateway("http://127.0.0.1:1", other)
+
+
+def test_close_session_aborts_in_flight_calls_and_aclose_frees_the_port(base_server, tiny_model_dir, tmp_path):
+    async def scenario(gateway):
+        session = gateway.open_session("busy", tmp_path / "agent" / "gateway", SamplingParams(max_new_tokens=4000))
+        call = asyncio.create_task(sdk(session).chat.completions.create(model="m", messages=first_messages()))
+        for _ in range(600):  # until the upstream call is running
+            if session.in_flight:
+                break
+            await asyncio.sleep(0.05)
+        assert session.in_flight
+        closed = await gateway.close_session("busy")
+        with pytest.raises(openai.APIStatusError) as error:
+            await call
+        async with httpx.AsyncClient(timeout=30) as http:
+            for _ in range(50):  # the engine drops an aborted request at its next step
+                loads = (await http.get(base_server + "/v1/loads")).json()
+                if loads["num_running_reqs"] == 0:
+                    break
+                await asyncio.sleep(0.1)
+            after = await http.post(session.openai_base_url() + "/chat/completions", json={"messages": first_messages()})
+        return closed, error.value, loads, after
+
+    (session, error, loads, after), port = run_with_gateway(base_server, tiny_model_dir, scenario)
+    assert error.status_code == 503 and loads["num_running_reqs"] == 0  # aborted upstream, not left running
+    assert after.status_code == 404  # a closed session is gone
+    assert session.stats["trained"] == 0 and session.stats["undelivered"] == 1
+    lines = (tmp_path / "agent" / "gateway" / "calls.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["delivered"] is False
+    assert json.loads((tmp_path / "agent" / "gateway" / "session.json").read_text())["stats"]["calls"] == 1
+    assert port_is_free(port)

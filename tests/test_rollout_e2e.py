@@ -312,8 +312,11 @@ def test_native_agent_seeded_episodes_replay_and_stop_at_the_context_limit(
         return run_episode(task, cfg, group_index=0, index=index, trials_dir=cfg.out_dir / "trials")
 
     async def seeded():  # run together: the seeded episodes share the engine's batches
-        return await asyncio.gather(episode("a", 0, sampling_seed=7), episode("b", 1, sampling_seed=7),
-                                    episode("c", 2, sampling_seed=8))
+        # Temperature 1.5: the SFT'd model is near-certain of its taught reply at 1.0, so two seeds
+        # would often draw the same tokens; the seed's effect is what is checked here.
+        return await asyncio.gather(episode("a", 0, sampling_seed=7, temperature=1.5),
+                                    episode("b", 1, sampling_seed=7, temperature=1.5),
+                                    episode("c", 2, sampling_seed=8, temperature=1.5))
 
     a, b, c = asyncio.run(seeded())
     assert a.status == b.status and a.samples[0].tokens == b.samples[0].tokens  # an episode replays exactly

@@ -147,9 +147,19 @@ class Gateway:
         """Abort the session's in-flight upstream calls, flush its files; it stays readable."""
         session = self.sessions.pop(session_id)
         session.closed = True
-        for rid, task in list(session.in_flight.items()):
+        calls = list(session.in_flight.items())
+        for rid, task in calls:
             await self.upstream.abort(rid)
             task.cancel()
+        if calls:  # a request still in transit missed the first abort: the server has it by now
+            await asyncio.wait([task for _, task in calls], timeout=5)
+            await asyncio.sleep(0.1)
+            for rid, _ in calls:
+                await self.upstream.abort(rid)
+        for _ in range(100):  # let the handlers of cancelled calls record them (they answer 503)
+            if not session.open_calls:
+                break
+            await asyncio.sleep(0.05)
         await session.flush()
         return session
 
@@ -231,6 +241,7 @@ class Gateway:
                     rid=f"{session.session_id}-{len(session.calls)}-{uuid.uuid4().hex[:8]}")
         call.new_messages = turn.supersedes.new_messages if turn.supersedes else _new_messages(messages, turn)
         session.calls.append(call)
+        session.open_calls.add(call.index)
         seed = session.sampling_seed
         params = dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, room),
                                      sampling_seed=turn_seed(seed, call.index) if seed is not None else None)

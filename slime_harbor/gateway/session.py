@@ -198,6 +198,7 @@ class GatewaySession:
         self.branches: list[Branch] = []
         self.closed = False
         self.in_flight: dict[str, asyncio.Task] = {}  # rid -> the task awaiting the upstream
+        self.open_calls: set[int] = set()  # calls whose handler has not finished them yet
         self._errors = 0
         self._pending_lines: list[Call | dict] = []
         self._writer: asyncio.Task | None = None
@@ -306,6 +307,7 @@ class GatewaySession:
     # ---- files ----------------------------------------------------------------------------
     def finished(self, call: Call) -> None:
         """A call is over (delivered or not): its line goes to calls.jsonl, off the event loop."""
+        self.open_calls.discard(call.index)
         self._queue(call)
 
     def _queue(self, item: Call | dict) -> None:
