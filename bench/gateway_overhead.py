@@ -8,7 +8,8 @@ reply: a Qwen3 tool call ending with <|im_end|>, output_token_logprobs, finish_r
 weight_version), so the figure is the gateway's own cost. Per case, each session starts with a
 history of about H tokens (one long user message) and then appends one reply + one short tool
 result per call, as an agent does; only those appended calls are timed (the first call is a full
-render). The direct baseline posts the same input_ids the gateway sent, to the same stub.
+render). The direct baseline posts the same input_ids the gateway sent, to the same stub, with
+the same concurrency (after every session's gateway call of that step).
 Prints one line per case: history=32k concurrency=1 median_added_ms=...
 """
 
@@ -105,49 +106,56 @@ def history_text(tokenizer, n_tokens: int) -> str:
     return tokenizer.decode(ids)
 
 
-async def one_session(http, gateway_url: str, stub_url: str, session: str, history: str, calls: int) -> list[float]:
+async def one_session(http, gateway_url: str, session: str, history: str, calls: int, step) -> None:
     """One agent: the long first call (untimed), then `calls` appended turns, each timed through
-    the gateway and directly with the gateway's own prompt. Returns added ms per call."""
+    the gateway; `step(k, seconds)` waits for every session's call k (a barrier) before the next."""
     url = f"{gateway_url}/s/{session}/v1/chat/completions"
     messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": history}]
-    added = []
     for k in range(calls + 1):
         started = time.perf_counter()
         response = await http.post(url, json={"model": "policy", "messages": messages, "tools": TOOLS})
         through = time.perf_counter() - started
-        reply = response.json()
         if response.status_code != 200:
             raise SystemExit(f"gateway answered {response.status_code}: {response.text[:300]}")
-        n_prompt = reply["usage"]["prompt_tokens"]
-        message = reply["choices"][0]["message"]
+        message = response.json()["choices"][0]["message"]
         messages = messages + [{"role": "assistant", "content": message["content"], "tool_calls": message["tool_calls"]},
                                {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
                                 "content": f"file_{k}.txt README.md"}]
-        if k == 0:
-            continue
-        # The same tokens straight to the upstream: the prompt the gateway sent for this call.
-        prompt_ids = (await http.get(f"{stub_url}/last/{session}")).json()
-        assert len(prompt_ids) == n_prompt
-        payload = {"input_ids": prompt_ids, "sampling_params": {"max_new_tokens": 64}, "return_logprob": True,
-                   "rid": f"direct-{session}-{k}"}
-        started = time.perf_counter()
-        direct_response = await http.post(f"{stub_url}/generate", json=payload)
-        direct_response.json()
-        direct = time.perf_counter() - started
-        added.append((through - direct) * 1000)
-    return added
+        await step(k, through)
+
+
+async def direct_call(http, stub_url: str, session: str, k: int) -> float:
+    """The same tokens straight to the upstream: the prompt the gateway sent for this call."""
+    prompt_ids = (await http.get(f"{stub_url}/last/{session}")).json()
+    payload = {"input_ids": prompt_ids, "sampling_params": {"max_new_tokens": 64}, "return_logprob": True,
+               "rid": f"direct-{session}-{k}"}
+    started = time.perf_counter()
+    (await http.post(f"{stub_url}/generate", json=payload)).json()
+    return time.perf_counter() - started
 
 
 async def run_case(gateway_url, stub_url, tokenizer, history_tokens, concurrency, calls, first_session):
+    """Per call index k: all sessions call the gateway at once; then, once all have, the same
+    prompts go straight to the stub at once. Added = median(through) - median(direct) per k."""
     import httpx
 
     history = history_text(tokenizer, history_tokens)
+    sessions = [f"s{first_session + i}" for i in range(concurrency)]
+    through: dict[int, list[float]] = {}
+    added: list[float] = []
     limits = httpx.Limits(max_connections=2 * concurrency + 4)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
-        results = await asyncio.gather(*[
-            one_session(http, gateway_url, stub_url, f"s{first_session + i}", history, calls)
-            for i in range(concurrency)])
-    return [x for r in results for x in r]
+    async with httpx.AsyncClient(timeout=300, limits=limits) as http:
+        barrier = asyncio.Barrier(concurrency)
+
+        async def step(k: int, seconds: float) -> None:
+            through.setdefault(k, []).append(seconds)
+            if await barrier.wait() == 0 and k > 0:  # one session times the direct calls of step k
+                direct = await asyncio.gather(*[direct_call(http, stub_url, s, k) for s in sessions])
+                added.append((statistics.median(through[k]) - statistics.median(direct)) * 1000)
+            await barrier.wait()
+
+        await asyncio.gather(*[one_session(http, gateway_url, s, history, calls, step) for s in sessions])
+    return added
 
 
 def main() -> None:
@@ -158,6 +166,7 @@ def main() -> None:
     args = parser.parse_args()
     import tempfile
 
+    import httpx
     from transformers import AutoTokenizer
 
     from slime_harbor.policy.tiny_model import ensure_tiny_model
@@ -181,12 +190,17 @@ def main() -> None:
         first = 0
         for history in histories:
             for concurrency in concurrencies:
-                added = asyncio.run(run_case(f"http://127.0.0.1:{gateway_port}", f"http://127.0.0.1:{stub_port}",
-                                             tokenizer, history, concurrency, args.calls, first))
-                first += concurrency
                 label = f"{history // 1024}k" if history % 1024 == 0 else str(history)
+                try:  # one figure per call step (median over the sessions' calls of that step)
+                    added = asyncio.run(run_case(f"http://127.0.0.1:{gateway_port}", f"http://127.0.0.1:{stub_port}",
+                                                 tokenizer, history, concurrency, args.calls, first))
+                except (httpx.HTTPError, SystemExit) as error:
+                    print(f"history={label} concurrency={concurrency} failed: {type(error).__name__}: {error}", flush=True)
+                    continue
+                finally:
+                    first += concurrency
                 print(f"history={label} concurrency={concurrency} median_added_ms={statistics.median(added):.2f} "
-                      f"p90_added_ms={statistics.quantiles(added, n=10)[-1]:.2f} calls={len(added)}", flush=True)
+                      f"p90_added_ms={statistics.quantiles(added, n=10)[-1]:.2f} calls={len(added) * concurrency}", flush=True)
     finally:
         for process in (gateway, stub):
             process.terminate()

@@ -166,6 +166,12 @@ def test_append_only_conversation_is_one_exact_sample(tool_server, tool_model_di
             messages = messages + [echoed(message)] + tool_results(message, k)
         await client.close()
         await gateway.close_session("ep1")
+        # Each prompt is the renderer's bridge over the WHOLE previous prompt (the gateway bridges
+        # from the last turn's tail only, for speed: it must give the same tokens).
+        for before, after in zip(session.calls, session.calls[1:]):
+            full = gateway.renderer.bridge_to_next_turn(before.prompt_ids, before.completion_ids, after.new_messages,
+                                                        tools=TOOLS)
+            assert full.token_ids == after.prompt_ids
         return session, usages, tool_turns
 
     (session, usages, tool_turns), port = run_with_gateway(tool_server, tool_model_dir, scenario)
