@@ -114,6 +114,10 @@ class Gateway:
         for prefix in ("/s/{session_id}/v1", "/v1"):
             self.app.add_api_route(prefix + "/chat/completions", self.chat_completions, methods=["POST"])
             self.app.add_api_route(prefix + "/models", self.models, methods=["GET"])
+        from slime_harbor.gateway import anthropic, responses  # other APIs' wire formats on the same sessions
+
+        anthropic.add_routes(self)
+        responses.add_routes(self)
 
     @property
     def base_url(self) -> str:
@@ -173,6 +177,10 @@ class Gateway:
 
     # ---- routes ---------------------------------------------------------------------------
     async def models(self, request: Request, session_id: str | None = None) -> JSONResponse:
+        if "anthropic-version" in request.headers:  # an Anthropic SDK lists models in its own shape
+            from slime_harbor.gateway.anthropic import models_reply
+
+            return JSONResponse(models_reply(self.served_model_name))
         return JSONResponse({"object": "list", "data": [{
             "id": self.served_model_name, "object": "model", "created": 0, "owned_by": "slime-harbor",
             "max_model_len": self.max_context_len}]})
@@ -203,7 +211,9 @@ class Gateway:
             raise LookupError(f"no open gateway session {session_id!r}")
         return session
 
-    async def _complete(self, request: Request, session: GatewaySession, body: dict[str, Any]):
+    async def _complete(self, request: Request, session: GatewaySession, body: dict[str, Any], wire=None):
+        """One chat-completions turn; `wire` (anthropic.py, responses.py) writes the reply in
+        another API's format instead, from the same call."""
         stream = body.get("stream") or False
         if not isinstance(stream, bool):
             raise BadRequest("stream must be a boolean", param="stream")
@@ -237,6 +247,9 @@ class Gateway:
         params = dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, room),
                                      sampling_seed=turn_seed(seed, call.index) if seed is not None else None)
         model = body.get("model") if isinstance(body.get("model"), str) else self.served_model_name
+        if stream and wire is not None:
+            return StreamingResponse(wire.stream(self, request, session, turn, call, params, tools, model),
+                                     media_type="text/event-stream")
         if stream:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if isinstance(
                 body.get("stream_options"), dict) else False
@@ -247,7 +260,7 @@ class Gateway:
             await self._generate(request, session, call, params, tools)
             if await request.is_disconnected():
                 raise _Unavailable("the client went away")
-            reply = _completion(call, model)
+            reply = wire.reply(call, model) if wire is not None else _completion(call, model)
             session.commit(turn, call, canonical(normalise_messages([call.message])[0]))
             delivered = True
             return JSONResponse(reply)
