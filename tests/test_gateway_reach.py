@@ -246,14 +246,29 @@ def test_provide_tmux_gives_a_working_tmux(kind, tmp_path):
 
 
 def terminus2_trial(tmp_path: Path, cfg, environment_kwargs: dict):
+    """One terminus-2 trial in our Docker sandbox, sampling through a recording gateway in front of
+    cfg.policy_url, as rollout runs it. Returns (TrialResult, the trial's closed gateway session)."""
+    import uuid
+
     from harbor.models.trial.config import EnvironmentConfig, TaskConfig, TrialConfig
     from harbor.trial.trial import Trial
 
+    from slime_harbor.rollout import ModelEndpoint, serving_gateway, session_sampling
+
     async def run():
-        environment = EnvironmentConfig(import_path=DOCKER_SANDBOX, delete=True, kwargs=environment_kwargs)
-        trial = await Trial.create(TrialConfig(task=TaskConfig(path=TASK), trials_dir=tmp_path / "trials",
-                                               agent=agent_config(cfg), environment=environment))  # fmt: skip
-        return await trial.run()
+        async with serving_gateway(cfg) as gateway:
+            name = f"t2-{uuid.uuid4().hex[:8]}"
+            gateway.open_session(name, record_dir=tmp_path / "trials" / name / "agent" / "gateway",
+                                 sampling=session_sampling(cfg))  # fmt: skip
+            environment = EnvironmentConfig(import_path=DOCKER_SANDBOX, delete=True, kwargs=environment_kwargs)
+            trial = await Trial.create(TrialConfig(task=TaskConfig(path=TASK), trial_name=name,
+                                                   trials_dir=tmp_path / "trials",
+                                                   agent=agent_config(cfg, ModelEndpoint.of(gateway, name)),
+                                                   environment=environment))  # fmt: skip
+            try:
+                return await trial.run(), gateway.sessions[name]
+            finally:
+                await gateway.close_session(name)
 
     return asyncio.run(run())
 
@@ -263,7 +278,7 @@ def test_terminus2_trial_runs_in_a_no_network_container_with_tmux_provided(tmp_p
                                                                           responsive_model_dir, hf_model, tokenizer):  # fmt: skip
     """Harbor's terminus-2 installs tmux at setup, which a no-network container cannot: with
     provide_tmux its session starts, the policy answers, the verifier scores, tokens come back.
-    terminus-2 itself runs on the host (its api_base is the policy's /v1); what runs inside the
+    terminus-2 itself runs on the host (its api_base is its gateway session); what runs inside the
     container reaches the policy only through the forwarded port."""
     from slime_harbor.converter import trial_to_samples
 
@@ -279,13 +294,14 @@ def test_terminus2_trial_runs_in_a_no_network_container_with_tmux_provided(tmp_p
 
     asyncio.run(container_reaches_the_policy())
     # Without it, terminus-2 cannot start its session (the check below can fail).
-    result = terminus2_trial(tmp_path, cfg, {"gateway_port": port})
+    result, _ = terminus2_trial(tmp_path, cfg, {"gateway_port": port})
     assert result.exception_info is not None and "tmux" in result.exception_info.exception_message
 
-    result = terminus2_trial(tmp_path, cfg, {"gateway_port": port, "provide_tmux": True})
+    result, session = terminus2_trial(tmp_path, cfg, {"gateway_port": port, "provide_tmux": True})
     assert result.exception_info is None, result.exception_info
     assert result.verifier_result is not None and result.verifier_result.rewards is not None
-    trained = [s for s in trial_to_samples(result, group_index=0, index=0, tokenizer=tokenizer) if not s.remove_sample]
+    samples = trial_to_samples(result, group_index=0, index=0, tokenizer=tokenizer, recorded=session)
+    trained = [s for s in samples if not s.remove_sample]
     assert trained, "terminus-2 produced no trainable sample"
     for sample in trained:
         assert check_sample_against_model(sample, hf_model, cfg.temperature) < 1e-4

@@ -24,6 +24,7 @@ import re
 import shutil
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
@@ -455,12 +456,14 @@ async def test_docker_layer_leaves_the_task_python_untouched(tmp_path):
 def test_rollout_has_our_sandboxes_install_mini_swe_agent():
     from slime_harbor.rollout import RolloutConfig, agent_config, environment_config
 
+    gateway = SimpleNamespace(host="127.0.0.1", port=4321)  # where a started Gateway listens
+    forward = {"gateway_port": 4321, "gateway_host": "127.0.0.1"}
     agent = agent_config(RolloutConfig(agent="mini-swe-agent", step_limit=4))
     assert agent.import_path == AGENT_IMPORT_PATH and agent.kwargs["step_limit"] == 4
     for env in ("docker", "local"):
-        assert environment_config(env, 4321, agent).kwargs == {"gateway_port": 4321, "agent_installs": ["mini-swe-agent"]}
-    assert environment_config("harbor-docker", 4321, agent).kwargs == {}
-    assert environment_config("docker", 4321, agent_config(RolloutConfig(agent="oracle"))).kwargs == {"gateway_port": 4321}
+        assert environment_config(env, gateway, agent).kwargs == {**forward, "agent_installs": ["mini-swe-agent"]}
+    assert environment_config("harbor-docker", gateway, agent).kwargs == {}
+    assert environment_config("docker", gateway, agent_config(RolloutConfig(agent="oracle"))).kwargs == forward
 
 
 def _sandbox_forwards_the_gateway() -> bool:

@@ -30,6 +30,8 @@ from slime_harbor.policy.client import PolicyClient, PolicyServerError, Sampling
 # handles <think> blocks. thinking_retention="all": a bridge keeps every sampled reasoning token
 # (the Jinja template would drop reasoning of earlier turns, which is a re-render, i.e. drift).
 RENDERER_FAMILIES = {"qwen2": "qwen3", "qwen3": "qwen3", "qwen3_moe": "qwen3"}
+ABORT_WAIT_SEC = 10.0
+"""How long closing a session keeps aborting its calls in flight until the server has answered them."""
 
 
 class GatewayError(ValueError):
@@ -149,14 +151,20 @@ class Gateway:
         session = self.sessions.pop(session_id)
         session.closed = True
         calls = list(session.in_flight.items())
-        for rid, task in calls:
-            await self.upstream.abort(rid)
-            task.cancel()
-        if calls:  # a request still in transit missed the first abort: the server has it by now
-            await asyncio.wait([task for _, task in calls], timeout=5)
-            await asyncio.sleep(0.1)
+        tasks = [task for _, task in calls]
+        deadline = time.monotonic() + ABORT_WAIT_SEC
+        while tasks:
+            # A request still in transit misses an abort (the server does not know its rid yet), so
+            # the abort is repeated until the server has answered every call: once it has, the
+            # request is no longer running there. Cancelling the client side alone would leave it
+            # generating on the server.
             for rid, _ in calls:
                 await self.upstream.abort(rid)
+            _, pending = await asyncio.wait(tasks, timeout=0.2)
+            if not pending or time.monotonic() > deadline:
+                break
+        for task in tasks:
+            task.cancel()
         for _ in range(100):  # let the handlers of cancelled calls record them (they answer 503)
             if not session.open_calls:
                 break
