@@ -12,6 +12,13 @@ the same episode.
 Canonical form (what "the same messages" means): assistant content whitespace-stripped, with any
 inline <think> block and the reasoning ignored; tool-call arguments compared as parsed JSON, their
 ids ignored; other messages compared exactly (OpenAI text parts joined).
+
+Files (in the session's record dir): calls.jsonl, one line per call when it ends (plus
+`{"event": "superseded", ...}` lines), and session.json at close. A call's prompt is either
+`prompt_ids` (whole) or, for a continuation or retry, `prompt_prefix` {call: k, tokens: n} +
+`prompt_new_ids`: the prompt is the first n tokens of call k's prompt + completion_ids, then the new
+ids (k < the call's index; resolve k's own prompt the same way first). `usage.prompt_tokens` is the
+whole prompt's length. The converter reads the in-memory session (rollout_details), not this file.
 """
 
 from __future__ import annotations
