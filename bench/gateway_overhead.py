@@ -126,11 +126,15 @@ async def one_session(http, gateway_url: str, session: str, history: str, calls:
 
 async def direct_call(http, stub_url: str, session: str, k: int) -> float:
     """The same tokens straight to the upstream: the prompt the gateway sent for this call."""
+    import orjson
+
     prompt_ids = (await http.get(f"{stub_url}/last/{session}")).json()
     payload = {"input_ids": prompt_ids, "sampling_params": {"max_new_tokens": 64}, "return_logprob": True,
                "rid": f"direct-{session}-{k}"}
     started = time.perf_counter()
-    (await http.post(f"{stub_url}/generate", json=payload)).json()
+    # Encoded as the gateway's PolicyClient encodes it (orjson), so the difference is the gateway's cost.
+    (await http.post(f"{stub_url}/generate", content=orjson.dumps(payload),
+                     headers={"Content-Type": "application/json"})).json()
     return time.perf_counter() - started
 
 

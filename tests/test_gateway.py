@@ -196,12 +196,32 @@ def test_append_only_conversation_is_one_exact_sample(tool_server, tool_model_di
     assert [(r["call"], r["delivered"], r["trained"], r["usage"]["completion_tokens"]) for r in lines] == [
         (k, True, True, u.completion_tokens) for k, u in enumerate(usages)]
     assert all(r["weight_version"] == "0" and r["latency_s"] > 0 for r in lines)
+    # A continuation's line holds only its new prompt tokens, after a prefix of the call it extends;
+    # read back, every prompt is the one sampled.
+    assert "prompt_ids" in lines[0] and all("prompt_ids" not in r for r in lines[1:])
+    assert all(len(r["prompt_new_ids"]) < 64 for r in lines[1:])
+    assert recorded_prompts(lines) == [c.prompt_ids for c in session.calls]
     from harbor.models.trajectories.trajectory import Trajectory
 
     trajectory = Trajectory.model_validate_json((tmp_path / "agent" / "trajectory.json").read_text())
     agent_steps = [s for s in trajectory.steps if s.source == "agent"]
     assert len(agent_steps) == TURNS and [s.source for s in trajectory.steps[:2]] == ["system", "user"]
     assert port_is_free(port)
+
+
+def recorded_prompts(lines: list[dict]) -> list[list[int]]:
+    """Each calls.jsonl line's prompt: whole, or a prefix of an earlier call's prompt + completion
+    followed by its new ids."""
+    prompts, full = [], {}
+    for line in lines:
+        if "prompt_ids" in line:
+            prompt = line["prompt_ids"]
+        else:
+            prefix = line["prompt_prefix"]
+            prompt = full[prefix["call"]][: prefix["tokens"]] + line["prompt_new_ids"]
+        prompts.append(prompt)
+        full[line["call"]] = prompt + line["completion_ids"]
+    return prompts
 
 
 async def collect(stream):
@@ -336,6 +356,10 @@ def test_identical_retry_supersedes_and_undelivered_replies_are_not_trained(base
     sample = trial_to_samples(make_result(rewards={"reward": 0.0}), recorded=session)[0]
     assert sum(sample.loss_mask) == again.usage.completion_tokens + last.usage.completion_tokens
     assert first.usage.completion_tokens == len(session.calls[0].completion_ids) and session.calls[0].superseded_by == 1
+    lines = [json.loads(line) for line in (tmp_path / "gw" / "calls.jsonl").read_text().splitlines()]
+    calls = sorted((r for r in lines if "call" in r and "event" not in r), key=lambda r: r["call"])
+    assert calls[1]["prompt_prefix"] == {"call": 0, "tokens": len(session.calls[0].prompt_ids)}  # the retry
+    assert recorded_prompts(calls) == [c.prompt_ids for c in session.calls]
 
 
 def test_policy_down_is_a_503_and_an_aborted_episode(tiny_model_dir, tmp_path):

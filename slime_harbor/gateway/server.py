@@ -247,7 +247,7 @@ class Gateway:
                 f"has {len(prompt)} input tokens. Please reduce the length of the input messages.",
                 param="messages", code="context_length_exceeded")
         call = Call(index=len(session.calls), branch=turn.branch.index, prompt_ids=prompt, request=request_canon,
-                    rid=f"{session.session_id}-{len(session.calls)}-{uuid.uuid4().hex[:8]}")
+                    rid=f"{session.session_id}-{len(session.calls)}-{uuid.uuid4().hex[:8]}", prompt_prefix=turn.prefix)
         call.new_messages = turn.supersedes.new_messages if turn.supersedes else _new_messages(messages, turn)
         session.calls.append(call)
         session.open_calls.add(call.index)

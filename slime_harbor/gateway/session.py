@@ -12,6 +12,13 @@ the same episode.
 Canonical form (what "the same messages" means): assistant content whitespace-stripped, with any
 inline <think> block and the reasoning ignored; tool-call arguments compared as parsed JSON, their
 ids ignored; other messages compared exactly (OpenAI text parts joined).
+
+Files (in the session's record dir): calls.jsonl, one line per call when it ends (plus
+`{"event": "superseded", ...}` lines), and session.json at close. A call's prompt is either
+`prompt_ids` (whole) or, for a continuation or retry, `prompt_prefix` {call: k, tokens: n} +
+`prompt_new_ids`: the prompt is the first n tokens of call k's prompt + completion_ids, then the new
+ids (k < the call's index; resolve k's own prompt the same way first). `usage.prompt_tokens` is the
+whole prompt's length. The converter reads the in-memory session (rollout_details), not this file.
 """
 
 from __future__ import annotations
@@ -142,15 +149,26 @@ class Call:
     error: str | None = None
     message: dict[str, Any] | None = None  # the OpenAI assistant message delivered
     new_messages: list[dict[str, Any]] = field(default_factory=list)  # what this request added (ATIF)
+    # (call index, n): the prompt starts with the first n tokens of that call's prompt + completion
+    # (a continuation or a retry); calls.jsonl then holds only the rest of the prompt.
+    prompt_prefix: tuple[int, int] | None = None
 
     def usage(self) -> dict[str, int]:
         n_prompt, n_out = len(self.prompt_ids), len(self.completion_ids)
         return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
 
     def record(self, session_id: str) -> dict[str, Any]:
+        """The call's calls.jsonl line. A prompt that extends an earlier call's prompt + completion
+        is written as `prompt_prefix` {call, tokens} + `prompt_new_ids` instead of `prompt_ids`, so
+        a line's size (and the cost of writing it) follows the call's new tokens, not the history."""
+        if self.prompt_prefix is None:
+            prompt: dict[str, Any] = {"prompt_ids": self.prompt_ids}
+        else:
+            source, n = self.prompt_prefix
+            prompt = {"prompt_prefix": {"call": source, "tokens": n}, "prompt_new_ids": self.prompt_ids[n:]}
         return {
             "session": session_id, "call": self.index, "branch": self.branch, "rid": self.rid,
-            "prompt_ids": self.prompt_ids, "completion_ids": self.completion_ids, "logprobs": self.logprobs,
+            **prompt, "completion_ids": self.completion_ids, "logprobs": self.logprobs,
             "finish_reason": self.finish_reason, "weight_version": self.weight_version,
             "top_p_token_ids": self.top_p_token_ids, "top_p_token_offsets": self.top_p_token_offsets,
             "latency_s": self.latency_s, "delivered": self.delivered, "trained": self.trained,
@@ -179,6 +197,7 @@ class Turn:
     prompt_ids: list[int]
     version: int
     supersedes: Call | None = None  # an identical retry of the branch's last call
+    prefix: tuple[int, int] | None = None  # Call.prompt_prefix
 
 
 class GatewaySession:
@@ -220,7 +239,8 @@ class GatewaySession:
                 if call.request != request:
                     continue
                 if position == len(branch.calls) - 1:
-                    return Turn(branch, call.prompt_ids, branch.version, supersedes=call)
+                    return Turn(branch, call.prompt_ids, branch.version, supersedes=call,
+                                prefix=(call.index, len(call.prompt_ids)))
                 # A retry of an older call after later ones: a fork from that call's exact prompt.
                 return self._new_branch(key, request, call.prompt_ids)
         candidates = [b for b in self.branches if b.tools == key and b.calls and len(b.canon) < len(request)
@@ -241,7 +261,8 @@ class GatewaySession:
             # tokens follow the completion like any template token. Anything else is no extension.
             if bridged is not None and bridged.token_ids[: len(tail)] == tail and \
                     bridged.token_ids[len(tail):so_far] == last.completion_ids:
-                return Turn(branch, last.prompt_ids[:cut] + bridged.token_ids, branch.version)
+                return Turn(branch, last.prompt_ids[:cut] + bridged.token_ids, branch.version,
+                            prefix=(last.index, len(last.prompt_ids) + len(last.completion_ids)))
         prompt = self.gateway.renderer.render_ids(messages, tools=tools, add_generation_prompt=True)
         return self._new_branch(key, request, prompt)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import orjson
 
 from slime_harbor.samples import top_p_offsets_ok
 
@@ -213,7 +214,9 @@ class PolicyClient:
         url = f"{self.base_url}{path}"
         for attempt in range(self.connect_retries + 1):
             try:
-                response = await self._client.post(url, json=payload, headers=headers)
+                # orjson: a 32k-token input_ids list encodes in ~0.5 ms, not ~5 ms (stdlib json).
+                response = await self._client.post(url, content=orjson.dumps(payload),
+                                                   headers={"Content-Type": "application/json", **(headers or {})})
                 break
             except httpx.ConnectError as exc:
                 # A router restarting for a weight update refuses connections briefly; a dead one
