@@ -146,18 +146,16 @@ class Gateway:
         self.sessions[session_id] = session
         return session
 
-    async def close_session(self, session_id: str) -> GatewaySession:
-        """Abort the session's in-flight upstream calls, flush its files; it stays readable."""
-        session = self.sessions.pop(session_id)
-        session.closed = True
-        calls = list(session.in_flight.items())
+    async def _abort_upstream(self, calls: list[tuple[str, asyncio.Task]]) -> None:
+        """Stop upstream calls (rid, task) on the server, then drop them here.
+
+        A request still in transit misses an abort (the server does not know its rid yet), so the
+        abort is repeated until the server has answered every call: once it has, the request no
+        longer runs there. Cancelling the client side alone would leave it generating on the server.
+        """
         tasks = [task for _, task in calls]
         deadline = time.monotonic() + ABORT_WAIT_SEC
         while tasks:
-            # A request still in transit misses an abort (the server does not know its rid yet), so
-            # the abort is repeated until the server has answered every call: once it has, the
-            # request is no longer running there. Cancelling the client side alone would leave it
-            # generating on the server.
             for rid, _ in calls:
                 await self.upstream.abort(rid)
             _, pending = await asyncio.wait(tasks, timeout=0.2)
@@ -165,6 +163,12 @@ class Gateway:
                 break
         for task in tasks:
             task.cancel()
+
+    async def close_session(self, session_id: str) -> GatewaySession:
+        """Abort the session's in-flight upstream calls, flush its files; it stays readable."""
+        session = self.sessions.pop(session_id)
+        session.closed = True
+        await self._abort_upstream(list(session.in_flight.items()))
         for _ in range(100):  # let the handlers of cancelled calls record them (they answer 503)
             if not session.open_calls:
                 break
@@ -306,15 +310,13 @@ class Gateway:
                 if done:
                     break
                 if await request.is_disconnected():
-                    task.cancel()
-                    await self.upstream.abort(call.rid)
+                    await self._abort_upstream([(call.rid, task)])
                     call.error = "client disconnected"
                     raise _Unavailable("the client went away")
             generation = task.result()
         except asyncio.CancelledError:
             if not task.done():
-                task.cancel()
-                await self.upstream.abort(call.rid)
+                await self._abort_upstream([(call.rid, task)])
             call.error = "cancelled"
             if session.closed:
                 raise _Unavailable("the session is closed") from None
