@@ -32,7 +32,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
 from slime_harbor.gateway.session import BadRequest, normalise_messages
-from slime_harbor.gateway.wire import Wire, function_tool, sse
+from slime_harbor.gateway.wire import Wire, function_tool, json_object, sse
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "api_error"}
@@ -233,21 +233,12 @@ class MessagesAPI:
     async def head(self, request: Request, session_id: str | None = None) -> Response:
         return Response(status_code=200)
 
-    async def _body(self, request: Request) -> dict[str, Any]:
-        try:
-            body = await request.json()
-        except ValueError as error:
-            raise BadRequest(f"the body is not JSON: {error}") from None
-        if not isinstance(body, dict):
-            raise BadRequest("the body must be a JSON object")
-        return body
-
     async def messages(self, request: Request, session_id: str | None = None):
         from slime_harbor.gateway.server import _Unavailable
 
         try:
             session = self.gateway._session(request, session_id)
-            body = chat_body(await self._body(request))
+            body = chat_body(await json_object(request))
             wire = MessagesWire(self.gateway.tokenizer, body["stop"])
             return await self.gateway._complete(request, session, body, wire=wire)
         except BadRequest as error:
@@ -261,7 +252,7 @@ class MessagesAPI:
         """The prompt's length as the policy's template renders it (a fresh render: a session's
         bridged prompt can differ by a few template tokens). No session needed, nothing recorded."""
         try:
-            body = await self._body(request)
+            body = await json_object(request)
             messages = chat_messages(body)
             ids = self.gateway.renderer.render_ids(normalise_messages(messages), tools=chat_tools(body),
                                                    add_generation_prompt=True)

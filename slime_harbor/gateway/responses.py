@@ -32,7 +32,7 @@ from fastapi import Request, WebSocket
 from fastapi.responses import JSONResponse
 
 from slime_harbor.gateway.session import BadRequest
-from slime_harbor.gateway.wire import Wire, function_tool, sse
+from slime_harbor.gateway.wire import Wire, function_tool, json_object, sse
 
 ASSISTANT_ITEMS = ("reasoning", "function_call")
 
@@ -239,12 +239,7 @@ class ResponsesAPI:
 
         try:
             session = self.gateway._session(request, session_id)
-            try:
-                body = await request.json()
-            except ValueError as error:
-                raise BadRequest(f"the body is not JSON: {error}") from None
-            if not isinstance(body, dict):
-                raise BadRequest("the body must be a JSON object")
+            body = await json_object(request)
             return await self.gateway._complete(request, session, chat_body(body), wire=ResponsesWire(body))
         except BadRequest as error:
             return _error(400, str(error), "invalid_request_error", error.param, error.code)

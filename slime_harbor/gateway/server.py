@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from slime_harbor.agent import turn_seed
 from slime_harbor.gateway.session import BadRequest, Call, GatewaySession, canonical, normalise_messages
+from slime_harbor.gateway.wire import json_object
 from slime_harbor.policy.client import PolicyClient, PolicyServerError, SamplingParams
 
 # config.json model_type -> the renderers config that speaks the family's chat format. Qwen2.5 and
@@ -200,13 +201,7 @@ class Gateway:
     async def chat_completions(self, request: Request, session_id: str | None = None):
         try:
             session = self._session(request, session_id)
-            try:
-                body = await request.json()
-            except ValueError as error:
-                raise BadRequest(f"the body is not JSON: {error}") from None
-            if not isinstance(body, dict):
-                raise BadRequest("the body must be a JSON object")
-            return await self._complete(request, session, body)
+            return await self._complete(request, session, await json_object(request))
         except BadRequest as error:
             return _error(400, str(error), "invalid_request_error", error.param, error.code)
         except LookupError as error:

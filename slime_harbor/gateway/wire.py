@@ -12,6 +12,8 @@ import asyncio
 import json
 from typing import Any
 
+from fastapi import Request
+
 from slime_harbor.gateway.session import BadRequest, canonical, normalise_messages
 
 # While the policy samples, a stream sends the dialect's keepalive this often: clients with an
@@ -87,3 +89,14 @@ def function_tool(name: Any, description: Any, parameters: Any, where: str) -> d
         function["description"] = description
     function["parameters"] = parameters if isinstance(parameters, dict) else {"type": "object", "properties": {}}
     return {"type": "function", "function": function}
+
+
+async def json_object(request: Request) -> dict[str, Any]:
+    """The request's body as a JSON object (every dialect's requests are one), else BadRequest."""
+    try:
+        body = await request.json()
+    except ValueError as error:
+        raise BadRequest(f"the body is not JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
