@@ -64,6 +64,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_is_free(port: int) -> bool:
+    """Nothing listens on the loopback port, and a new server can bind it (SO_REUSEADDR, as servers
+    do: connections a server closed may linger in TIME_WAIT, which is not a leak)."""
+    import socket
+
+    with socket.socket() as probe:
+        try:
+            probe.connect(("127.0.0.1", port))
+            return False
+        except ConnectionRefusedError:
+            pass
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            server.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
 @contextlib.contextmanager
 def sglang_router(worker_urls):
     """The real sglang-router (cache_aware, its default policy) on loopback before `worker_urls`;

@@ -18,6 +18,7 @@ from slime_harbor.converter import trial_to_samples
 from slime_harbor.gateway import Gateway, GatewayError
 from slime_harbor.policy.client import SamplingParams
 from slime_harbor.samples import SampleStatus
+from conftest import port_is_free
 from test_converter import make_result
 from test_rollout_e2e import check_sample_against_model
 
@@ -130,17 +131,6 @@ def tool_results(message, k: int) -> list[dict]:
     if not message.tool_calls:
         return [{"role": "user", "content": observation(k)}]
     return [{"role": "tool", "tool_call_id": c.id, "content": observation(k)} for c in message.tool_calls]
-
-
-def port_is_free(port: int) -> bool:
-    """Nothing listens on the port any more (SO_REUSEADDR: closed connections in TIME_WAIT may stay)."""
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def test_append_only_conversation_is_one_exact_sample(tool_server, tool_model_dir, tool_model, tmp_path):

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from conftest import needs_gateway
+from conftest import needs_gateway, port_is_free
 
 from slime_harbor.converter import classify
 from slime_harbor.rollout import (ModelEndpoint, RolloutConfig, agent_config, environment_config, is_installed_agent,
@@ -135,24 +134,6 @@ def session_ports(out: Path) -> set[int]:
         url = (agent.get("kwargs") or {}).get("api_base") or (agent.get("env") or {}).get("OPENAI_BASE_URL")
         ports.add(urlparse(url).port)
     return ports
-
-
-def port_is_free(port: int) -> bool:
-    """Nothing listens on the loopback port, and a new server can bind it (SO_REUSEADDR, as servers
-    do: connections the gateway closed may linger in TIME_WAIT, which is not a leak)."""
-    with socket.socket() as probe:
-        try:
-            probe.connect(("127.0.0.1", port))
-            return False
-        except ConnectionRefusedError:
-            pass
-    with socket.socket() as server:
-        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            server.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def sampled_turns(sample) -> int:

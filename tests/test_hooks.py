@@ -184,7 +184,7 @@ def test_generate_hook_runs_terminus2_through_the_process_gateway(tmp_path, resp
     its timeout)."""
     import torch
 
-    from test_gateway_wiring import port_is_free
+    from conftest import port_is_free
 
     host, port = responsive_server.removeprefix("http://").split(":")
     args = SimpleNamespace(sglang_router_ip=host, sglang_router_port=int(port), hf_checkpoint=str(responsive_model_dir),
