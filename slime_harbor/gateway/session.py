@@ -32,6 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from slime_harbor.policy.client import SamplingParams
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -122,8 +124,12 @@ def canonical(message: dict[str, Any]) -> tuple:
     return ("assistant", content.strip(), calls)
 
 
-def tools_key(tools: list | None) -> str:
-    return json.dumps(tools or [], sort_keys=True)
+def tools_key(tools: list | None) -> bytes:
+    """Which tools a request offers, as a comparable key (Claude Code sends ~50 kB of them per call)."""
+    try:
+        return orjson.dumps(tools or [], option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # what orjson cannot encode (an int beyond 64 bits) the stdlib can
+        return json.dumps(tools or [], sort_keys=True).encode()
 
 
 @dataclass
@@ -182,7 +188,7 @@ class Branch:
     prompt + completion. With no call yet, `first_prompt` is what its first call samples from."""
 
     index: int
-    tools: str
+    tools: bytes  # tools_key of the requests on this branch
     canon: tuple  # canonical messages the tokens stand for (ending with the gateway's last reply)
     first_prompt: list[int]
     calls: list[Call] = field(default_factory=list)
@@ -236,7 +242,9 @@ class GatewaySession:
             if not branch.calls and branch.canon == request:  # its first call was never delivered
                 return Turn(branch, branch.first_prompt, branch.version)
             for position, call in enumerate(branch.calls):
-                if call.request != request:
+                # Lengths first: a continuation shares every message of an earlier request, and a
+                # tuple compare walks that shared history (the long task prompt) before it differs.
+                if len(call.request) != len(request) or call.request != request:
                     continue
                 if position == len(branch.calls) - 1:
                     return Turn(branch, call.prompt_ids, branch.version, supersedes=call,

@@ -12,6 +12,8 @@ import asyncio
 import json
 from typing import Any
 
+import orjson
+
 from fastapi import Request
 
 from slime_harbor.gateway.session import BadRequest, canonical, normalise_messages
@@ -93,10 +95,17 @@ def function_tool(name: Any, description: Any, parameters: Any, where: str) -> d
 
 async def json_object(request: Request) -> dict[str, Any]:
     """The request's body as a JSON object (every dialect's requests are one), else BadRequest."""
+    raw = await request.body()
     try:
-        body = await request.json()
-    except ValueError as error:
-        raise BadRequest(f"the body is not JSON: {error}") from None
+        # orjson: an agent resends its whole history every call; 130 kB of it parses in ~0.2 ms
+        # here against ~0.7 ms with the stdlib, which stays the fallback for what orjson refuses
+        # and Python's json accepts (lone surrogates in strings, NaN).
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            body = json.loads(raw)
+        except ValueError as error:
+            raise BadRequest(f"the body is not JSON: {error}") from None
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     return body
