@@ -140,6 +140,13 @@ def test_append_only_conversation_is_one_exact_sample(tool_server, tool_model_di
         session = gateway.open_session("ep1", tmp_path / "agent" / "gateway", RUN)
         client = sdk(session)
         messages, usages, tool_turns = first_messages(), [], 0
+        # What each call costs the renderer: the whole history is rendered once, by the first
+        # call; a continuation is bridged from the tail of the previous prompt, whatever its length.
+        full_renders, bridged_from = [], []
+        render_ids, bridge = gateway.renderer.render_ids, gateway.renderer.bridge_to_next_turn
+        gateway.renderer.render_ids = lambda *a, **k: full_renders.append(1) or render_ids(*a, **k)
+        gateway.renderer.bridge_to_next_turn = lambda prev, *a, **k: bridged_from.append(len(prev)) or bridge(
+            prev, *a, **k)
         for k in range(TURNS):
             if k % 2:
                 stream = await client.chat.completions.create(
@@ -156,6 +163,9 @@ def test_append_only_conversation_is_one_exact_sample(tool_server, tool_model_di
             messages = messages + [echoed(message)] + tool_results(message, k)
         await client.close()
         await gateway.close_session("ep1")
+        gateway.renderer.render_ids, gateway.renderer.bridge_to_next_turn = render_ids, bridge
+        assert len(full_renders) == 1 and len(bridged_from) == TURNS - 1
+        assert max(bridged_from) < 16 < len(session.calls[1].prompt_ids)
         # Each prompt is the renderer's bridge over the WHOLE previous prompt (the gateway bridges
         # from the last turn's tail only, for speed: it must give the same tokens).
         for before, after in zip(session.calls, session.calls[1:]):
