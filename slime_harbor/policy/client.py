@@ -125,7 +125,11 @@ class PolicyClient:
     def _http(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed or self._session._loop is not loop:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            # Idle connections are dropped after 2 s, before the server's own keep-alive timeout
+            # (uvicorn's, which SGLang and our servers run, is 5 s) can close one under a request
+            # about to be sent on it (a ServerDisconnectedError: an aborted trial for nothing).
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout, connector=aiohttp.TCPConnector(keepalive_timeout=2.0, limit=100))
         return self._session
 
     async def generate(
