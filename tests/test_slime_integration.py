@@ -8,8 +8,10 @@ variant, the real sglang-router in front of two embedded servers). Then RolloutM
 `_get_rollout_data` (validation + flattening), `_post_process_rewards` (with our post-process) and
 `_convert_samples_to_train_data`, and SLiME's policy loss (slime.utils.ppo_utils) on the result.
 
-The round: a group of the native agent, a group of terminus-2 (whose re-rendered history may drift
-from the sampled tokens: the converter then splits the episode), a task whose image does not build
+The round: a group of the native agent, a group of terminus-2 and a group of Harbor's mini-swe-agent
+(both through the hook's recording gateway in front of the policy: terminus-2 re-renders its history
+one way, mini-swe-agent through LiteLLM another, and each episode is still one token-exact sample whose
+logprobs a recomputation by the model matches), a task whose image does not build
 (permanent: FAILED, not retried), and a surplus group still running when SLiME ends the round (its
 abort cancels the trial; the sandbox is gone when the round returns). The verifier of the sampled
 tasks flips a coin, so the untrained policy still gets rewards that differ within a group.
@@ -251,6 +253,8 @@ def check_train_data(samples, train, tokenizer_dir):
         if s.remove_sample:
             assert sum(mask) == 0 and train["rewards"][i] == 0.0
             continue
+        if "gateway" in s.metadata:  # a gateway agent's record is the gateway's: check_gateway_samples
+            continue
         # Harbor's own record of the trial, converted again: the same tokens, mask and logprobs.
         result = TrialResult.model_validate_json((Path(s.metadata["trial_dir"]) / "result.json").read_text())
         pieces = trial_to_samples(result, group_index=s.group_index, index=s.index)
@@ -306,12 +310,12 @@ def run_round(ray_rollout, front_url, model_dir, tmp_path, flags=()):
     from slime.utils import http_utils
 
     tasks = make_tasks(tmp_path)
-    prompts = write_prompts(tasks, tmp_path, [("coin", None), ("coin", "terminus-2"), ("broken-image", None),
-                                              ("slow", "oracle")])
+    prompts = write_prompts(tasks, tmp_path, [("coin", None), ("coin", "terminus-2"), ("coin", "mini-swe-agent"),
+                                              ("broken-image", None), ("slow", "oracle")])
     # A low temperature: the briefly trained policy then repeats what it was taught (terminus-2's
     # one-character-per-token reply, whose re-rendering drifts) instead of sampling its tail.
-    args = slime_args(front_url, model_dir, prompts, tmp_path, "--rollout-batch-size", "3",
-                      "--over-sampling-batch-size", "4", "--rollout-temperature", "0.3", *flags)
+    args = slime_args(front_url, model_dir, prompts, tmp_path, "--rollout-batch-size", "4",
+                      "--over-sampling-batch-size", "5", "--rollout-temperature", "0.3", *flags)
     args.harbor_tasks_dir = str(tasks)
     http_utils.init_http_client(args)  # SLiME's HTTP client (its abort talks to the router with it)
     manager = Manager(ray_rollout, args, RolloutDataSourceWithBuffer(args))
@@ -320,38 +324,61 @@ def run_round(ray_rollout, front_url, model_dir, tmp_path, flags=()):
     return samples, train, args
 
 
-def check_round(samples, train, args, tmp_path, model_dir, terminus_tokens=True):
+def check_gateway_samples(samples, agent, model_dir, temperature, append_only: bool):
+    """A gateway agent's group trains: every episode's samples are kept, one per branch of its
+    gateway session (an append-only conversation is one branch however the agent re-renders its
+    history); together their loss masks are the completion tokens the gateway recorded as trained
+    for the trial, and their logprobs are the model's on each sample's own tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from test_rollout_e2e import recompute_logprobs
+
+    group = [s for s in samples if s.metadata.get("harbor_agent") == agent]
+    episodes = defaultdict(list)
+    for s in group:
+        episodes[s.rollout_id].append(s)
+    assert len(episodes) == N_PER_PROMPT
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype="float32").eval()
+    for siblings in episodes.values():
+        assert all(not s.remove_sample for s in siblings), [s.metadata.get("status_reason") for s in siblings]
+        assert len(siblings) == siblings[0].metadata["n_branches"] == siblings[0].metadata["gateway"]["branches"]
+        assert siblings[0].metadata["drift_count"] == 0 and (len(siblings) == 1 or not append_only)
+        calls = [json.loads(line) for line in (Path(siblings[0].metadata["trial_dir"]) / "agent" / "gateway" /
+                                               "calls.jsonl").read_text().splitlines()]
+        trained = [c for c in calls if c.get("trained")]
+        assert trained and sum(sum(s.loss_mask) for s in siblings) == sum(
+            c["usage"]["completion_tokens"] for c in trained)
+        for s in siblings:
+            n = s.response_length  # SLiME's Sample: the response is the last n tokens
+            assert n == len(s.loss_mask) == len(s.rollout_log_probs) > 0
+            mask = torch.tensor(s.loss_mask, dtype=torch.bool)
+            recomputed = recompute_logprobs(model, s.tokens, temperature)[-n:][mask]
+            assert (recomputed - torch.tensor(s.rollout_log_probs)[mask]).abs().mean().item() < 1e-4
+    return group
+
+
+def check_round(samples, train, args, tmp_path, model_dir):
     labels = Counter((s.label, s.metadata.get("harbor_agent", "native")) for s in samples)
-    # The three groups that finished first are the batch; the slow one was cut by SLiME's abort.
+    # The four groups that finished first are the batch; the slow one was cut by SLiME's abort.
     assert {label for label, _ in labels} == {"coin", "broken-image"}
     episodes = {s.rollout_id for s in samples}
-    assert len(episodes) == 3 * N_PER_PROMPT
+    assert len(episodes) == 4 * N_PER_PROMPT
     native = [s for s in samples if s.label == "coin" and "harbor_agent" not in s.metadata]
-    terminus = [s for s in samples if s.metadata.get("harbor_agent") == "terminus-2"]
     broken = [s for s in samples if s.label == "broken-image"]
     assert len(native) == N_PER_PROMPT and all(not s.remove_sample for s in native), [s.metadata for s in native]
     for s in broken:  # permanent: FAILED, removed, not retried
         assert s.status.value == "failed" and s.remove_sample and "SandboxBuildFailedError" in s.metadata["status_reason"] or \
             "DockerfileError" in s.metadata["status_reason"]
     assert hooks.hook_metrics().get("retries", 0) == 0
-    kept_t2 = [s for s in terminus if not s.remove_sample]
-    if not terminus_tokens:
-        # sglang-router 0.3.2 drops prompt_token_ids / token_ids from chat replies: terminus-2's
-        # trials run and are scored, but carry no tokens, so they are removed and counted.
-        assert kept_t2 == [] and all(s.metadata.get("no_tokens") for s in terminus)
-        assert hooks.hook_metrics()["no_tokens"] == N_PER_PROMPT
-        terminus = []
-    # terminus-2: one sample per aligned stretch; drift splits an episode into siblings.
-    assert kept_t2 or not terminus_tokens, [s.metadata.get("status_reason") for s in terminus]
-    for rid in {s.rollout_id for s in kept_t2}:
-        siblings = [s for s in kept_t2 if s.rollout_id == rid]
-        assert len(siblings) == 1 + siblings[0].metadata["drift_count"]
-        turns = sum(len(s.metadata["turn_indices"]) for s in siblings)
-        if terminus_tokens and turns >= 2:
-            # The taught one-char-per-token reply re-renders differently: the episode drifted and
-            # came back as several samples sharing one rollout_id. (A terminus-2 episode cut by the
-            # task's timeout after one turn, which a loaded machine can cause, has nothing to drift.)
-            assert siblings[0].metadata["drift_count"] >= 1 and len(siblings) >= 2, turns
+    # terminus-2's reply was taught one character per token: its own re-rendering of the history
+    # tokenizes that text canonically, which split the episode before the gateway; the gateway
+    # renders its own earlier replies with the tokens it sampled, so the episode is one sample.
+    check_gateway_samples(samples, "terminus-2", model_dir, args.rollout_temperature, append_only=True)
+    # mini-swe-agent drops a reply without a tool call from its history and sends a format-error
+    # message instead (the untrained policy's usual turn): a real edit, so a new branch; every
+    # branch is a sample of the episode, trained with the episode's advantage.
+    check_gateway_samples(samples, "mini-swe-agent", model_dir, args.rollout_temperature, append_only=False)
     by_rollout = check_train_data(samples, train, model_dir)
     check_policy_loss(train, by_rollout)
     # The slow group's trials were started and then cancelled by SLiME's abort: aborted, gone.
@@ -360,9 +387,7 @@ def check_round(samples, train, args, tmp_path, model_dir, terminus_tokens=True)
     assert hooks.hook_metrics()["status/aborted"] == N_PER_PROMPT
     procs, dirs = leftovers(tmp_path)
     assert procs == [] and dirs == []
-    # Our filter on the groups SLiME returned agrees with the rewards it saw.
-    return {"n_samples": len(samples), "drift": sum(len([s for s in terminus if s.rollout_id == r]) - 1
-                                                  for r in {s.rollout_id for s in terminus})}
+    return {"n_samples": len(samples), "agents": dict(labels)}
 
 
 @pytest.fixture(scope="module")
@@ -402,12 +427,12 @@ def router_front(policy_dir):
 def test_slime_round_through_the_real_sglang_router(slime_modules, router_front, policy_dir, tmp_path):
     """The same round with sglang-router 0.3.2 in front: our agents' X-SMG-Routing-Key header
     (sample.session_id) is accepted (0.3.2 has no consistent_hashing policy to use it), SLiME's
-    abort finds the workers through the router's /workers. Found here: the router drops
-    prompt_token_ids and token_ids from /v1/chat/completions replies, so terminus-2 (which reads
-    them) records no tokens behind it; its samples are removed and counted, never mis-trained."""
+    abort finds the workers through the router's /workers. The router drops prompt_token_ids and
+    token_ids from /v1/chat/completions replies, which once left terminus-2 without tokens behind
+    it; through the gateway (which calls the router's /generate) terminus-2 and mini-swe-agent train."""
     url, servers = router_front
     samples, train, args = run_round(slime_modules, url, policy_dir, tmp_path)
-    print("router round:", check_round(samples, train, args, tmp_path, policy_dir, terminus_tokens=False))
+    print("router round:", check_round(samples, train, args, tmp_path, policy_dir))
     assert all(s.session_id for s in samples)  # SLiME gave every sample one; our agent sent it
 
 
