@@ -29,7 +29,7 @@ from typing import Any
 
 from slime_harbor.exits import ConfigError
 
-OK, BROKEN, FLAKY = "ok", "broken", "flaky"
+from slime_harbor.tasks.manifest import BROKEN, FLAKY, OK, apply_manifest, load_manifest  # noqa: F401 (re-exported)
 
 
 def judge(gold: list[float | None], empty: list[float | None], dropped: list[str]) -> tuple[str, str]:
@@ -107,32 +107,6 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
-
-
-def load_manifest(path: Path | str) -> dict[str, str]:
-    """Task name -> why it is skipped (broken or flaky), from a calibrate manifest; ConfigError
-    (one line) when the file is missing or not a manifest."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"task manifest {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"task manifest {path} is not JSON: {exc}") from None
-    tasks = data.get("tasks") if isinstance(data, dict) else None
-    if not isinstance(tasks, dict) or not all(isinstance(t, dict) and "status" in t for t in tasks.values()):
-        raise ConfigError(f"task manifest {path} is not a calibrate manifest (no 'tasks' with a status each)")
-    return {name: f"{t['status']}: {t.get('reason', '')}" for name, t in tasks.items()
-            if t["status"] in (BROKEN, FLAKY)}
-
-
-def apply_manifest(tasks: list[Path], manifest: Path | str | None) -> tuple[list[Path], dict[str, str]]:
-    """(the tasks to run, skipped task name -> reason). No manifest: every task runs."""
-    if manifest is None:
-        return list(tasks), {}
-    skip = load_manifest(manifest)
-    kept = [t for t in tasks if Path(t).name not in skip]
-    return kept, {Path(t).name: skip[Path(t).name] for t in tasks if Path(t).name in skip}
 
 
 def main(tasks_dir: Path, env: str, repeats: int, out: Path | None) -> dict:

@@ -227,7 +227,7 @@ def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
 @functools.lru_cache(maxsize=4)
 def _manifest_skips(path: str) -> dict[str, str]:
     """Task name -> why it is skipped, read once per manifest path (ConfigError if unreadable)."""
-    from slime_harbor.calibrate import load_manifest
+    from slime_harbor.tasks.manifest import load_manifest
 
     return load_manifest(path)
 

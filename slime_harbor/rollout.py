@@ -35,12 +35,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slime_harbor.calibrate import apply_manifest
 from slime_harbor.converter import environment_start_failed, trial_to_samples
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.isolation import isolate_shared_verifier
 from slime_harbor.samples import SampleStatus, TrainingSample
+from slime_harbor.tasks.manifest import apply_manifest
 
 DEFAULT_TASKS = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks"
 """The bundled example tasks."""

@@ -63,7 +63,7 @@ import torch
 from slime_harbor.exits import ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
 from slime_harbor.filters import TrajectoryFilters, apply_limit_filters, drop_zero_std_groups, varying_groups
 from slime_harbor.grpo import GRPOConfig, episode_advantages, grpo_loss, masked_mean
-from slime_harbor.calibrate import apply_manifest
+from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.rollout import (DEFAULT_TASKS, RolloutConfig, check_config, check_environment_runs, discover_tasks,
                                   run_rollouts, samples_policy)
 from slime_harbor.trainers.evaluate import eval_metrics

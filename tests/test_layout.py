@@ -1,0 +1,81 @@
+"""The package's shape: no module over 600 lines, and no import circle between its modules.
+
+Both read the source (ast), so an import inside a function counts as much as one at the top: a
+circle is a circle however late it closes. What a newcomer reads in one sitting stays one file.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("slime_harbor", "slime_harbor_verifiers")
+MAX_LINES = 600
+
+
+def modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of our packages."""
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of ours that `name` imports (relative imports resolved; `from pkg import mod`
+    counts as importing pkg.mod when that is a module)."""
+    is_package = path.name == "__init__.py"
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            targets = [module] + [f"{module}.{alias.name}" for alias in node.names]
+        for target in targets:
+            while target and target not in known:  # a name inside a module: the module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+def test_no_module_is_over_600_lines():
+    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"split these (lines): {long}"
+
+
+def test_no_import_circle():
+    mods = modules()
+    graph = {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
+    # A package's __init__ re-exporting its own modules is not a circle through the package.
+    for name in graph:
+        graph[name] = {t for t in graph[name] if not (name.startswith(t + ".") and (mods[t].name == "__init__.py"))}
+    circles, state, stack = [], {}, []
+
+    def visit(node: str) -> None:
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                circles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert circles == [], "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
