@@ -31,7 +31,7 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
-from slime_harbor.gateway.session import BadRequest, normalise_messages
+from slime_harbor.gateway.session import BadRequest, PolicyUnavailable, normalise_messages
 from slime_harbor.gateway.wire import Wire, function_tool, json_object, sse
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
@@ -234,8 +234,6 @@ class MessagesAPI:
         return Response(status_code=200)
 
     async def messages(self, request: Request, session_id: str | None = None):
-        from slime_harbor.gateway.server import _Unavailable
-
         try:
             session = self.gateway._session(request, session_id)
             body = chat_body(await json_object(request))
@@ -245,7 +243,7 @@ class MessagesAPI:
             return error_response(400, str(error))
         except LookupError as error:
             return error_response(404, str(error.args[0]))
-        except _Unavailable as error:
+        except PolicyUnavailable as error:
             return error_response(503, str(error))
 
     async def count_tokens(self, request: Request, session_id: str | None = None):

@@ -29,10 +29,9 @@ import time
 from typing import Any
 
 from fastapi import Request, WebSocket
-from fastapi.responses import JSONResponse
 
-from slime_harbor.gateway.session import BadRequest
-from slime_harbor.gateway.wire import Wire, function_tool, json_object, sse
+from slime_harbor.gateway.session import BadRequest, PolicyUnavailable
+from slime_harbor.gateway.wire import Wire, function_tool, json_object, openai_error, openai_error_for, sse
 
 ASSISTANT_ITEMS = ("reasoning", "function_call")
 
@@ -46,9 +45,9 @@ def add_routes(gateway) -> None:
 
 async def refuse_websocket(websocket: WebSocket, session_id: str | None = None) -> None:
     """HTTP 426 instead of the handshake: Responses over websockets is not served."""
-    await websocket.send_denial_response(JSONResponse(status_code=426, content={"error": {
-        "message": "Responses over a websocket are not supported by this gateway; use HTTP (POST /responses)",
-        "type": "invalid_request_error", "param": None, "code": "websocket_not_supported"}}))
+    await websocket.send_denial_response(openai_error(
+        426, "Responses over a websocket are not supported by this gateway; use HTTP (POST /responses)",
+        "invalid_request_error", None, "websocket_not_supported"))
 
 
 def _text(content: Any, where: str) -> str:
@@ -235,15 +234,9 @@ class ResponsesAPI:
         self.gateway = gateway
 
     async def responses(self, request: Request, session_id: str | None = None):
-        from slime_harbor.gateway.server import _error, _Unavailable
-
         try:
             session = self.gateway._session(request, session_id)
             body = await json_object(request)
             return await self.gateway._complete(request, session, chat_body(body), wire=ResponsesWire(body))
-        except BadRequest as error:
-            return _error(400, str(error), "invalid_request_error", error.param, error.code)
-        except LookupError as error:
-            return _error(404, str(error.args[0]), "not_found_error", None, "session_not_found")
-        except _Unavailable as error:
-            return _error(503, str(error), "service_unavailable", None, "policy_unavailable")
+        except (BadRequest, LookupError, PolicyUnavailable) as error:
+            return openai_error_for(error)

@@ -22,8 +22,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from slime_harbor.agent import turn_seed
-from slime_harbor.gateway.session import BadRequest, Call, GatewaySession, canonical, normalise_messages
-from slime_harbor.gateway.wire import json_object
+from slime_harbor.gateway.session import (BadRequest, Call, GatewaySession, PolicyUnavailable, canonical,
+                                          normalise_messages)
+from slime_harbor.gateway.wire import json_object, openai_error_for
 from slime_harbor.policy.client import PolicyClient, PolicyServerError, SamplingParams
 
 # config.json model_type -> the renderers config that speaks the family's chat format. Qwen2.5 and
@@ -37,10 +38,6 @@ ABORT_WAIT_SEC = 10.0
 
 class GatewayError(ValueError):
     """The gateway cannot serve this model (one line, at construction)."""
-
-
-class _Unavailable(Exception):
-    """The policy cannot answer (down, or the session is closing): the agent gets a 503."""
 
 
 def make_renderer(model_dir: str | Path, tokenizer):
@@ -202,12 +199,8 @@ class Gateway:
         try:
             session = self._session(request, session_id)
             return await self._complete(request, session, await json_object(request))
-        except BadRequest as error:
-            return _error(400, str(error), "invalid_request_error", error.param, error.code)
-        except LookupError as error:
-            return _error(404, str(error.args[0]), "not_found_error", None, "session_not_found")
-        except _Unavailable as error:
-            return _error(503, str(error), "service_unavailable", None, "policy_unavailable")
+        except (BadRequest, LookupError, PolicyUnavailable) as error:
+            return openai_error_for(error)
 
     def _session(self, request: Request, session_id: str | None) -> GatewaySession:
         if session_id is None:  # no session in the path: the API key names it
@@ -233,7 +226,7 @@ class Gateway:
             raise BadRequest("tools must be a list of {type: function, function: {name, ...}}", param="tools")
         params = self._sampling(session, body)
         if session.exit_reason == "policy_unavailable":  # the trial is aborted: fail fast
-            raise _Unavailable("the policy server is unavailable")
+            raise PolicyUnavailable("the policy server is unavailable")
         request_canon = tuple(canonical(m) for m in messages)
         turn = session.resolve(messages, request_canon, tools)
         prompt = turn.prompt_ids
@@ -266,7 +259,7 @@ class Gateway:
         try:
             await self._generate(request, session, call, params, tools)
             if await request.is_disconnected():
-                raise _Unavailable("the client went away")
+                raise PolicyUnavailable("the client went away")
             reply = wire.reply(call, model) if wire is not None else _completion(call, model)
             session.commit(turn, call, canonical(normalise_messages([call.message])[0]))
             delivered = True
@@ -307,14 +300,14 @@ class Gateway:
                 if await request.is_disconnected():
                     await self._abort_upstream([(call.rid, task)])
                     call.error = "client disconnected"
-                    raise _Unavailable("the client went away")
+                    raise PolicyUnavailable("the client went away")
             generation = task.result()
         except asyncio.CancelledError:
             if not task.done():
                 await self._abort_upstream([(call.rid, task)])
             call.error = "cancelled"
             if session.closed:
-                raise _Unavailable("the session is closed") from None
+                raise PolicyUnavailable("the session is closed") from None
             raise
         except PolicyServerError as error:
             session.count_error()
@@ -322,7 +315,7 @@ class Gateway:
             if error.status_code is not None and error.status_code < 500:
                 raise BadRequest(f"the policy server refused the request: {error}") from None
             session.exit_reason = "policy_unavailable"
-            raise _Unavailable(f"the policy server is unavailable: {error}") from None
+            raise PolicyUnavailable(f"the policy server is unavailable: {error}") from None
         finally:
             session.in_flight.pop(call.rid, None)
         call.latency_s = time.monotonic() - call.started
@@ -331,7 +324,7 @@ class Gateway:
         call.top_p_token_ids, call.top_p_token_offsets = generation.top_p_token_ids, generation.top_p_token_offsets
         if generation.finish_reason == "abort":
             call.error = "aborted upstream"
-            raise _Unavailable("the policy server aborted the request" + (" (session closed)" if session.closed else ""))
+            raise PolicyUnavailable("the policy server aborted the request" + (" (session closed)" if session.closed else ""))
         call.message = self._message(call, params, tools)
 
     def _message(self, call: Call, params: SamplingParams, tools: list | None) -> dict[str, Any]:
@@ -372,7 +365,7 @@ class Gateway:
             yield chunk({"role": "assistant", "content": ""})
             try:
                 await self._generate(request, session, call, params, tools)
-            except (BadRequest, _Unavailable) as error:  # headers are sent: the error goes in the stream
+            except (BadRequest, PolicyUnavailable) as error:  # headers are sent: the error goes in the stream
                 yield "data: " + json.dumps({"error": {"message": str(error), "type": type(error).__name__,
                                                        "param": None, "code": None}}) + "\n\n"
                 return
@@ -416,8 +409,3 @@ def _new_messages(messages: list[dict], turn) -> list[dict]:
     """The messages this request adds to its branch (all of them on a new branch): the ATIF steps."""
     known = len(turn.branch.canon) if turn.branch.calls else 0
     return messages[known:] if known <= len(messages) else messages
-
-
-def _error(status: int, message: str, kind: str, param: str | None, code: str | None) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "param": param,
-                                                               "code": code}})

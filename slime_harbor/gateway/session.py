@@ -47,6 +47,10 @@ class BadRequest(ValueError):
         self.param, self.code = param, code
 
 
+class PolicyUnavailable(Exception):
+    """The policy cannot answer (down, or the session is closing): the agent gets a 503."""
+
+
 def text_of(content: Any, where: str) -> str:
     """A message's content as one string: a string, None, or a list of OpenAI text parts."""
     if content is None or isinstance(content, str):

@@ -15,8 +15,9 @@ from typing import Any
 import orjson
 
 from fastapi import Request
+from fastapi.responses import JSONResponse
 
-from slime_harbor.gateway.session import BadRequest, canonical, normalise_messages
+from slime_harbor.gateway.session import BadRequest, PolicyUnavailable, canonical, normalise_messages
 
 # While the policy samples, a stream sends the dialect's keepalive this often: clients with an
 # idle timer (Codex resets its own only on data events) must not give up on a long generation.
@@ -46,8 +47,6 @@ class Wire:
     async def stream(self, gateway, request, session, turn, call, params, tools, model: str):
         """The chat stream's bookkeeping (server.Gateway._stream) with this dialect's events: the
         reply counts as delivered once its last event is sent, and is trained only then."""
-        from slime_harbor.gateway.server import _Unavailable
-
         delivered = False
         task = None
         try:
@@ -61,7 +60,7 @@ class Wire:
             except BadRequest as error:  # headers are sent: the error goes in the stream
                 yield self.error(str(error), "invalid_request_error")
                 return
-            except _Unavailable as error:
+            except PolicyUnavailable as error:
                 yield self.error(str(error), "api_error")
                 return
             for event in self.events(call, model):
@@ -109,3 +108,19 @@ async def json_object(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     return body
+
+
+def openai_error(status: int, message: str, kind: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "param": param,
+                                                               "code": code}})
+
+
+def openai_error_for(error: Exception) -> JSONResponse:
+    """The OpenAI-shaped answer (chat completions, Responses) to a request the gateway refused:
+    400 a malformed request, 404 an unknown session, 503 the policy cannot answer."""
+    if isinstance(error, BadRequest):
+        return openai_error(400, str(error), "invalid_request_error", error.param, error.code)
+    if isinstance(error, LookupError):
+        return openai_error(404, str(error.args[0]), "not_found_error", None, "session_not_found")
+    return openai_error(503, str(error), "service_unavailable", None, "policy_unavailable")
+
