@@ -1,0 +1,263 @@
+"""What a local GRPO run is told: LocalTrainConfig (every field is a `train-local` flag: see
+trainers/local.py's build_parser, which reads the fields' comments as help), the --test preset,
+and the checks that refuse a bad config in one line before anything starts (a --resume path
+with no checkpoint, a device that is not there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slime_harbor.exits import ConfigError
+from slime_harbor.filters import TrajectoryFilters
+from slime_harbor.grpo import GRPOConfig
+from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig, check_config, check_environment_runs, samples_policy
+
+
+# --test: five of the easy bundled tasks, short episodes, two steps, a checkpoint after each.
+TEST_TASKS = ["dedupe-lines", "fix-sort-key", "count-errors", "fizzbuzz-params", "top-words"]
+TEST_PRESET: dict[str, Any] = {
+    "task_names": TEST_TASKS, "num_rollouts": 2, "step_limit": 3, "max_new_tokens": 48, "save_every": 1,
+}
+TRAINER_STATE = "trainer_state.json"  # marks a checkpoint dir: step, base model, metrics so far
+
+
+@dataclass
+class LocalTrainConfig:
+    """Every knob of a local GRPO run. Each field is a command-line flag (underscores -> dashes)."""
+
+    # --- what to train on ---
+    tasks_dir: Path = DEFAULT_TASKS
+    """Directory of Harbor task dirs (flag --tasks; default: the bundled tasks)."""
+    task_names: list[str] | None = None
+    """Only these task dir names; None = every task in tasks_dir."""
+    task_manifest: Path | None = None
+    """A `slime-harbor calibrate` manifest: the tasks it marks broken or flaky are not trained on."""
+    agent: str = "native"
+    """native | terminus-2 | mini-swe-agent | another Harbor agent | module:Class: an agent that samples
+    from the policy being trained (all but native through the recording gateway)."""
+    env: str = "local"
+    """Where trials run: local (bubblewrap) | docker | <harbor env type> | module:Class."""
+    n_samples: int = 4
+    """Episodes per task per step: the GRPO group size."""
+    concurrency: int = 4
+    """Trials running at once."""
+    step_limit: int = 30
+    """Most agent turns per episode."""
+    max_new_tokens: int = 512
+    """Most tokens sampled per agent turn."""
+    temperature: float = 1.0
+    """Sampling temperature; the trainer scales logits by the same 1/T, so logprobs agree."""
+    reward_mapping: str = "raw"
+    """raw: the verifier's reward as is; pm1: reward r in [0, 1] -> 2r - 1 (pass +1, fail -1)."""
+    verifier_timeout: float | None = None
+    """The verifier's time limit in seconds (flag --eval-timeout); None = each task's own."""
+
+    # --- where the policy is served ---
+    policy_url: str | None = None
+    """Sample from this SGLang / vLLM-compatible server (alias --vllm-url) instead of an embedded
+    one; it must serve --model. After each optimizer step the weights are written under
+    OUTPUT_DIR/weights and the server is told to load them (see --weight-sync): the server reads
+    that path itself, so it must run on this host or see it on a shared filesystem."""
+    gateway_host: str = "127.0.0.1"
+    """Address the model gateway binds (agents other than native); a sandbox off this host needs
+    an address it can reach."""
+    weight_sync: str = "auto"
+    """With --policy-url: lora (/load_lora_adapter + /unload_lora_adapter) | disk
+    (/update_weights_from_disk with the full, merged weights) | none (the server keeps its weights;
+    old logprobs are recomputed by the trainer) | auto (lora with LoRA, else disk; none when the
+    server has no such endpoint)."""
+
+    rollout_batch_size: int | None = None
+    """Tasks per step (SLiME's --rollout-batch-size), drawn in turn from a seeded shuffle of the
+    tasks, epoch after epoch; None = every task every step."""
+
+    # --- held-out evaluation (its episodes are never trained on) ---
+    eval_tasks: Path | None = None
+    """Directory of held-out Harbor task dirs: evaluated before the first step, every eval_every
+    steps and after the last; their trials go to output_dir/eval/step_N/. None = no evaluation."""
+    eval_every: int = 0
+    """Evaluate every this many steps too (SLiME's --eval-interval); <= 0: before and after only."""
+    eval_n_samples: int = 1
+    """Episodes per held-out task (SLiME's --n-samples-per-eval-prompt): the k of pass@k."""
+    eval_temperature: float | None = None
+    """Sampling temperature of evaluation episodes (SLiME's --eval-temperature); None = temperature."""
+    eval_top_p: float | None = None
+    """Top-p of evaluation episodes (SLiME's --eval-top-p); None = 1.0, as training samples."""
+    eval_top_k: int | None = None
+    """Top-k of evaluation episodes (SLiME's --eval-top-k); None = -1 (off), as training samples."""
+    eval_max_new_tokens: int | None = None
+    """Tokens per turn of evaluation episodes (SLiME's --eval-max-response-len); None = max_new_tokens."""
+
+    # --- trajectory filters (slime_harbor/filters.py): masked = no loss, not in the group baseline ---
+    mask_timeouts: bool = False
+    """Mask episodes the agent timeout ended (AgentTimeoutError); False: train them with their reward."""
+    mask_step_limit: bool = False
+    """Mask episodes that used every turn (step_limit) without finishing."""
+    mask_length_limit: bool = False
+    """Mask episodes with a turn cut at the max-new-token or context limit (DAPO's overlong filter)."""
+    dynamic_sampling: bool = False
+    """Drop groups whose kept rewards do not vary (SLiME's check_reward_nonzero_std) and sample
+    more groups, up to dynamic_sampling_max_rounds extra rollouts, to fill the step's batch."""
+    dynamic_sampling_max_rounds: int = 2
+    """Extra rollouts per step at most when dynamic sampling refills the batch."""
+
+    # --- the policy ---
+    model: str | None = None
+    """Base policy, a Hugging Face model dir; None = the tiny offline model (built once)."""
+    lora: bool = True
+    """Train LoRA adapters (peft) on a frozen base; False (--no-lora) trains every weight."""
+    lora_r: int = 8
+    """LoRA rank."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator (the update is scaled by alpha / r)."""
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Linear layers that get adapters (Qwen / Llama attention projections)."""
+    device: str = "auto"
+    """cpu | cuda | auto (cuda when available). Sampling and training share the device."""
+
+    # --- optimisation ---
+    num_rollouts: int = 50
+    """Training steps; each is one rollout followed by updates_per_rollout optimizer steps."""
+    lr: float = 1e-6
+    """AdamW learning rate (SLiME's GRPO recipe)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (0: no pull towards zero, for adapters or full weights)."""
+    max_grad_norm: float = 1.0
+    """Clip the gradient's global norm to this (SLiME's --clip-grad); <= 0 disables."""
+    kl_coef: float = 0.001
+    """Weight of the low-variance KL penalty towards the base model; 0 disables it."""
+    eps_clip: float = 0.2
+    """PPO ratio clipped below at 1 - eps_clip."""
+    eps_clip_high: float = 0.28
+    """PPO ratio clipped above at 1 + eps_clip_high (clip-higher)."""
+    updates_per_rollout: int = 1
+    """Optimizer steps per rollout (SLiME's --num-steps-per-rollout): the samples are split into
+    this many minibatches. With 1 the update is on-policy (ratio ~ 1); later minibatches see the
+    ratio move, which is what the clip bounds."""
+    micro_batch_size: int = 4
+    """Samples per forward/backward pass; gradients accumulate over them (bounds memory)."""
+
+    # --- bookkeeping ---
+    output_dir: Path | None = None
+    """Where metrics, rollouts, checkpoints and final/ go; None = runs/grpo-local, or the
+    checkpoint's own run dir when resuming."""
+    save_every: int = 10
+    """Write checkpoint_N/ every this many steps (and after the last step); <= 0: only the last."""
+    resume: Path | None = None
+    """A checkpoint_N dir, or a run dir (its latest checkpoint): continue from that step with its
+    weights, optimizer state and RNG state."""
+    seed: int = 0
+    """Seeds torch, Python's random and the sampling engine."""
+    progress: bool = False
+    """Show the per-trial progress bar of each rollout."""
+    wandb_project: str | None = None
+    """Log every metric to this wandb project (offline unless a W&B login is configured or
+    WANDB_MODE says otherwise); None = no wandb."""
+    wandb_run_name: str | None = None
+    """wandb run name; None = wandb's own."""
+
+    def grpo(self) -> GRPOConfig:
+        return GRPOConfig(eps_clip=self.eps_clip, eps_clip_high=self.eps_clip_high, kl_coef=self.kl_coef,
+                          use_kl_loss=self.kl_coef > 0)
+
+    def rollout(self, policy_url: str, model_dir: str, out_dir: Path, task_names: list[str] | None = None,
+                lora_name: str | None = None) -> RolloutConfig:
+        return RolloutConfig(
+            lora_name=lora_name, verifier_timeout_sec=self.verifier_timeout,
+            tasks_dir=self.tasks_dir, task_names=task_names if task_names is not None else self.task_names,
+            agent=self.agent, n_samples=self.n_samples,
+            policy_url=policy_url, model_dir=model_dir, env=self.env, concurrency=self.concurrency,
+            out_dir=out_dir, temperature=self.temperature, step_limit=self.step_limit,
+            max_new_tokens=self.max_new_tokens, reward_mapping=self.reward_mapping, progress=self.progress,
+            gateway_host=self.gateway_host,
+        )
+
+    def eval_rollout(self, policy_url: str, model_dir: str, out_dir: Path, lora_name: str | None = None) -> RolloutConfig:
+        """The evaluation's episodes: held-out tasks, eval_n_samples each, the eval sampling settings."""
+        return dataclasses.replace(
+            self.rollout(policy_url, model_dir, out_dir, lora_name=lora_name), tasks_dir=self.eval_tasks, task_names=None,
+            n_samples=self.eval_n_samples,
+            temperature=self.temperature if self.eval_temperature is None else self.eval_temperature,
+            top_p=1.0 if self.eval_top_p is None else self.eval_top_p,
+            top_k=-1 if self.eval_top_k is None else self.eval_top_k,
+            max_new_tokens=self.max_new_tokens if self.eval_max_new_tokens is None else self.eval_max_new_tokens,
+        )
+
+    def filters(self) -> TrajectoryFilters:
+        return TrajectoryFilters(mask_timeouts=self.mask_timeouts, mask_step_limit=self.mask_step_limit,
+                                 mask_length_limit=self.mask_length_limit)
+
+
+def find_checkpoint(path: Path) -> Path:
+    """`path` itself if it is a checkpoint, else its checkpoint_N with the largest N."""
+    path = Path(path)
+    if (path / TRAINER_STATE).is_file():
+        return path
+    found = sorted((p for p in path.glob("checkpoint_*") if (p / TRAINER_STATE).is_file()),
+                   key=lambda p: int(p.name.split("_")[-1]))
+    if not found:
+        raise FileNotFoundError(f"no checkpoint_N (with {TRAINER_STATE}) in {path}")
+    return found[-1]
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"device must be cpu, cuda or auto, got {device!r}")
+    return device
+
+
+def check_train_config(cfg: LocalTrainConfig) -> None:
+    """Refuse, before a model is loaded, a setting that cannot work (ConfigError, one line)."""
+    at_least_1 = ["num_rollouts", "n_samples", "concurrency", "step_limit", "max_new_tokens", "updates_per_rollout",
+                  "micro_batch_size", "lora_r", "lora_alpha"]
+    for name in at_least_1:
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+    for name in ("lr", "weight_decay", "kl_coef", "eps_clip", "eps_clip_high", "temperature"):
+        if not getattr(cfg, name) >= 0:  # also refuses nan
+            raise ConfigError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    if not cfg.lr > 0:
+        raise ConfigError(f"lr must be > 0, got {cfg.lr}")
+    if not samples_policy(cfg.agent):
+        raise ConfigError(f"agent {cfg.agent!r} does not sample from the policy; use native, terminus-2, "
+                          "mini-swe-agent, another Harbor agent or module:Class")
+    resolve_device(cfg.device)
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device cuda was asked for, but torch sees no CUDA device")
+    if cfg.resume is not None:
+        if not Path(cfg.resume).exists():
+            raise ConfigError(f"resume: {cfg.resume} does not exist")
+        try:
+            find_checkpoint(cfg.resume)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"resume: {exc}") from None
+    looks_like_hub_id = cfg.model is not None and cfg.model.count("/") == 1 and not cfg.model.startswith((".", "/"))
+    if cfg.model is not None and not Path(cfg.model).exists() and not looks_like_hub_id:
+        raise ConfigError(f"model: {cfg.model} does not exist (and is not a hub id org/name)")
+    from slime_harbor.policy.weights import MODES
+
+    if cfg.weight_sync not in MODES:
+        raise ConfigError(f"weight_sync must be one of {', '.join(MODES)}, got {cfg.weight_sync!r}")
+    if cfg.weight_sync == "lora" and not cfg.lora:
+        raise ConfigError("weight_sync lora needs LoRA training (drop --no-lora, or use disk)")
+    if cfg.verifier_timeout is not None and not cfg.verifier_timeout > 0:
+        raise ConfigError(f"eval_timeout (the verifier's time limit) must be > 0 seconds, got {cfg.verifier_timeout}")
+    # Tasks, agent and environment, as a rollout checks them (the policy server is ours).
+    n_tasks = len(check_config(cfg.rollout("http://embedded", cfg.model or "embedded", Path("unused"))))
+    if cfg.rollout_batch_size is not None and not 1 <= cfg.rollout_batch_size <= n_tasks:
+        raise ConfigError(f"rollout_batch_size must be 1..{n_tasks} (the number of tasks), got {cfg.rollout_batch_size}")
+    if cfg.dynamic_sampling_max_rounds < 0:
+        raise ConfigError(f"dynamic_sampling_max_rounds must be >= 0, got {cfg.dynamic_sampling_max_rounds}")
+    if cfg.eval_tasks is not None:
+        if cfg.eval_n_samples < 1:
+            raise ConfigError(f"eval_n_samples must be >= 1, got {cfg.eval_n_samples}")
+        check_config(cfg.eval_rollout("http://embedded", cfg.model or "embedded", Path("unused")))
+    check_environment_runs(cfg.env)
