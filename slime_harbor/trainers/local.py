@@ -38,6 +38,9 @@ the step is not counted); an update in flight finishes with its metrics and sche
 Then summary.json is written with "interrupted": true, no final/, and the process exits 130 / 143;
 `--resume` continues from the last checkpoint.
 
+Where each part lives: local_config.py (LocalTrainConfig, its checks), learner.py (the policy, the
+update step, checkpoints, weight sync: Learner), this file (the loop, evaluation, the CLI).
+
 Run: `slime-harbor train-local --test` (or examples/harbor/harbor_grpo_local.py).
 """
 
@@ -45,8 +48,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import copy
 import dataclasses
 import json
 import math
@@ -54,7 +55,6 @@ import random
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,6 @@ import torch
 
 from slime_harbor.exits import ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
 from slime_harbor.filters import apply_limit_filters, drop_zero_std_groups, varying_groups
-from slime_harbor.grpo import episode_advantages, grpo_loss, masked_mean
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.rollout import discover_tasks, run_rollouts
 from slime_harbor.trainers.evaluate import eval_metrics
@@ -72,213 +71,23 @@ from slime_harbor.trainers.local_config import (  # noqa: F401
     TEST_TASKS, TEST_PRESET, TRAINER_STATE, LocalTrainConfig, resolve_device, find_checkpoint,
     check_train_config,
 )
-
-OPTIMIZER_STATE = "optimizer.pt"
-RNG_STATE = "rng.pt"
+# The learner (policy, update, weight sync) lives in learner.py; its names stay importable from here.
+from slime_harbor.trainers.learner import (  # noqa: F401
+    OPTIMIZER_STATE, RNG_STATE, Batch, make_batch, token_logprobs, trainable, Policy, update,
+    train_on_samples, save_checkpoint, restore_rng, server_logprob_gap, Learner,
+)
 
 
 # --------------------------------------------------------------------------------------------
 # Samples -> tensors -> logprobs.
 
 
-@dataclass
-class Batch:
-    """Samples left-padded to one width, with per-response-token tensors right-aligned to R."""
-
-    input_ids: torch.Tensor  # [B, W]
-    attention_mask: torch.Tensor  # [B, W]
-    position_ids: torch.Tensor  # [B, W]
-    targets: torch.Tensor  # [B, R] the last R tokens of each row
-    loss_mask: torch.Tensor  # [B, R] 1 = sampled by the policy; 0 = observation, prompt, padding
-    old_logprobs: torch.Tensor  # [B, R] the sampler's logprobs
-    advantages: torch.Tensor  # [B, 1]
-
-
-def make_batch(samples: Sequence[TrainingSample], advantages: Sequence[float], device="cpu") -> Batch:
-    """Left padding puts every response at the end of its row, so one `logits_to_keep` covers all."""
-    width = max(len(s.tokens) for s in samples)
-    resp = max(s.response_length for s in samples)
-    b = len(samples)
-    input_ids = torch.zeros((b, width), dtype=torch.long)
-    attention = torch.zeros((b, width), dtype=torch.long)
-    loss_mask = torch.zeros((b, resp), dtype=torch.float32)
-    old = torch.zeros((b, resp), dtype=torch.float32)
-    for i, s in enumerate(samples):
-        n = s.response_length
-        input_ids[i, width - len(s.tokens):] = torch.tensor(s.tokens)
-        attention[i, width - len(s.tokens):] = 1
-        loss_mask[i, resp - n:] = torch.tensor(s.loss_mask, dtype=torch.float32)
-        old[i, resp - n:] = torch.tensor(s.rollout_log_probs, dtype=torch.float32)
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)  # as the engine's prefill: pads do not shift positions
-    return Batch(
-        input_ids.to(device), attention.to(device), positions.to(device), input_ids[:, width - resp:].to(device),
-        loss_mask.to(device), old.to(device), torch.tensor(list(advantages), dtype=torch.float32)[:, None].to(device),
-    )
-
-
-def token_logprobs(model, batch: Batch, temperature: float) -> torch.Tensor:
-    """[B, R] log pi(token | prefix) of the last R tokens of each row, as the engine computes them:
-    log_softmax(logits / T) over the whole vocabulary, in fp32 (T = 0 means greedy: raw logits)."""
-    resp = batch.targets.shape[1]
-    logits = model(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-        logits_to_keep=resp + 1, use_cache=False,
-    ).logits[:, :-1].float()  # position j predicts token j + 1: the last R+1 logits predict the last R tokens
-    if temperature > 0:
-        logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, batch.targets[..., None])[..., 0]
-
-
-def trainable(samples: Sequence[TrainingSample]) -> list[TrainingSample]:
-    """Samples the loss may see: not removed (infra failures), with a reward and a sampled token."""
-    return [s for s in samples if not s.remove_sample and s.reward is not None and any(s.loss_mask)]
-
-
 # --------------------------------------------------------------------------------------------
 # The policy: the module being trained, its reference, and its optimizer.
 
 
-class Policy:
-    """The trained module (a PeftModel with LoRA, or the full model), its frozen reference, and AdamW."""
-
-    def __init__(self, model, reference, tokenizer, base_model: str, cfg: LocalTrainConfig):
-        self.model = model  # also what the engine serves: one module, updated in place
-        self.reference = reference  # None with LoRA: the base is the model with adapters disabled
-        self.tokenizer = tokenizer
-        self.base_model = base_model
-        self.cfg = cfg
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-    @classmethod
-    def load(cls, cfg: LocalTrainConfig, base_model: str, device: str, checkpoint: Path | None = None) -> Policy:
-        """The base model with fresh adapters (or a copy as reference), or a checkpoint's weights."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint or base_model)
-        base = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32).to(device)
-        if cfg.lora:
-            from peft import LoraConfig, PeftModel, get_peft_model
-
-            if checkpoint is not None:
-                model = PeftModel.from_pretrained(base, checkpoint, is_trainable=True)
-            else:
-                # lora_dropout 0: the trained forward pass must be the one the engine sampled with.
-                lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
-                                  target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")
-                model = get_peft_model(base, lora)
-            reference = None
-        else:
-            model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).to(device) if checkpoint else base
-            reference = base if checkpoint else copy.deepcopy(base)
-            reference.requires_grad_(False)
-        model.eval()  # no dropout anywhere: training and sampling run the same function
-        policy = cls(model, reference, tokenizer, base_model, cfg)
-        if checkpoint is not None:
-            state = torch.load(Path(checkpoint) / OPTIMIZER_STATE, map_location=device, weights_only=True)
-            policy.optimizer.load_state_dict(state)
-            for group in policy.optimizer.param_groups:  # the state carries on; this run's flags set the rates
-                group["lr"], group["weight_decay"] = cfg.lr, cfg.weight_decay
-        return policy
-
-    def reference_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
-        with torch.no_grad():
-            if self.reference is not None:
-                return token_logprobs(self.reference, batch, temperature)
-            with self.model.disable_adapter():
-                return token_logprobs(self.model, batch, temperature)
-
-    def save(self, out: Path, *, with_optimizer: bool) -> None:
-        """HF / peft format (loadable with AutoModelForCausalLM.from_pretrained) plus the tokenizer."""
-        out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out)
-        self.tokenizer.save_pretrained(out)
-        if with_optimizer:
-            torch.save(self.optimizer.state_dict(), out / OPTIMIZER_STATE)
-
-
-def update(policy: Policy, samples: Sequence[TrainingSample], advantages: Sequence[float],
-           cfg: LocalTrainConfig, device: str) -> dict[str, float]:
-    """One optimizer step on `samples`: grpo_loss over all of them, accumulated micro-batch by
-    micro-batch with weights that make the sum equal the loss of the whole minibatch."""
-    grpo = cfg.grpo()
-    total_tokens = sum(sum(s.loss_mask) for s in samples)
-    policy.optimizer.zero_grad(set_to_none=True)
-    sums: dict[str, float] = {}
-    for start in range(0, len(samples), cfg.micro_batch_size):
-        micro = samples[start:start + cfg.micro_batch_size]
-        batch = make_batch(micro, advantages[start:start + cfg.micro_batch_size], device)
-        # token-level reduction: the micro-batch's mean weighs by its share of the tokens;
-        # sequence-level: by its share of the samples.
-        share = (batch.loss_mask.sum().item() / total_tokens if grpo.loss_level == "token"
-                 else len(micro) / len(samples))
-        ref = policy.reference_logprobs(batch, cfg.temperature)
-        logprobs = token_logprobs(policy.model, batch, cfg.temperature)
-        loss, metrics = grpo_loss(logprobs, batch.old_logprobs, ref, batch.advantages, batch.loss_mask, grpo)
-        (loss * share).backward()
-        # How far the policy is from the sampler, token by token (ppo_kl's mean can cancel out).
-        metrics["abs_ppo_kl"] = masked_mean((logprobs.detach() - batch.old_logprobs).abs(), batch.loss_mask).item()
-        for k, v in metrics.items():
-            sums[k] = sums.get(k, 0.0) + v * share
-    if cfg.max_grad_norm > 0:
-        sums["grad_norm"] = torch.nn.utils.clip_grad_norm_(policy.params, cfg.max_grad_norm).item()
-    policy.optimizer.step()
-    sums["n_tokens"] = float(total_tokens)
-    sums["n_samples"] = float(len(samples))
-    return sums
-
-
-def train_on_samples(policy: Policy, samples: Sequence[TrainingSample], cfg: LocalTrainConfig,
-                     device: str) -> dict[str, Any]:
-    """Advantages, then updates_per_rollout optimizer steps. Skips cleanly (no step, weights and
-    optimizer untouched) when nothing is trainable or every advantage is 0, and says why."""
-    kept = trainable(samples)
-    # Removed by a filter (filters.py marks them) is not aborted: those are counted in "filters".
-    kept_ids = {id(s) for s in kept}
-    aborted = sum(id(s) not in kept_ids and "masked_by" not in (s.metadata or {}) for s in samples)
-    out: dict[str, Any] = {"n_samples": len(samples), "aborted": aborted, "n_trained_samples": 0,
-                           "n_tokens": 0, "skipped": None, "updates": []}
-    if not kept:
-        out["skipped"] = "no trainable sample"
-        return out
-    advantages = episode_advantages(kept, normalize_std=cfg.grpo().normalize_std)
-    if all(a == 0.0 for a in advantages):
-        out["skipped"] = "every advantage is 0 (equal rewards within each group)"
-        return out
-    n_minibatches = min(cfg.updates_per_rollout, len(kept))
-    bounds = [round(i * len(kept) / n_minibatches) for i in range(n_minibatches + 1)]
-    for lo, hi in zip(bounds, bounds[1:]):
-        out["updates"].append(update(policy, kept[lo:hi], advantages[lo:hi], cfg, device))
-    out["n_trained_samples"] = len(kept)
-    out["n_tokens"] = int(sum(u["n_tokens"] for u in out["updates"]))
-    # Step-level figures: token-weighted means over the updates.
-    for k in ("loss", "pg_loss", "kl", "clipfrac", "ppo_kl", "abs_ppo_kl", "ratio_mean"):
-        values = [(u[k], u["n_tokens"]) for u in out["updates"] if k in u]
-        if values:
-            out[k] = sum(v * w for v, w in values) / sum(w for _, w in values)
-    return out
-
-
 # --------------------------------------------------------------------------------------------
 # Checkpoints.
-
-
-def save_checkpoint(policy: Policy, out: Path, step: int, metrics: list[dict]) -> None:
-    policy.save(out, with_optimizer=True)
-    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save(rng, out / RNG_STATE)
-    state = {"step": step, "base_model": policy.base_model, "lora": policy.cfg.lora, "metrics": metrics}
-    (out / TRAINER_STATE).write_text(json.dumps(state, indent=1))
-
-
-def restore_rng(checkpoint: Path) -> None:
-    rng = torch.load(checkpoint / RNG_STATE, weights_only=False)  # Python's state is a tuple
-    torch.set_rng_state(rng["torch"])
-    random.setstate(rng["python"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,33 +110,6 @@ def rollout_stats(samples: Sequence[TrainingSample]) -> dict[str, Any]:
         "pass_rate": sum(v >= 1.0 for v in values) / len(values) if values else None,
         "n_scored": len(values),
     }
-
-
-def server_logprob_gap(policy: Policy, samples: Sequence[TrainingSample], cfg: LocalTrainConfig, device: str,
-                       recompute: bool) -> tuple[list[TrainingSample], dict[str, float]]:
-    """How far the server's logprobs are from the trained policy's, over the sampled tokens (mean
-    and max abs). With `recompute` (a server that does not take our weights) the samples' old
-    logprobs become the trained policy's, so the PPO ratio starts at 1 as it does on-policy."""
-    kept = trainable(samples)
-    if not kept:
-        return list(samples), {}
-    diffs, recomputed = [], {}
-    with torch.no_grad():
-        for lo in range(0, len(kept), cfg.micro_batch_size):
-            micro = kept[lo:lo + cfg.micro_batch_size]
-            batch = make_batch(micro, [0.0] * len(micro), device)
-            logprobs = token_logprobs(policy.model, batch, cfg.temperature)
-            diffs.append((logprobs - batch.old_logprobs).abs()[batch.loss_mask.bool()])
-            for i, s in enumerate(micro):
-                mask = torch.tensor(s.loss_mask, dtype=torch.bool)
-                ours = logprobs[i, logprobs.shape[1] - s.response_length:].cpu()
-                recomputed[id(s)] = torch.where(mask, ours, 0.0).tolist()  # observations keep logprob 0
-    gap = torch.cat(diffs)
-    stats = {"server_logprob_gap": gap.mean().item(), "server_logprob_gap_max": gap.max().item()}
-    if recompute:
-        samples = [dataclasses.replace(s, rollout_log_probs=recomputed[id(s)]) if id(s) in recomputed else s
-                   for s in samples]
-    return list(samples), stats
 
 
 class TaskStream:
@@ -439,70 +221,6 @@ def _plot(out: Path, metrics: list[dict]) -> str | None:
     plot_reward_curve(out / "reward_curve.png", [m["step"] for m in steps], [m["reward_mean"] for m in steps],
                       heldout, "Local GRPO", heldout_label="held-out pass@1 (step 0: before training)")
     return str(out / "reward_curve.png")
-
-
-class Learner:
-    """The policy side of the loop: serves the policy (an embedded engine on the module being
-    trained, or pushes to the external server at cfg.policy_url), trains it on a rollout's samples
-    and saves it. train() drives it; examples/harbor/harbor_grpo_modal.py runs one on a Modal GPU."""
-
-    def __init__(self, cfg: LocalTrainConfig, base_model: str, device: str, checkpoint: Path | None,
-                 out: Path, start: int, host: str = "127.0.0.1"):
-        from slime_harbor.policy.weights import WeightSync
-
-        self.cfg, self.device = cfg, device
-        self.policy = Policy.load(cfg, base_model, device, checkpoint)
-        self._stack = contextlib.ExitStack()
-        self.engine = self.sync = None
-        if cfg.policy_url:
-            self.url = cfg.policy_url
-            self.sync = WeightSync(cfg.policy_url, cfg.weight_sync, out / "weights")
-            if checkpoint or cfg.lora:  # the server must serve what we train from the first rollout on
-                self.sync.push(self.policy.model, self.policy.tokenizer, start)
-        else:
-            from slime_harbor.policy.engine import EngineConfig, SamplingEngine
-            from slime_harbor.policy.server import EmbeddedPolicyServer
-
-            # The engine serves the very module the optimizer updates; a new seed per start so a
-            # resumed run does not replay the samples of the steps before it.
-            engine_config = EngineConfig(device=device, seed=cfg.seed + start)
-            self.engine = self._stack.enter_context(SamplingEngine(self.policy.model, self.policy.tokenizer,
-                                                                   engine_config))
-            server = EmbeddedPolicyServer(engine=self.engine, model_name="policy", host=host)
-            self.url = self._stack.enter_context(server).url
-
-    @property
-    def lora_name(self) -> str | None:
-        """The adapter rollouts sample from on the external server (None: its own weights)."""
-        return self.sync.lora_name if self.sync else None
-
-    @property
-    def weight_version(self) -> int:
-        return self.engine.weight_version if self.engine else self.sync.version
-
-    def train_step(self, samples: Sequence[TrainingSample], step: int) -> dict[str, Any]:
-        """train_on_samples, then the server samples the updated weights."""
-        gap: dict[str, float] = {}
-        with self.engine.paused() if self.engine else contextlib.nullcontext():  # nothing samples meanwhile
-            if self.sync:
-                samples, gap = server_logprob_gap(self.policy, samples, self.cfg, self.device,
-                                                  recompute=self.sync.mode == "none")
-            result = train_on_samples(self.policy, samples, self.cfg, self.device)
-        if result["updates"]:
-            if self.engine:
-                self.engine.update_model(self.policy.model)  # the next rollout samples from the new weights
-            else:
-                result["weights_pushed"] = self.sync.push(self.policy.model, self.policy.tokenizer, step)
-        return {**result, **gap}
-
-    def save_checkpoint(self, out: Path, step: int, metrics: list[dict]) -> None:
-        save_checkpoint(self.policy, out, step, metrics)
-
-    def save_final(self, out: Path) -> None:
-        self.policy.save(out, with_optimizer=False)
-
-    def close(self) -> None:
-        self._stack.close()
 
 
 def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_factory=Learner) -> dict[str, Any]:
