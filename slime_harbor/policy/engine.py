@@ -47,6 +47,9 @@ from typing import Any
 
 import torch
 
+# The decode loop's tensors (the running batch, truncated sampling) live in decode.py.
+from slime_harbor.policy.decode import _abort_reason, _Batch, _cache_tensors, _eos_token_ids, _sample_tokens, _Truncation
+
 
 @dataclass
 class SamplingParams:
@@ -559,123 +562,3 @@ class SamplingEngine:
                 request.future.set_exception(error)
 
 
-class _Batch:
-    """The running rows and their shared, left-padded KV cache (worker-only state)."""
-
-    def __init__(self, rows=(), kv=None, mask=None, next_pos=None):
-        self.rows: list[_Request] = list(rows)
-        self.rows_pending_prefill: list[_Request] = []  # admitted, not yet merged (failure cleanup)
-        self.cache = _make_cache(kv) if kv is not None else None
-        self.mask = mask if mask is not None else torch.zeros((0, 0), dtype=torch.long)
-        self.next_pos = next_pos if next_pos is not None else torch.zeros(0, dtype=torch.long)
-
-    def merge(self, other: _Batch) -> _Batch:
-        """Stack two batches, left-padding the shorter cache with masked zeros."""
-        if not self.rows:
-            return other
-        width = max(self.mask.shape[1], other.mask.shape[1])
-        kv = [
-            (
-                torch.cat([_left_pad(k1, width), _left_pad(k2, width)]),
-                torch.cat([_left_pad(v1, width), _left_pad(v2, width)]),
-            )
-            for (k1, v1), (k2, v2) in zip(_cache_tensors(self.cache), _cache_tensors(other.cache), strict=True)
-        ]
-        mask = torch.cat([_left_pad(self.mask, width, dim=1), _left_pad(other.mask, width, dim=1)])
-        return _Batch(self.rows + other.rows, kv, mask, torch.cat([self.next_pos, other.next_pos]))
-
-    def select(self, keep: list[int]) -> _Batch:
-        """Keep rows `keep`, dropping cache columns that are padding for all of them."""
-        if not keep:
-            return _Batch()
-        index = torch.tensor(keep, dtype=torch.long)
-        mask = self.mask[index]
-        start = int((mask.sum(0) > 0).nonzero()[0])
-        kv = [
-            (k[index.to(k.device), :, start:], v[index.to(v.device), :, start:]) for k, v in _cache_tensors(self.cache)
-        ]
-        return _Batch([self.rows[i] for i in keep], kv, mask[:, start:], self.next_pos[index])
-
-
-class _Truncation:
-    """Which tokens each row's top-k then top-p filter keeps.
-
-    logprobs [B, V]; top_k [B] (<= 0: off); top_p [B] (1: off). Only rows with a filter are
-    worked on (`rows`); for the j-th of them, `order[j]` lists token ids most likely first and
-    `keep[j]` marks the ones kept.
-    """
-
-    def __init__(self, logprobs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
-        self.vocab = logprobs.shape[-1]
-        self.rows = ((top_k > 0) | (top_p < 1)).nonzero()[:, 0]
-        self.order = self.keep = None
-        self._position: dict[int, int] = {}
-        if not len(self.rows):
-            return
-        k = top_k[self.rows]
-        # Only the k most likely tokens can survive; a full sort (slow on CPU) only for top-p alone.
-        width = self.vocab if bool((k <= 0).any()) else min(int(k.max()), self.vocab)
-        sorted_probs, self.order = logprobs[self.rows].exp().topk(width, dim=-1)
-        keep = (k[:, None] <= 0) | (torch.arange(width)[None, :] < k[:, None])
-        kept = sorted_probs * keep
-        # Drop a token once the mass before it reaches top_p of the top-k mass (the first is kept).
-        keep &= (kept.cumsum(-1) - kept) < top_p[self.rows, None] * kept.sum(-1, keepdim=True)
-        self.keep = keep
-        self._position = {int(row): j for j, row in enumerate(self.rows)}
-
-    def allowed(self) -> torch.Tensor:
-        """[len(rows), V] bool: the kept tokens of each filtered row, in vocab order."""
-        return torch.zeros((len(self.rows), self.vocab), dtype=torch.bool).scatter_(-1, self.order, self.keep)
-
-    def kept(self, row: int) -> torch.Tensor:
-        """The kept token ids of batch row `row` (which must have a filter), most likely first."""
-        j = self._position[row]
-        return self.order[j][self.keep[j]]
-
-
-def _sample_tokens(logprobs, exponentials, truncation: _Truncation) -> torch.Tensor:
-    """Sample one token per row among the tokens its filter keeps, by the exponential race.
-
-    exponentials [B, V] ~ Exp(1). argmax(p_i / E_i) is a sample from p (Gumbel-max). Unlike
-    inverse-CDF sampling, a ~1e-6 change in the logits (another batch shape) almost never changes
-    the winner, so a seeded request samples the same tokens whatever shares its batch.
-    """
-    scores = logprobs - exponentials.log()
-    if len(truncation.rows):
-        rows = truncation.rows
-        scores[rows] = scores[rows].masked_fill(~truncation.allowed(), float("-inf"))
-    return scores.argmax(-1)
-
-
-def _eos_token_ids(model, tokenizer) -> frozenset[int]:
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config):
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        ids.update([value] if isinstance(value, int) else value or [])
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return frozenset(ids)
-
-
-def _abort_reason() -> dict[str, Any]:
-    return {"type": "abort", "message": "aborted by request"}
-
-
-def _cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    # Iterating a DynamicCache yields (keys, values[, sliding window]) per layer.
-    return [(layer[0], layer[1]) for layer in cache]
-
-
-def _make_cache(kv):
-    from transformers import DynamicCache
-
-    return DynamicCache(kv)
-
-
-def _left_pad(t: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:
-    missing = width - t.shape[dim]
-    if missing == 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
