@@ -35,7 +35,7 @@ from slime_harbor.samples import SampleStatus
 if TYPE_CHECKING:
     from harbor.models.trial.result import TrialResult
 
-    from slime_harbor.rollout import Episode, RolloutConfig
+    from slime_harbor.trial_setup import Episode, RolloutConfig
 
 CONFIG_FILE = "config.json"
 RESULT_FILE = "result.json"
@@ -55,7 +55,7 @@ class HarborJob:
         from harbor.models.job.result import JobResult, JobStats
         from harbor.models.trial.config import TaskConfig
 
-        from slime_harbor.rollout import agent_config, environment_config
+        from slime_harbor.trial_setup import agent_config, environment_config
 
         self.job_dir = Path(job_dir)
         self.job_dir.mkdir(parents=True, exist_ok=True)
@@ -85,7 +85,7 @@ class HarborJob:
 
         from harbor.models.trial.config import TrialConfig
 
-        from slime_harbor.rollout import Episode, RolloutConfig
+        from slime_harbor.trial_setup import Episode, RolloutConfig
         from slime_harbor.samples import read_jsonl
 
         out = Path(out)

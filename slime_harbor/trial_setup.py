@@ -1,0 +1,430 @@
+"""What a trial is made of, before it runs: the rollout's config, the tasks, the agent (native,
+Harbor's, or one through the model gateway) and the sandbox, and the checks that refuse a bad
+config in one line before any trial starts.
+
+rollout.py runs trials from these; harbor_job.py records the job's config with them; the SLiME
+hook (hooks.py) and the local trainer build a RolloutConfig and call rollout.run_episode.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slime_harbor.exits import ConfigError, one_line
+from slime_harbor.samples import SampleStatus, TrainingSample
+from slime_harbor.tasks.manifest import apply_manifest
+
+DEFAULT_TASKS = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks"
+"""The bundled example tasks."""
+LOCAL_SANDBOX = "slime_harbor.environments.bubblewrap:BubblewrapEnvironment"
+DOCKER_SANDBOX = "slime_harbor.environments.docker:DockerEnvironment"
+NATIVE_AGENT = "slime_harbor.agent:NativeAgent"
+NO_MODEL_AGENTS = frozenset({"oracle", "nop"})
+"""Harbor agents that never call a model: they need no policy and no gateway."""
+AGENT_IMPORT_PATHS = {"mini-swe-agent": "slime_harbor.installed_agents.mini_swe_agent:MiniSweAgent"}
+"""Harbor agent names we run through our own class (mini-swe-agent: installed from the registries
+only); every other name resolves as Harbor resolves it."""
+SANDBOX_LOOPBACK = "127.0.0.1"
+"""The gateway's address inside a sandbox: our sandboxes forward <loopback>:<gateway port> to it."""
+# Slack on top of the task's own agent + verifier + build timeouts before we cancel a trial that
+# Harbor's own timeouts failed to end (a hung container teardown, a stuck verifier upload).
+HARD_TIMEOUT_SLACK_SEC = 120.0
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RolloutConfig:
+    """Everything one rollout needs. Every field has a default that runs on this machine."""
+
+    tasks_dir: Path = Path("examples/harbor/tasks")
+    """Directory of Harbor task dirs (each with task.toml)."""
+    task_names: list[str] | None = None
+    """Only these tasks (dir names); None = all tasks in tasks_dir."""
+    task_manifest: Path | None = None
+    """A `slime-harbor calibrate` manifest: tasks it marks broken or flaky are skipped (and named in
+    summary.json); tasks it does not list run."""
+    agent: str = "native"
+    """native | terminus-2 | mini-swe-agent | oracle | nop | any Harbor agent name | module:Class import
+    path. Every one but native / oracle / nop samples through the recording gateway."""
+    n_samples: int = 4
+    """Episodes per task: the GRPO group size."""
+    policy_url: str | None = None
+    """SGLang router / policy server base URL (the native agent's, and the gateway's upstream)."""
+    model_dir: str | None = None
+    """HF dir of the policy: tokenizer for the native agent and for decoding samples."""
+    model_name: str = "policy"
+    """Name the gateway serves the policy under (agents get `hosted_vllm/<model_name>`)."""
+    env: str = "local"
+    """local (bubblewrap) | docker (ours, Engine API) | harbor-docker (Harbor's, docker compose) |
+    daytona | modal | ... (Harbor's environment types) | module:Class import path."""
+    concurrency: int = 4
+    """Trials running at once."""
+    out_dir: Path = Path("runs/rollout")
+    """Where samples.jsonl, summary.json and trials/ go."""
+    temperature: float = 1.0
+    """Sampling temperature (1.0: sample the policy itself)."""
+    top_p: float = 1.0
+    top_k: int = -1
+    step_limit: int = 30
+    """Most agent turns per episode."""
+    max_new_tokens: int = 512
+    """Most tokens sampled per turn."""
+    # Native agent only (forwarded as its options of the same names; see agent.NativeAgentOptions).
+    max_context_len: int | None = None
+    """Prompt+completion token limit of an episode; None = the model's. Past it: context_limit."""
+    stop: list[str] = field(default_factory=list)
+    """Extra stop strings."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Extra stop token ids."""
+    return_top_p_token_ids: bool = False
+    """Record the top-p kept ids per sampled token (SLiME's top-p replay, needed when top_p != 1)."""
+    sampling_seed: int | None = None
+    """Seed of each episode run with this config (the SLiME hook builds one config per sample);
+    None = random. Every episode of one config gets the same seed: leave it None for run_rollouts."""
+    routing_key: str | None = None
+    """X-SMG-Routing-Key sent with every turn (the SLiME hook: sample.session_id); None = none."""
+    timeout_multiplier: float = 1.0
+    """Scales the task.toml agent/verifier/build timeouts."""
+    policy_api: str = "sglang"
+    """How agents reach policy_url: sglang (its root; /generate, and /v1 for terminus-2) | openai
+    (an OpenAI-compatible base URL ending in /v1, e.g. vLLM's: the native agent sends token ids to
+    /v1/completions)."""
+    lora_name: str | None = None
+    """LoRA adapter loaded on the policy server to sample from (SGLang's /generate lora_path; the
+    OpenAI model name for terminus-2); None = the served model itself."""
+    verifier_timeout_sec: float | None = None
+    """The verifier's time limit in seconds, instead of the task's [verifier] timeout_sec."""
+    reward_mapping: str = "raw"
+    """raw: verifier reward as is; pm1: reward r in [0,1] -> 2r-1."""
+    progress: bool = True
+    """Show a progress bar on stderr."""
+    agent_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra AgentConfig kwargs on top of the ones built here (the SLiME hook passes terminus-2
+    SLiME's stop strings, routing header and context size this way). For terminus-2,
+    `llm_call_kwargs` and `model_info` are merged key by key into the defaults."""
+    env_start_retries: int = 2
+    """Extra attempts when a trial's environment fails to start (a transient infra failure: the
+    sandbox or container did not come up, its healthcheck failed). Each attempt is a new trial;
+    after the last one the episode is ABORTED (removed, counted, never scored)."""
+    env_start_backoff_sec: float = 1.0
+    """Wait before the first retry of an environment start; doubled for each further retry."""
+    gateway_host: str = "127.0.0.1"
+    """Address the model gateway binds (gateway agents). Loopback: our sandboxes reach it through
+    their forward; a sandbox elsewhere (Modal, Daytona, E2B) needs an address it can reach."""
+
+
+@dataclass
+class Episode:
+    """What one trial produced."""
+
+    task_name: str
+    group_index: int
+    index: int
+    status: SampleStatus
+    reward: float | None
+    samples: list[TrainingSample]
+    seconds: float
+    trial_dir: str | None = None
+    error: str | None = None
+
+
+def discover_tasks(tasks_dir: Path, names: list[str] | None = None) -> list[Path]:
+    tasks_dir = Path(tasks_dir)
+    if not tasks_dir.is_dir():
+        raise FileNotFoundError(f"tasks dir {tasks_dir} does not exist")
+    tasks = sorted(p for p in tasks_dir.iterdir() if (p / "task.toml").is_file())
+    if names:
+        missing = set(names) - {p.name for p in tasks}
+        if missing:
+            raise FileNotFoundError(f"tasks not found in {tasks_dir}: {sorted(missing)}")
+        tasks = [p for p in tasks if p.name in names]
+    if not tasks:
+        raise FileNotFoundError(f"no Harbor tasks (dirs with task.toml) in {tasks_dir}")
+    return tasks
+
+
+def is_native(agent: str) -> bool:
+    return agent in ("native", NATIVE_AGENT)
+
+
+def uses_gateway(agent: str) -> bool:
+    """Whether `agent` samples through the recording gateway: every agent but native / oracle / nop."""
+    return not is_native(agent) and agent not in NO_MODEL_AGENTS
+
+
+def samples_policy(agent: str) -> bool:
+    """Whether `agent` calls the policy at all (oracle and nop do not)."""
+    return agent not in NO_MODEL_AGENTS
+
+
+@dataclass(frozen=True)
+class ModelEndpoint:
+    """Where a gateway agent reaches its trial's gateway session."""
+
+    host_url: str
+    """The session's OpenAI base URL (ending /v1) as seen from this process: host-side agents."""
+    sandbox_url: str
+    """The same inside the trial's sandbox (http://127.0.0.1:<gateway port>/s/<session>/v1)."""
+    api_key: str
+    """The session id: the gateway accepts any key on a session path, and reads it where none is."""
+
+    @classmethod
+    def of(cls, gateway, session_id: str) -> ModelEndpoint:
+        return cls(host_url=f"http://{connect_host(gateway)}:{gateway.port}/s/{session_id}/v1",
+                   sandbox_url=f"http://{SANDBOX_LOOPBACK}:{gateway.port}/s/{session_id}/v1", api_key=session_id)
+
+
+def connect_host(gateway) -> str:
+    """The address this host reaches the gateway at (a gateway bound to every address: loopback)."""
+    return gateway.host if gateway.host not in ("0.0.0.0", "::", "") else SANDBOX_LOOPBACK
+
+
+UNBOUND_ENDPOINT = ModelEndpoint("http://127.0.0.1:0/s/unbound/v1", "http://127.0.0.1:0/s/unbound/v1", "unbound")
+"""What agent_config puts in a config built only to be checked (no gateway running)."""
+
+
+def installed_agent_env(endpoint: ModelEndpoint) -> dict[str, str]:
+    """The variables Harbor's installed agents read for their endpoint and key (LiteLLM's, OpenAI's,
+    mini-swe-agent's, Anthropic's base URL without /v1), all naming the trial's session."""
+    url = endpoint.sandbox_url
+    return {
+        "OPENAI_BASE_URL": url, "OPENAI_API_BASE": url, "HOSTED_VLLM_API_BASE": url,
+        "OPENAI_API_KEY": endpoint.api_key, "MSWEA_API_KEY": endpoint.api_key, "HOSTED_VLLM_API_KEY": endpoint.api_key,
+        "ANTHROPIC_BASE_URL": url.removesuffix("/v1"),
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # else LiteLLM fetches its cost map from the internet
+    }
+
+
+def agent_class(config):
+    """The Harbor agent class an AgentConfig names (raises when it does not resolve)."""
+    from harbor.agents.factory import AgentFactory
+
+    return AgentFactory.get_agent_class_from_config(config)
+
+
+def is_installed_agent(config) -> bool:
+    """Whether the agent runs inside the sandbox (a Harbor BaseInstalledAgent), not in this process."""
+    from harbor.agents.installed.base import BaseInstalledAgent
+
+    return issubclass(agent_class(config), BaseInstalledAgent)
+
+
+def agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None = None):
+    """The trial's AgentConfig. Gateway agents get `endpoint` (their session; a placeholder when
+    the config is only checked) as Harbor's conventions pass it: `api_base` + `model_name` kwargs
+    to host-side agents, environment variables to installed agents."""
+    from harbor.models.trial.config import AgentConfig
+
+    if is_native(cfg.agent):
+        return AgentConfig(
+            import_path=NATIVE_AGENT,
+            model_name=cfg.model_name,
+            kwargs={
+                "policy_url": cfg.policy_url,
+                "tokenizer_path": str(cfg.model_dir),
+                "step_limit": cfg.step_limit,
+                "temperature": cfg.temperature,
+                "top_p": cfg.top_p,
+                "top_k": cfg.top_k,
+                "max_new_tokens": cfg.max_new_tokens,
+                "lora_path": cfg.lora_name,
+                "policy_api": cfg.policy_api,
+                "max_context_len": cfg.max_context_len,
+                "stop": list(cfg.stop),
+                "stop_token_ids": list(cfg.stop_token_ids),
+                "return_top_p_token_ids": cfg.return_top_p_token_ids,
+                "sampling_seed": cfg.sampling_seed,
+                "routing_key": cfg.routing_key,
+                **cfg.agent_kwargs,
+            },
+        )
+    if cfg.agent in NO_MODEL_AGENTS:
+        return AgentConfig(name=cfg.agent, kwargs=dict(cfg.agent_kwargs))
+    endpoint = endpoint or UNBOUND_ENDPOINT
+    import_path = AGENT_IMPORT_PATHS.get(cfg.agent, cfg.agent if ":" in cfg.agent else None)
+    # The gateway serves the policy (and its LoRA adapter) under one name and accepts any model
+    # string; agents get it in the provider/model form LiteLLM-based agents need.
+    config = AgentConfig(name=None if import_path else cfg.agent, import_path=import_path,
+                         model_name=f"hosted_vllm/{cfg.model_name}")
+    if is_installed_agent(config):
+        config.env = installed_agent_env(endpoint)
+        if cfg.agent == "mini-swe-agent":
+            config.kwargs["step_limit"] = cfg.step_limit
+    else:
+        config.kwargs["api_base"] = endpoint.host_url
+        config.env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "HOSTED_VLLM_API_KEY": endpoint.api_key}
+    if cfg.agent == "terminus-2":
+        config.kwargs.update({
+            # The gateway records the tokens; terminus-2's own token-id fields are not needed.
+            "collect_rollout_details": False,
+            # Summarisation rewrites the history: every summary would start a new sample.
+            "enable_summarize": False,
+            "proactive_summarization_threshold": 0,
+            "temperature": cfg.temperature,
+            "max_turns": cfg.step_limit,
+            "record_terminal_session": False,
+            "suppress_max_turns_warning": True,
+            "model_info": {
+                "max_input_tokens": cfg.max_context_len or _max_context(cfg.model_dir),
+                "max_output_tokens": cfg.max_new_tokens,
+                "input_cost_per_token": 0.0,
+                "output_cost_per_token": 0.0,
+            },
+            "llm_call_kwargs": {"max_tokens": cfg.max_new_tokens},
+        })
+    for key, value in cfg.agent_kwargs.items():
+        merge = isinstance(config.kwargs.get(key), dict) and isinstance(value, dict)
+        config.kwargs[key] = {**config.kwargs[key], **value} if merge else value
+    return config
+
+
+def environment_config(env: str, gateway=None, agent=None):
+    """The trial's EnvironmentConfig. With a gateway, our sandboxes (local, docker) are told where
+    it listens: a no-network sandbox then reaches it, and nothing else, at 127.0.0.1:<its port>.
+    Given the trial's AgentConfig, they provide what the agent needs without opening the task's
+    network: tmux for terminus-2, and what the agent installs from the registries before the trial
+    starts (`agent_installs`, e.g. mini-swe-agent's venv; slime_harbor.installed_agents)."""
+    from harbor.models.trial.config import EnvironmentConfig
+
+    from slime_harbor.installed_agents import environment_kwargs
+
+    ours = {"gateway_port": gateway.port, "gateway_host": connect_host(gateway)} if gateway is not None else {}
+    if agent is not None and agent.name == "terminus-2":
+        ours["provide_tmux"] = True
+    ours.update(environment_kwargs(agent) if agent is not None else {})
+    if env == "local":
+        return EnvironmentConfig(import_path=LOCAL_SANDBOX, delete=True, kwargs=ours)
+    if env == "docker":
+        return EnvironmentConfig(import_path=DOCKER_SANDBOX, delete=True, kwargs=ours)
+    if env == "harbor-docker":  # Harbor's own, one `docker compose` process per call
+        return EnvironmentConfig(type="docker", delete=True)
+    if ":" in env:
+        return EnvironmentConfig(import_path=env, delete=True)
+    return EnvironmentConfig(type=env, delete=True)
+
+
+def preflight_environment(env: str) -> None:
+    """One clear error before any trial starts when the environment cannot run here."""
+    if env == "docker":
+        from slime_harbor.environments.docker import check_docker
+
+        check_docker()  # DockerUnavailableError: no daemon answers
+
+
+def check_environment_runs(env: str) -> None:
+    """preflight_environment as a ConfigError, which the command line prints as one line."""
+    try:
+        preflight_environment(env)
+    except RuntimeError as exc:  # DockerUnavailableError: no daemon answers
+        raise ConfigError(f"env {env!r} cannot run here: {one_line(exc)}") from None
+
+
+def hard_timeout_sec(task_path: Path, multiplier: float, verifier_timeout_sec: float | None = None) -> float:
+    """Upper bound on one trial's wall time, from the task's own timeouts (Harbor's defaults if unset)."""
+    config = tomllib.loads((Path(task_path) / "task.toml").read_text())
+    agent = config.get("agent", {}).get("timeout_sec", 600.0)
+    verifier = verifier_timeout_sec or config.get("verifier", {}).get("timeout_sec", 600.0)
+    build = config.get("environment", {}).get("build_timeout_sec", 600.0)
+    verifier_config = config.get("verifier", {})
+    if verifier_config.get("environment_mode") == "separate" or (
+        "environment" in verifier_config and verifier_config.get("environment_mode") != "shared"
+    ):  # a separate verifier starts an environment of its own, under the same build timeout
+        build *= 2
+    return multiplier * (agent + verifier + build) + HARD_TIMEOUT_SLACK_SEC
+
+
+def check_config(cfg: RolloutConfig) -> list[Path]:
+    """Refuse, before any trial starts, what would otherwise hang, fail every trial or die in a
+    traceback mid-run: bad numbers, a missing or empty tasks dir, a task Harbor cannot load
+    (named by its task.toml), an agent or environment that does not resolve. Returns the tasks."""
+    checks = [
+        (cfg.n_samples >= 1, f"n_samples must be at least 1, got {cfg.n_samples}"),
+        (cfg.concurrency >= 1, f"concurrency must be at least 1, got {cfg.concurrency}"),
+        (cfg.step_limit >= 1, f"step_limit must be at least 1, got {cfg.step_limit}"),
+        (cfg.max_new_tokens >= 1, f"max_new_tokens must be at least 1, got {cfg.max_new_tokens}"),
+        (cfg.temperature >= 0, f"temperature must be >= 0, got {cfg.temperature}"),
+        (0 < cfg.top_p <= 1, f"top_p must be in (0, 1], got {cfg.top_p}"),
+        (cfg.top_k == -1 or cfg.top_k >= 1, f"top_k must be -1 (off) or at least 1, got {cfg.top_k}"),
+        (cfg.timeout_multiplier > 0, f"timeout_multiplier must be > 0, got {cfg.timeout_multiplier}"),
+        (cfg.reward_mapping in ("raw", "pm1"), f"reward_mapping must be raw or pm1, got {cfg.reward_mapping!r}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    if samples_policy(cfg.agent) and not (cfg.policy_url and cfg.model_dir):
+        raise ConfigError(f"agent {cfg.agent} needs policy_url and model_dir")
+    try:
+        tasks = discover_tasks(cfg.tasks_dir, cfg.task_names)
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
+    from harbor.models.task.task import Task
+
+    for task in tasks:
+        try:
+            Task(task)
+        except Exception as exc:  # TOML syntax, schema (pydantic), missing tests/instruction
+            raise ConfigError(f"task {task / 'task.toml'} cannot be loaded: {one_line(exc)}") from None
+    _check_agent(cfg)
+    _check_environment(cfg.env)
+    _check_agent_installs(cfg)
+    apply_manifest(tasks, cfg.task_manifest)  # a missing or malformed manifest: ConfigError now
+    return tasks
+
+
+def _check_agent(cfg: RolloutConfig) -> None:
+    from harbor.agents.factory import AgentFactory
+
+    try:
+        agent_class(agent_config(cfg))
+    except Exception as exc:
+        if ":" not in cfg.agent and cfg.agent not in AGENT_IMPORT_PATHS:
+            examples = ", ".join(AgentFactory.registered_names()[:4])
+            raise ConfigError(f"unknown agent {cfg.agent!r}: use native, terminus-2, mini-swe-agent, oracle, nop, another Harbor "
+                              f"agent name ({examples}, ...) or module:Class") from None
+        raise ConfigError(f"agent {cfg.agent!r} cannot be imported: {one_line(exc)}") from None
+
+
+def _check_agent_installs(cfg: RolloutConfig) -> None:
+    """What the agent needs installed in the sandbox can be built here (the bubblewrap sandbox's
+    host-side installs; a Docker layer's build fails its trials with the build log instead)."""
+    from slime_harbor.installed_agents import ENVIRONMENT_KWARG, environment_kwargs, resolve_installs
+
+    if cfg.env != "local" or not samples_policy(cfg.agent) or is_native(cfg.agent):
+        return
+    for install in resolve_installs(environment_kwargs(agent_config(cfg)).get(ENVIRONMENT_KWARG)):
+        try:
+            install.check_host()
+        except RuntimeError as exc:
+            raise ConfigError(f"agent {cfg.agent!r} cannot run with env 'local': {one_line(exc)}") from None
+
+
+def _check_environment(env: str) -> None:
+    try:
+        config = environment_config(env)
+    except Exception:
+        raise ConfigError(f"unknown env {env!r}: use local, docker, another Harbor environment type "
+                          f"(daytona, modal, ...) or module:Class") from None
+    try:
+        if config.import_path:
+            from harbor.utils.import_path import import_class
+
+            import_class(config.import_path, label="environment")
+        else:
+            from harbor.environments.factory import _load_environment_class
+
+            _load_environment_class(config.type)
+    except Exception as exc:  # an import path that does not import, an extra not installed
+        raise ConfigError(f"env {env!r} cannot be loaded: {one_line(exc)}") from None
+
+
+def _max_context(model_dir: str | None) -> int:
+    if model_dir and (Path(model_dir) / "config.json").exists():
+        return int(json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings", 4096))
+    return int(os.environ.get("SLIME_HARBOR_MAX_CONTEXT", 32768))
