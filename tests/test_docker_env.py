@@ -44,6 +44,7 @@ pytestmark = pytest.mark.skipif(_SKIP is not None, reason=f"no Docker: {_SKIP}")
 
 if _SKIP is None:
     import slime_harbor.environments.docker as dockerenv
+    import slime_harbor.environments.docker_images as docker_images
     from slime_harbor.environments.bubblewrap import ExecTimeoutError
 
 # The sample checks of the bubblewrap end-to-end tests, reused as they are.
@@ -82,7 +83,7 @@ def remove_image(tag: str) -> None:
         client().api.remove_image(tag, force=True)
     except docker.errors.NotFound:
         pass
-    dockerenv._image_builds.pop(tag, None)
+    docker_images._image_builds.pop(tag, None)
 
 
 def make_env(task_dir: Path, tmp_path: Path, **kwargs):
@@ -146,8 +147,8 @@ def test_unbuildable_image_fails_its_trials_once_with_the_build_log(tmp_path, mo
     task = copy_task(DEFAULT_TASKS / "dedupe-lines", tmp_path / "tasks", "broken-image",
                      dockerfile_extra=f"RUN echo building-{token} && exit 7\n")  # fmt: skip
     builds = []
-    real_build = dockerenv._build_image
-    monkeypatch.setattr(dockerenv, "_build_image", lambda *a: (builds.append(a[1]), real_build(*a))[1])
+    real_build = docker_images._build_image
+    monkeypatch.setattr(docker_images, "_build_image", lambda *a: (builds.append(a[1]), real_build(*a))[1])
     summary, samples = rollout(tmp_path, tasks_dir=task.parent, n_samples=3)
     again, more = rollout(tmp_path, tasks_dir=task.parent, n_samples=1)  # the failure is remembered
     assert len(builds) == 1
@@ -323,8 +324,8 @@ def test_a_group_of_four_builds_the_image_once(tmp_path, monkeypatch):
     task = copy_task(DEFAULT_TASKS / "dedupe-lines", tmp_path / "tasks", "fresh-image",
                      dockerfile_extra=f"RUN echo {uuid.uuid4().hex} > /stamp\n")  # fmt: skip
     builds = []
-    real_build = dockerenv._build_image
-    monkeypatch.setattr(dockerenv, "_build_image", lambda *a: (builds.append(a[1]), real_build(*a))[1])
+    real_build = docker_images._build_image
+    monkeypatch.setattr(docker_images, "_build_image", lambda *a: (builds.append(a[1]), real_build(*a))[1])
     environments = [make_env(task, tmp_path) for _ in range(4)]
 
     async def group():
@@ -471,7 +472,7 @@ def test_containers_of_a_sigkilled_run_are_swept_by_the_next_start(tmp_path, mon
         proc.kill()  # SIGKILL: no teardown, no atexit
         proc.wait()
     assert client().api.containers(all=True, filters={"id": container_id})  # left behind
-    monkeypatch.setattr(dockerenv, "_sweep_done", False)  # as in a fresh process
+    monkeypatch.setattr(docker_images, "_sweep_done", False)  # as in a fresh process
     environment = make_env(DEFAULT_TASKS / "dedupe-lines", tmp_path)
 
     async def next_start():

@@ -8,13 +8,9 @@ Use it wherever Harbor takes an environment (``--env docker`` in our commands)::
 What it does differently from Harbor's own docker environment (``--env harbor-docker``), which
 runs a ``docker compose`` process for every build, start, command and file transfer:
 
-- Images: built once per task from ``environment/`` through the Engine API, tagged by a hash of
-  the build context (``slime-harbor-env/<task>:<hash>``) and reused across trials and runs. A
-  whole GRPO group starting at once waits on one build (one shared future per tag in this
-  process, a lock file across processes). A build that fails is remembered per tag: every trial
-  of that task fails with the build log's tail (``SandboxBuildFailedError``, a permanent
-  failure), and it is not retried in this process. ``docker_image`` in task.toml is used as is
-  (never pulled: it must be present).
+- Images: built once per task from ``environment/``, tagged by a hash of the build context and
+  reused across trials and runs; a build that fails fails every trial of the task, permanently
+  (:mod:`slime_harbor.environments.docker_images`, with the tool layers put on top of them).
 - Containers: one per trial, labelled (``slime-harbor.*``: run, trial, owner) and removed by
   ``stop()``, with everything else labelled with the trial. Network ``none`` unless the task's
   task.toml sets ``network_mode = "public"`` (then ``host``: the daemon here has no bridge).
@@ -40,22 +36,16 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import concurrent.futures
 import contextlib
-import fcntl
 import fnmatch
-import hashlib
 import io
 import os
 import posixpath
 import re
 import shlex
-import shutil
 import signal
-import socket
 import tarfile
 import tempfile
-import threading
 import uuid
 from pathlib import Path
 from typing import IO
@@ -66,235 +56,20 @@ from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPol
 from harbor.models.trial.config import ResourceMode
 from harbor.models.trial.paths import TrialPaths
 
-from slime_harbor.environments.common import (
-    ExecTimeoutError,
-    flag_kwarg,
-    owner_stamp,
-    shares_host_network,
-    tail,
-    write_dir_archive,
-)
+from slime_harbor.environments.common import ExecTimeoutError, flag_kwarg, shares_host_network, write_dir_archive
 from slime_harbor.environments.docker_exec import Completed, ExecServer, ExecServerError, ExecServerUnavailable
 from slime_harbor.environments.gateway_reach import GatewayForward, GatewayReachError, gateway_port_kwarg
 
+# The daemon side (client, sweeps of stale containers, task images, tool layers): docker_images.py.
+from slime_harbor.environments.docker_images import (  # noqa: F401
+    _API_TIMEOUT_SEC, _docker_host, DockerUnavailableError, LABEL, RUN_ID, TMUX_SCRIPT, _sweep_once,
+    check_docker, docker_client, ensure_image, ensure_layer_image, image_tag, owner_labels,
+)
+
 ENV_TYPE = "slime-docker"
-LABEL = "slime-harbor"
-"""Prefix of every label we put on containers and images."""
-IMAGE_REPOSITORY = "slime-harbor-env"
 KEEPALIVE = ["sh", "-c", "sleep infinity"]  # the command Harbor's compose files give the container
 _ROOT_USERS = (None, "root", 0, "0")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_API_TIMEOUT_SEC = 120
-
-
-class DockerUnavailableError(RuntimeError):
-    """No Docker daemon answers where the Docker SDK looks (DOCKER_HOST or the default socket)."""
-
-
-def _docker_host() -> str:
-    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-
-
-_clients: dict[str, object] = {}
-_clients_lock = threading.Lock()
-
-
-def docker_client():
-    """The process's ``docker.DockerClient`` for the current DOCKER_HOST (one per host)."""
-    import docker
-
-    host = _docker_host()
-    with _clients_lock:
-        client = _clients.get(host)
-        if client is None:
-            client = docker.DockerClient(base_url=host, timeout=_API_TIMEOUT_SEC, max_pool_size=64)
-            _clients[host] = client
-        return client
-
-
-def check_docker(timeout: float = 10.0) -> None:
-    """Raise :class:`DockerUnavailableError` (a one-line message) unless a daemon answers."""
-    import docker
-
-    try:
-        probe = docker.DockerClient(base_url=_docker_host(), timeout=timeout)
-        try:
-            probe.ping()
-        finally:
-            probe.close()
-    except Exception as exc:  # connection refused, missing socket, permission denied, bad URL...
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DockerUnavailableError(
-            f"Docker is not reachable at {_docker_host()} (--env docker needs a running Docker "
-            f"daemon; set DOCKER_HOST to use another): {reason}"
-        ) from None
-
-
-# --- identity of this process and its run ---------------------------------------------------------
-
-RUN_ID = os.environ.get("SLIME_HARBOR_RUN_ID") or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-"""Label value shared by every container this process starts (SLIME_HARBOR_RUN_ID overrides)."""
-
-
-def owner_labels() -> dict[str, str]:
-    return {
-        f"{LABEL}.owner": owner_stamp(os.getpid()) or "",
-        f"{LABEL}.owner-host": socket.gethostname(),
-        f"{LABEL}.owner-pid": str(os.getpid()),
-    }
-
-
-def sweep_stale_containers(client=None) -> list[str]:
-    """Remove our containers whose owning process died (or whose pid now belongs to another
-    process). Containers owned from another host or pid namespace are left alone."""
-    client = client or docker_client()
-    our_namespace = os.readlink("/proc/self/ns/pid")
-    removed = []
-    for container in client.api.containers(all=True, filters={"label": f"{LABEL}.owner"}):
-        labels = container.get("Labels") or {}
-        stamp = labels.get(f"{LABEL}.owner", "")
-        try:
-            namespace, pid, _ = stamp.split()
-        except ValueError:
-            continue
-        if labels.get(f"{LABEL}.owner-host") != socket.gethostname() or namespace != our_namespace:
-            continue
-        if owner_stamp(int(pid)) != stamp:
-            with contextlib.suppress(Exception):  # already gone, or another sweeper got there first
-                client.api.remove_container(container["Id"], force=True)
-                removed.append(container["Id"])
-    return removed
-
-
-_sweep_done = False
-_sweep_lock = threading.Lock()
-
-
-def _sweep_once() -> None:
-    global _sweep_done
-    with _sweep_lock:
-        if not _sweep_done:
-            _sweep_done = True
-            sweep_stale_containers()
-
-
-# --- images ----------------------------------------------------------------------------------------
-
-# tag -> the build's outcome: one build per tag in this process, whichever event loop asks; a
-# failed build stays failed (later trials of the task fail fast with the same reason).
-_image_builds: dict[str, concurrent.futures.Future] = {}
-_image_builds_lock = threading.Lock()
-
-
-def _lock_dir() -> Path:
-    path = Path(tempfile.gettempdir()) / "slime-harbor-docker-locks"
-    path.mkdir(mode=0o700, exist_ok=True)
-    return path
-
-
-def _build_image(context: Path, tag: str, task_name: str, timeout_sec: float, force: bool = False) -> None:
-    """Build ``context`` as ``tag`` unless it exists (``force``: rebuild anyway); one builder at a
-    time across processes."""
-    import docker
-
-    client = docker_client()
-    with open(_lock_dir() / (re.sub(r"[^A-Za-z0-9_.-]", "_", tag) + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not force:
-            with contextlib.suppress(docker.errors.ImageNotFound):
-                client.api.inspect_image(tag)
-                return  # built by an earlier run, or by another process while we waited
-        log_lines: list[str] = []
-        error = None
-        try:
-            for chunk in client.api.build(
-                path=str(context), tag=tag, rm=True, forcerm=True, pull=False, decode=True,
-                network_mode="host",  # RUN apt-get / pip reach the package registries
-                labels={f"{LABEL}.task": task_name}, timeout=timeout_sec,
-            ):  # fmt: skip
-                if "stream" in chunk:
-                    log_lines.append(chunk["stream"])
-                if "error" in chunk:
-                    error = chunk.get("errorDetail", {}).get("message") or chunk["error"]
-        except Exception as exc:  # bad Dockerfile syntax (400), daemon errors, read timeout
-            error = str(exc)
-        if error is not None:
-            raise SandboxBuildFailedError(
-                f"building the image of task {task_name} failed: {error.strip()}\n"
-                f"{tail(''.join(log_lines), 3000)}"
-            )
-
-
-async def ensure_image(context: Path, tag: str, task_name: str, timeout_sec: float, force: bool = False) -> None:
-    """Wait for ``tag`` to exist, building it once per process however many trials ask at once
-    (``force``: the first build in this process rebuilds even an existing image)."""
-    with _image_builds_lock:
-        future = _image_builds.get(tag)
-        if future is None:
-            future = concurrent.futures.Future()
-            future.set_running_or_notify_cancel()  # a cancelled waiter must not cancel the build
-            _image_builds[tag] = future
-
-            def build() -> None:
-                try:
-                    _build_image(context, tag, task_name, timeout_sec, force)
-                except BaseException as exc:
-                    if not isinstance(exc, SandboxBuildFailedError):
-                        exc = SandboxBuildFailedError(f"building the image of task {task_name} failed: {exc}")
-                    future.set_exception(exc)
-                else:
-                    future.set_result(None)
-
-            threading.Thread(target=build, name=f"build {tag}", daemon=True).start()
-    await asyncio.shield(asyncio.wrap_future(future))
-
-
-def image_tag(environment_name: str, content_hash: str) -> str:
-    name = re.sub(r"[^a-z0-9._-]", "-", environment_name.lower()).strip("-._") or "task"
-    return f"{IMAGE_REPOSITORY}/{name}:{content_hash[:24]}"
-
-
-TOOLS_REPOSITORY = f"{IMAGE_REPOSITORY}-tools"
-TMUX_SCRIPT = """set -eu
-command -v tmux >/dev/null 2>&1 && exit 0
-if command -v apt-get >/dev/null 2>&1; then
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq && apt-get install -y -qq --no-install-recommends tmux >/dev/null && rm -rf /var/lib/apt/lists/*
-elif command -v apk >/dev/null 2>&1; then apk add --no-cache -q tmux
-elif command -v dnf >/dev/null 2>&1; then dnf install -y -q tmux && dnf clean all
-elif command -v yum >/dev/null 2>&1; then yum install -y -q tmux && yum clean all
-fi
-tmux -V
-"""
-"""What the ``provide_tmux`` layer runs: the distribution's own tmux, from its package registry."""
-
-
-async def ensure_layer_image(base_image: str, name: str, script: str, timeout_sec: float) -> str:
-    """``base_image`` plus one layer that runs ``script`` (sh, as root, with the host's network, at
-    build time), built once per base image id and script and reused after; returns its tag. The
-    base image's user is kept."""
-    base = await asyncio.to_thread(docker_client().api.inspect_image, base_image)
-    user = base["Config"].get("User")
-    dockerfile = "\n".join([
-        f"FROM {base_image}", *(["USER root"] if user else []),
-        f"COPY layer.sh /tmp/slime-harbor-{name}.sh",
-        f"RUN sh /tmp/slime-harbor-{name}.sh && rm -f /tmp/slime-harbor-{name}.sh",
-        *([f"USER {user}"] if user else []),
-    ]) + "\n"  # fmt: skip
-    digest = hashlib.sha256("\0".join([base["Id"], dockerfile, script]).encode()).hexdigest()[:24]
-    tag = f"{TOOLS_REPOSITORY}/{name}:{digest}"
-    # Kept as long as the tag may be built (a cancelled waiter must not delete it under the build).
-    context = _lock_dir() / "contexts" / digest
-    if not (context / "Dockerfile").is_file():
-        staging = context.with_name(f".{digest}.{uuid.uuid4().hex[:8]}")
-        staging.mkdir(parents=True)
-        (staging / "layer.sh").write_text(script)
-        (staging / "Dockerfile").write_text(dockerfile)
-        with contextlib.suppress(OSError):  # another process put the same files there first
-            os.rename(staging, context)
-        shutil.rmtree(staging, ignore_errors=True)
-    await ensure_image(context, tag, f"{base_image} + {name}", timeout_sec)
-    return tag
 
 
 # --- the environment ---------------------------------------------------------------------------
