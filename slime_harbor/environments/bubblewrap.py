@@ -26,9 +26,9 @@ or not; the per-trial directory is then removed (``delete=True``). bwrap's
 ``--die-with-parent`` kills the sandbox if this Python process dies; directories left by a
 killed process are swept by the next sandbox started under the same ``base_dir``.
 
-File transfers run ``tar``/``cat`` inside the sandbox rather than copying on the host, so a
-symlink the agent planted (``/app/x -> /home/you/.bashrc``) resolves inside the sandbox and
-never reaches a host file.
+Files (the Dockerfile's COPY, Harbor's uploads and downloads) go through tar/cat inside the
+sandbox (:mod:`slime_harbor.environments.bubblewrap_files`); what happens on the host (trial
+directories, sweeps, the /etc copy) is :mod:`slime_harbor.environments.bubblewrap_host`.
 
 Network: a task gets the host's network only when its task.toml sets
 ``[environment] network_mode = "public"``; otherwise (``no-network``, or nothing set) the sandbox
@@ -49,26 +49,17 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
-import functools
 import json
 import os
-import posixpath
-import re
 import select
 import shutil
-import signal
-import stat
 import subprocess
-import tarfile
 import tempfile
-import threading
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from harbor.environments.base import BaseEnvironment, ExecResult, transfer_tar_filter
+from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import (
     EnvironmentCapabilities,
     EnvironmentResourceCapabilities,
@@ -76,28 +67,18 @@ from harbor.environments.capabilities import (
 from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
 from harbor.models.trial.paths import TrialPaths
 
-from slime_harbor.environments.common import (
-    ExecTimeoutError,
-    flag_kwarg,
-    owner_stamp,
-    root_owned,
-    shares_host_network,
-    tail,
-    write_dir_archive,
-)
-from slime_harbor.environments.dockerfile import (
-    DEFAULT_PATH,
-    BuildRecipe,
-    CopyEntry,
-    CopyFiles,
-    DockerfileError,
-    MakeDir,
-    RunCommand,
-    parse_dockerfile,
-)
+from slime_harbor.environments.common import ExecTimeoutError, flag_kwarg, shares_host_network
+from slime_harbor.environments.dockerfile import DEFAULT_PATH, BuildRecipe, DockerfileError, parse_dockerfile
+from slime_harbor.environments.bubblewrap_files import SandboxFiles
 from slime_harbor.environments.gateway_reach import GatewayForward, gateway_port_kwarg
 
-SANDBOX_TYPE = "bubblewrap"
+# Host-side plumbing (trial dirs, sweeps, the /etc copy, archives, marked processes): bubblewrap_host.py.
+from slime_harbor.environments.bubblewrap_host import (  # noqa: F401
+    SANDBOX_TYPE, _etc_templates, _HOST_TOOL_DIRS, default_sandbox_root, _host_tool, _signal, _read_until_eof,
+    _new_owned_dir, _sweep_stale_sandboxes, MARKER_VAR, _pids_with_marker, _remove_tree, _populate_root,
+    _etc_template,
+)
+
 # The sandbox's /etc is a tmpfs filled from a copy of the host's (see _etc_template): copying
 # ~1000 small files into memory takes milliseconds, onto a busy disk and back out up to seconds.
 _ETC_TEMPLATE_MOUNT = "/run/host-etc"
@@ -112,18 +93,6 @@ _ENTERED_NAMESPACES = ("user", "mnt", "pid", "ipc", "uts", "net")
 _NSENTER_FLAGS = {"user": "user", "mnt": "mount", "pid": "pid", "ipc": "ipc", "uts": "uts",
                   "net": "net"}  # fmt: skip
 _ROOT_USERS = (None, "root", 0, "0")
-# Host directories shared read-only; symlinks among them (merged /usr) are recreated instead.
-_HOST_TOOL_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
-# Directories every sandbox root has, with their modes (as in a Debian image).
-_ROOT_SKELETON = {
-    "root": 0o700, "tmp": 0o1777, "var/tmp": 0o1777, "var/log": 0o755, "home": 0o755,
-    "opt": 0o755, "srv": 0o755, "mnt": 0o755, "run": 0o755, "logs": 0o755,
-}  # fmt: skip
-
-
-def default_sandbox_root() -> Path:
-    """Where per-trial sandbox directories go unless ``base_dir`` says otherwise."""
-    return Path(tempfile.gettempdir()) / "slime-harbor-sandboxes"
 
 
 @dataclass
@@ -136,7 +105,7 @@ class _Completed:
         return (self.stdout + self.stderr).decode(errors="replace").strip()
 
 
-class BubblewrapEnvironment(BaseEnvironment):
+class BubblewrapEnvironment(SandboxFiles, BaseEnvironment):
     """Harbor ``BaseEnvironment`` on bubblewrap; see the module docstring for the design.
 
     Keyword arguments of its own (Harbor passes ``EnvironmentConfig.kwargs`` / ``--ek``):
@@ -568,267 +537,8 @@ class BubblewrapEnvironment(BaseEnvironment):
 
     # --- Dockerfile steps ---------------------------------------------------------------------
 
-    async def _apply(self, step: MakeDir | CopyFiles | RunCommand) -> None:
-        try:
-            if isinstance(step, MakeDir):
-                await self._check(["mkdir", "-p", "--", step.path], "mkdir")
-            elif isinstance(step, CopyFiles):
-                for entry in step.entries:
-                    await self._copy_entry(entry)
-            else:
-                env = {**self._base_env, **step.env}
-                done = await self._run(list(step.argv), cwd=step.workdir, env=env)
-                if done.return_code != 0:
-                    raise step.instruction.error(
-                        f"exited with code {done.return_code}:\n{tail(done.output())}"
-                    )
-        except RuntimeError as e:
-            raise step.instruction.error(str(e)) from e
-
-    async def _copy_entry(self, entry: CopyEntry) -> None:
-        dest = entry.dest
-        if entry.source.is_dir() or entry.extract:
-            target_dir, name = dest, None
-        else:
-            into_dir = entry.into_dir
-            if into_dir is None:
-                into_dir = (await self._run(["test", "-d", dest])).return_code == 0
-            target_dir, name = (dest, entry.source.name) if into_dir else posixpath.split(dest)
-        with tempfile.TemporaryFile() as archive:
-            await asyncio.to_thread(_write_copy_archive, archive, entry, name)
-            await self._extract(archive, target_dir)
-
-    # --- file transfer ------------------------------------------------------------------------
-
-    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
-        # Like `docker cp`: into the directory if the target is one, else as that file.
-        script = (
-            't=$1; if [ -d "$t" ]; then t="${t%/}/$2"; else mkdir -p -- "$(dirname -- "$t")"; '
-            'fi; cat > "$t" && chmod "$3" "$t"'
-        )
-        source = Path(source_path)
-        mode = format(source.stat().st_mode & 0o7777, "o")
-        with open(source, "rb") as data:
-            await self._check(
-                ["/bin/sh", "-c", script, "upload", target_path, source.name, mode],
-                f"upload_file {source} -> {target_path}",
-                stdin=data,
-                cwd=self._default_cwd,
-            )
-
-    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
-        # Like `docker cp source/. target`: the directory's contents land in target_dir.
-        with tempfile.TemporaryFile() as archive:
-            await asyncio.to_thread(write_dir_archive, archive, Path(source_dir))
-            await self._extract(archive, target_dir)
-
-    async def _extract(self, archive: IO[bytes], target_dir: str) -> None:
-        archive.seek(0)
-        await self._check(
-            ["/bin/sh", "-c", 'mkdir -p -- "$1" && tar -x -f - -C "$1"', "extract", target_dir],
-            f"copy into {target_dir}",
-            stdin=archive,
-            cwd=self._default_cwd,
-        )
-
-    async def download_file(self, source_path: str, target_path: Path | str) -> None:
-        target = Path(target_path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.partial")
-        try:
-            with open(partial, "wb") as out:
-                await self._check(
-                    ["cat", "--", source_path],
-                    f"download_file {source_path}",
-                    stdout=out,
-                    cwd=self._default_cwd,
-                )
-            os.replace(partial, target)
-        finally:
-            partial.unlink(missing_ok=True)
-
-    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
-        target = Path(target_dir)
-        target.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile() as archive:
-            await self._check(
-                ["tar", "-c", "-f", "-", "-C", source_dir, "."],
-                f"download_dir {source_dir}",
-                stdout=archive,
-                cwd=self._default_cwd,
-            )
-            archive.seek(0)
-            await asyncio.to_thread(_extract_archive, archive, target)
-
 
 # --- host-side helpers ------------------------------------------------------------------------
-
-
-@functools.cache
-def _host_tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        raise FileNotFoundError(
-            f"{name} is not installed; the {SANDBOX_TYPE} environment needs bubblewrap and "
-            "util-linux (e.g. 'apt-get install bubblewrap util-linux')"
-        )
-    return path
-
-
-def _signal(kill, target: int) -> None:
-    try:
-        kill(target, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _read_until_eof(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 4096):
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _new_owned_dir(base_dir: Path, label: str) -> Path:
-    """A fresh directory under ``base_dir`` that records this process as its owner."""
-    name = re.sub(r"[^A-Za-z0-9_.-]", "-", label)[:80]
-    path = base_dir / f"{name}-{uuid.uuid4().hex[:12]}"
-    path.mkdir(mode=0o700)
-    # Who owns it, so a later sweep can tell a live sandbox from one whose process died.
-    (path / "owner").write_text(owner_stamp(os.getpid()) or "")
-    return path
-
-
-def _sweep_stale_sandboxes(base_dir: Path) -> None:
-    """Remove sandbox directories whose owning process has died."""
-    our_namespace = os.readlink("/proc/self/ns/pid")
-    for path in base_dir.iterdir():
-        try:
-            stamp = (path / "owner").read_text()
-            namespace, pid, _ = stamp.split()
-        except (OSError, ValueError):
-            continue
-        # An owner in another pid namespace (another container sharing /tmp) cannot be checked.
-        if namespace == our_namespace and owner_stamp(int(pid)) != stamp:
-            with contextlib.suppress(FileNotFoundError):  # another sweeper got there first
-                _remove_tree(path)
-
-
-MARKER_VAR = "SLIME_HARBOR_SANDBOX"
-
-
-def _pids_with_marker(marker: str) -> list[int]:
-    """Host pids whose environment holds SLIME_HARBOR_SANDBOX=<marker>."""
-    needle = f"{MARKER_VAR}={marker}".encode()
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    pids.append(int(name))
-        except OSError:  # gone, or not ours to read
-            continue
-    return pids
-
-
-def _remove_tree(path: Path) -> None:
-    def make_writable_and_retry(function, failed_path, _exc):
-        # The sandbox may have left read-only directories (chmod 500 ...).
-        os.chmod(os.path.dirname(failed_path), 0o700)
-        if os.path.isdir(failed_path) and not os.path.islink(failed_path):
-            os.chmod(failed_path, 0o700)
-        function(failed_path)
-
-    shutil.rmtree(path, onexc=make_writable_and_retry)
-
-
-def _populate_root(rootfs: Path) -> None:
-    """Lay out the sandbox's writable ``/``: skeleton directories and links to host tools."""
-    rootfs.mkdir(mode=0o755)
-    for relative, mode in _ROOT_SKELETON.items():
-        path = rootfs / relative
-        path.mkdir(parents=True, exist_ok=True)
-        path.chmod(mode)
-    for name in _HOST_TOOL_DIRS:
-        host = Path("/") / name
-        if host.is_symlink():
-            os.symlink(os.readlink(host), rootfs / name)
-
-
-_etc_templates: dict[Path, Path] = {}
-_etc_template_lock = threading.Lock()
-
-
-def _etc_template(base_dir: Path) -> Path:
-    """This process's copy of what any host user may read of /etc (so no /etc/shadow, no
-    private keys), made once under ``base_dir`` and swept like a sandbox when the process dies."""
-    with _etc_template_lock:
-        template = _etc_templates.get(base_dir)
-        if template is None:
-            template = _new_owned_dir(base_dir, "etc-template") / "etc"
-            _copy_readable_etc(template)
-            _etc_templates[base_dir] = template
-        return template
-
-
-def _copy_readable_etc(target: Path) -> None:
-    def unreadable(directory: str, names: list[str]) -> list[str]:
-        skipped = []
-        for name in names:
-            try:
-                st = os.lstat(os.path.join(directory, name))
-            except OSError:
-                skipped.append(name)
-                continue
-            if stat.S_ISLNK(st.st_mode):
-                continue
-            readable = st.st_mode & stat.S_IROTH and (
-                stat.S_ISREG(st.st_mode) or (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IXOTH)
-            )
-            if not readable:
-                skipped.append(name)
-        return skipped
-
-    shutil.copytree("/etc", target, symlinks=True, ignore=unreadable)
-    resolv = target / "resolv.conf"
-    if resolv.is_symlink():  # often points into /run, which the sandbox does not share
-        resolv.unlink()
-        try:
-            shutil.copyfile("/etc/resolv.conf", resolv)
-        except OSError:
-            pass
-
-
-def _write_copy_archive(archive: IO[bytes], entry: CopyEntry, file_name: str | None) -> None:
-    """The tar stream a COPY/ADD entry extracts into its target directory."""
-
-    def with_mode(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        if entry.mode is not None and not info.issym():
-            info.mode = entry.mode
-        return root_owned(info)
-
-    with tarfile.open(fileobj=archive, mode="w") as tar:
-        if entry.extract:
-            with tarfile.open(entry.source, mode="r:*") as packed:
-                for member in packed:
-                    data = packed.extractfile(member) if member.isfile() else None
-                    tar.addfile(with_mode(member), data)
-        elif entry.source.is_dir():
-            for path in sorted(entry.source.rglob("*")):
-                tar.add(path, arcname=path.relative_to(entry.source).as_posix(),
-                        recursive=False, filter=with_mode)  # fmt: skip
-        else:
-            # A source given by name is followed if it is a symlink, as Docker does.
-            info = tar.gettarinfo(entry.source.resolve(), arcname=file_name)
-            with open(entry.source, "rb") as data:
-                tar.addfile(with_mode(info), data)
-
-
-def _extract_archive(archive: IO[bytes], target: Path) -> None:
-    with tarfile.open(fileobj=archive, mode="r:") as tar:
-        tar.extractall(path=target, filter=transfer_tar_filter)
 
 
 # Sandboxes started by this process and not yet stopped: killed and removed at interpreter exit
