@@ -69,6 +69,16 @@ Plugin settings, read from `args` (set them with SLiME's --custom-config-path YA
     harbor_task_manifest             a `slime-harbor calibrate` manifest: samples of tasks it marks
                                      broken or flaky are not run (a removed FAILED placeholder,
                                      counted as skipped_by_manifest)                (none)
+    harbor_eval_trials_dir           where SLiME's evaluation trials (evaluation=True) are written,
+                                     apart from the training ones      (<harbor_trials_dir>/eval)
+    harbor_mask_timeouts             mask episodes Harbor ended at the agent's time limit  (false)
+    harbor_mask_step_limit           mask episodes that used every turn (harbor_step_limit) (false)
+    harbor_mask_length_limit         mask episodes with a turn cut at the context or max-new-token
+                                     limit (DAPO's overlong filter)                  (false)
+                                     The trajectory filters of train-local (slime_harbor/filters.py):
+                                     a masked episode is removed from the loss and from its group's
+                                     baseline, counted as masked/<reason>; never applied to
+                                     evaluation trials.
 
 Dynamic filtering: groups whose kept episodes all got the same reward carry no GRPO signal. Use
     --dynamic-sampling-filter-path slime_harbor.hooks.dynamic_sampling_filter
@@ -88,6 +98,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from slime_harbor.filters import TrajectoryFilters, apply_limit_filters
 from slime_harbor.grpo import episode_advantages
 from slime_harbor.rollout import RolloutConfig, load_tokenizer, run_episode, start_gateway, uses_gateway
 from slime_harbor.samples import SampleStatus, TrainingSample
@@ -105,6 +116,10 @@ DEFAULTS = {
     "harbor_retry_backoff_sec": 2.0,
     "harbor_env_start_retries": 2,
     "harbor_task_manifest": None,
+    "harbor_eval_trials_dir": None,
+    "harbor_mask_timeouts": False,
+    "harbor_mask_step_limit": False,
+    "harbor_mask_length_limit": False,
 }
 
 log = logging.getLogger(__name__)
@@ -135,6 +150,29 @@ def _tokenizer(model_dir: str | None):
 def setting(args, key: str):
     value = getattr(args, key, None)
     return DEFAULTS[key] if value is None else value
+
+
+def switch(args, key: str) -> bool:
+    """A true/false setting; anything else (a YAML string, a number) is a HookConfigError."""
+    value = setting(args, key)
+    if not isinstance(value, bool):
+        raise HookConfigError(f"{key} must be true or false, got {value!r}")
+    return value
+
+
+def trajectory_filters(args) -> TrajectoryFilters:
+    return TrajectoryFilters(mask_timeouts=switch(args, "harbor_mask_timeouts"),
+                             mask_step_limit=switch(args, "harbor_mask_step_limit"),
+                             mask_length_limit=switch(args, "harbor_mask_length_limit"))
+
+
+def trials_dir(args, evaluation: bool) -> Path:
+    """Training trials in harbor_trials_dir; SLiME's evaluation trials apart, so a run's training
+    record (and `slime-harbor view` of it) holds only what was trained on."""
+    train_dir = Path(setting(args, "harbor_trials_dir"))
+    if not evaluation:
+        return train_dir
+    return Path(setting(args, "harbor_eval_trials_dir") or train_dir / "eval")
 
 
 def wants_top_p_ids(sampling_params: dict) -> bool:
@@ -302,6 +340,7 @@ async def run_unless_aborted(episode: Awaitable, aborted: Callable[[], bool], po
 async def generate(args, sample, sampling_params, evaluation: bool = False) -> list:
     """SLiME custom generate: one Harbor trial for `sample`'s task -> list[Sample] (one rollout_id)."""
     check_supported(args)
+    filters = trajectory_filters(args)
     top_p_ids = wants_top_p_ids(sampling_params)
     task_dir = resolve_task_dir(args, sample)
     if task_dir is None:
@@ -325,7 +364,7 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
                                     top_p_ids, harbor_retries=retries)
             episode = await run_unless_aborted(
                 run_episode(task_dir, cfg, group_index=sample.group_index or 0, index=sample.index or 0,
-                            trials_dir=Path(setting(args, "harbor_trials_dir")), tokenizer=_tokenizer(cfg.model_dir),
+                            trials_dir=trials_dir(args, evaluation), tokenizer=_tokenizer(cfg.model_dir),
                             gateway=gateway),
                 slime_rollout_aborted,
             )
@@ -347,6 +386,9 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
             retries += 1
             log.warning("task %s: transient failure (%s); rerun %d", task_dir.name, episode.error, retries)
             await asyncio.sleep(float(setting(args, "harbor_retry_backoff_sec")))
+    if not evaluation:
+        for reason, n in apply_limit_filters(episode.samples, filters).items():
+            METRICS[f"masked/{reason}"] += n
     return to_slime_samples(sample, episode.samples, top_p_ids=top_p_ids, harbor_retries=retries)
 
 

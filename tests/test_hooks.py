@@ -401,6 +401,39 @@ async def _coro(value):
     return value
 
 
+def test_trajectory_filters_and_eval_trials_dir_from_the_yaml(tmp_path, monkeypatch, Sample, fresh_counters):
+    """harbor_mask_step_limit masks a training episode that used every turn (all its samples, the
+    episode counted once) as train-local's --mask-step-limit does; SLiME's evaluation trials are
+    never masked and go to their own trials dir; a setting that is not true/false is one error."""
+    task = DEFAULT_TASKS / "dedupe-lines"
+    seen_dirs = []
+
+    def at_step_limit(task_dir, cfg, **kw):
+        seen_dirs.append(kw["trials_dir"])
+        episode = drifted_episode(kw["group_index"], kw["index"])  # two samples of one episode
+        for piece in episode.samples:
+            piece.metadata["exit_status"] = "step_limit"
+        return _coro(episode)
+
+    monkeypatch.setattr(hooks, "run_episode", at_step_limit)
+
+    def call(evaluation=False, **settings):
+        args = SimpleNamespace(sglang_router_ip="127.0.0.1", sglang_router_port=9,
+                               harbor_trials_dir=str(tmp_path / "trials"), **settings)
+        return asyncio.run(generate(args, Sample(index=1, group_index=0, label=task.name), {}, evaluation=evaluation))
+
+    assert [s.remove_sample for s in call()] == [False, False]  # off by default: scored as it is
+    masked = call(harbor_mask_step_limit=True, harbor_mask_timeouts=True)
+    assert [(s.remove_sample, s.metadata["masked_by"]) for s in masked] == [(True, "step_limit")] * 2
+    assert hooks.hook_metrics()["masked/step_limit"] == 1
+    evaluated = call(evaluation=True, harbor_mask_step_limit=True)
+    assert [s.remove_sample for s in evaluated] == [False, False] and "masked_by" not in evaluated[0].metadata
+    call(evaluation=True, harbor_eval_trials_dir=str(tmp_path / "evals"))
+    assert seen_dirs == [tmp_path / "trials", tmp_path / "trials", tmp_path / "trials" / "eval", tmp_path / "evals"]
+    with pytest.raises(HookConfigError, match="harbor_mask_length_limit must be true or false, got 'yes'"):
+        call(harbor_mask_length_limit="yes")
+
+
 @pytest.mark.parametrize("overrides, params, match", [
     (dict(use_rollout_routing_replay=True), {}, "routed experts"),
     (dict(partial_rollout=True), {}, "cannot be resumed"),
