@@ -121,6 +121,26 @@ def test_dynamic_sampling_drops_the_constant_group_and_samples_another(run):
     assert s.metadata["finish_reasons"] and set(s.metadata["finish_reasons"]) <= {"stop", "length"}
 
 
+def test_a_resumed_run_logs_into_the_same_wandb_run(tmp_path, monkeypatch):
+    """The second WandbRun of one output dir (a --resume) continues the first's wandb run: same
+    id, its steps in a second offline-run dir of that id that `wandb sync` joins; another output
+    dir is another run."""
+    from slime_harbor.trainers.tracking import RUN_ID_FILE, WandbRun
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    ids = []
+    for out, step in ((tmp_path / "a", 1), (tmp_path / "a", 2), (tmp_path / "b", 1)):
+        tracker = WandbRun("test-project", "toy", out, {"seed": 0})
+        tracker.log({"step": step, "reward_mean": 0.5})
+        ids.append(tracker.run.id)
+        tracker.finish()
+    assert ids[0] == ids[1] != ids[2] and (tmp_path / "a" / RUN_ID_FILE).read_text().strip() == ids[0]
+    run_dirs = sorted((tmp_path / "a" / "wandb").glob("offline-run-*"))
+    assert len(run_dirs) == 2 and all(d.name.endswith("-" + ids[0]) for d in run_dirs)
+    steps = [r["rollout/step"] for d in run_dirs for r in read_offline_history(d) if "rollout/step" in r]
+    assert steps == [1, 2]
+
+
 @pytest.mark.slow
 def test_offline_wandb_run_holds_every_metric_of_every_step(run):
     out, summary = run

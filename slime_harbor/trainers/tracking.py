@@ -18,6 +18,7 @@ import json
 import netrc
 import os
 import struct
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -94,17 +95,30 @@ def wandb_mode() -> str:
     return "offline"
 
 
+RUN_ID_FILE = "wandb_run_id"  # in OUTPUT_DIR: the wandb run a resumed training run continues
+
+
 class WandbRun:
-    """One wandb run for one training run; `log(record)` per metrics.json record."""
+    """One wandb run for one training run; `log(record)` per metrics.json record.
+
+    The run's id is kept in OUTPUT_DIR/wandb_run_id, so a `--resume`d run logs on into the same
+    wandb run (resume="allow") instead of starting a second one; offline, its steps land in a new
+    offline-run dir with the same id, which `wandb sync` joins to the first."""
 
     def __init__(self, project: str, run_name: str | None, out_dir: Path, config: dict[str, Any]):
         import wandb
 
         self.wandb = wandb
         self.mode = wandb_mode()
+        id_file = Path(out_dir) / RUN_ID_FILE
+        run_id = id_file.read_text().strip() if id_file.is_file() else ""
+        if not run_id:
+            run_id = uuid.uuid4().hex[:12]
+            id_file.parent.mkdir(parents=True, exist_ok=True)
+            id_file.write_text(run_id + "\n")
         self.run = wandb.init(
             project=project, name=run_name, dir=str(out_dir), config=config, mode=self.mode, reinit="finish_previous",
-            settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
+            id=run_id, resume="allow", settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
         )
         # SLiME's step axes (slime/observability/wandb_utils.py).
         for axis, pattern in (("train/step", "train/*"), ("rollout/step", "rollout/*"), ("rollout/step", "passrate/*"),
