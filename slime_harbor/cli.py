@@ -206,12 +206,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(exc.exit_code) from None
 
 
-def run_command(argv: list[str], guard: SignalGuard) -> None:
-    if argv[:1] == ["train-local"]:  # its flags are LocalTrainConfig's fields: local_trainer parses them
-        from slime_harbor.trainers.local import main as train_local
-
-        train_local(argv[1:], guard)
-        return
+def build_parser() -> OneLineArgumentParser:
+    """Every subcommand and its flags (train-local's are trainers/local.py's build_parser). The
+    docs' reference is generated from these parsers."""
     parser = OneLineArgumentParser(prog=PROG, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -263,7 +260,16 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
     p.add_argument("--repeats", type=int, default=3, help="runs of gold and of the empty answer per task")
     p.add_argument("--out", type=Path, default=None, help="the manifest (default: TASKS/calibration.json)")
 
-    a = parser.parse_args(argv)
+    return parser
+
+
+def run_command(argv: list[str], guard: SignalGuard) -> None:
+    if argv[:1] == ["train-local"]:  # its flags are LocalTrainConfig's fields: local_trainer parses them
+        from slime_harbor.trainers.local import main as train_local
+
+        train_local(argv[1:], guard)
+        return
+    a = build_parser().parse_args(argv)
     if a.command == "calibrate":
         from slime_harbor.calibrate import main as calibrate
 
