@@ -1,0 +1,106 @@
+"""MkDocs hook: docs/reference.md's tables, generated at build time from the code itself.
+
+Every subcommand's flags come from slime_harbor.cli.build_parser() (train-local's from
+trainers/local.py's build_parser), the SLiME hook's YAML keys from slime_harbor.hooks (DEFAULTS and
+the key table in its docstring), the config fields from the dataclasses' own field docs. A flag or
+key added to the code appears here on the next build; tests/test_docs.py checks that every flag
+of every `--help` is in the built page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+
+MARKER = re.compile(r"<!-- generated: (\w[\w-]*) -->")
+
+
+def _cell(text) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|") if text not in (None, "") else ""
+
+
+def _default(action: argparse.Action) -> str:
+    if action.default in (None, argparse.SUPPRESS) or isinstance(action, argparse._StoreTrueAction):
+        return ""
+    return f"`{action.default}`"
+
+
+def parser_table(parser: argparse.ArgumentParser) -> str:
+    rows = ["| flag | default | what it does |", "|---|---|---|"]
+    for action in parser._actions:
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+            continue
+        names = ", ".join(f"`{o}`" for o in action.option_strings) or f"`{action.dest}` (positional)"
+        choices = f" One of: {', '.join(map(str, action.choices))}." if action.choices else ""
+        text = re.sub(r"\(default: [^)]*\)$", "", action.help or "").strip()
+        rows.append(f"| {names} | {_default(action)} | {_cell(text + choices)} |")
+    return "\n".join(rows)
+
+
+def commands() -> str:
+    from slime_harbor.cli import build_parser
+    from slime_harbor.trainers.local import build_parser as train_local_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {c.dest: c.help for c in sub._choices_actions}
+    out = []
+    for name, parser in sub.choices.items():
+        out.append(f"### `slime-harbor {name}`\n\n{_cell(helps.get(name))}\n")
+        out.append(parser_table(train_local_parser() if name == "train-local" else parser) + "\n")
+    return "\n".join(out)
+
+
+def hook_keys() -> str:
+    """The hook's YAML keys: the table in slime_harbor.hooks' docstring, keyed by DEFAULTS."""
+    from slime_harbor import hooks
+
+    described: dict[str, list[str]] = {}
+    key = None
+    for line in (hooks.__doc__ or "").splitlines():
+        m = re.match(r"^    (harbor_\w+)\s+(.*)$", line)
+        if m:
+            key = m.group(1)
+            described[key] = [m.group(2)]
+        elif key and line.startswith("     ") and line.strip():
+            described[key].append(line.strip())
+        else:
+            key = None
+    rows = ["| key | default | what it does |", "|---|---|---|"]
+    for name, default in hooks.DEFAULTS.items():
+        text = " ".join(described.get(name, []))
+        text = re.sub(r"\s*\([^()]*\)\s*$", "", text)  # the docstring's "(default)" column
+        rows.append(f"| `{name}` | `{default}` | {_cell(text)} |")
+    return "\n".join(rows)
+
+
+def dataclass_table(cls) -> str:
+    from slime_harbor.trainers.local import _field_docs
+
+    docs = _field_docs(cls)
+    rows = ["| field | default | what it is |", "|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else "")
+        rows.append(f"| `{f.name}` | `{default}` | {_cell(docs.get(f.name, ''))} |")
+    return "\n".join(rows)
+
+
+def rollout_config() -> str:
+    from slime_harbor.trial_setup import RolloutConfig
+
+    return dataclass_table(RolloutConfig)
+
+
+def learning_config() -> str:
+    from slime_harbor.trainers.learning import LearningConfig
+
+    return dataclass_table(LearningConfig)
+
+
+GENERATORS = {"commands": commands, "hook-keys": hook_keys, "rollout-config": rollout_config,
+              "learning-config": learning_config}
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    return MARKER.sub(lambda m: GENERATORS[m.group(1)](), markdown)
