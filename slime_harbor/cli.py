@@ -229,7 +229,7 @@ def build_parser() -> OneLineArgumentParser:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     from slime_harbor.trainers.learning import DEMO_DEFAULTS, DEMO_WANDB_PROJECT, add_flags
 
-    add_flags(p, DEMO_DEFAULTS)
+    add_flags(p, DEMO_DEFAULTS, skip=("rft_arm",))  # the demo is GRPO only; bench/learning.py adds RFT
     p.add_argument("--wandb-project", default=DEMO_WANDB_PROJECT,
                    help="wandb project (offline unless a W&B login is configured); '' = no wandb")
     add_reward_mapping_arg(p, RolloutConfig.reward_mapping)

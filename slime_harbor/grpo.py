@@ -247,6 +247,15 @@ def reduce_loss(
 # The loss.
 
 
+def rft_loss(logprobs: torch.Tensor, loss_mask: torch.Tensor,
+             level: Literal["token", "sequence"] = "token") -> tuple[torch.Tensor, dict[str, float]]:
+    """Rejection fine-tuning: the negative log-likelihood of the sampled tokens of successful
+    episodes (the caller keeps only those), reduced like the GRPO loss. No advantage, clip or KL:
+    what GRPO is compared with in bench/learning.py."""
+    nll = reduce_loss(-torch.where(loss_mask.bool(), logprobs, torch.zeros_like(logprobs)), loss_mask, level)
+    return nll, {"loss": nll.item(), "nll": nll.item()}
+
+
 def grpo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

@@ -223,6 +223,31 @@ def test_no_signal_skips_the_step_cleanly(tiny_model_dir, rewards, removed, reas
     assert policy.optimizer.state_dict()["state"] == {}
 
 
+def test_rft_trains_only_the_successful_episodes_tokens(tiny_model_dir):
+    """objective rft: the successful episode's NLL is the whole loss (a failed one, in the same
+    group, changes nothing: the weights equal a step on the success alone), GRPO's advantages
+    are not used, and a step with no success is skipped."""
+    runs = []
+    for with_failure in (False, True):
+        policy = fresh_policy(tiny_model_dir, objective="rft", kl_coef=0.0)
+        tok, model = policy.tokenizer, policy.model
+        samples = [sample(tok, model, "say hi", "hello there", 1.0, index=0)]
+        if with_failure:
+            samples.append(sample(tok, model, "say hi", "ls -la", 0.0, index=1))
+        with torch.no_grad():
+            nll = -token_logprobs(model, make_batch(samples[:1], [0.0]), 1.0)[0].mean().item()
+        result = train_on_samples(policy, samples, policy.cfg, "cpu")
+        runs.append((result, trainable_state(policy), nll))
+    (alone, alone_weights, nll), (mixed, mixed_weights, _) = runs
+    assert alone["n_trained_samples"] == mixed["n_trained_samples"] == 1
+    assert mixed["nll"] == pytest.approx(nll, rel=1e-5) and "pg_loss" not in mixed
+    assert all(torch.equal(a, b) for a, b in zip(alone_weights, mixed_weights))
+    assert any(not torch.equal(a, b) for a, b in zip(alone_weights, trainable_state(fresh_policy(tiny_model_dir))))
+    policy = fresh_policy(tiny_model_dir, objective="rft")
+    failed = [sample(policy.tokenizer, policy.model, "q", "a b", 0.0, index=0)]
+    assert train_on_samples(policy, failed, policy.cfg, "cpu")["skipped"] == "no successful episode to fine-tune on"
+
+
 def test_full_model_training_keeps_a_frozen_reference(tiny_model_dir, tmp_path):
     policy = fresh_policy(tiny_model_dir, lora=False)
     base = base_model(tiny_model_dir)

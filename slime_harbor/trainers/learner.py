@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from slime_harbor.grpo import episode_advantages, grpo_loss, masked_mean
+from slime_harbor.grpo import episode_advantages, grpo_loss, masked_mean, rft_loss
 from slime_harbor.samples import TrainingSample
 from slime_harbor.trainers.local_config import TRAINER_STATE, LocalTrainConfig
 
@@ -153,9 +153,12 @@ def update(policy: Policy, samples: Sequence[TrainingSample], advantages: Sequen
         # sequence-level: by its share of the samples.
         share = (batch.loss_mask.sum().item() / total_tokens if grpo.loss_level == "token"
                  else len(micro) / len(samples))
-        ref = policy.reference_logprobs(batch, cfg.temperature)
         logprobs = token_logprobs(policy.model, batch, cfg.temperature)
-        loss, metrics = grpo_loss(logprobs, batch.old_logprobs, ref, batch.advantages, batch.loss_mask, grpo)
+        if cfg.objective == "rft":
+            loss, metrics = rft_loss(logprobs, batch.loss_mask, grpo.loss_level)
+        else:
+            ref = policy.reference_logprobs(batch, cfg.temperature)
+            loss, metrics = grpo_loss(logprobs, batch.old_logprobs, ref, batch.advantages, batch.loss_mask, grpo)
         (loss * share).backward()
         # How far the policy is from the sampler, token by token (ppo_kl's mean can cancel out).
         metrics["abs_ppo_kl"] = masked_mean((logprobs.detach() - batch.old_logprobs).abs(), batch.loss_mask).item()
@@ -182,10 +185,17 @@ def train_on_samples(policy: Policy, samples: Sequence[TrainingSample], cfg: Loc
     if not kept:
         out["skipped"] = "no trainable sample"
         return out
-    advantages = episode_advantages(kept, normalize_std=cfg.grpo().normalize_std)
-    if all(a == 0.0 for a in advantages):
-        out["skipped"] = "every advantage is 0 (equal rewards within each group)"
-        return out
+    if cfg.objective == "rft":  # the successful episodes only, each token's likelihood raised alike
+        kept = [s for s in kept if s.reward is not None and s.reward >= 1.0]
+        if not kept:
+            out["skipped"] = "no successful episode to fine-tune on"
+            return out
+        advantages = [1.0] * len(kept)
+    else:
+        advantages = episode_advantages(kept, normalize_std=cfg.grpo().normalize_std)
+        if all(a == 0.0 for a in advantages):
+            out["skipped"] = "every advantage is 0 (equal rewards within each group)"
+            return out
     n_minibatches = min(cfg.updates_per_rollout, len(kept))
     bounds = [round(i * len(kept) / n_minibatches) for i in range(n_minibatches + 1)]
     for lo, hi in zip(bounds, bounds[1:]):
@@ -193,7 +203,7 @@ def train_on_samples(policy: Policy, samples: Sequence[TrainingSample], cfg: Loc
     out["n_trained_samples"] = len(kept)
     out["n_tokens"] = int(sum(u["n_tokens"] for u in out["updates"]))
     # Step-level figures: token-weighted means over the updates.
-    for k in ("loss", "pg_loss", "kl", "clipfrac", "ppo_kl", "abs_ppo_kl", "ratio_mean"):
+    for k in ("loss", "pg_loss", "nll", "kl", "clipfrac", "ppo_kl", "abs_ppo_kl", "ratio_mean"):
         values = [(u[k], u["n_tokens"]) for u in out["updates"] if k in u]
         if values:
             out[k] = sum(v * w for v, w in values) / sum(w for _, w in values)

@@ -105,6 +105,10 @@ class LearningConfig:
     """Optimizer steps per rollout (minibatches of its episodes)."""
     eval_every: int = 10
     """Measure held-out success every this many GRPO steps too (for the curve); <= 0: only at the end."""
+    rft_arm: bool = False
+    """bench/learning.py (on by default there; not in the demo): also train an RFT arm (rejection fine-tuning: the likelihood of the successful episodes
+    only) from the same SFT model, on the same schedule of training instances with the same group
+    size, sampling and learning rate, and measure it on the same held-out tasks."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,7 +199,7 @@ def evaluate(cfg: LearningConfig, model_dir: Path, tasks_dir: Path, out: Path) -
 
 
 def grpo(cfg: LearningConfig, model_dir: Path, tasks_dir: Path, schedule: list[list[task_families.Instance]],
-         out: Path, on_step) -> list[dict]:
+         out: Path, on_step, objective: str = "grpo") -> list[dict]:
     """GRPO with local_trainer.train, one call per step (each resuming the last one's checkpoint:
     weights, optimizer and RNG state) so each step trains on its own instances; `on_step(step,
     checkpoint)` runs after each. Returns the trainer's per-step metrics."""
@@ -206,6 +210,7 @@ def grpo(cfg: LearningConfig, model_dir: Path, tasks_dir: Path, schedule: list[l
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, lora=cfg.lora, device="cpu",
             num_rollouts=step, lr=cfg.lr, kl_coef=cfg.kl_coef, updates_per_rollout=cfg.updates_per_rollout,
             output_dir=out, save_every=1, seed=cfg.seed, resume=out / f"checkpoint_{step - 1}" if step > 1 else None,
+            objective=objective,
         )
         train(config)
         if step > 1:  # keep only the latest checkpoint
@@ -271,11 +276,25 @@ def run(cfg: LearningConfig) -> dict:
     timings["grpo"] = round(time.monotonic() - t - (timings["eval"] - eval_so_far), 1)  # without its evals
     evals["grpo"] = evals[f"grpo_step_{cfg.grpo_steps}"]
 
+    rft_metrics = []
+    if cfg.rft_arm:  # the same SFT start, instances, group size, sampling and lr; only the loss differs
+        t = time.monotonic()
+
+        def on_rft_step(step: int, checkpoint: Path) -> None:
+            if step == cfg.grpo_steps:
+                evals["rft"] = evaluate(cfg, checkpoint, heldout_dir, cfg.out / "eval" / "rft")
+
+        rft_metrics = grpo(cfg, sft_dir, train_dir, schedule, cfg.out / "rft", on_rft_step, objective="rft")
+        lap("rft", t)
+
     plot(cfg.out / "reward_curve.png", metrics, heldout_curve)
     before, after = evals["sft"]["success"], evals["grpo"]["success"]
     results = {
         "heldout_success": {"base": evals["base"]["success"], "sft_only": before, "sft_grpo": after,
-                            "delta_grpo": after - before},
+                            "delta_grpo": after - before,
+                            **({"sft_rft": evals["rft"]["success"], "delta_rft": evals["rft"]["success"] - before}
+                               if cfg.rft_arm else {})},
+        "rft_train_reward": [m["reward_mean"] for m in rft_metrics],
         "heldout_curve": heldout_curve,
         "evals": evals,
         "sft": sft,
@@ -298,10 +317,13 @@ def report(results: dict, cfg: LearningConfig) -> None:
     print(f"  SFT only       {s['sft_only']:.3f}")
     print(f"  SFT + GRPO     {s['sft_grpo']:.3f}   ({cfg.grpo_steps} GRPO steps)")
     print(f"  delta (GRPO)   {s['delta_grpo']:+.3f}   target >= +0.200: {'MET' if s['delta_grpo'] >= 0.2 else 'NOT MET'}")
+    if "sft_rft" in s:
+        print(f"  SFT + RFT      {s['sft_rft']:.3f}   ({cfg.grpo_steps} steps, the same rollouts per step; delta "
+              f"{s['delta_rft']:+.3f})")
     print("  held-out curve " + "  ".join(f"step {k}: {v:.3f}" for k, v in results["heldout_curve"]))
     families = list(e["sft"]["per_family"])
     print("  per family     " + " ".join(f"{f[:12]:>12s}" for f in families))
-    for name in ("base", "sft", "grpo"):
+    for name in [n for n in ("base", "sft", "grpo", "rft") if n in e]:
         print(f"  {name:14s} " + " ".join(f"{e[name]['per_family'][f]:12.2f}" for f in families))
     rewards = " ".join("n/a" if r is None else f"{r:.2f}" for r in results["grpo_train_reward"])
     print(f"GRPO training reward per step: {rewards}")
@@ -313,13 +335,15 @@ def report(results: dict, cfg: LearningConfig) -> None:
     print(f"wrote {cfg.out / 'results.json'} and {cfg.out / 'reward_curve.png'}")
 
 
-def add_flags(p: argparse.ArgumentParser, defaults: LearningConfig) -> None:
-    """One flag per LearningConfig field (underscores -> dashes), defaulting to `defaults`, its
-    help the field's docstring."""
+def add_flags(p: argparse.ArgumentParser, defaults: LearningConfig, skip: tuple[str, ...] = ()) -> None:
+    """One flag per LearningConfig field but `skip` (underscores -> dashes), defaulting to
+    `defaults`, its help the field's docstring."""
     from slime_harbor.trainers.local import _field_docs
 
     docs = _field_docs(LearningConfig)
     for f in dataclasses.fields(LearningConfig):
+        if f.name in skip:
+            continue
         default = getattr(defaults, f.name)
         flag = "--" + f.name.replace("_", "-")
         help_text = docs.get(f.name, "").replace("%", "%%")
@@ -334,7 +358,7 @@ def add_flags(p: argparse.ArgumentParser, defaults: LearningConfig) -> None:
 def config_from_args(argv: list[str] | None = None) -> LearningConfig:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_flags(p, LearningConfig())
+    add_flags(p, LearningConfig(rft_arm=True))  # the bench measures GRPO against RFT by default
     return LearningConfig(**vars(p.parse_args(argv)))
 
 

@@ -68,7 +68,7 @@ from slime_harbor.trainers.evaluate import eval_metrics
 from slime_harbor.samples import TrainingSample, read_jsonl
 # The run's config lives in local_config.py; its names stay importable from here.
 from slime_harbor.trainers.local_config import (  # noqa: F401
-    TEST_TASKS, TEST_PRESET, TRAINER_STATE, LocalTrainConfig, resolve_device, find_checkpoint,
+    OBJECTIVES, TEST_TASKS, TEST_PRESET, TRAINER_STATE, LocalTrainConfig, resolve_device, find_checkpoint,
     check_train_config,
 )
 # The learner (policy, update, weight sync) lives in learner.py; its names stay importable from here.
@@ -438,6 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(flag, dest=f.name, nargs="+", help=help_text)
         elif f.name == "reward_mapping":
             p.add_argument(flag, choices=["raw", "pm1"], help=help_text)
+        elif f.name == "objective":
+            p.add_argument(flag, choices=list(OBJECTIVES), help=help_text)
         else:
             # The annotation names the type where the default is None ("float | None", "Path | None").
             kind = {"bool": int, "int": int, "float": float, "Path": Path}.get(str(f.type).split("|")[0].strip(), str)

@@ -24,6 +24,7 @@ TEST_TASKS = ["dedupe-lines", "fix-sort-key", "count-errors", "fizzbuzz-params",
 TEST_PRESET: dict[str, Any] = {
     "task_names": TEST_TASKS, "num_rollouts": 2, "step_limit": 3, "max_new_tokens": 48, "save_every": 1,
 }
+OBJECTIVES = ("grpo", "rft")
 TRAINER_STATE = "trainer_state.json"  # marks a checkpoint dir: step, base model, metrics so far
 
 
@@ -132,6 +133,10 @@ class LocalTrainConfig:
     """Clip the gradient's global norm to this (SLiME's --clip-grad); <= 0 disables."""
     kl_coef: float = 0.001
     """Weight of the low-variance KL penalty towards the base model; 0 disables it."""
+    objective: str = "grpo"
+    """grpo (the clipped policy gradient) or rft (rejection fine-tuning: the likelihood of the
+    successful episodes only, reward >= 1, with the same tokens and loss masks; the baseline GRPO
+    is measured against in bench/learning.py)."""
     eps_clip: float = 0.2
     """PPO ratio clipped below at 1 - eps_clip."""
     eps_clip_high: float = 0.28
@@ -226,6 +231,8 @@ def check_train_config(cfg: LocalTrainConfig) -> None:
             raise ConfigError(f"{name} must be >= 0, got {getattr(cfg, name)}")
     if not cfg.lr > 0:
         raise ConfigError(f"lr must be > 0, got {cfg.lr}")
+    if cfg.objective not in OBJECTIVES:
+        raise ConfigError(f"objective must be one of {', '.join(OBJECTIVES)}, got {cfg.objective!r}")
     if not samples_policy(cfg.agent):
         raise ConfigError(f"agent {cfg.agent!r} does not sample from the policy; use native, terminus-2, "
                           "mini-swe-agent, another Harbor agent or module:Class")
