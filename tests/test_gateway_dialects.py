@@ -30,6 +30,9 @@ RESPONSES_TOOLS = [{"type": "function", "name": t["function"]["name"], "descript
 TURNS = 6
 
 
+ENVIRONMENT = "# Environment\n - Primary working directory: /app\n - Platform: linux"
+
+
 def session_root(session) -> str:
     """What a host-side agent given the OpenAI api_base uses as an Anthropic base URL."""
     assert anthropic_base_url(session) == session.openai_base_url().removesuffix("/v1")
@@ -178,6 +181,11 @@ def test_anthropic_wire_head_models_count_tokens_and_errors(tool_server, tool_mo
             out["models_anthropic"] = (await http.get(root + "/v1/models", headers=headers)).json()
             out["models_openai"] = (await http.get(root + "/v1/models")).json()
             out["count"] = (await http.post(root + "/v1/messages/count_tokens", json=body, headers=headers)).json()
+            # Claude Code 2.1 sends its environment block as a system message after the first user turn.
+            env_body = {**body, "messages": [*body["messages"], {"role": "system", "content": [
+                {"type": "text", "text": ENVIRONMENT}]}]}
+            out["count_env"] = (await http.post(root + "/v1/messages/count_tokens", json=env_body,
+                                                headers=headers)).json()
             out["stop"] = (await http.post(root + "/v1/messages", json={**body, "stop_sequences": ["list"]},
                                            headers={"Authorization": "Bearer ignored"})).json()
             out["length"] = (await http.post(gateway.base_url + "/v1/messages", json={**body, "max_tokens": 3},
@@ -187,7 +195,7 @@ def test_anthropic_wire_head_models_count_tokens_and_errors(tool_server, tool_mo
                 "no max_tokens": dict(json={k: v for k, v in body.items() if k != "max_tokens"}),
                 "image block": dict(json={**body, "messages": [{"role": "user", "content": [
                     {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}]}]}),
-                "bad role": dict(json={**body, "messages": [{"role": "system", "content": "hi"}]}),
+                "bad role": dict(json={**body, "messages": [{"role": "tool", "content": "hi"}]}),
                 "bad max_tokens": dict(json={**body, "max_tokens": 0}),
             }
             out["bad"] = {name: await http.post(root + "/v1/messages", headers=headers, **kwargs)
@@ -227,6 +235,8 @@ def test_anthropic_wire_head_models_count_tokens_and_errors(tool_server, tool_mo
     assert out["models_anthropic"]["has_more"] is False and "object" not in out["models_anthropic"]
     assert out["models_openai"]["object"] == "list" and out["models_openai"]["data"][0]["object"] == "model"
     assert out["count"] == {"input_tokens": len(chat_prompt(tokenizer))}
+    env_turn = [{"role": "system", "content": ENVIRONMENT}]
+    assert out["count_env"] == {"input_tokens": len(chat_prompt(tokenizer, env_turn))} != out["count"]
     stop = out["stop"]
     assert (stop["stop_reason"], stop["stop_sequence"]) == ("stop_sequence", "list")
     assert [b["type"] for b in stop["content"]] == ["thinking", "text"] and stop["content"][1]["text"] == "I will "

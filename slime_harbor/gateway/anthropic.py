@@ -89,9 +89,14 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         messages.append({"role": "system", "content": _text(body["system"], "system")})
     for i, message in enumerate(raw):
         where = f"messages.{i}"
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-            raise BadRequest(f"{where}.role must be 'user' or 'assistant'", param=where)
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
+            raise BadRequest(f"{where}.role must be 'user', 'assistant' or 'system'", param=where)
         content = message.get("content")
+        if message["role"] == "system":
+            # Claude Code (2.1.x) puts its environment block in the message list as a system
+            # message after the first user turn; the chat template renders it as a system turn there.
+            messages.append({"role": "system", "content": _text(content, f"{where}.content")})
+            continue
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if not isinstance(blocks, list) or not all(isinstance(b, dict) for b in blocks):
             raise BadRequest(f"{where}.content must be a string or a list of content blocks", param=where)
