@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import httpx
 import pytest
 import torch
 
+from conftest import free_port
 from slime_harbor.samples import read_jsonl
 from slime_harbor.trainers.local import LocalTrainConfig, config_from_args, make_batch, token_logprobs, train
 
@@ -23,16 +23,11 @@ REPO = Path(__file__).resolve().parent.parent
 FIXTURE_TASKS = REPO / "tests" / "fixtures" / "tasks"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture
 def serve_process(tiny_model_dir):
     """`slime-harbor serve` on the tiny model, in a process of its own; killed in finally."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "slime_harbor.cli", "serve", "--model", str(tiny_model_dir), "--port", str(port)],

@@ -6,7 +6,6 @@ import asyncio
 import base64
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ import httpx
 import pytest
 import torch
 
+from conftest import free_port
 from slime_harbor.policy.server import EmbeddedPolicyServer
 
 ENDLESS = {"max_new_tokens": 10**6, "ignore_eos": True}
@@ -441,14 +441,9 @@ def test_embedded_server_can_serve_a_callers_engine(tiny_model_dir):
         assert len(engine.generate([1, 2], timeout=30).output_ids) > 0  # still the caller's, still open
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_serve_blocks_until_terminated(tiny_model_dir):
-    port = _free_port()
+    port = free_port()
     code = f"from slime_harbor.policy.server import serve; serve({str(tiny_model_dir)!r}, port={port})"
     process = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ}
