@@ -12,7 +12,11 @@ From the tiny offline model (2 layers, 128 wide, random weights), with a fixed s
     3. GRPO: slime_harbor.trainers.local.train on fresh training instances every step (real Harbor
        trials on the bubblewrap sandbox, the native agent sampling from the module being
        trained, reward from each task's verifier)
-    4. held-out success (verifier reward 1) of the base model, after SFT and during/after GRPO,
+    3b. RFT (rejection fine-tuning, --rft-arm, on by default): from the same SFT model, on the
+       same instances per step with the same group size, sampling, steps and lr, the local
+       trainer with --objective rft: the likelihood of the successful episodes' sampled tokens
+       only. The question every user asks before choosing GRPO: is it better than that?
+    4. held-out success (verifier reward 1) of the base model, after SFT, after RFT and during/after GRPO,
        each from real trials: the native agent sampling at the training temperature (T = 1, so
        "success" is the sampled policy's success rate, the quantity GRPO optimises)
 
