@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -136,7 +137,8 @@ def test_a_resumed_run_logs_into_the_same_wandb_run(tmp_path, monkeypatch):
         tracker.finish()
     assert ids[0] == ids[1] != ids[2] and (tmp_path / "a" / RUN_ID_FILE).read_text().strip() == ids[0]
     run_dirs = sorted((tmp_path / "a" / "wandb").glob("offline-run-*"))
-    assert len(run_dirs) == 2 and all(d.name.endswith("-" + ids[0]) for d in run_dirs)
+    # wandb names a run dir offline-run-<time>-<id>, and adds -1 when one of that id and second exists.
+    assert len(run_dirs) == 2 and all(re.search(rf"-{ids[0]}(-\d+)?$", d.name) for d in run_dirs), run_dirs
     steps = [r["rollout/step"] for d in run_dirs for r in read_offline_history(d) if "rollout/step" in r]
     assert steps == [1, 2]
 
