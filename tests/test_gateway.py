@@ -348,7 +348,7 @@ def test_identical_retry_supersedes_and_undelivered_replies_are_not_trained(base
 
     (session, first, again, last), _ = run_with_gateway(base_server, tiny_model_dir, scenario)
     assert session.stats == {"calls": 4, "delivered": 3, "trained": 2, "superseded_retries": 1, "undelivered": 1,
-                             "branches": 1, "errors": 0}
+                             "branches": 1, "side_calls": 0, "errors": 0}
     assert session.calls[2].error and not session.calls[2].trained and not session.calls[2].delivered
     (detail,) = session.rollout_details()
     assert [len(c) for c in detail["completion_token_ids"]] == [again.usage.completion_tokens, last.usage.completion_tokens]
@@ -360,6 +360,76 @@ def test_identical_retry_supersedes_and_undelivered_replies_are_not_trained(base
     calls = sorted((r for r in lines if "call" in r and "event" not in r), key=lambda r: r["call"])
     assert calls[1]["prompt_prefix"] == {"call": 0, "tokens": len(session.calls[0].prompt_ids)}  # the retry
     assert recorded_prompts(calls) == [c.prompt_ids for c in session.calls]
+
+
+def test_side_calls_without_tools_are_served_and_recorded_but_not_trained(base_server, tiny_model_dir, tmp_path):
+    """Claude Code asks for a session title and command checks without tools beside its main,
+    tool-carrying conversation: those replies are delivered, recorded and not trained."""
+    async def scenario(gateway):
+        session = gateway.open_session("side", tmp_path / "gw", SamplingParams(max_new_tokens=8))
+        client = sdk(session)
+        messages = first_messages()
+        main = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+        title = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Give this conversation a title."}])
+        messages = messages + [echoed(main.choices[0].message), {"role": "user", "content": "go on"}]
+        await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+        await client.close()
+        return session, title
+
+    (session, title), _ = run_with_gateway(base_server, tiny_model_dir, scenario)
+    assert title.choices[0].message.content is not None  # served
+    stats = session.stats
+    assert stats["delivered"] == 3 and stats["trained"] == 2 and stats["side_calls"] == 1, stats
+    assert session.calls[1].side_call and not session.calls[1].trained
+    (detail,) = session.rollout_details()
+    assert detail["extra"]["call_index"] == [0, 2]
+    (sample,) = trial_to_samples(make_result(rewards={"reward": 0.0}), recorded=session)
+    assert sum(sample.loss_mask) == len(session.calls[0].completion_ids) + len(session.calls[2].completion_ids)
+    lines = [json.loads(line) for line in (tmp_path / "gw" / "calls.jsonl").read_text().splitlines()]
+    assert {"event": "side_call", "session": "side", "call": 1} in lines
+    summary = json.loads((tmp_path / "gw" / "session.json").read_text())
+    assert summary["stats"]["side_calls"] == 1 and summary["calls"][1]["side_call"] is True
+
+
+def test_a_session_without_tools_has_no_side_calls(base_server, tiny_model_dir, tmp_path):
+    """terminus-2 sends no tools at all: every call is its main conversation and trains."""
+    async def scenario(gateway):
+        session = gateway.open_session("plain", tmp_path / "gw", SamplingParams(max_new_tokens=8))
+        client = sdk(session)
+        await client.chat.completions.create(model="m", messages=first_messages())
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "a title?"}])
+        await client.close()
+        return session
+
+    session, _ = run_with_gateway(base_server, tiny_model_dir, scenario)
+    assert session.stats["trained"] == 2 and session.stats["side_calls"] == 0
+    assert len(session.rollout_details()) == 2
+
+
+def test_the_sessions_step_limit_refuses_the_next_call_and_truncates(base_server, tiny_model_dir, tmp_path):
+    """An agent without a turn limit of its own (Codex): the gateway refuses the call after
+    max_calls delivered ones with a 400 coded step_limit_reached; the episode is scored truncated."""
+    from slime_harbor.gateway.session import STEP_LIMIT_CODE
+
+    async def scenario(gateway):
+        session = gateway.open_session("limit", tmp_path / "gw", SamplingParams(max_new_tokens=8))
+        session.max_calls = 2
+        client = sdk(session)
+        messages = first_messages()
+        for _ in range(2):
+            reply = await client.chat.completions.create(model="m", messages=messages)
+            messages = messages + [echoed(reply.choices[0].message), {"role": "user", "content": "go on"}]
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(model="m", messages=messages)
+        await client.close()
+        return session, refused.value
+
+    (session, error), _ = run_with_gateway(base_server, tiny_model_dir, scenario)
+    assert error.code == STEP_LIMIT_CODE and "step limit (2 model calls)" in error.message
+    assert session.exit_reason == "step_limit" and session.stats["calls"] == 2 and session.stats["trained"] == 2
+    (sample,) = trial_to_samples(make_result(rewards={"reward": 1.0}), recorded=session)
+    assert sample.status == SampleStatus.TRUNCATED and sample.reward == 1.0 and not sample.remove_sample
 
 
 def test_policy_down_is_a_503_and_an_aborted_episode(tiny_model_dir, tmp_path):

@@ -22,8 +22,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from slime_harbor.agent import turn_seed
-from slime_harbor.gateway.session import (BadRequest, Call, GatewaySession, PolicyUnavailable, canonical,
-                                          normalise_messages)
+from slime_harbor.gateway.session import (STEP_LIMIT_CODE, BadRequest, Call, GatewaySession, PolicyUnavailable,
+                                          canonical, normalise_messages)
 from slime_harbor.gateway.wire import json_object, openai_error_for
 from slime_harbor.policy.client import PolicyClient, PolicyServerError, SamplingParams
 
@@ -227,6 +227,11 @@ class Gateway:
         params = self._sampling(session, body)
         if session.exit_reason == "policy_unavailable":  # the trial is aborted: fail fast
             raise PolicyUnavailable("the policy server is unavailable")
+        if session.max_calls is not None and sum(c.delivered for c in session.calls) >= session.max_calls:
+            # The agent has no turn limit of its own (Codex): the episode ends here, scored truncated.
+            session.exit_reason = "step_limit"
+            raise BadRequest(f"the episode's step limit ({session.max_calls} model calls) is reached",
+                             code=STEP_LIMIT_CODE)
         request_canon = tuple(canonical(m) for m in messages)
         turn = session.resolve(messages, request_canon, tools)
         prompt = turn.prompt_ids

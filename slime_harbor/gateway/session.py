@@ -13,8 +13,15 @@ Canonical form (what "the same messages" means): assistant content whitespace-st
 inline <think> block and the reasoning ignored; tool-call arguments compared as parsed JSON, their
 ids ignored; other messages compared exactly (OpenAI text parts joined).
 
+Side calls: harnesses also ask the model things outside the episode's conversation (Claude Code:
+a title for the session, whether a bash command is safe; such requests carry no tools). When the
+session closes, a delivered call without tools, in a session whose main conversation has tools (a
+branch with trained calls that carries tools), is a side call: served and recorded, not trained.
+A session in which no request carries tools (terminus-2's JSON-in-text) has no side calls.
+
 Files (in the session's record dir): calls.jsonl, one line per call when it ends (plus
-`{"event": "superseded", ...}` lines), and session.json at close. A call's prompt is either
+`{"event": "superseded", ...}` and, at close, `{"event": "side_call", ...}` lines), and
+session.json at close. A call's prompt is either
 `prompt_ids` (whole) or, for a continuation or retry, `prompt_prefix` {call: k, tokens: n} +
 `prompt_new_ids`: the prompt is the first n tokens of call k's prompt + completion_ids, then the new
 ids (k < the call's index; resolve k's own prompt the same way first). `usage.prompt_tokens` is the
@@ -37,6 +44,10 @@ import orjson
 from slime_harbor.policy.client import SamplingParams
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+STEP_LIMIT_CODE = "step_limit_reached"
+"""The error code of a call refused because its session used its step limit (max_calls)."""
 
 
 class BadRequest(ValueError):
@@ -156,6 +167,7 @@ class Call:
     delivered: bool = False
     trained: bool = False
     superseded_by: int | None = None
+    side_call: bool = False  # delivered outside the main conversation (see the module docstring)
     error: str | None = None
     message: dict[str, Any] | None = None  # the OpenAI assistant message delivered
     new_messages: list[dict[str, Any]] = field(default_factory=list)  # what this request added (ATIF)
@@ -223,6 +235,7 @@ class GatewaySession:
         self.sampling_seed = sampling_seed
         self.max_context_len = max_context_len
         self.exit_reason: str | None = None
+        self.max_calls: int | None = None  # delivered calls allowed (an agent without a turn limit)
         self.calls: list[Call] = []
         self.branches: list[Branch] = []
         self.closed = False
@@ -310,6 +323,20 @@ class GatewaySession:
         if self.exit_reason == "context_limit":  # the agent made room (compacted) and went on
             self.exit_reason = None
 
+    def settle_side_calls(self) -> None:
+        """At close: the branches without tools in a session whose main conversation has tools are
+        side calls, recorded and not trained (a `side_call` event line per call)."""
+        no_tools = tools_key(None)
+        if not any(b.calls and b.tools != no_tools for b in self.branches):
+            return
+        for branch in self.branches:
+            if branch.tools != no_tools or not branch.calls:
+                continue
+            for call in branch.calls:
+                call.trained, call.side_call = False, True
+                self._pending_lines.append({"event": "side_call", "session": self.session_id, "call": call.index})
+            branch.calls = []
+
     # ---- what the converter reads ---------------------------------------------------------
     def rollout_details(self) -> list[dict[str, Any]]:
         """One Harbor RolloutDetail-shaped dict per branch with trained calls, in branch order."""
@@ -342,6 +369,7 @@ class GatewaySession:
             "delivered": sum(c.delivered for c in self.calls),
             "trained": sum(c.trained for c in self.calls),
             "superseded_retries": sum(c.superseded_by is not None for c in self.calls),
+            "side_calls": sum(c.side_call for c in self.calls),
             "undelivered": sum(not c.delivered for c in self.calls),
             "branches": sum(bool(b.calls) for b in self.branches),
             "errors": self._errors,
@@ -372,8 +400,9 @@ class GatewaySession:
                     f.write(json.dumps(item.record(self.session_id) if isinstance(item, Call) else item) + "\n")
 
     async def flush(self) -> None:
-        """Write every pending line, the session summary, and the ATIF trajectory if the agent
-        wrote none."""
+        """Settle the side calls; write every pending line, the session summary, and the ATIF
+        trajectory if the agent wrote none."""
+        self.settle_side_calls()
         if self._writer is not None:
             await self._writer
         await asyncio.to_thread(self._write_files)
@@ -384,7 +413,7 @@ class GatewaySession:
         summary = {
             "session": self.session_id, "exit_reason": self.exit_reason, "stats": self.stats,
             "calls": [{"call": c.index, "branch": c.branch, "delivered": c.delivered, "trained": c.trained,
-                       "superseded_by": c.superseded_by} for c in self.calls],
+                       "superseded_by": c.superseded_by, "side_call": c.side_call} for c in self.calls],
         }
         (self.record_dir / "session.json").write_text(json.dumps(summary, indent=1) + "\n")
         trajectory = self.record_dir.parent / "trajectory.json"
