@@ -44,7 +44,7 @@ from slime_harbor.tasks.manifest import apply_manifest
 # What a trial is made of lives in trial_setup.py; its names stay importable from here.
 from slime_harbor.trial_setup import (  # noqa: F401
     agent_class, agent_config, AGENT_IMPORT_PATHS, check_config, check_environment_runs, connect_host,
-    DEFAULT_TASKS, discover_tasks, DOCKER_SANDBOX, environment_config, Episode, hard_timeout_sec,
+    DEFAULT_TASKS, discover_tasks, DOCKER_SANDBOX, environment_config, Episode, gateway_step_limit, hard_timeout_sec,
     HARD_TIMEOUT_SLACK_SEC, installed_agent_env, is_installed_agent, is_native, LOCAL_SANDBOX, ModelEndpoint,
     NATIVE_AGENT, NO_MODEL_AGENTS, preflight_environment, RolloutConfig, samples_policy, SANDBOX_LOOPBACK,
     UNBOUND_ENDPOINT, uses_gateway,
@@ -156,6 +156,8 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
                 verifier=VerifierConfig(override_timeout_sec=cfg.verifier_timeout_sec),
                 timeout_multiplier=cfg.timeout_multiplier,
             )
+            if session is not None:
+                session.max_calls = gateway_step_limit(agent)
             trial = await Trial.create(config)
             isolate_shared_verifier(trial)  # no agent process or reward file survives into the verifier
             if session is not None:  # the agent is done: its session's files (the ATIF trajectory of

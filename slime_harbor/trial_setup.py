@@ -27,9 +27,15 @@ DOCKER_SANDBOX = "slime_harbor.environments.docker:DockerEnvironment"
 NATIVE_AGENT = "slime_harbor.agent:NativeAgent"
 NO_MODEL_AGENTS = frozenset({"oracle", "nop"})
 """Harbor agents that never call a model: they need no policy and no gateway."""
-AGENT_IMPORT_PATHS = {"mini-swe-agent": "slime_harbor.installed_agents.mini_swe_agent:MiniSweAgent"}
-"""Harbor agent names we run through our own class (mini-swe-agent: installed from the registries
-only); every other name resolves as Harbor resolves it."""
+AGENT_IMPORT_PATHS = {
+    "mini-swe-agent": "slime_harbor.installed_agents.mini_swe_agent:MiniSweAgent",
+    "claude-code": "slime_harbor.installed_agents.npm_agents:ClaudeCode",
+    "codex": "slime_harbor.installed_agents.npm_agents:Codex",
+}
+"""Harbor agent names we run through our own class (installed by the sandbox from the registries
+only; step_limit mapped onto the agent's own limit); every other name resolves as Harbor resolves it."""
+STEP_LIMIT_AGENTS = frozenset(AGENT_IMPORT_PATHS)
+"""Agents whose class takes our step_limit kwarg."""
 SANDBOX_LOOPBACK = "127.0.0.1"
 """The gateway's address inside a sandbox: our sandboxes forward <loopback>:<gateway port> to it."""
 # Slack on top of the task's own agent + verifier + build timeouts before we cancel a trial that
@@ -197,7 +203,7 @@ def installed_agent_env(endpoint: ModelEndpoint) -> dict[str, str]:
     return {
         "OPENAI_BASE_URL": url, "OPENAI_API_BASE": url, "HOSTED_VLLM_API_BASE": url,
         "OPENAI_API_KEY": endpoint.api_key, "MSWEA_API_KEY": endpoint.api_key, "HOSTED_VLLM_API_KEY": endpoint.api_key,
-        "ANTHROPIC_BASE_URL": url.removesuffix("/v1"),
+        "ANTHROPIC_BASE_URL": url.removesuffix("/v1"), "ANTHROPIC_API_KEY": endpoint.api_key,
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # else LiteLLM fetches its cost map from the internet
     }
 
@@ -253,9 +259,12 @@ def agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None = None):
     # string; agents get it in the provider/model form LiteLLM-based agents need.
     config = AgentConfig(name=None if import_path else cfg.agent, import_path=import_path,
                          model_name=f"hosted_vllm/{cfg.model_name}")
+    provider = getattr(agent_class(config), "GATEWAY_PROVIDER", None)  # claude-code: anthropic/<name>
+    if provider:
+        config.model_name = f"{provider}/{cfg.model_name}"
     if is_installed_agent(config):
         config.env = installed_agent_env(endpoint)
-        if cfg.agent == "mini-swe-agent":
+        if cfg.agent in STEP_LIMIT_AGENTS:
             config.kwargs["step_limit"] = cfg.step_limit
     else:
         config.kwargs["api_base"] = endpoint.host_url
@@ -283,6 +292,15 @@ def agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None = None):
         merge = isinstance(config.kwargs.get(key), dict) and isinstance(value, dict)
         config.kwargs[key] = {**config.kwargs[key], **value} if merge else value
     return config
+
+
+def gateway_step_limit(agent) -> int | None:
+    """The number of model calls the gateway allows the trial's agent (its session's max_calls):
+    the agent's step_limit when its class has no turn limit of its own (``GATEWAY_STEP_LIMIT``,
+    e.g. Codex), else None."""
+    if agent is None or not getattr(agent_class(agent), "GATEWAY_STEP_LIMIT", False):
+        return None
+    return agent.kwargs.get("step_limit")
 
 
 def environment_config(env: str, gateway=None, agent=None):

@@ -55,16 +55,18 @@ def test_host_side_agents_get_api_base_and_a_hosted_vllm_model_name():
     assert own.kwargs == {"api_base": ENDPOINT.host_url, "max_turns": 2} and own.model_name == "hosted_vllm/policy"
 
 
-@pytest.mark.parametrize("agent", ["claude-code", "codex", "aider"])
-def test_installed_agents_get_the_endpoint_variables_of_their_session(agent):
+@pytest.mark.parametrize("agent, model_name", [("claude-code", "anthropic/policy"), ("codex", "openai/policy"),
+                                               ("aider", "hosted_vllm/policy")])
+def test_installed_agents_get_the_endpoint_variables_of_their_session(agent, model_name):
     installed = agent_config(RolloutConfig(agent=agent, model_name="policy"), ENDPOINT)
-    assert is_installed_agent(installed) and installed.model_name == "hosted_vllm/policy"
+    assert is_installed_agent(installed) and installed.model_name == model_name
     env = installed.env
     for key in ("OPENAI_BASE_URL", "OPENAI_API_BASE", "HOSTED_VLLM_API_BASE"):
         assert env[key] == ENDPOINT.sandbox_url
     for key in ("OPENAI_API_KEY", "MSWEA_API_KEY", "HOSTED_VLLM_API_KEY"):
         assert env[key] == "trial-1"
     assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:4321/s/trial-1" and env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+    assert env["ANTHROPIC_API_KEY"] == "trial-1"
     assert "api_base" not in installed.kwargs
 
 

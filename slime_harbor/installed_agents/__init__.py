@@ -4,6 +4,9 @@ package registries (PyPI, Debian, npm).
     mini_swe_agent.py   MiniSweAgent: Harbor's mini-swe-agent, installed from PyPI into its own
                         venv under /opt/slime-harbor (Harbor's install fetches uv from astral.sh
                         and a Python build from GitHub)
+    npm_agents.py       ClaudeCode, Codex: Harbor's claude-code and codex, installed from npm (with
+                        Debian's nodejs and npm) under /opt/slime-harbor (Harbor's installs fetch a
+                        vendor bootstrap script and nvm); Docker only
 
 Why the sandbox installs them, not the agent's ``setup()``: Harbor sets an agent up after its
 environment started, and a no-network task's sandbox cannot reach a registry then. So the
@@ -28,7 +31,11 @@ import importlib
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-SANDBOX_INSTALLS = {"mini-swe-agent": "slime_harbor.installed_agents.mini_swe_agent:SANDBOX_INSTALL"}
+SANDBOX_INSTALLS = {
+    "mini-swe-agent": "slime_harbor.installed_agents.mini_swe_agent:SANDBOX_INSTALL",
+    "claude-code": "slime_harbor.installed_agents.npm_agents:CLAUDE_CODE_INSTALL",
+    "codex": "slime_harbor.installed_agents.npm_agents:CODEX_INSTALL",
+}
 """Installs by name: what ``agent_installs`` may name besides a ``module:attr`` path."""
 
 ENVIRONMENT_KWARG = "agent_installs"
