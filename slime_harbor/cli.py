@@ -206,9 +206,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(exc.exit_code) from None
 
 
-def build_parser() -> OneLineArgumentParser:
+def build_parser(demo_agent: str = "native") -> OneLineArgumentParser:
     """Every subcommand and its flags (train-local's are trainers/local.py's build_parser). The
-    docs' reference is generated from these parsers."""
+    docs' reference is generated from these parsers. `demo_agent`: the agent whose defaults the
+    demo's flags take (`demo --agent mini-swe-agent` tunes some for it)."""
     parser = OneLineArgumentParser(prog=PROG, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -227,9 +228,9 @@ def build_parser() -> OneLineArgumentParser:
     p = sub.add_parser("demo", help="the main job on embedded defaults: SFT warm start, then a short GRPO run on "
                        "procedural tasks with real trials; held-out success before and after",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    from slime_harbor.trainers.learning import DEMO_DEFAULTS, DEMO_WANDB_PROJECT, add_flags
+    from slime_harbor.trainers.learning import DEMO_WANDB_PROJECT, add_flags, demo_defaults
 
-    add_flags(p, DEMO_DEFAULTS, skip=("rft_arm",))  # the demo is GRPO only; bench/learning.py adds RFT
+    add_flags(p, demo_defaults(demo_agent), skip=("rft_arm",))  # the demo is GRPO only; bench/learning.py adds RFT
     p.add_argument("--wandb-project", default=DEMO_WANDB_PROJECT,
                    help="wandb project (offline unless a W&B login is configured); '' = no wandb")
     add_reward_mapping_arg(p, RolloutConfig.reward_mapping)
@@ -263,13 +264,31 @@ def build_parser() -> OneLineArgumentParser:
     return parser
 
 
+def _demo_agent(argv: list[str]) -> str:
+    """The demo's --agent (its defaults depend on it); a name the demo cannot run is one line."""
+    from slime_harbor.trainers.learning import DEMO_AGENT_DEFAULTS
+
+    if argv[:1] != ["demo"]:
+        return "native"
+    agent = "native"
+    for k, arg in enumerate(argv):
+        if arg == "--agent" and k + 1 < len(argv):
+            agent = argv[k + 1]
+        elif arg.startswith("--agent="):
+            agent = arg.split("=", 1)[1]
+    if agent not in DEMO_AGENT_DEFAULTS:
+        raise ConfigError(f"demo --agent: one of {', '.join(DEMO_AGENT_DEFAULTS)} (the agents it has an SFT warm "
+                          f"start for), not {agent!r}; train any other agent with train-local --agent")
+    return agent
+
+
 def run_command(argv: list[str], guard: SignalGuard) -> None:
     if argv[:1] == ["train-local"]:  # its flags are LocalTrainConfig's fields: local_trainer parses them
         from slime_harbor.trainers.local import main as train_local
 
         train_local(argv[1:], guard)
         return
-    a = build_parser().parse_args(argv)
+    a = build_parser(_demo_agent(argv)).parse_args(argv)
     if a.command == "calibrate":
         from slime_harbor.calibrate import main as calibrate
 

@@ -179,7 +179,7 @@ def test_append_only_conversation_is_one_exact_sample(tool_server, tool_model_di
     details = session.rollout_details()
     assert len(details) == 1 and session.stats == {
         "calls": TURNS, "delivered": TURNS, "trained": TURNS, "superseded_retries": 0, "undelivered": 0,
-        "branches": 1, "errors": 0}
+        "branches": 1, "side_calls": 0, "errors": 0}
     assert [len(c) for c in details[0]["completion_token_ids"]] == [u.completion_tokens for u in usages]
     assert [len(p) for p in details[0]["prompt_token_ids"]] == [u.prompt_tokens for u in usages]
     samples = trial_to_samples(make_result(rewards={"reward": 1.0}), recorded=session, rollout_id=7)

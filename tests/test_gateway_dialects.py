@@ -51,7 +51,7 @@ def check_one_exact_sample(session, tool_model, usages: list[tuple[int, int]], t
     details = session.rollout_details()
     assert len(details) == 1 and session.stats == {
         "calls": TURNS, "delivered": TURNS, "trained": TURNS, "superseded_retries": 0, "undelivered": 0,
-        "branches": 1, "errors": 0}
+        "branches": 1, "side_calls": 0, "errors": 0}
     assert [(len(p), len(c)) for p, c in zip(details[0]["prompt_token_ids"], details[0]["completion_token_ids"])] \
         == usages
     assert details[0]["prompt_token_ids"][0] == chat_prompt(tokenizer)

@@ -44,6 +44,14 @@ class LearningConfig:
     seed: int = 0
     """Seeds the tiny model, the task draws, SFT, sampling and GRPO."""
 
+    # --- agent ---
+    agent: str = "native"
+    """native, or mini-swe-agent: Harbor's own mini-swe-agent (its default tool-calling config)
+    through the recording gateway, warm-started on episodes in its own format (read off one real
+    trial of it: trainers/agent_sft.py)."""
+    env: str = "local"
+    """Sandbox: local (bubblewrap) or docker."""
+
     # --- tasks ---
     families: list[str] = dataclasses.field(
         default_factory=lambda: [f for f in task_families.FAMILIES if f != "replace-word"])
@@ -139,9 +147,21 @@ def sft_warm_start(cfg: LearningConfig, base: Path, out: Path, probe: list[task_
              for family in cfg.families
              for inst in task_families.instances(family, cfg.sft_instances, cfg.seed + 1, "train", strict=False)
              if inst.name not in unseen]
-    sequences = [task_families.oracle_episode(tokenizer, inst, inst.near_miss if wrong else None)
-                 for inst, wrong in demos]
-    probe_sequences = [task_families.oracle_episode(tokenizer, inst) for inst in probe]
+    if cfg.agent == "native":
+        def episode(inst, command=None):
+            return task_families.oracle_episode(tokenizer, inst, command)
+    else:  # the agent's own format, read off one real trial of it in the run's sandbox
+        from slime_harbor.gateway.server import make_renderer
+        from slime_harbor.trainers.agent_sft import capture_format, oracle_agent_episode
+
+        fmt = capture_format(cfg.agent, cfg.env, probe[0], out.parent / f"{cfg.agent}-format",
+                             max_new_tokens=cfg.max_new_tokens)
+        renderer = make_renderer(base, tokenizer)
+
+        def episode(inst, command=None):
+            return oracle_agent_episode(fmt, renderer, tokenizer, inst, command)
+    sequences = [episode(inst, inst.near_miss if wrong else None) for inst, wrong in demos]
+    probe_sequences = [episode(inst) for inst in probe]
     history: list[tuple[int, float]] = []
     bar = None
     if progress:
@@ -175,11 +195,11 @@ def sft_warm_start(cfg: LearningConfig, base: Path, out: Path, probe: list[task_
 
 
 def evaluate(cfg: LearningConfig, model_dir: Path, tasks_dir: Path, out: Path) -> dict:
-    """Held-out success: eval_samples real trials per task, the native agent sampling from model_dir."""
+    """Held-out success: eval_samples real trials per task, cfg.agent sampling from model_dir."""
     engine_config = EngineConfig(seed=cfg.seed)
     with EmbeddedPolicyServer(model_dir, engine_config=engine_config, model_name="policy") as server:
         rollout = RolloutConfig(
-            tasks_dir=tasks_dir, agent="native", n_samples=cfg.eval_samples, policy_url=server.url,
+            tasks_dir=tasks_dir, agent=cfg.agent, env=cfg.env, n_samples=cfg.eval_samples, policy_url=server.url,
             model_dir=str(model_dir), concurrency=cfg.concurrency, out_dir=out, temperature=cfg.temperature,
             step_limit=cfg.step_limit, max_new_tokens=cfg.max_new_tokens, progress=False,
         )
@@ -206,7 +226,7 @@ def grpo(cfg: LearningConfig, model_dir: Path, tasks_dir: Path, schedule: list[l
     for step, step_instances in enumerate(schedule, start=1):
         config = LocalTrainConfig(
             tasks_dir=tasks_dir, task_names=[inst.name for inst in step_instances], model=str(model_dir),
-            n_samples=cfg.n_samples, concurrency=cfg.concurrency, step_limit=cfg.step_limit,
+            agent=cfg.agent, env=cfg.env, n_samples=cfg.n_samples, concurrency=cfg.concurrency, step_limit=cfg.step_limit,
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, lora=cfg.lora, device="cpu",
             num_rollouts=step, lr=cfg.lr, kl_coef=cfg.kl_coef, updates_per_rollout=cfg.updates_per_rollout,
             output_dir=out, save_every=1, seed=cfg.seed, resume=out / f"checkpoint_{step - 1}" if step > 1 else None,
@@ -367,6 +387,21 @@ def config_from_args(argv: list[str] | None = None) -> LearningConfig:
 
 DEMO_DEFAULTS = LearningConfig(out=Path("runs/demo"), grpo_steps=12, eval_every=0)
 """The benchmark's tasks, SFT and hyperparameters, with fewer GRPO steps (see run_demo)."""
+DEMO_AGENT_DEFAULTS = {
+    "native": {},
+    # Its replies are tool calls in JSON (the submit call is 61 tokens of the tiny model's).
+    # Half the training tasks per step: each of its trials starts a Python with LiteLLM (~2.5 s of
+    # CPU), where the native agent starts none.
+    "mini-swe-agent": {"agent": "mini-swe-agent", "max_new_tokens": 64, "train_instances": 2},
+}
+"""What `demo --agent NAME` changes in DEMO_DEFAULTS (the agents the demo can warm-start)."""
+
+
+def demo_defaults(agent: str = "native") -> LearningConfig:
+    """The demo's defaults for `agent`: DEMO_DEFAULTS with the agent's own settings."""
+    if agent not in DEMO_AGENT_DEFAULTS:
+        raise ValueError(f"the demo runs {' or '.join(DEMO_AGENT_DEFAULTS)}, not agent {agent!r}")
+    return dataclasses.replace(DEMO_DEFAULTS, **DEMO_AGENT_DEFAULTS[agent])
 DEMO_WANDB_PROJECT = "slime-harbor-demo"
 
 
@@ -401,7 +436,7 @@ def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT
     sft_dir, grpo_dir = cfg.out / "models" / "sft", cfg.out / "grpo"
     config = LocalTrainConfig(
         tasks_dir=train_dir, rollout_batch_size=cfg.train_instances * len(cfg.families), model=str(sft_dir),
-        n_samples=cfg.n_samples, concurrency=cfg.concurrency, step_limit=cfg.step_limit,
+        agent=cfg.agent, env=cfg.env, n_samples=cfg.n_samples, concurrency=cfg.concurrency, step_limit=cfg.step_limit,
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, lora=cfg.lora, device="cpu",
         num_rollouts=cfg.grpo_steps, lr=cfg.lr, kl_coef=cfg.kl_coef, updates_per_rollout=cfg.updates_per_rollout,
         output_dir=grpo_dir, save_every=0, seed=cfg.seed, progress=True, reward_mapping=reward_mapping,

@@ -1,0 +1,150 @@
+"""SFT episodes in Harbor's mini-swe-agent's own format (slime_harbor.trainers.agent_sft), what
+`slime-harbor demo --agent mini-swe-agent` warm-starts on: read off a real trial of the agent in
+bubblewrap, and equal, token for token, to what the recording gateway holds when mini-swe-agent
+runs the same episode through it (a scripted upstream speaking SGLang's /generate answers with the
+episode's replies, so the trial is the real chain: mini-swe-agent, the sandbox's forward, the
+gateway, the converter; and the oracle command it runs earns the verifier's reward)."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import threading
+
+import pytest
+
+from slime_harbor.tasks import families as task_families
+from slime_harbor.trainers import agent_sft
+
+FAMILY = "rename-file"
+
+
+@pytest.fixture(scope="module")
+def instance():
+    return task_families.instances(FAMILY, 1, 7, "train")[0]
+
+
+@pytest.fixture(scope="module")
+def captured(instance, tmp_path_factory):
+    return agent_sft.capture_format("mini-swe-agent", "local", instance, tmp_path_factory.mktemp("fmt") / "w")
+
+
+def _renderer(model_dir):
+    from transformers import AutoTokenizer
+
+    from slime_harbor.gateway.server import make_renderer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return make_renderer(model_dir, tokenizer), tokenizer
+
+
+class ScriptedGenerate:
+    """SGLang's /generate on loopback answering each call of a session with the next of `replies`
+    (token ids), as SGLang formats a reply."""
+
+    def __init__(self, replies: list[list[int]]):
+        self.prompts: list[list[int]] = []
+        scripted = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _json(self, payload):
+                data = json.dumps(payload).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._json({})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                if self.path != "/generate":
+                    return self._json({})
+                scripted.prompts.append(body["input_ids"])
+                ids = replies[min(len(scripted.prompts), len(replies)) - 1]
+                meta = {"id": body.get("rid"), "finish_reason": {"type": "stop", "matched": ids[-1]},
+                        "prompt_tokens": len(body["input_ids"]), "completion_tokens": len(ids), "cached_tokens": 0,
+                        "weight_version": "0", "output_token_logprobs": [[-0.5, t, None] for t in ids]}  # fmt: skip
+                self._json({"text": "", "output_ids": ids, "meta_info": meta})
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_reply_is_a_bash_tool_call_in_the_qwen3_format():
+    text = agent_sft.reply_text("mv a b")
+    assert text.startswith("<tool_call>\n") and text.endswith("\n</tool_call><|im_end|>")
+    assert json.loads(text.split("\n")[1]) == {"name": "bash", "arguments": {"command": "mv a b"}}
+
+
+@pytest.mark.slow
+def test_the_format_is_read_off_a_real_mini_swe_agent_trial(captured, instance, tmp_path):
+    roles = [m["role"] for m in captured.first_messages]
+    assert roles == ["system", "user"] and instance.instruction in captured.first_messages[1]["content"]
+    assert agent_sft.SUBMIT in captured.first_messages[1]["content"]  # its own instructions name it
+    assert [t["function"]["name"] for t in captured.tools] == ["bash"]
+    (observation,) = captured.observation_messages
+    assert observation["role"] == "tool" and json.loads(observation["content"]) == {"returncode": 0, "output": ""}
+    other = task_families.instances("make-dirs", 1, 3, "train")[0]
+    messages = captured.messages_for(other.instruction)
+    assert other.instruction in messages[1]["content"] and instance.instruction not in messages[1]["content"]
+    with pytest.raises(ValueError, match="no SFT format for agent 'terminus-2'"):
+        agent_sft.capture_format("terminus-2", "local", instance, tmp_path / "w")
+
+
+@pytest.mark.slow
+def test_an_oracle_episode_is_the_tokens_the_gateway_holds_for_it(captured, tmp_path, tiny_model_dir):
+    """mini-swe-agent runs an instance (not the captured one) through the gateway, the upstream
+    answering with the oracle episode's replies: the sample's tokens are the episode's, its loss
+    mask is the episode's, and the verifier pays the oracle command."""
+    from test_rollout_e2e import config
+
+    from slime_harbor.rollout import run_rollouts
+    from slime_harbor.samples import SampleStatus, read_jsonl
+
+    renderer, tokenizer = _renderer(tiny_model_dir)
+    inst = task_families.instances(FAMILY, 2, 11, "train")[1]
+    tokens, mask = agent_sft.oracle_agent_episode(captured, renderer, tokenizer, inst)
+    replies = [tokenizer.encode(agent_sft.reply_text(c), add_special_tokens=False) for c in (inst.command, agent_sft.SUBMIT)]
+    task_families.write_task(inst, tmp_path / "tasks")
+    upstream = ScriptedGenerate(replies)
+    try:
+        cfg = config(tmp_path, upstream.url, tiny_model_dir, agent="mini-swe-agent", env="local",
+                     tasks_dir=tmp_path / "tasks", task_names=[inst.name], n_samples=1, step_limit=3,
+                     max_new_tokens=80)  # fmt: skip
+        summary = asyncio.run(run_rollouts(cfg))
+    finally:
+        upstream.close()
+    assert summary["errors"] == {}, summary["errors"]
+    (sample,) = read_jsonl(cfg.out_dir / "samples.jsonl")
+    assert sample.status == SampleStatus.COMPLETED and sample.reward == 1.0
+    assert sample.tokens == tokens
+    assert sample.loss_mask == mask[len(sample.prompt_ids):] and sum(mask) == sum(len(r) for r in replies)
+    assert upstream.prompts[0] == tokens[: len(upstream.prompts[0])]
+
+
+def test_demo_takes_the_agents_defaults_and_refuses_an_agent_without_an_sft_format():
+    from test_cli import assert_one_line_error, run_cli
+
+    from slime_harbor.cli import build_parser
+    from slime_harbor.trainers.learning import DEMO_DEFAULTS, demo_defaults
+
+    assert demo_defaults() == DEMO_DEFAULTS
+    tuned = demo_defaults("mini-swe-agent")
+    assert tuned.agent == "mini-swe-agent" and tuned.max_new_tokens == 64 > DEMO_DEFAULTS.max_new_tokens
+    parsed = build_parser("mini-swe-agent").parse_args(["demo", "--agent", "mini-swe-agent", "--seed", "3"])
+    assert parsed.max_new_tokens == 64 and parsed.seed == 3
+    parsed = build_parser("mini-swe-agent").parse_args(["demo", "--agent=mini-swe-agent", "--max-new-tokens", "70"])
+    assert parsed.max_new_tokens == 70
+    assert_one_line_error(run_cli("demo", "--agent", "terminus-2"), 2, "demo --agent", "terminus-2", "train-local")
