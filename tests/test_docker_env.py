@@ -481,3 +481,42 @@ def test_containers_of_a_sigkilled_run_are_swept_by_the_next_start(tmp_path, mon
 
     asyncio.run(next_start())
     assert client().api.containers(all=True, filters={"id": container_id}) == []
+
+
+def test_concurrent_removals_of_one_container_are_not_an_error():
+    """A trial's agent and verifier environments both remove what carries the trial's label: when
+    their teardowns meet (a SIGINT mid-rollout under load did it), Docker answers the later removal
+    409 "already in progress". remove_container waits for the removal instead of raising."""
+    import threading
+
+    import docker
+
+    from slime_harbor.environments.docker import docker_client, remove_container
+
+    api = docker_client().api
+
+    def race(remove) -> list[str]:
+        container = api.create_container("python:3.11-slim", command=["sleep", "60"],
+                                         host_config=api.create_host_config(network_mode="none"))["Id"]
+        api.start(container)
+        barrier, errors = threading.Barrier(4), []
+
+        def one():
+            barrier.wait()
+            try:
+                remove(container)
+            except docker.errors.APIError as error:
+                errors.append(str(error))
+
+        threads = [threading.Thread(target=one) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        with pytest.raises(docker.errors.NotFound):
+            api.inspect_container(container)
+        return errors
+
+    bare = [e for _ in range(3) for e in race(lambda c: api.remove_container(c, force=True))]
+    assert any("already in progress" in e for e in bare), bare  # what the daemon does
+    assert [e for _ in range(3) for e in race(lambda c: remove_container(api, c))] == []

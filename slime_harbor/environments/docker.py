@@ -63,7 +63,7 @@ from slime_harbor.environments.gateway_reach import GatewayForward, GatewayReach
 # The daemon side (client, sweeps of stale containers, task images, tool layers): docker_images.py.
 from slime_harbor.environments.docker_images import (  # noqa: F401
     _API_TIMEOUT_SEC, _docker_host, DockerUnavailableError, LABEL, RUN_ID, TMUX_SCRIPT, _sweep_once,
-    check_docker, docker_client, ensure_image, ensure_layer_image, image_tag, owner_labels,
+    check_docker, docker_client, ensure_image, ensure_layer_image, image_tag, owner_labels, remove_container,
 )
 
 ENV_TYPE = "slime-docker"
@@ -271,7 +271,7 @@ class DockerEnvironment(BaseEnvironment):
         self.container_id = created["Id"]
         _live_containers[self.container_id] = self
         if self._stop_task is not None:  # stop() ran while we were creating it (a cancelled start)
-            api.remove_container(self.container_id, force=True)
+            remove_container(api, self.container_id)
             _live_containers.pop(self.container_id, None)
             raise RuntimeError("the environment was stopped while its container was being created")
         api.start(self.container_id)
@@ -338,7 +338,7 @@ class DockerEnvironment(BaseEnvironment):
         for container_id in ids:
             try:
                 if delete:
-                    api.remove_container(container_id, force=True)
+                    remove_container(api, container_id)
                 else:
                     api.stop(container_id, timeout=1)
                     self.logger.info(f"Container kept: {container_id[:12]}")

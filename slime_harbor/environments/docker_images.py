@@ -24,6 +24,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -65,6 +66,29 @@ def docker_client():
             client = docker.DockerClient(base_url=host, timeout=_API_TIMEOUT_SEC, max_pool_size=64)
             _clients[host] = client
         return client
+
+
+def remove_container(api, container_id: str, wait_s: float = 30.0) -> None:
+    """Force-remove a container. One already gone, or being removed by another teardown (a trial's
+    agent and verifier environments both remove what carries the trial's label, and Docker answers
+    the later of two removals 409 "already in progress"), is not an error: wait until it is gone."""
+    import docker
+
+    try:
+        api.remove_container(container_id, force=True)
+        return
+    except docker.errors.NotFound:
+        return
+    except docker.errors.APIError as error:
+        if error.status_code != 409 or "already in progress" not in str(error):
+            raise
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            api.inspect_container(container_id)
+        except docker.errors.NotFound:
+            return
+        time.sleep(0.05)
 
 
 def check_docker(timeout: float = 10.0) -> None:
