@@ -4,7 +4,7 @@ hides: every --every steps, the probe episodes' command-reply and submit-reply t
 probabilities, the lowest command token probability over the probe episodes (a file name the
 model has to copy from the task), and the mean log P of the whole episode.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/agent_sft.py [--agent mini-swe-agent|native] [--steps 1200]
+    PYTHONPATH=$PWD .venv/bin/python bench/agent_sft.py [--agent mini-swe-agent|native] [--steps 1200] [--layers N]
 
 `--agent native` runs the same on the native agent's episodes, for comparison. It also prints where
 the task's instruction sits in the prompt and how far the reply is from it.
@@ -31,19 +31,24 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", type=int, default=None, help="a tiny model with this many layers instead of the default's")
     a = p.parse_args()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from slime_harbor.gateway.server import make_renderer
-    from slime_harbor.policy.tiny_model import ensure_tiny_model
+    from slime_harbor.policy.tiny_model import TinyModelConfig, build_tiny_model, ensure_tiny_model
     from slime_harbor.tasks import families as task_families
     from slime_harbor.trainers.agent_sft import capture_format, oracle_agent_episode
     from slime_harbor.trainers.sft import SFTConfig, sft_sequences
 
     torch.manual_seed(a.seed)
     torch.set_num_threads(2)
-    base = ensure_tiny_model(a.seed)
+    if a.layers is None:
+        base = ensure_tiny_model(a.seed)
+    else:  # the same tokenizer and recipe, deeper
+        base = build_tiny_model(Path(tempfile.mkdtemp(prefix="tiny-model-")), seed=a.seed,
+                                config=TinyModelConfig(num_hidden_layers=a.layers))
     tokenizer = AutoTokenizer.from_pretrained(base)
     families = [f for f in task_families.FAMILIES if f != "replace-word"]
     probe = [inst for f in families for inst in task_families.instances(f, 2, a.seed, "train", strict=False)]
