@@ -13,7 +13,7 @@ the task's instruction sits in the prompt and how far the reply is from it.
 from __future__ import annotations
 
 import argparse
-import random
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -36,10 +36,9 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from slime_harbor.gateway.server import make_renderer
     from slime_harbor.policy.tiny_model import TinyModelConfig, build_tiny_model, ensure_tiny_model
     from slime_harbor.tasks import families as task_families
-    from slime_harbor.trainers.agent_sft import capture_format, oracle_agent_episode
+    from slime_harbor.trainers.learning import demo_defaults, sft_episodes
     from slime_harbor.trainers.sft import SFTConfig, sft_sequences
 
     torch.manual_seed(a.seed)
@@ -50,24 +49,11 @@ def main() -> None:
         base = build_tiny_model(Path(tempfile.mkdtemp(prefix="tiny-model-")), seed=a.seed,
                                 config=TinyModelConfig(num_hidden_layers=a.layers))
     tokenizer = AutoTokenizer.from_pretrained(base)
-    families = [f for f in task_families.FAMILIES if f != "replace-word"]
-    probe = [inst for f in families for inst in task_families.instances(f, 2, a.seed, "train", strict=False)]
-    if a.agent == "native":
-        def episode(inst, command=None):
-            return task_families.oracle_episode(tokenizer, inst, command)
-    else:
-        renderer = make_renderer(base, tokenizer)
-        fmt = capture_format(a.agent, a.env, probe[0], Path(tempfile.mkdtemp(prefix="agent-sft-")) / "format")
-
-        def episode(inst, command=None):
-            return oracle_agent_episode(fmt, renderer, tokenizer, inst, command)
-
-    unseen = {inst.name for inst in probe}
-    demonstrator = random.Random(a.seed)
-    demos = [inst for f in families for inst in task_families.instances(f, a.sft_instances, a.seed + 1, "train",
-                                                                         strict=False) if inst.name not in unseen]
-    sequences = [episode(inst, inst.near_miss if demonstrator.random() < 0.5 else None) for inst in demos]
-    probes = [episode(inst) for inst in probe]
+    # The demo's SFT data (learning.sft_episodes), probed on two training instances per family.
+    cfg = dataclasses.replace(demo_defaults(a.agent), env=a.env, seed=a.seed, sft_instances=a.sft_instances)
+    probe = [inst for f in cfg.families for inst in task_families.instances(f, 2, a.seed, "train", strict=False)]
+    sequences, probes, _ = sft_episodes(cfg, base, tokenizer, probe,
+                                        Path(tempfile.mkdtemp(prefix="agent-sft-")) / "format")
     tokens, mask = probes[0]
     # The instruction's tokens but the first two and the last (they may merge with their neighbours in the prompt).
     words = tokenizer.encode(probe[0].instruction, add_special_tokens=False)[2:-1]

@@ -133,14 +133,11 @@ def grpo_schedule(cfg: LearningConfig) -> list[list[task_families.Instance]]:
             for step in range(cfg.grpo_steps)]
 
 
-def sft_warm_start(cfg: LearningConfig, base: Path, out: Path, probe: list[task_families.Instance],
-                   progress: bool = False) -> dict:
-    """SFT on episodes of training instances (a demo_error_share of them with the near miss for
-    command) until the policy samples the oracle episodes of `probe` (training instances SFT
-    does not see) with mean probability sft_target."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(base)
+def sft_episodes(cfg: LearningConfig, base: Path, tokenizer, probe: list[task_families.Instance], work: Path):
+    """The SFT warm start's data in cfg.agent's format: (episodes of sft_instances training
+    instances per family, a demo_error_share of them with the near miss for command; the oracle
+    episodes of `probe`, which SFT does not see; how many episodes have the near miss). `work`:
+    where a third-party agent's format is read off a trial of it."""
     unseen = {inst.name for inst in probe}
     demonstrator = random.Random(cfg.seed)
     demos = [(inst, demonstrator.random() < cfg.demo_error_share)
@@ -154,14 +151,25 @@ def sft_warm_start(cfg: LearningConfig, base: Path, out: Path, probe: list[task_
         from slime_harbor.gateway.server import make_renderer
         from slime_harbor.trainers.agent_sft import capture_format, oracle_agent_episode
 
-        fmt = capture_format(cfg.agent, cfg.env, probe[0], out.parent / f"{cfg.agent}-format",
-                             max_new_tokens=cfg.max_new_tokens)
+        fmt = capture_format(cfg.agent, cfg.env, probe[0], work, max_new_tokens=cfg.max_new_tokens)
         renderer = make_renderer(base, tokenizer)
 
         def episode(inst, command=None):
             return oracle_agent_episode(fmt, renderer, tokenizer, inst, command)
     sequences = [episode(inst, inst.near_miss if wrong else None) for inst, wrong in demos]
-    probe_sequences = [episode(inst) for inst in probe]
+    return sequences, [episode(inst) for inst in probe], sum(wrong for _, wrong in demos)
+
+
+def sft_warm_start(cfg: LearningConfig, base: Path, out: Path, probe: list[task_families.Instance],
+                   progress: bool = False) -> dict:
+    """SFT on episodes of training instances (a demo_error_share of them with the near miss for
+    command) until the policy samples the oracle episodes of `probe` (training instances SFT
+    does not see) with mean probability sft_target."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    sequences, probe_sequences, n_near_miss = sft_episodes(cfg, base, tokenizer, probe,
+                                                           out.parent / f"{cfg.agent}-format")
     history: list[tuple[int, float]] = []
     bar = None
     if progress:
@@ -189,7 +197,7 @@ def sft_warm_start(cfg: LearningConfig, base: Path, out: Path, probe: list[task_
     finally:
         if bar is not None:
             bar.close()
-    return {"steps": len(losses), "n_episodes": len(sequences), "n_near_miss_episodes": sum(w for _, w in demos),
+    return {"steps": len(losses), "n_episodes": len(sequences), "n_near_miss_episodes": n_near_miss,
             "loss_first": losses[0], "loss_last": losses[-1],
             "p_oracle_episode": history}
 
