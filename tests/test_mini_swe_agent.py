@@ -520,3 +520,33 @@ def test_no_usable_host_python_is_one_config_error_before_any_trial(monkeypatch,
         check_config(cfg)
     monkeypatch.undo()
     check_config(cfg)  # this host has one
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_a_sandbox_started_without_the_install_is_one_clear_error(tmp_path):
+    """install() finds no launcher (the environment was started without agent_installs): one line
+    saying how to start it, for mini-swe-agent and the npm agents alike."""
+    from harbor.models.task.task import Task
+    from harbor.models.trial.paths import TrialPaths
+
+    from slime_harbor.environments.bubblewrap import BubblewrapEnvironment
+    from slime_harbor.installed_agents.npm_agents import Codex
+
+    task = Task(DEFAULT_TASKS / TASK)
+    paths = TrialPaths(trial_dir=tmp_path / "trial")
+    paths.mkdir()
+    env = BubblewrapEnvironment(
+        environment_dir=task.paths.environment_dir, environment_name=TASK, session_id="no-install",
+        trial_paths=paths, task_env_config=task.config.environment, base_dir=str(tmp_path / "sandboxes"),
+    )  # fmt: skip
+    await env.start(force_build=False)
+    try:
+        with pytest.raises(RuntimeError, match=r"^mini-swe-agent is not installed in this sandbox .*"
+                                                r"agent_installs=mini-swe-agent .* docker or local environment$"):
+            await mswea.MiniSweAgent(logs_dir=tmp_path, model_name="hosted_vllm/policy").install(env)
+        with pytest.raises(RuntimeError, match=r"^codex is not installed in this sandbox \(/opt/slime-harbor/codex/"
+                                                r"bin/codex is missing\).* on slime-harbor's docker environment$"):
+            await Codex(logs_dir=tmp_path, model_name="openai/policy").install(env)
+    finally:
+        await env.stop(delete=True)

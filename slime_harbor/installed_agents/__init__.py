@@ -65,6 +65,19 @@ class SandboxInstall(ABC):
         says so before its first trial."""
 
 
+async def check_installed(environment, name: str, launcher: str, environments: str) -> None:
+    """An agent's ``install()``: raise RuntimeError (one line) unless its launcher is in the
+    sandbox, i.e. the environment was started with the agent's install (`environments`: slime-harbor's
+    environments that provide it)."""
+    done = await environment.exec(f"test -x {launcher}", user="root")
+    if done.return_code != 0:
+        raise RuntimeError(
+            f"{name} is not installed in this sandbox ({launcher} is missing): start the environment with "
+            f"agent_installs={name} (--ek agent_installs={name}; slime-harbor's rollout passes it), on "
+            f"slime-harbor's {environments} environment"
+        )
+
+
 def resolve_installs(spec: str | list[str] | tuple[str, ...] | None) -> list[SandboxInstall]:
     """The installs an ``agent_installs`` kwarg names: a name, ``module:attr``, a comma-separated
     string of those, or a list. Raises ValueError with one line for an unknown one."""

@@ -48,7 +48,7 @@ from harbor.agents.installed.mini_swe_agent import MiniSweAgent as HarborMiniSwe
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
-from slime_harbor.installed_agents import SandboxInstall
+from slime_harbor.installed_agents import SandboxInstall, check_installed
 
 MINI_SWE_AGENT_VERSION = "2.4.6"
 SANDBOX_DIR = "/opt/slime-harbor/mini-swe-agent"
@@ -264,13 +264,7 @@ class MiniSweAgent(HarborMiniSweAgent):
         return None  # pinned: Harbor's command asks uv
 
     async def install(self, environment: BaseEnvironment) -> None:
-        done = await environment.exec(f"test -x {LAUNCHER}", user="root")
-        if done.return_code != 0:
-            raise RuntimeError(
-                f"mini-swe-agent is not installed in this sandbox ({LAUNCHER} is missing): start the environment "
-                "with agent_installs=mini-swe-agent (--ek agent_installs=mini-swe-agent; slime-harbor's rollout "
-                "passes it), on slime-harbor's docker or local environment"
-            )
+        await check_installed(environment, "mini-swe-agent", LAUNCHER, "docker or local")
 
     async def exec_as_agent(self, environment: BaseEnvironment, command: str, env: dict[str, str] | None = None,
                             cwd: str | None = None, timeout_sec: int | None = None) -> Any:  # fmt: skip

@@ -42,7 +42,7 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
 from slime_harbor.gateway.session import STEP_LIMIT_CODE
-from slime_harbor.installed_agents import SandboxInstall
+from slime_harbor.installed_agents import SandboxInstall, check_installed
 
 CLAUDE_CODE_VERSION = "2.1.330"
 CODEX_VERSION = "0.169.0"
@@ -127,15 +127,7 @@ class _SandboxInstalled:
         return None  # pinned
 
     async def install(self, environment: BaseEnvironment) -> None:
-        launcher = self.INSTALL.launcher
-        done = await environment.exec(f"test -x {launcher}", user="root")
-        if done.return_code != 0:
-            name = self.INSTALL.name
-            raise RuntimeError(
-                f"{name} is not installed in this sandbox ({launcher} is missing): start the environment with "
-                f"agent_installs={name} (--ek agent_installs={name}; slime-harbor's rollout passes it), on "
-                "slime-harbor's docker environment"
-            )
+        await check_installed(environment, self.INSTALL.name, self.INSTALL.launcher, "docker")
 
     async def exec_as_agent(self, environment: BaseEnvironment, command: str, env: dict[str, str] | None = None,
                             cwd: str | None = None, timeout_sec: int | None = None) -> Any:  # fmt: skip
