@@ -270,12 +270,9 @@ def _demo_agent(argv: list[str]) -> str:
 
     if argv[:1] != ["demo"]:
         return "native"
-    agent = "native"
-    for k, arg in enumerate(argv):
-        if arg == "--agent" and k + 1 < len(argv):
-            agent = argv[k + 1]
-        elif arg.startswith("--agent="):
-            agent = arg.split("=", 1)[1]
+    pre = OneLineArgumentParser(prog=f"{PROG} demo", add_help=False)  # reads --agent as the demo's parser will
+    pre.add_argument("--agent", default="native")
+    agent = pre.parse_known_args(argv[1:])[0].agent
     if agent not in DEMO_AGENT_DEFAULTS:
         raise ConfigError(f"demo --agent: one of {', '.join(DEMO_AGENT_DEFAULTS)} (the agents it has an SFT warm "
                           f"start for), not {agent!r}; train any other agent with train-local --agent")
