@@ -32,6 +32,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layers", type=int, default=None, help="a tiny model with this many layers instead of the default's")
+    p.add_argument("--native-first", type=int, default=0, metavar="STEPS",
+                   help="first SFT this many steps on the native agent's episodes of the same instances")
     a = p.parse_args()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -64,6 +66,11 @@ def main() -> None:
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     started = time.monotonic()
+    if a.native_first:
+        native, _, _ = sft_episodes(dataclasses.replace(cfg, agent="native"), base, tokenizer, probe, Path(tempfile.mkdtemp()))
+        sft_sequences(model, native, SFTConfig(steps=a.native_first, lr=a.lr, batch_size=a.batch_size, seed=a.seed),
+                      pad_id=tokenizer.pad_token_id or 0)
+        print(f"native-format SFT: {a.native_first} steps in {time.monotonic() - started:.0f} s", flush=True)
 
     def report(step: int, m) -> bool:
         if step % a.every:

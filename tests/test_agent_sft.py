@@ -148,3 +148,27 @@ def test_demo_takes_the_agents_defaults_and_refuses_an_agent_without_an_sft_form
     parsed = build_parser("mini-swe-agent").parse_args(["demo", "--agent=mini-swe-agent", "--max-new-tokens", "70"])
     assert parsed.max_new_tokens == 70
     assert_one_line_error(run_cli("demo", "--agent", "terminus-2"), 2, "demo --agent", "terminus-2", "train-local")
+
+
+def test_warm_start_learns_the_native_format_first_then_the_agents(tmp_path, tiny_model_dir):
+    """sft_native_steps: SFT on the native episodes first, then on mini-swe-agent's own, from
+    where the first stage ended (both stages move the weights; the result says how many steps each)."""
+    import dataclasses
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from slime_harbor.trainers.learning import demo_defaults, sft_warm_start
+
+    cfg = dataclasses.replace(demo_defaults("mini-swe-agent"), out=tmp_path, families=[FAMILY], sft_instances=4,
+                              sft_native_steps=2, sft_max_steps=1, sft_check_every=1, sft_batch_size=2)
+    probe = task_families.instances(FAMILY, 1, 7, "train")
+    result = sft_warm_start(cfg, tiny_model_dir, tmp_path / "sft", probe)
+    assert result["native_steps"] == 2 and result["steps"] == 1
+
+    def weights(d):
+        return AutoModelForCausalLM.from_pretrained(d).model.embed_tokens.weight
+
+    base, native, final = weights(tiny_model_dir), weights(tmp_path / "sft-native"), weights(tmp_path / "sft")
+    assert not torch.equal(base, native) and not torch.equal(native, final)
+    assert cfg.sft_native_steps == 2 and demo_defaults().sft_native_steps == 0  # the native demo has no first stage

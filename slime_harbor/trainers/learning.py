@@ -86,6 +86,12 @@ class LearningConfig:
     """AdamW learning rate of SFT (a model from scratch takes large steps)."""
     sft_batch_size: int = 8
     """Episodes per SFT step."""
+    sft_native_steps: int = 0
+    """For a third-party agent: SFT steps on the native agent's episodes of the same instances
+    before SFT in the agent's own format. The native episodes are short (the names 6 tokens
+    before the reply that copies them), so the tiny model learns to copy there within ~700 steps,
+    and then in the agent's format within a few hundred more, where it alone stays near chance
+    after 750 (bench/agent_sft.py --native-first)."""
 
     # --- episodes ---
     step_limit: int = 3
@@ -192,13 +198,23 @@ def sft_warm_start(cfg: LearningConfig, base: Path, out: Path, probe: list[task_
         return p >= cfg.sft_target
 
     config = SFTConfig(steps=cfg.sft_max_steps, lr=cfg.sft_lr, batch_size=cfg.sft_batch_size, seed=cfg.seed)
+    model_dir, native_steps = base, 0
+    if cfg.agent != "native" and cfg.sft_native_steps > 0:
+        # The copying skill first, where it is cheap to learn (see sft_native_steps).
+        native, _, _ = sft_episodes(dataclasses.replace(cfg, agent="native"), base, tokenizer, probe, out.parent)
+        model_dir = out.parent / "sft-native"
+        t = time.monotonic()
+        native_steps = len(sft_model_dir(base, model_dir, sequences=native,
+                                         config=dataclasses.replace(config, steps=cfg.sft_native_steps)))
+        print(f"  SFT on {len(native)} native-format episodes: {native_steps} steps in "
+              f"{time.monotonic() - t:.0f}s; now in {cfg.agent}'s format", file=sys.stderr)
     try:
-        losses = sft_model_dir(base, out, config=config, sequences=sequences, until=until)
+        losses = sft_model_dir(model_dir, out, config=config, sequences=sequences, until=until)
     finally:
         if bar is not None:
             bar.close()
-    return {"steps": len(losses), "n_episodes": len(sequences), "n_near_miss_episodes": n_near_miss,
-            "loss_first": losses[0], "loss_last": losses[-1],
+    return {"steps": len(losses), "native_steps": native_steps, "n_episodes": len(sequences),
+            "n_near_miss_episodes": n_near_miss, "loss_first": losses[0], "loss_last": losses[-1],
             "p_oracle_episode": history}
 
 
@@ -400,7 +416,9 @@ DEMO_AGENT_DEFAULTS = {
     # Its replies are tool calls in JSON (the submit call is 61 tokens of the tiny model's).
     # Half the training tasks per step: each of its trials starts a Python with LiteLLM (~2.5 s of
     # CPU), where the native agent starts none.
-    "mini-swe-agent": {"agent": "mini-swe-agent", "max_new_tokens": 64, "train_instances": 2},
+    # SFT learns to copy the task's names in the native format first (sft_native_steps).
+    "mini-swe-agent": {"agent": "mini-swe-agent", "max_new_tokens": 64, "train_instances": 2,
+                       "sft_native_steps": 700},
 }
 """What `demo --agent NAME` changes in DEMO_DEFAULTS (the agents the demo can warm-start)."""
 
