@@ -4,9 +4,11 @@ hides: every --every steps, the probe episodes' command-reply and submit-reply t
 probabilities, the lowest command token probability over the probe episodes (a file name the
 model has to copy from the task), and the mean log P of the whole episode.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/agent_sft.py [--agent mini-swe-agent|native] [--steps 1200] [--layers N]
+    PYTHONPATH=$PWD .venv/bin/python bench/agent_sft.py [--agent mini-swe-agent|native] [--steps 1200] [--layers N] [--native-first 700]
 
-`--agent native` runs the same on the native agent's episodes, for comparison. It also prints where
+`--agent native` runs the same on the native agent's episodes, for comparison. `--native-first N`
+first trains N steps on the native agent's episodes, as the demo's first SFT stage does
+(`--sft-native-steps`). It also prints where
 the task's instruction sits in the prompt and how far the reply is from it.
 """
 
