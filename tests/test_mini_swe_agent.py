@@ -393,11 +393,14 @@ async def test_docker_trial_runs_mini_swe_agent_on_a_layer_built_once(tmp_path, 
     assert len(replies) == step_limit
     assert not proxy.requests, proxy.requests
     environment = trial.agent_environment
+    # The install is a layer on the image the task's Dockerfile starts FROM, under its own instructions.
+    from slime_harbor.environments.docker_images import single_base_image
+
     layer = _image(environment.run_image)
-    base = _image(environment.image)
+    base = _image(single_base_image((task / "environment" / "Dockerfile").read_text())[0])
     assert environment.run_image != environment.image and layer["Id"] != base["Id"]
     assert layer["RootFS"]["Layers"][: len(base["RootFS"]["Layers"])] == base["RootFS"]["Layers"]
-    assert layer["Config"]["User"] == base["Config"]["User"] and layer["Config"]["WorkingDir"] == base["Config"]["WorkingDir"]
+    assert layer["Config"]["User"] == base["Config"]["User"] and layer["Config"]["WorkingDir"] == "/app"
 
     # A second trial starts from the same layer image: not rebuilt.
     trial, result = await run_trial(task, tmp_path / "two", agent, DOCKER_SANDBOX, {})
@@ -435,7 +438,9 @@ async def test_docker_layer_leaves_the_task_python_untouched(tmp_path):
     finally:
         await env.stop(delete=True)
     # The same probe in a container of the task's own image.
-    from slime_harbor.environments.docker import docker_client
+    from slime_harbor.environments.docker import docker_client, ensure_image
+
+    await ensure_image(env.environment_dir, env.image, TASK, 600)
 
     api = docker_client().api
     container = api.create_container(env.image, ["sh", "-c", probe], network_disabled=True,
@@ -448,6 +453,74 @@ async def test_docker_layer_leaves_the_task_python_untouched(tmp_path):
         api.remove_container(container, force=True)
     assert inside.stdout.strip() == base_output.strip()
     assert "No module named 'minisweagent'" in base_output
+
+
+@needs_docker
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_docker_install_is_built_once_for_tasks_that_share_a_base_image(tmp_path):
+    """Procedural tasks differ only in the files their Dockerfiles copy: the install is one layer on
+    their common base, under each task's own instructions, not a venv built again per task (which
+    took longer than the demo's 60 s build timeout, for every task). A multi-stage Dockerfile keeps
+    the layer on top of its own image."""
+    from harbor.models.task.task import Task
+    from harbor.models.trial.paths import TrialPaths
+
+    from slime_harbor.environments.docker import DockerEnvironment
+    from slime_harbor.environments.docker_images import TOOLS_REPOSITORY, docker_client
+    from slime_harbor.tasks import families as task_families
+
+    def tools_images() -> set[str]:
+        return {tag for image in docker_client().api.images() for tag in image.get("RepoTags") or []
+                if tag.startswith(f"{TOOLS_REPOSITORY}/mini-swe-agent:")}
+
+    instances = task_families.instances("rename-file", 2, 11, "train")
+    dirs = [task_families.write_task(inst, tmp_path / "tasks") for inst in instances]
+    multi = tmp_path / "tasks" / "multi-stage"
+    shutil.copytree(dirs[0], multi)
+    dockerfile = multi / "environment" / "Dockerfile"
+    dockerfile.write_text("FROM python:3.11-slim AS first\nRUN echo built > /built\n" + dockerfile.read_text()
+                          + "COPY --from=first /built /built\n")
+
+    async def start(task_dir: Path, name: str):
+        task = Task(task_dir)
+        paths = TrialPaths(trial_dir=tmp_path / name)
+        paths.mkdir()
+        env = DockerEnvironment(
+            environment_dir=task.paths.environment_dir, environment_name=task_dir.name, session_id=f"{name}__env",
+            trial_paths=paths, task_env_config=task.config.environment.model_copy(update={"build_timeout_sec": 600}),
+            agent_installs=["mini-swe-agent"],
+        )  # fmt: skip
+        await env.start(force_build=False)
+        return env
+
+    first = await start(dirs[0], "first")
+    before = tools_images()
+    try:
+        second = await start(dirs[1], "second")
+        try:
+            assert tools_images() == before  # the second task built no install of its own
+            # Both run images are the base, the install (its COPY and RUN), then each task's own files.
+            base = _image("python:3.11-slim")["RootFS"]["Layers"]
+            a, b = (_image(env.run_image)["RootFS"]["Layers"] for env in (first, second))
+            common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            assert a[: len(base)] == base and common >= len(base) + 2 and a != b
+            for env, inst in ((first, instances[0]), (second, instances[1])):
+                done = await env.exec(f"ls /app && {mswea.LAUNCHER} --help >/dev/null && echo launcher ok")
+                assert done.return_code == 0, done.stderr
+                assert all(name in done.stdout for name in inst.files) and "launcher ok" in done.stdout
+        finally:
+            await second.stop(delete=True)
+        staged = await start(multi, "multi")
+        try:
+            done = await staged.exec(f"cat /built && {mswea.LAUNCHER} --help >/dev/null && echo launcher ok")
+            assert done.stdout.split() == ["built", "launcher", "ok"], done.stderr
+            own = _image(staged.image)["RootFS"]["Layers"]  # on top of the multi-stage task's own image
+            assert _image(staged.run_image)["RootFS"]["Layers"][: len(own)] == own
+        finally:
+            await staged.stop(delete=True)
+    finally:
+        await first.stop(delete=True)
 
 
 # --- through rollout: `--agent mini-swe-agent` ----------------------------------------------------

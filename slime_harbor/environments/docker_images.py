@@ -171,9 +171,10 @@ def _lock_dir() -> Path:
     return path
 
 
-def _build_image(context: Path, tag: str, task_name: str, timeout_sec: float, force: bool = False) -> None:
+def _build_image(context: Path, tag: str, task_name: str, timeout_sec: float, force: bool = False,
+                 dockerfile: Path | None = None) -> None:
     """Build ``context`` as ``tag`` unless it exists (``force``: rebuild anyway); one builder at a
-    time across processes."""
+    time across processes. ``dockerfile``: a Dockerfile outside the context to build it with."""
     import docker
 
     client = docker_client()
@@ -188,6 +189,7 @@ def _build_image(context: Path, tag: str, task_name: str, timeout_sec: float, fo
         try:
             for chunk in client.api.build(
                 path=str(context), tag=tag, rm=True, forcerm=True, pull=False, decode=True,
+                dockerfile=str(dockerfile) if dockerfile else None,
                 network_mode="host",  # RUN apt-get / pip reach the package registries
                 labels={f"{LABEL}.task": task_name}, timeout=timeout_sec,
             ):  # fmt: skip
@@ -204,7 +206,8 @@ def _build_image(context: Path, tag: str, task_name: str, timeout_sec: float, fo
             )
 
 
-async def ensure_image(context: Path, tag: str, task_name: str, timeout_sec: float, force: bool = False) -> None:
+async def ensure_image(context: Path, tag: str, task_name: str, timeout_sec: float, force: bool = False,
+                       dockerfile: Path | None = None) -> None:
     """Wait for ``tag`` to exist, building it once per process however many trials ask at once
     (``force``: the first build in this process rebuilds even an existing image)."""
     with _image_builds_lock:
@@ -216,7 +219,7 @@ async def ensure_image(context: Path, tag: str, task_name: str, timeout_sec: flo
 
             def build() -> None:
                 try:
-                    _build_image(context, tag, task_name, timeout_sec, force)
+                    _build_image(context, tag, task_name, timeout_sec, force, dockerfile)
                 except BaseException as exc:
                     if not isinstance(exc, SandboxBuildFailedError):
                         exc = SandboxBuildFailedError(f"building the image of task {task_name} failed: {exc}")
@@ -225,7 +228,39 @@ async def ensure_image(context: Path, tag: str, task_name: str, timeout_sec: flo
                     future.set_result(None)
 
             threading.Thread(target=build, name=f"build {tag}", daemon=True).start()
-    await asyncio.shield(asyncio.wrap_future(future))
+    waiting = asyncio.wrap_future(future)
+    # A waiter cancelled (a start timeout) before the build fails must not leave asyncio a
+    # "Future exception was never retrieved" traceback: the failure reaches the next waiter.
+    waiting.add_done_callback(lambda f: f.cancelled() or f.exception())
+    await asyncio.shield(waiting)
+
+
+_FROM_LINE = re.compile(r"^[ \t]*FROM[ \t]+([^\s$-][^\s$]*)([ \t]+AS[ \t]+\S+)?[ \t]*$", re.IGNORECASE | re.MULTILINE)
+
+
+def single_base_image(dockerfile_text: str) -> tuple[str, tuple[int, int]] | None:
+    """The image a single-stage Dockerfile's FROM names, and where that line is; None for several
+    FROMs (a multi-stage build), a FROM with flags or variables, or one continued from the line
+    before: such a Dockerfile cannot safely be built on another base."""
+    froms = re.findall(r"^[ \t]*FROM\b", dockerfile_text, re.IGNORECASE | re.MULTILINE)
+    match = _FROM_LINE.search(dockerfile_text)
+    if len(froms) != 1 or match is None or dockerfile_text[:match.start()].rstrip("\n").endswith("\\"):
+        return None
+    return match.group(1), (match.start(), match.end())
+
+
+def rebased_dockerfile(dockerfile_text: str, span: tuple[int, int], base_image: str) -> str:
+    """The Dockerfile with its FROM line (at ``span``, from single_base_image) naming ``base_image``."""
+    alias = _FROM_LINE.match(dockerfile_text, span[0]).group(2) or ""
+    return dockerfile_text[:span[0]] + f"FROM {base_image}{alias}" + dockerfile_text[span[1]:]
+
+
+def tools_dockerfile_path(digest: str) -> Path:
+    """Where a task's Dockerfile rebased on a tool layer is kept (outside the task's dir: the build
+    sends it with the task's context)."""
+    directory = _lock_dir() / "dockerfiles"
+    directory.mkdir(exist_ok=True)
+    return directory / f"{digest[:24]}.Dockerfile"
 
 
 def image_tag(environment_name: str, content_hash: str) -> str:
