@@ -38,7 +38,6 @@ import asyncio
 import atexit
 import contextlib
 import fnmatch
-import hashlib
 import io
 import os
 import posixpath
@@ -64,8 +63,8 @@ from slime_harbor.environments.gateway_reach import GatewayForward, GatewayReach
 # The daemon side (client, sweeps of stale containers, task images, tool layers): docker_images.py.
 from slime_harbor.environments.docker_images import (  # noqa: F401
     _API_TIMEOUT_SEC, _docker_host, DockerUnavailableError, LABEL, RUN_ID, TMUX_SCRIPT, _sweep_once,
-    check_docker, docker_client, ensure_image, ensure_layer_image, image_tag, owner_labels, rebased_dockerfile,
-    remove_container, single_base_image, tools_dockerfile_path,
+    check_docker, docker_client, ensure_image, ensure_layer_image, image_tag, owner_labels, remove_container,
+    task_image_on_tools,
 )
 
 ENV_TYPE = "slime-docker"
@@ -190,19 +189,18 @@ class DockerEnvironment(BaseEnvironment):
         if self.container_id is not None or self._stop_task is not None:
             raise RuntimeError("the container was already started")
         await asyncio.to_thread(_sweep_once)
-        layers = ([("tmux", TMUX_SCRIPT)] if self._provide_tmux else []) + [
-            (install.name, install.docker_script()) for install in self._agent_installs]
-        self.run_image = await self._image_under_tools(layers, force_build) if layers else None
-        if self.run_image is None:
-            if self.task_env_config.docker_image:
+        layers = [("tmux", TMUX_SCRIPT)] * self._provide_tmux + [(i.name, i.docker_script()) for i in self._agent_installs]
+        timeout, prebuilt = self.task_env_config.build_timeout_sec, self.task_env_config.docker_image
+        self.run_image = layers and not prebuilt and await task_image_on_tools(
+            self.environment_dir, self.environment_name, self.environment_id, layers, timeout, force_build)
+        if not self.run_image:  # no layers, or they go on top of the task's own image
+            if prebuilt:
                 await asyncio.to_thread(self._check_prebuilt_image)
             else:
-                await ensure_image(self.environment_dir, self.image, self.environment_name,
-                                   self.task_env_config.build_timeout_sec, force_build)  # fmt: skip
+                await ensure_image(self.environment_dir, self.image, self.environment_name, timeout, force_build)
             self.run_image = self.image
             for name, script in layers:  # one layer each, on top of the previous one
-                self.run_image = await ensure_layer_image(self.run_image, name, script,
-                                                          self.task_env_config.build_timeout_sec)  # fmt: skip
+                self.run_image = await ensure_layer_image(self.run_image, name, script, timeout)
         # Recorded as soon as it exists, so a stop() racing this start() removes it.
         await asyncio.to_thread(self._create_container)
         await self._open_gateway_forward()
@@ -213,39 +211,6 @@ class DockerEnvironment(BaseEnvironment):
         if writable:  # bind mounts exist already; chmod so a non-root agent can write its logs
             await self.ensure_dirs(writable)
         await self._upload_environment_dir_after_start()
-
-    async def _image_under_tools(self, layers: list[tuple[str, str]], force_build: bool) -> str | None:
-        """The task's Dockerfile built on its base image plus the tool layers, or None where it is not
-        a single-stage Dockerfile on an image present here (then the layers go on top of the task's
-        image). Tools under the task's own instructions are built once per base image, not once per
-        task: procedural tasks share a base and differ in the files they copy, and an agent's install
-        (a venv with LiteLLM, an npm package) takes longer than a task's build timeout."""
-        import docker
-
-        dockerfile = self.environment_dir / "Dockerfile"
-        if self.task_env_config.docker_image or not dockerfile.is_file():
-            return None
-        text = dockerfile.read_text()
-        found = single_base_image(text)
-        if found is None:
-            return None
-        base, span = found
-        timeout = self.task_env_config.build_timeout_sec
-        try:
-            for name, script in layers:
-                base = await ensure_layer_image(base, name, script, timeout)
-        except docker.errors.ImageNotFound:
-            return None  # the task's own build says what is missing
-        rebased = rebased_dockerfile(text, span, base)
-        digest = hashlib.sha256(f"{self.environment_id}\0{rebased}".encode()).hexdigest()
-        path = tools_dockerfile_path(digest)
-        if not path.is_file():  # written whole, then renamed: a concurrent build never reads half of it
-            staging = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-            staging.write_text(rebased)
-            os.replace(staging, path)
-        tag = image_tag(f"{self.environment_name}-tools", digest)
-        await ensure_image(self.environment_dir, tag, self.environment_name, timeout, force_build, dockerfile=path)
-        return tag
 
     async def _start_exec_server(self) -> None:
         try:

@@ -311,3 +311,38 @@ async def ensure_layer_image(base_image: str, name: str, script: str, timeout_se
         shutil.rmtree(staging, ignore_errors=True)
     await ensure_image(context, tag, f"{base_image} + {name}", timeout_sec)
     return tag
+
+
+async def task_image_on_tools(environment_dir: Path, environment_name: str, environment_id: str,
+                              layers: list[tuple[str, str]], timeout_sec: float, force: bool = False) -> str | None:
+    """The task's Dockerfile built on its base image plus the tool ``layers`` ((name, script) each,
+    as ensure_layer_image takes them); its tag, or None where it is not a single-stage Dockerfile on
+    an image present here (then the layers go on top of the task's own image). Tools under the
+    task's own instructions are built once per base image, not once per task: procedural tasks
+    share a base and differ in the files they copy, and an agent's install (a venv with LiteLLM, an
+    npm package) takes longer than a task's build timeout."""
+    import docker
+
+    dockerfile = environment_dir / "Dockerfile"
+    if not dockerfile.is_file():
+        return None
+    text = dockerfile.read_text()
+    found = single_base_image(text)
+    if found is None:
+        return None
+    base, span = found
+    try:
+        for name, script in layers:
+            base = await ensure_layer_image(base, name, script, timeout_sec)
+    except docker.errors.ImageNotFound:
+        return None  # the task's own build says what is missing
+    rebased = rebased_dockerfile(text, span, base)
+    digest = hashlib.sha256(f"{environment_id}\0{rebased}".encode()).hexdigest()
+    path = tools_dockerfile_path(digest)
+    if not path.is_file():  # written whole, then renamed: a concurrent build never reads half of it
+        staging = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+        staging.write_text(rebased)
+        os.replace(staging, path)
+    tag = image_tag(f"{environment_name}-tools", digest)
+    await ensure_image(environment_dir, tag, environment_name, timeout_sec, force, dockerfile=path)
+    return tag
