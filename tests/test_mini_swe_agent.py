@@ -455,6 +455,24 @@ async def test_docker_layer_leaves_the_task_python_untouched(tmp_path):
     assert "No module named 'minisweagent'" in base_output
 
 
+@pytest.mark.parametrize("dockerfile, base, rebased", [
+    ("FROM python:3.11-slim\nWORKDIR /app\n", "python:3.11-slim", "FROM tools/x:1\nWORKDIR /app\n"),
+    ("# a comment\nfrom debian:12 as build\nRUN true\n", "debian:12", "# a comment\nFROM tools/x:1 as build\nRUN true\n"),
+    ("FROM a AS first\nRUN true\nFROM b\nCOPY --from=first /x /x\n", None, None),  # multi-stage
+    ("FROM --platform=linux/amd64 python:3.11-slim\n", None, None),  # flags
+    ("ARG BASE=python:3.11-slim\nFROM $BASE\n", None, None),  # a variable
+    ("FROM ${BASE}\n", None, None),
+    ("LABEL x=y \\\nFROM python:3.11-slim\n", None, None),  # continued from the line before: not an instruction
+])
+def test_only_a_plain_single_stage_dockerfile_is_rebased_under_the_tools(dockerfile, base, rebased):
+    from slime_harbor.environments.docker_images import rebased_dockerfile, single_base_image
+
+    found = single_base_image(dockerfile)
+    assert (found[0] if found else None) == base
+    if found:
+        assert rebased_dockerfile(dockerfile, found[1], "tools/x:1") == rebased
+
+
 @needs_docker
 @pytest.mark.slow
 @pytest.mark.asyncio

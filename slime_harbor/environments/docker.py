@@ -189,11 +189,11 @@ class DockerEnvironment(BaseEnvironment):
         if self.container_id is not None or self._stop_task is not None:
             raise RuntimeError("the container was already started")
         await asyncio.to_thread(_sweep_once)
-        layers = [("tmux", TMUX_SCRIPT)] * self._provide_tmux + [(i.name, i.docker_script()) for i in self._agent_installs]
+        layers = ([("tmux", TMUX_SCRIPT)] if self._provide_tmux else []) + [(i.name, i.docker_script()) for i in self._agent_installs]
         timeout, prebuilt = self.task_env_config.build_timeout_sec, self.task_env_config.docker_image
-        self.run_image = layers and not prebuilt and await task_image_on_tools(
+        self.run_image = None if prebuilt else await task_image_on_tools(
             self.environment_dir, self.environment_name, self.environment_id, layers, timeout, force_build)
-        if not self.run_image:  # no layers, or they go on top of the task's own image
+        if self.run_image is None:  # no layers, or they go on top of the task's own image
             if prebuilt:
                 await asyncio.to_thread(self._check_prebuilt_image)
             else:

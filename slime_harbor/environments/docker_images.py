@@ -316,15 +316,16 @@ async def ensure_layer_image(base_image: str, name: str, script: str, timeout_se
 async def task_image_on_tools(environment_dir: Path, environment_name: str, environment_id: str,
                               layers: list[tuple[str, str]], timeout_sec: float, force: bool = False) -> str | None:
     """The task's Dockerfile built on its base image plus the tool ``layers`` ((name, script) each,
-    as ensure_layer_image takes them); its tag, or None where it is not a single-stage Dockerfile on
-    an image present here (then the layers go on top of the task's own image). Tools under the
+    as ensure_layer_image takes them); its tag, or None with no layers or where it is not a
+    single-stage Dockerfile on an image present here (then the layers go on top of the task's own
+    image). Tools under the
     task's own instructions are built once per base image, not once per task: procedural tasks
     share a base and differ in the files they copy, and an agent's install (a venv with LiteLLM, an
     npm package) takes longer than a task's build timeout."""
     import docker
 
     dockerfile = environment_dir / "Dockerfile"
-    if not dockerfile.is_file():
+    if not layers or not dockerfile.is_file():
         return None
     text = dockerfile.read_text()
     found = single_base_image(text)
