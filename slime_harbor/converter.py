@@ -46,6 +46,8 @@ TRANSIENT_EXCEPTIONS = frozenset(
 # a Dockerfile we cannot replay). Status FAILED: never trained and never retried. A verifier that
 # wrote no reward and a task dir Harbor rejects are FAILED too (see classify / run_episode).
 PERMANENT_EXCEPTIONS = frozenset({"SandboxBuildFailedError", "DockerfileError"})
+REFUSED_VERIFICATION = "VerifierRefused"
+"""isolation.VerifierRefused: the agent tampered with the verifier's runtime or plumbing."""
 TRUNCATING_EXITS = frozenset({"step_limit", "context_limit"})
 """Exits at the agent's own limits (steps / turns, format errors, context): verified and scored as
 TRUNCATED. Agents report them in agent_result.metadata["exit_status"] (the native agent, our
@@ -219,6 +221,8 @@ def classify(result, gateway_exit: str | None = None) -> tuple[SampleStatus, flo
     exit_status = agent_exit_status(result)
     if exc_type in PERMANENT_EXCEPTIONS:
         return SampleStatus.FAILED, None, f"{exc_type}: {exc.exception_message}"
+    if exc_type == REFUSED_VERIFICATION and reward is not None:  # the policy tampered: scored 0 (isolation.py)
+        return SampleStatus.COMPLETED, reward, exc.exception_message
     if gateway_exit == "policy_unavailable":
         return SampleStatus.ABORTED, None, "policy unavailable (the gateway answered 503)"
     if exc_type in TRANSIENT_EXCEPTIONS or exit_status == "aborted" or environment_start_failed(result):

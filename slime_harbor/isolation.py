@@ -1,41 +1,128 @@
-"""The verifier of a plain Harbor task (shared mode: it runs in the agent's own sandbox) starts clean.
+"""The verifier of a plain Harbor task (shared mode: it runs in the agent's own sandbox) starts clean
+and runs the image's runtime, or does not run at all.
 
 Harbor 0.24's shared mode runs tests/test.sh in the agent's sandbox right after the agent: a
 process the agent left behind (a ``setsid`` daemon, terminus-2's tmux server) is still running and
-can write ``/logs/verifier/reward.json`` (which wins over reward.txt), and files the agent put in
-/logs/verifier are still there. `isolate_shared_verifier(trial)` registers a hook on the trial's
-VERIFICATION_START event that, before the verifier runs,
+can write ``/logs/verifier/reward.json`` (which wins over reward.txt), files the agent put in
+/logs/verifier are still there, and the shell, interpreters and test tools are whatever the agent
+left. `isolate_shared_verifier(trial)` registers a hook on the trial's VERIFICATION_START event
+that, before the verifier runs (`end_agent_phase`),
 
-- kills every process in the sandbox (the environment's ``end_agent_processes()``: our
-  bubblewrap and Docker environments have one; other environments are left as Harbor runs them),
-- empties /logs/verifier.
+1. kills every process in the sandbox (the environment's ``end_agent_processes()``);
+2. asks the sandbox, from the host, what the agent changed relative to its image, and judges it
+   (:mod:`slime_harbor.verifier_runtime`): a changed shell, interpreter, standard library, shipped
+   package, startup hook, test configuration or shell environment file is tampering;
+3. checks the verifier's plumbing with the (now checked) runtime: ``/logs/verifier`` is the
+   directory Harbor reads, ``/tests`` is absent or a directory, the workdir exists, a shell starts;
+4. removes the agent's ``.pyc`` files under system dirs and anything the agent put in ``/tests``
+   (Harbor uploads the tests there next), and empties /logs/verifier.
 
-Tasks in separate mode (the verifier gets a fresh environment; SWE-bench tasks) need neither: the
-agent's environment is stopped before the verifier's starts and Harbor empties its /logs/verifier.
+A trial that fails 2 or 3 is not verified: its reward is 0 with ``tampering_<kind>: 1`` beside it
+(the SWE-bench grader's field, so samples carry ``metadata.tampering`` and summaries count it) and
+`VerifierRefused` ends the trial, which the converter scores as completed (pm1: -1). Only the
+environment failing on its own (the sandbox gone, the daemon down) stays an infrastructure failure.
+
+Steps 2-3 need an environment with ``agent_changes()`` and ``runtime_index()`` (our bubblewrap and
+Docker ones); Harbor's other environments get step 1 where they have it and are verified as Harbor
+runs them. Tasks in separate mode (the verifier gets a fresh environment; SWE-bench tasks) need
+none of this: the agent's environment is stopped before the verifier's starts.
 """
 
 from __future__ import annotations
 
 import logging
+import shlex
+import uuid
+
+from slime_harbor.converter import TAMPERING_PREFIX
+from slime_harbor.verifier_runtime import BROKEN_PLUMBING, bytecode_to_remove, describe, tampering
 
 log = logging.getLogger(__name__)
 
 
-async def end_agent_phase(environment) -> bool:
-    """Kill the agent's processes and empty /logs/verifier; False when the environment cannot."""
+class VerifierRefused(Exception):
+    """The agent tampered with what the verifier runs, or broke its plumbing: the trial is scored 0
+    (its verifier_result says so) without running the verifier."""
+
+
+async def end_agent_phase(environment, trial_paths, workdir: str | None) -> dict[str, list[str]]:
+    """Steps 1-4 of the module docstring. Returns tampering kind -> paths (empty: clean, and the
+    verifier may run); raises when the environment itself fails."""
     from harbor.models.trial.paths import EnvironmentPaths
 
+    paths = EnvironmentPaths.for_os(environment.os)
     end = getattr(environment, "end_agent_processes", None)
-    if end is None:
-        return False
-    await end()
-    await environment.empty_dirs([EnvironmentPaths.for_os(environment.os).verifier_dir], chmod=True)
-    return True
+    judged = hasattr(environment, "agent_changes") and hasattr(environment, "runtime_index")
+    if end is None and not judged:
+        return {}
+    ended = None
+    if end is not None:
+        try:
+            await end()
+        except Exception as exc:  # a shell the agent broke can fail a restart: judge first
+            ended = exc
+    found: dict[str, list[str]] = {}
+    if judged:
+        changes = await environment.agent_changes()
+        index = await environment.runtime_index()
+        found = tampering(changes, index, workdir=workdir, tests_dir=str(paths.tests_dir),
+                          verifier_dir=str(paths.verifier_dir))
+        if found:
+            return found
+    if ended is not None:
+        raise ended
+    if judged:
+        broken = await _plumbing(environment, trial_paths, paths, workdir)
+        if broken:
+            return {BROKEN_PLUMBING: broken}
+        stale = bytecode_to_remove(changes, index)
+        if stale:
+            await environment.exec("rm -f -- " + " ".join(shlex.quote(p) for p in stale), user="root")
+        tests = str(paths.tests_dir)
+        if any(c.path == tests or c.path.startswith(tests + "/") for c in changes):  # the agent's, not Harbor's
+            await environment.exec(f"rm -rf -- {shlex.quote(tests)}", user="root")
+    await environment.empty_dirs([paths.verifier_dir], chmod=True)
+    return {}
+
+
+async def _plumbing(environment, trial_paths, paths, workdir: str | None) -> list[str]:
+    """What of the verifier's plumbing the agent broke (run with the checked runtime)."""
+    probe = f".slime-harbor-probe-{uuid.uuid4().hex[:12]}"
+    host_probe = trial_paths.verifier_dir / probe
+    host_probe.write_text("")  # seen inside only if /logs/verifier is still Harbor's directory
+    verifier_dir, tests_dir = shlex.quote(str(paths.verifier_dir)), shlex.quote(str(paths.tests_dir))
+    script = (
+        f"[ -d {verifier_dir} ] && [ ! -L {verifier_dir} ] && [ -e {verifier_dir}/{probe} ]"
+        f" || echo '{paths.verifier_dir} is not the verifier log directory';"
+        f" [ ! -e {tests_dir} ] && [ ! -L {tests_dir} ] || [ -d {tests_dir} ] && [ ! -L {tests_dir} ]"
+        f" || echo '{paths.tests_dir} is not a directory';"
+        + (f" [ -d {shlex.quote(workdir)} ] || echo 'the workdir {workdir} is gone';" if workdir else "")
+        + " echo ok"
+    )
+    try:
+        done = await environment.exec(script, cwd="/", user="root", timeout_sec=60)
+    except Exception as exc:
+        return [f"a shell cannot start: {' '.join(str(exc).split())[:200]}"]
+    finally:
+        host_probe.unlink(missing_ok=True)
+    lines = (done.stdout or "").split("\n")
+    if done.return_code != 0 or "ok" not in lines:
+        return [f"a shell cannot start (exit {done.return_code})"]
+    return [line for line in lines if line.strip() and line != "ok"]
+
+
+def refuse(result, found: dict[str, list[str]]) -> VerifierRefused:
+    """Score the trial 0 for `found` (its verifier_result) and the exception that ends it."""
+    from harbor.models.verifier.result import VerifierResult
+
+    result.verifier_result = VerifierResult(rewards={"reward": 0.0, **{TAMPERING_PREFIX + k: 1.0 for k in found}})
+    return VerifierRefused(f"not verified: {describe(found)}")
 
 
 def isolate_shared_verifier(trial) -> None:
-    """Make `trial`'s shared-mode verifier start with no agent process alive and an empty
-    /logs/verifier (a no-op for separate-mode and multi-step tasks)."""
+    """Make `trial`'s shared-mode verifier start with no agent process alive, an empty
+    /logs/verifier and the image's runtime, or score it 0 (a no-op for separate-mode and
+    multi-step tasks)."""
     from harbor.models.task.config import VerifierEnvironmentMode
     from harbor.models.task.verifier_mode import resolve_task_verifier_mode
     from harbor.trial.hooks import TrialEvent
@@ -43,9 +130,12 @@ def isolate_shared_verifier(trial) -> None:
     if trial.task.has_steps or resolve_task_verifier_mode(trial.task.config) != VerifierEnvironmentMode.SHARED:
         return
 
-    async def before_verifier(_event) -> None:
-        if not await end_agent_phase(trial.agent_environment):
-            log.debug("%s: %s cannot end the agent's processes before the verifier", trial.config.trial_name,
-                      type(trial.agent_environment).__name__)
+    async def before_verifier(event) -> None:
+        environment = trial.agent_environment
+        workdir = environment.task_env_config.workdir or None
+        found = await end_agent_phase(environment, trial.paths, workdir)
+        if found:
+            log.info("%s: %s", trial.config.trial_name, describe(found))
+            raise refuse(event.result, found)
 
     trial.add_hook(TrialEvent.VERIFICATION_START, before_verifier)

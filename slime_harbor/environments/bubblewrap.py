@@ -69,24 +69,35 @@ from harbor.models.trial.paths import TrialPaths
 
 from slime_harbor.environments.common import ExecTimeoutError, flag_kwarg, shares_host_network
 from slime_harbor.environments.dockerfile import DEFAULT_PATH, BuildRecipe, DockerfileError, parse_dockerfile
+from slime_harbor.environments.agent_changes import bubblewrap_runtime_index, changes_between, snapshot
 from slime_harbor.environments.bubblewrap_files import SandboxFiles
 from slime_harbor.environments.gateway_reach import GatewayForward, gateway_port_kwarg
+from slime_harbor.verifier_runtime import ADDED, MODIFIED, MOUNTED, Change, RuntimeIndex
 
 # Host-side plumbing (trial dirs, sweeps, the /etc copy, archives, marked processes): bubblewrap_host.py.
 from slime_harbor.environments.bubblewrap_host import (  # noqa: F401
     SANDBOX_TYPE, _etc_templates, _HOST_TOOL_DIRS, default_sandbox_root, _host_tool, _signal, _read_until_eof,
-    _new_owned_dir, _sweep_stale_sandboxes, MARKER_VAR, _pids_with_marker, _remove_tree, _populate_root,
+    _new_owned_dir, _sweep_stale_sandboxes, MARKER_VAR, _pids_with_marker, _pids_in_namespace, _remove_tree, _populate_root,
     _etc_template,
 )
 
-# The sandbox's /etc is a tmpfs filled from a copy of the host's (see _etc_template): copying
-# ~1000 small files into memory takes milliseconds, onto a busy disk and back out up to seconds.
+# /usr and /etc are overlays, so Dockerfile steps and agents can write them (never the host's):
+# /usr over the host's, /etc over a copy of what any host user may read of the host's /etc
+# (see _etc_template). Their upper dirs live in the trial directory on the host, bound at
+# _OVERLAY_MOUNT while pid 1 mounts the overlays in the sandbox's own mount namespace and
+# detached after: the agent cannot reach them, the host reads them to see what it changed
+# (slime_harbor.environments.agent_changes). Mounting takes well under a millisecond; copying
+# /etc into a tmpfs, as before, took several.
 _ETC_TEMPLATE_MOUNT = "/run/host-etc"
-# pid 1: fill /etc, name the host in /etc/hosts, report ready, then sleep like Docker's
+_OVERLAY_MOUNT = "/.slime-harbor-overlay"
+_OVERLAID = {"/usr": "/usr", "/etc": _ETC_TEMPLATE_MOUNT}  # mount point -> lower dir
+# pid 1: mount the overlays, name the host in /etc/hosts, report ready, then sleep like Docker's
 # `sleep infinity` container command (pid 1 ignores signals sent from inside the sandbox).
-_INIT_SCRIPT = f"""cp -a {_ETC_TEMPLATE_MOUNT}/. /etc/ &&
-printf '127.0.0.1\\t%s\\n' "$(hostname)" >> /etc/hosts &&
-echo ready && exec sleep infinity"""
+_INIT_SCRIPT = " && ".join(
+    [f"mount -t overlay overlay -o lowerdir={lower},upperdir={_OVERLAY_MOUNT}{point}/upper,"
+     f"workdir={_OVERLAY_MOUNT}{point}/work {point}" for point, lower in _OVERLAID.items()]
+    + [f"umount -l {_OVERLAY_MOUNT} {_ETC_TEMPLATE_MOUNT}", f"rmdir {_OVERLAY_MOUNT}",
+       """printf '127.0.0.1\\t%s\\n' "$(hostname)" >> /etc/hosts""", "echo ready", "exec sleep infinity"])
 _INIT_READY_TIMEOUT_SEC = 30
 # /proc/PID/ns names an exec enters (net only when the sandbox has a network of its own).
 _ENTERED_NAMESPACES = ("user", "mnt", "pid", "ipc", "uts", "net")
@@ -178,6 +189,8 @@ class BubblewrapEnvironment(SandboxFiles, BaseEnvironment):
         self._gateway_forward: GatewayForward | None = None
         self._stopped = False
         self._stop_task: asyncio.Future | None = None
+        self._built: dict | None = None  # agent_changes.snapshot of the sandbox once built
+        self._built_mounts: set[str] = set()
 
     @staticmethod
     def type() -> str:
@@ -262,6 +275,9 @@ class BubblewrapEnvironment(SandboxFiles, BaseEnvironment):
             await self._apply(step)
         if self.task_env_config.workdir:
             await self._check(["mkdir", "-p", "--", self.task_env_config.workdir], "workdir")
+        # The image, as built: what the agent changes is judged against it (verifier_runtime).
+        self._built = await asyncio.to_thread(self._snapshot)
+        self._built_mounts = self._mount_points()
 
     async def stop(self, delete: bool) -> None:
         """Kill everything in the sandbox and (delete=True) remove its directory.
@@ -407,8 +423,9 @@ class BubblewrapEnvironment(SandboxFiles, BaseEnvironment):
             host = Path("/") / name
             if host.is_dir() and not host.is_symlink():
                 argv += ["--ro-bind", str(host), str(host)]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/etc"]
-        argv += ["--ro-bind", str(self._etc_template), _ETC_TEMPLATE_MOUNT]
+        argv += ["--proc", "/proc", "--dev", "/dev", "--cap-add", "CAP_SYS_ADMIN"]  # pid 1 mounts the overlays
+        argv += ["--ro-bind", str(self._etc_template), _ETC_TEMPLATE_MOUNT,
+                 "--bind", str(self.sandbox_dir / "overlay"), _OVERLAY_MOUNT]
         for mount in self._mounts:
             flag = "--ro-bind" if mount.get("read_only") else "--bind"
             argv += [flag, mount["source"], mount["target"]]
@@ -417,19 +434,61 @@ class BubblewrapEnvironment(SandboxFiles, BaseEnvironment):
     async def end_agent_processes(self) -> None:
         """Kill every process in the sandbox but its pid 1 (detached daemons and a tmux server
         included); the files stay. Before a verifier that runs in the agent's sandbox
-        (:mod:`slime_harbor.isolation`). ``kill -9 -1`` from inside reaches every process of the
-        pid namespace except pid 1 and the caller; it is repeated until nothing but zombies
-        (orphans ``sleep infinity`` never reaps) is left."""
-        script = (
-            "for _ in $(seq 50); do kill -9 -1 2>/dev/null; live=0;"
-            # the state follows the last ")" of /proc/PID/stat (a command name may hold spaces)
-            " for s in /proc/[0-9]*/stat; do st=$(<\"$s\") 2>/dev/null || continue; pid=${st%% *};"
-            " st=${st##*) }; [ \"$pid\" = 1 ] || [ \"$pid\" = $$ ] || [ \"${st%% *}\" = Z ] || live=1; done;"
-            " [ $live = 0 ] && exit 0; sleep 0.1; done; exit 1"
-        )
-        done = await self._run(["/bin/bash", "-c", script], env={**self._base_env, "PATH": DEFAULT_PATH}, timeout_sec=60)
-        if done.return_code != 0:
-            raise RuntimeError(f"processes of the agent survived in the sandbox: {done.stderr.decode(errors='replace')[-300:]}")
+        (:mod:`slime_harbor.isolation`). Done from the host, by pid namespace, with nothing of
+        the sandbox's (whose shell the agent may have replaced); repeated until nothing but
+        zombies (orphans ``sleep infinity`` never reaps) is left."""
+        if self._init_pid is None or self._stopped:
+            raise RuntimeError("the sandbox is not running")
+        namespace = os.fstat(self._namespace_fds["pid"]).st_ino
+        for _ in range(50):
+            live = _pids_in_namespace(namespace, exclude=self._init_pid)
+            if not live:
+                return
+            for pid in live:
+                _signal(os.kill, pid)
+            await asyncio.sleep(0.05)
+        raise RuntimeError(f"processes of the agent survived in the sandbox: {live[:10]}")
+
+    # --- what the agent changed (read on the host; see agent_changes.py) ----------------------
+
+    def _snapshot(self) -> dict:
+        skip = frozenset({"/usr", "/etc", "/proc", "/dev", "/run/host-etc", _OVERLAY_MOUNT,
+                          *(m["target"] for m in self._mounts)})  # fmt: skip
+        trees = snapshot(self._rootfs, "/", skip)
+        for point in _OVERLAID:
+            trees.update(snapshot(self.sandbox_dir / "overlay" / point.strip("/") / "upper", point))
+        return trees
+
+    def _host_file(self, path: str) -> Path | None:
+        """Where a file the sandbox shows at `path` lies on the host, if the sandbox wrote it."""
+        for point in _OVERLAID:
+            if path.startswith(point + "/"):
+                return self.sandbox_dir / "overlay" / point.strip("/") / "upper" / path[len(point) + 1:]
+        return self._rootfs / path.lstrip("/")
+
+    def _mount_points(self) -> set[str]:
+        with open(f"/proc/{self._init_pid}/mountinfo") as f:
+            return {line.split()[4] for line in f}
+
+    async def agent_changes(self) -> list[Change]:
+        """What changed in the sandbox since it was built (files, and mounts the agent made)."""
+        if self._built is None:
+            raise RuntimeError("the sandbox was not built")
+        now = await asyncio.to_thread(self._snapshot)
+        mounts = self._mount_points()
+        changes = [Change(c.path, MODIFIED, c.is_dir) if c.kind == ADDED and self._in_lower(c.path) else c
+                   for c in changes_between(self._built, now)]  # a copy-up changes the host's file
+        return [*changes, *(Change(p, MOUNTED) for p in sorted(mounts ^ self._built_mounts))]
+
+    def _in_lower(self, path: str) -> bool:
+        """Whether an overlay's lower layer (the host's /usr, the /etc copy) has `path`."""
+        for point, lower in (("/usr", Path("/usr")), ("/etc", self._etc_template)):
+            if path.startswith(point + "/"):
+                return os.path.lexists(lower / path[len(point) + 1:])
+        return False
+
+    async def runtime_index(self) -> RuntimeIndex:
+        return await asyncio.to_thread(bubblewrap_runtime_index, self._built, self._host_file)
 
     # --- running commands -------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ _HOST_TOOL_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # Directories every sandbox root has, with their modes (as in a Debian image).
 _ROOT_SKELETON = {
     "root": 0o700, "tmp": 0o1777, "var/tmp": 0o1777, "var/log": 0o755, "home": 0o755,
-    "opt": 0o755, "srv": 0o755, "mnt": 0o755, "run": 0o755, "logs": 0o755,
+    "opt": 0o755, "srv": 0o755, "mnt": 0o755, "run": 0o755, "logs": 0o755, "etc": 0o755,
 }  # fmt: skip
 
 
@@ -114,6 +114,24 @@ def _pids_with_marker(marker: str) -> list[int]:
     return pids
 
 
+def _pids_in_namespace(namespace_inode: int, exclude: int) -> list[int]:
+    """Host pids of the live (not zombie) processes in the pid namespace with that inode."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == exclude:
+            continue
+        try:
+            if os.stat(f"/proc/{name}/ns/pid").st_ino != namespace_inode:
+                continue
+            with open(f"/proc/{name}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]  # after the command name, which may hold spaces
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            pids.append(int(name))
+    return pids
+
+
 def _remove_tree(path: Path) -> None:
     def make_writable_and_retry(function, failed_path, _exc):
         # The sandbox may have left read-only directories (chmod 500 ...).
@@ -126,7 +144,11 @@ def _remove_tree(path: Path) -> None:
 
 
 def _populate_root(rootfs: Path) -> None:
-    """Lay out the sandbox's writable ``/``: skeleton directories and links to host tools."""
+    """Lay out the sandbox's writable ``/``: skeleton directories and links to host tools, and
+    beside it the upper and work dirs of its overlays (``overlay/usr``, ``overlay/etc``)."""
+    for point in ("usr", "etc"):
+        for part in ("upper", "work"):
+            (rootfs.parent / "overlay" / point / part).mkdir(parents=True, mode=0o755)
     rootfs.mkdir(mode=0o755)
     for relative, mode in _ROOT_SKELETON.items():
         path = rootfs / relative

@@ -56,9 +56,11 @@ from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPol
 from harbor.models.trial.config import ResourceMode
 from harbor.models.trial.paths import TrialPaths
 
+from slime_harbor.environments.agent_changes import docker_agent_changes, docker_runtime_index
 from slime_harbor.environments.common import ExecTimeoutError, flag_kwarg, shares_host_network, write_dir_archive
 from slime_harbor.environments.docker_exec import Completed, ExecServer, ExecServerError, ExecServerUnavailable
 from slime_harbor.environments.gateway_reach import GatewayForward, GatewayReachError, gateway_port_kwarg
+from slime_harbor.verifier_runtime import Change, RuntimeIndex
 
 # The daemon side (client, sweeps of stale containers, task images, tool layers): docker_images.py.
 from slime_harbor.environments.docker_images import (  # noqa: F401
@@ -239,6 +241,14 @@ class DockerEnvironment(BaseEnvironment):
             self._gateway_forward = None
         await asyncio.to_thread(self._client.api.restart, self.container_id, timeout=0)
         await self._start_exec_server()
+
+    async def agent_changes(self) -> list[Change]:
+        """The container's changes against its image, from the daemon (see agent_changes.py)."""
+        targets = [m["target"] for m in self._mounts if m.get("type") == "bind"]
+        return await asyncio.to_thread(docker_agent_changes, self._client.api, self.container_id, targets)
+
+    async def runtime_index(self) -> RuntimeIndex:
+        return await asyncio.to_thread(docker_runtime_index, self._client.api, self.run_image or self.image)
 
     def _check_prebuilt_image(self) -> None:
         import docker

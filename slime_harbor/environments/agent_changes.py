@@ -1,0 +1,203 @@
+"""What the agent changed in a sandbox relative to its image, and what that image's runtime is, read
+from the host: nothing here runs a program inside the sandbox after the agent had it (the agent
+may have replaced any of them). :mod:`slime_harbor.verifier_runtime` judges the result.
+
+- Docker: the daemon's diff of the container against its image (``GET /containers/ID/changes``),
+  and the image's runtime index, listed once per image id by a throwaway container of the pristine
+  image (no network), cached for the process.
+- bubblewrap: its writable system dirs are overlays (``/usr`` over the host's, ``/etc`` over a copy
+  of the host's) whose upper directories live on the host, and its ``/`` is a host directory. A
+  snapshot of those trees (lstat only, never following a link) is taken when the sandbox has been
+  built and again before the verifier; the difference is what the agent changed. An overlay
+  whiteout is a deletion, an opaque directory deletes what was under it. The runtime index is the
+  host's (dpkg's lists, the Python distributions under /usr) plus what the task's build installed.
+"""
+
+from __future__ import annotations
+
+import base64
+import glob
+import json
+import os
+import stat
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from slime_harbor.verifier_runtime import ADDED, DELETED, LISTING_SCRIPT, MODIFIED, Change, RuntimeIndex, parse_listing
+
+# --- Docker -----------------------------------------------------------------------------------
+
+_DOCKER_KINDS = {0: MODIFIED, 1: ADDED, 2: DELETED}
+_index_cache: dict[str, RuntimeIndex] = {}
+_index_lock = threading.Lock()
+
+
+def docker_agent_changes(api, container_id: str, mount_targets: list[str]) -> list[Change]:
+    """The container's changes against its image, as the daemon reports them. The daemon lists the
+    mount points it made as changes; each is reported instead when it is no longer a directory
+    (stat'ed through the archive API, which also answers for a container that no longer starts)."""
+    changes = [Change(c["Path"], _DOCKER_KINDS[c["Kind"]]) for c in api.diff(container_id) or []
+               if c["Path"] not in mount_targets]
+    for target in mount_targets:
+        # HEAD /containers/ID/archive: the path's stat in a header, without its contents
+        reply = api.head(api._url("/containers/{0}/archive", container_id), params={"path": target})
+        header = reply.headers.get("x-docker-container-path-stat") if reply.ok else None
+        is_dir = bool(header) and bool(json.loads(base64.b64decode(header)).get("mode", 0) & (1 << 31))  # os.ModeDir
+        if not is_dir:
+            changes.append(Change(target, MODIFIED, False))
+    return changes
+
+
+def docker_runtime_index(api, image: str) -> RuntimeIndex:
+    """The runtime index of `image` (its id is the cache key), listed by a pristine container of it."""
+    image_id = api.inspect_image(image)["Id"]
+    with _index_lock:
+        if image_id in _index_cache:
+            return _index_cache[image_id]
+        container = api.create_container(image_id, command=["/bin/sh", "-c", LISTING_SCRIPT], entrypoint=[],
+                                         user="0", network_disabled=True,
+                                         host_config=api.create_host_config(network_mode="none"))
+        try:
+            api.start(container)
+            status = api.wait(container, timeout=300).get("StatusCode")
+            text = api.logs(container, stdout=True, stderr=False).decode(errors="replace")
+        finally:
+            api.remove_container(container, force=True)
+        if "@end" not in text:
+            raise RuntimeError(f"listing the runtime of image {image} failed (exit {status})")
+        _index_cache[image_id] = parse_listing(text)
+        return _index_cache[image_id]
+
+
+# --- bubblewrap -------------------------------------------------------------------------------
+
+OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What a path was: enough to tell any change (ctime moves on every write, chmod and rename)."""
+
+    mode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    ino: int
+    rdev: int
+    opaque: bool
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.mode)
+
+    @property
+    def whiteout(self) -> bool:
+        return stat.S_ISCHR(self.mode) and self.rdev == 0
+
+
+def snapshot(host_dir: Path, sandbox_path: str, skip: frozenset[str] = frozenset()) -> dict[str, Entry]:
+    """sandbox path -> Entry for everything under `host_dir` (shown at `sandbox_path` in the
+    sandbox); `skip`: sandbox paths not descended into (mount points: what lies under one on the
+    host is hidden in the sandbox, so the entry changes only if the agent unmounted it)."""
+    out: dict[str, Entry] = {}
+    base = str(host_dir)
+    stack = [(base, sandbox_path.rstrip("/") or "/")]
+    while stack:
+        host, inside = stack.pop()
+        try:
+            names = os.listdir(host)
+        except OSError:
+            continue
+        for name in names:
+            h = os.path.join(host, name)
+            p = (inside.rstrip("/") + "/" + name)
+            try:
+                st = os.lstat(h)
+            except OSError:
+                continue
+            opaque = False
+            if stat.S_ISDIR(st.st_mode):
+                opaque = any(_xattr(h, a) == b"y" for a in OPAQUE_XATTRS)
+                if p not in skip:
+                    stack.append((h, p))
+            out[p] = Entry(st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_rdev, opaque)
+    return out
+
+
+def _xattr(path: str, name: str) -> bytes | None:
+    try:
+        return os.getxattr(path, name, follow_symlinks=False)
+    except OSError:
+        return None
+
+
+def changes_between(before: dict[str, Entry], after: dict[str, Entry]) -> list[Change]:
+    """What happened between two snapshots of the same trees."""
+    changes = []
+    for path, entry in after.items():
+        old = before.get(path)
+        if entry.whiteout:
+            if old is None or not old.whiteout:
+                changes.append(Change(path, DELETED))
+        elif old is None or old.whiteout:
+            changes.append(Change(path, DELETED if entry.opaque else ADDED, entry.is_dir))
+            if entry.opaque:  # rm -rf then mkdir: the old contents are gone, the dir is new
+                changes.append(Change(path, ADDED, True))
+        elif entry.opaque and not old.opaque:
+            changes.append(Change(path, DELETED, True))
+        elif entry != old:
+            changes.append(Change(path, MODIFIED, entry.is_dir))
+    changes += [Change(path, DELETED, old.is_dir) for path, old in before.items()
+                if path not in after and not old.whiteout]
+    return changes
+
+
+def _host_listing() -> str:
+    """The host's tools as a listing (LISTING_SCRIPT's format): what the sandbox's lower /usr ships."""
+    lines = [f"@link /{d} {os.readlink('/' + d)}" for d in ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+             if os.path.islink("/" + d)]
+    lines.append("@dpkg")
+    for listed in glob.glob("/var/lib/dpkg/info/*.list"):
+        try:
+            lines += [p for p in Path(listed).read_text(errors="replace").splitlines() if p and not os.path.isdir(p)]
+        except OSError:
+            continue
+    for pattern in ("/usr/lib/python3*/*-packages/*.dist-info/RECORD",
+                    "/usr/local/lib/python3*/*-packages/*.dist-info/RECORD"):
+        for record in glob.glob(pattern):
+            lines.append(f"@record {record}")
+            try:
+                lines += Path(record).read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+    lines.append("@end")
+    return "\n".join(lines)
+
+
+_host_index_text: str | None = None
+
+
+def bubblewrap_runtime_index(built: dict[str, Entry], upper_files) -> RuntimeIndex:
+    """The host's runtime plus the distributions the task's build installed (RECORDs in the
+    sandbox's upper dirs when it was built); `upper_files(sandbox_path) -> Path` finds them."""
+    global _host_index_text
+    with _index_lock:
+        if _host_index_text is None:
+            _host_index_text = _host_listing()
+    extra = ["@dpkg"]
+    for path, entry in built.items():
+        if path.endswith(".dist-info/RECORD") and stat.S_ISREG(entry.mode):
+            host = upper_files(path)
+            if host is None:
+                continue
+            try:
+                fd = os.open(host, os.O_RDONLY | os.O_NOFOLLOW)
+                with os.fdopen(fd, errors="replace") as f:
+                    extra += [f"@record {path}", *f.read().splitlines()]
+            except OSError:
+                continue
+    text = _host_index_text.replace("\n@end", "\n" + "\n".join(extra) + "\n@end")
+    index = parse_listing(text)
+    index.dirs = {p for p, e in built.items() if e.is_dir}
+    return index
