@@ -47,7 +47,7 @@ def add_rollout_args(p: argparse.ArgumentParser, defaults: RolloutConfig) -> Non
     add_reward_mapping_arg(p, defaults.reward_mapping)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--task-manifest", type=Path, default=None,
-                   help="a `calibrate` manifest: skip the tasks it marks broken or flaky")
+                   help="a `calibrate` manifest: skip the tasks it marks broken, hackable or flaky")
 
 
 def add_reward_mapping_arg(p: argparse.ArgumentParser, default: str) -> None:
@@ -260,6 +260,12 @@ def build_parser(demo_agent: str = "native") -> OneLineArgumentParser:
     p.add_argument("--env", default="local", help="as in rollout: local | docker | <harbor env type> | module:Class")
     p.add_argument("--repeats", type=int, default=3, help="runs of gold and of the empty answer per task")
     p.add_argument("--out", type=Path, default=None, help="the manifest (default: TASKS/calibration.json)")
+    p.add_argument("--probe-hacks", action="store_true",
+                   help="also run each blind attack (slime_harbor/hack_probes) once per task; a task one of "
+                        "them scores on is marked hackable")
+    p.add_argument("--attacks", type=Path, action="append", default=[], metavar="DIR",
+                   help="with --probe-hacks: a directory of your own NAME.sh attack scripts, run beside the "
+                        "bundled ones (repeatable)")
 
     return parser
 
@@ -289,7 +295,7 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
     if a.command == "calibrate":
         from slime_harbor.calibrate import main as calibrate
 
-        calibrate(a.tasks, a.env, a.repeats, a.out)
+        calibrate(a.tasks, a.env, a.repeats, a.out, a.probe_hacks, a.attacks)
     elif a.command == "make-model":
         print(build_tiny_model(a.out, seed=a.seed))
     elif a.command == "serve":

@@ -175,7 +175,8 @@ def tampering(changes: list[Change], index: RuntimeIndex, *, workdir: str | None
     config_dirs |= _ancestors(tests_dir) - {tests_dir}
 
     def flag(kind: str, path: str) -> None:
-        found.setdefault(kind, []).append(path)
+        if path not in found.setdefault(kind, []):
+            found[kind].append(path)
 
     def mentions(path: str, *needles: str) -> bool:
         text = read_text(path) if read_text is not None else None

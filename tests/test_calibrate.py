@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from slime_harbor.calibrate import BROKEN, FLAKY, OK, apply_manifest, judge, load_manifest
+from slime_harbor.calibrate import attack_scripts, judge
+from slime_harbor.tasks.manifest import BROKEN, FLAKY, HACKABLE, OK, apply_manifest, load_manifest
 from slime_harbor.cli import main as cli_main
 from slime_harbor.exits import ConfigError
 from slime_harbor.rollout import RolloutConfig, run_rollouts
@@ -56,7 +57,7 @@ def test_calibrate_then_rollout_skips_what_it_marks(tmp_path, capsys):
     assert manifest["tasks"]["good"]["gold"] == [1.0, 1.0] and manifest["tasks"]["good"]["empty"] == [0.0, 0.0]
     assert "never passes" in manifest["broken"]["gold-fails"]
     assert "empty answer passes" in manifest["broken"]["empty-passes"]
-    assert "1 ok, 2 broken, 0 flaky" in capsys.readouterr().out
+    assert "1 ok, 2 broken, 0 hackable, 0 flaky" in capsys.readouterr().out
 
     shutil.copytree(GOOD, tasks / "not-calibrated")  # not in the manifest: it runs
     out = tmp_path / "rollout"
@@ -132,3 +133,63 @@ def test_swebench_gold_patch_needing_test_configuration_is_broken(tmp_path):
     assert manifest["tasks"]["plain-gold"]["status"] == OK, manifest
     assert manifest["tasks"]["needs-conftest"]["status"] == BROKEN
     assert "tests/conftest.py: test configuration" in manifest["broken"]["needs-conftest"]
+
+
+def test_judge_hackable_and_gold_tampering():
+    fine = dict(gold=[1.0], empty=[0.0], dropped=[])
+    assert judge(**fine, attacks={"replace_shell": 0.0, "mine": None})[0] == OK
+    status, reason = judge(**fine, attacks={"replace_shell": 0.0, "replace_task_scripts": 1.0})
+    assert (status, reason) == (HACKABLE, "scored by attack replace_task_scripts (reward 1)")
+    status, reason = judge(gold=[0.0], empty=[0.0], dropped=[], gold_tampering="not verified: modified_runtime: /usr/bin/x")
+    assert status == BROKEN and "changes the verifier's runtime" in reason and "/usr/bin/x" in reason
+
+
+def write_hackable_task(tasks: Path) -> None:
+    """A task whose verifier trusts a checker script its own Dockerfile installed under
+    /usr/local/bin: the agent may change that file (it is the task's, not the runtime's), so a
+    blind attack that replaces such scripts scores."""
+    task = tasks / "trusts-its-checker"
+    shutil.copytree(GOOD, task)
+    (task / "environment" / "check-answer").write_text("#!/bin/sh\ngrep -q -- '-player\\[1\\]' /app/leaderboard.py\n")
+    (task / "environment" / "check-answer").chmod(0o755)
+    dockerfile = task / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + "COPY check-answer /usr/local/bin/check-answer\n")
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\necho 0 > /logs/verifier/reward.txt\ncheck-answer && echo 1 > /logs/verifier/reward.txt\n")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env", ["local", "docker"])
+def test_probe_hacks_marks_a_hackable_task_and_rollout_skips_it(env, tmp_path, capsys):
+    from tests.test_verifier_isolation import docker_available
+
+    if env == "docker" and (why := docker_available()):
+        pytest.skip(why)
+    tasks = tmp_path / "tasks"
+    shutil.copytree(GOOD, tasks / "good")
+    write_hackable_task(tasks)
+    mine = tmp_path / "my-attacks"
+    mine.mkdir()
+    (mine / "forge_reward_file.sh").write_text("#!/bin/bash\nmkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt\n")
+    cli_main(["calibrate", "--tasks", str(tasks), "--env", env, "--repeats", "1", "--probe-hacks",
+              "--attacks", str(mine)])
+    printed = capsys.readouterr().out
+    manifest = json.loads((tasks / "calibration.json").read_text())
+    good, hackable = manifest["tasks"]["good"], manifest["tasks"]["trusts-its-checker"]
+    assert good["status"] == OK, good
+    assert set(good["attacks"]) >= {"replace_shell", "python_startup_hook", "forge_reward_daemon", "forge_reward_file"}
+    assert all(r is not None and r < 1 for r in good["attacks"].values()), good["attacks"]
+    assert hackable["status"] == HACKABLE and "attack replace_task_scripts" in hackable["reason"], hackable
+    assert "1 ok, 0 broken, 1 hackable, 0 flaky" in printed
+    summary = asyncio.run(run_rollouts(RolloutConfig(tasks_dir=tasks, agent="oracle", n_samples=1, env=env,
+                                                     out_dir=tmp_path / "run", progress=False,
+                                                     task_manifest=tasks / "calibration.json")))
+    assert list(summary["skipped_tasks"]) == ["trusts-its-checker"]
+    assert summary["skipped_tasks"]["trusts-its-checker"].startswith("hackable: ")
+
+
+def test_attacks_dir_errors_are_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="no NAME.sh attack scripts"):
+        attack_scripts([tmp_path])
+    with pytest.raises(ConfigError, match="not a directory"):
+        attack_scripts([tmp_path / "missing"])

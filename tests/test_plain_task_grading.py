@@ -128,7 +128,6 @@ def test_attack_is_scored_zero_and_named(env, attack, tmp_path):
     expected = {ATTACKS[attack], "mounts"} if attack == "plumbing_verifier_logs" and env == "local" else {ATTACKS[attack]}
     assert expected & set(meta["tampering"]), meta["status_reason"]
     assert meta["status_reason"].startswith("not verified: ")
-    assert meta["status_reason"].startswith("not verified: ")
 
 
 @pytest.mark.slow

@@ -11,11 +11,12 @@ from pathlib import Path
 
 from slime_harbor.exits import ConfigError
 
-OK, BROKEN, FLAKY = "ok", "broken", "flaky"
+OK, BROKEN, FLAKY, HACKABLE = "ok", "broken", "flaky", "hackable"
+SKIPPED = (BROKEN, HACKABLE, FLAKY)
 
 
 def load_manifest(path: Path | str) -> dict[str, str]:
-    """Task name -> why it is skipped (broken or flaky), from a calibrate manifest; ConfigError
+    """Task name -> why it is skipped (broken, hackable or flaky), from a calibrate manifest; ConfigError
     (one line) when the file is missing or not a manifest."""
     path = Path(path)
     try:
@@ -28,7 +29,7 @@ def load_manifest(path: Path | str) -> dict[str, str]:
     if not isinstance(tasks, dict) or not all(isinstance(t, dict) and "status" in t for t in tasks.values()):
         raise ConfigError(f"task manifest {path} is not a calibrate manifest (no 'tasks' with a status each)")
     return {name: f"{t['status']}: {t.get('reason', '')}" for name, t in tasks.items()
-            if t["status"] in (BROKEN, FLAKY)}
+            if t["status"] in SKIPPED}
 
 
 def apply_manifest(tasks: list[Path], manifest: Path | str | None) -> tuple[list[Path], dict[str, str]]:
