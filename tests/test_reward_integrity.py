@@ -392,7 +392,7 @@ def test_markers_printed_by_tested_code_are_tampering(tmp_path):
 
 
 def test_artifact_exclusions_are_tar_exclude_patterns():
-    from slime_harbor.environments.docker import _excluded
+    from slime_harbor.environments.common import tar_excludes as _excluded
 
     assert _excluded(".git", (".git",)) and _excluded(".git/objects/ab/cd", (".git",))
     assert _excluded("vendor/lib/.git/HEAD", (".git",)) and _excluded("a/b.pyc", ("*.pyc",))

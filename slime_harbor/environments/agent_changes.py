@@ -20,11 +20,15 @@ import glob
 import json
 import os
 import stat
+import asyncio
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from slime_harbor.verifier_runtime import ADDED, DELETED, LISTING_SCRIPT, MODIFIED, Change, RuntimeIndex, parse_listing
+from slime_harbor.environments.bubblewrap_host import _ETC_TEMPLATE_MOUNT, _OVERLAID, _OVERLAY_MOUNT
+from slime_harbor.verifier_runtime import (
+    ADDED, DELETED, LISTING_SCRIPT, MODIFIED, MOUNTED, Change, RuntimeIndex, parse_listing,
+)
 
 # --- Docker -----------------------------------------------------------------------------------
 
@@ -201,3 +205,50 @@ def bubblewrap_runtime_index(built: dict[str, Entry], upper_files) -> RuntimeInd
     index = parse_listing(text)
     index.dirs = {p for p, e in built.items() if e.is_dir}
     return index
+
+
+class SandboxChanges:
+    """The bubblewrap sandbox's side of this (a mixin of BubblewrapEnvironment: it needs its
+    sandbox_dir, _rootfs, _mounts, _init_pid, _etc_template, and _built / _built_mounts, which
+    start() fills once the sandbox is built)."""
+
+
+    def _snapshot(self) -> dict:
+        skip = frozenset({"/usr", "/etc", "/proc", "/dev", _ETC_TEMPLATE_MOUNT, _OVERLAY_MOUNT,
+                          *(m["target"] for m in self._mounts)})  # fmt: skip
+        trees = snapshot(self._rootfs, "/", skip)
+        for point in _OVERLAID:
+            trees.update(snapshot(self.sandbox_dir / "overlay" / point.strip("/") / "upper", point))
+        return trees
+
+    def _host_file(self, path: str) -> Path | None:
+        """Where a file the sandbox shows at `path` lies on the host, if the sandbox wrote it."""
+        for point in _OVERLAID:
+            if path.startswith(point + "/"):
+                return self.sandbox_dir / "overlay" / point.strip("/") / "upper" / path[len(point) + 1:]
+        return self._rootfs / path.lstrip("/")
+
+    def _mount_points(self) -> set[str]:
+        with open(f"/proc/{self._init_pid}/mountinfo") as f:
+            return {line.split()[4] for line in f}
+
+    async def agent_changes(self) -> list[Change]:
+        """What changed in the sandbox since it was built (files, and mounts the agent made)."""
+        if self._built is None:
+            raise RuntimeError("the sandbox was not built")
+        now = await asyncio.to_thread(self._snapshot)
+        mounts = self._mount_points()
+        changes = [Change(c.path, MODIFIED, c.is_dir) if c.kind == ADDED and self._in_lower(c.path) else c
+                   for c in changes_between(self._built, now)]  # a copy-up changes the host's file
+        return [*changes, *(Change(p, MOUNTED) for p in sorted(mounts ^ self._built_mounts))]
+
+    def _in_lower(self, path: str) -> bool:
+        """Whether an overlay's lower layer (the host's /usr, the /etc copy) has `path`."""
+        for point, lower in (("/usr", Path("/usr")), ("/etc", self._etc_template)):
+            if path.startswith(point + "/"):
+                return os.path.lexists(lower / path[len(point) + 1:])
+        return False
+
+    async def runtime_index(self) -> RuntimeIndex:
+        return await asyncio.to_thread(bubblewrap_runtime_index, self._built, self._host_file)
+

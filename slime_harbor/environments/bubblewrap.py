@@ -69,16 +69,15 @@ from harbor.models.trial.paths import TrialPaths
 
 from slime_harbor.environments.common import ExecTimeoutError, flag_kwarg, shares_host_network
 from slime_harbor.environments.dockerfile import DEFAULT_PATH, BuildRecipe, DockerfileError, parse_dockerfile
-from slime_harbor.environments.agent_changes import bubblewrap_runtime_index, changes_between, snapshot
+from slime_harbor.environments.agent_changes import SandboxChanges
 from slime_harbor.environments.bubblewrap_files import SandboxFiles
 from slime_harbor.environments.gateway_reach import GatewayForward, gateway_port_kwarg
-from slime_harbor.verifier_runtime import ADDED, MODIFIED, MOUNTED, Change, RuntimeIndex
 
 # Host-side plumbing (trial dirs, sweeps, the /etc copy, archives, marked processes): bubblewrap_host.py.
 from slime_harbor.environments.bubblewrap_host import (  # noqa: F401
-    SANDBOX_TYPE, _etc_templates, _HOST_TOOL_DIRS, default_sandbox_root, _host_tool, _signal, _read_until_eof,
-    _new_owned_dir, _sweep_stale_sandboxes, MARKER_VAR, _pids_with_marker, _pids_in_namespace, _remove_tree, _populate_root,
-    _etc_template,
+    SANDBOX_TYPE, _ETC_TEMPLATE_MOUNT, _OVERLAY_MOUNT, _OVERLAID, _etc_templates, _HOST_TOOL_DIRS,
+    default_sandbox_root, _host_tool, _signal, _read_until_eof, _new_owned_dir, _sweep_stale_sandboxes, MARKER_VAR,
+    _pids_with_marker, _pids_in_namespace, _remove_tree, _populate_root, _etc_template,
 )
 
 # /usr and /etc are overlays, so Dockerfile steps and agents can write them (never the host's):
@@ -88,9 +87,6 @@ from slime_harbor.environments.bubblewrap_host import (  # noqa: F401
 # detached after: the agent cannot reach them, the host reads them to see what it changed
 # (slime_harbor.environments.agent_changes). Mounting takes well under a millisecond; copying
 # /etc into a tmpfs, as before, took several.
-_ETC_TEMPLATE_MOUNT = "/run/host-etc"
-_OVERLAY_MOUNT = "/.slime-harbor-overlay"
-_OVERLAID = {"/usr": "/usr", "/etc": _ETC_TEMPLATE_MOUNT}  # mount point -> lower dir
 # pid 1: mount the overlays, name the host in /etc/hosts, report ready, then sleep like Docker's
 # `sleep infinity` container command (pid 1 ignores signals sent from inside the sandbox).
 _INIT_SCRIPT = " && ".join(
@@ -116,7 +112,7 @@ class _Completed:
         return (self.stdout + self.stderr).decode(errors="replace").strip()
 
 
-class BubblewrapEnvironment(SandboxFiles, BaseEnvironment):
+class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
     """Harbor ``BaseEnvironment`` on bubblewrap; see the module docstring for the design.
 
     Keyword arguments of its own (Harbor passes ``EnvironmentConfig.kwargs`` / ``--ek``):
@@ -448,47 +444,6 @@ class BubblewrapEnvironment(SandboxFiles, BaseEnvironment):
                 _signal(os.kill, pid)
             await asyncio.sleep(0.05)
         raise RuntimeError(f"processes of the agent survived in the sandbox: {live[:10]}")
-
-    # --- what the agent changed (read on the host; see agent_changes.py) ----------------------
-
-    def _snapshot(self) -> dict:
-        skip = frozenset({"/usr", "/etc", "/proc", "/dev", "/run/host-etc", _OVERLAY_MOUNT,
-                          *(m["target"] for m in self._mounts)})  # fmt: skip
-        trees = snapshot(self._rootfs, "/", skip)
-        for point in _OVERLAID:
-            trees.update(snapshot(self.sandbox_dir / "overlay" / point.strip("/") / "upper", point))
-        return trees
-
-    def _host_file(self, path: str) -> Path | None:
-        """Where a file the sandbox shows at `path` lies on the host, if the sandbox wrote it."""
-        for point in _OVERLAID:
-            if path.startswith(point + "/"):
-                return self.sandbox_dir / "overlay" / point.strip("/") / "upper" / path[len(point) + 1:]
-        return self._rootfs / path.lstrip("/")
-
-    def _mount_points(self) -> set[str]:
-        with open(f"/proc/{self._init_pid}/mountinfo") as f:
-            return {line.split()[4] for line in f}
-
-    async def agent_changes(self) -> list[Change]:
-        """What changed in the sandbox since it was built (files, and mounts the agent made)."""
-        if self._built is None:
-            raise RuntimeError("the sandbox was not built")
-        now = await asyncio.to_thread(self._snapshot)
-        mounts = self._mount_points()
-        changes = [Change(c.path, MODIFIED, c.is_dir) if c.kind == ADDED and self._in_lower(c.path) else c
-                   for c in changes_between(self._built, now)]  # a copy-up changes the host's file
-        return [*changes, *(Change(p, MOUNTED) for p in sorted(mounts ^ self._built_mounts))]
-
-    def _in_lower(self, path: str) -> bool:
-        """Whether an overlay's lower layer (the host's /usr, the /etc copy) has `path`."""
-        for point, lower in (("/usr", Path("/usr")), ("/etc", self._etc_template)):
-            if path.startswith(point + "/"):
-                return os.path.lexists(lower / path[len(point) + 1:])
-        return False
-
-    async def runtime_index(self) -> RuntimeIndex:
-        return await asyncio.to_thread(bubblewrap_runtime_index, self._built, self._host_file)
 
     # --- running commands -------------------------------------------------------------------
 

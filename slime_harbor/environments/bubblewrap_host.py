@@ -33,6 +33,12 @@ SANDBOX_TYPE = "bubblewrap"
 _HOST_TOOL_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
 
+# The writable system dirs are overlays (mount point -> lower dir); bubblewrap.py mounts them.
+_ETC_TEMPLATE_MOUNT = "/run/host-etc"
+_OVERLAY_MOUNT = "/.slime-harbor-overlay"
+_OVERLAID = {"/usr": "/usr", "/etc": _ETC_TEMPLATE_MOUNT}
+
+
 # Directories every sandbox root has, with their modes (as in a Debian image).
 _ROOT_SKELETON = {
     "root": 0o700, "tmp": 0o1777, "var/tmp": 0o1777, "var/log": 0o755, "home": 0o755,

@@ -3,6 +3,7 @@ flag kwargs."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import tarfile
 from pathlib import Path
@@ -59,3 +60,10 @@ def write_dir_archive(archive: IO[bytes], source_dir: Path) -> None:
         for path in sorted(source_dir.rglob("*")):
             tar.add(path, arcname=path.relative_to(source_dir).as_posix(), recursive=False,
                     filter=root_owned)  # fmt: skip
+
+
+def tar_excludes(path: str, patterns: tuple[str, ...]) -> bool:
+    """Whether tar --exclude=PATTERN would leave `path` (relative, "/"-separated) out."""
+    parts = path.strip("/").split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    return any(fnmatch.fnmatchcase(x, p) for p in patterns for x in (*parts, *prefixes))

@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import fnmatch
 import io
 import os
 import posixpath
@@ -57,7 +56,7 @@ from harbor.models.trial.config import ResourceMode
 from harbor.models.trial.paths import TrialPaths
 
 from slime_harbor.environments.agent_changes import docker_agent_changes, docker_runtime_index
-from slime_harbor.environments.common import ExecTimeoutError, flag_kwarg, shares_host_network, write_dir_archive
+from slime_harbor.environments.common import ExecTimeoutError, flag_kwarg, shares_host_network, tar_excludes, write_dir_archive
 from slime_harbor.environments.docker_exec import Completed, ExecServer, ExecServerError, ExecServerUnavailable
 from slime_harbor.environments.gateway_reach import GatewayForward, GatewayReachError, gateway_port_kwarg
 from slime_harbor.verifier_runtime import Change, RuntimeIndex
@@ -242,12 +241,11 @@ class DockerEnvironment(BaseEnvironment):
         await asyncio.to_thread(self._client.api.restart, self.container_id, timeout=0)
         await self._start_exec_server()
 
-    async def agent_changes(self) -> list[Change]:
-        """The container's changes against its image, from the daemon (see agent_changes.py)."""
+    async def agent_changes(self) -> list[Change]:  # from the daemon, never the container (agent_changes.py)
         targets = [m["target"] for m in self._mounts if m.get("type") == "bind"]
         return await asyncio.to_thread(docker_agent_changes, self._client.api, self.container_id, targets)
 
-    async def runtime_index(self) -> RuntimeIndex:
+    async def runtime_index(self) -> RuntimeIndex:  # the image's, listed by a pristine container of it
         return await asyncio.to_thread(docker_runtime_index, self._client.api, self.run_image or self.image)
 
     def _check_prebuilt_image(self) -> None:
@@ -568,7 +566,7 @@ class DockerEnvironment(BaseEnvironment):
                     if len(parts) == 1:
                         continue
                     member.name = parts[1]
-                    if exclude and _excluded(member.name, exclude):
+                    if exclude and tar_excludes(member.name, exclude):
                         continue
                     members.append(member)
                 tar.extractall(path=target, members=members, filter=transfer_tar_filter)
@@ -583,14 +581,6 @@ class DockerEnvironment(BaseEnvironment):
         for chunk in stream:
             archive.write(chunk)
         archive.seek(0)
-
-
-def _excluded(path: str, patterns: tuple[str, ...]) -> bool:
-    """Whether tar --exclude=PATTERN would leave `path` (relative, "/"-separated) out."""
-    parts = path.strip("/").split("/")
-    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-    return any(fnmatch.fnmatchcase(x, p) for p in patterns for x in (*parts, *prefixes))
-
 
 # Containers started by this process and not yet removed: removed at interpreter exit (e.g. a
 # script that never awaited stop(), or a Ctrl-C that cut a teardown short).
