@@ -22,8 +22,8 @@ A trial that fails 2 or 3 is not verified: its reward is 0 with ``tampering_<kin
 `VerifierRefused` ends the trial, which the converter scores as completed (pm1: -1). Only the
 environment failing on its own (the sandbox gone, the daemon down) stays an infrastructure failure.
 
-Steps 2-3 need an environment with ``agent_changes()`` and ``runtime_index()`` (our bubblewrap and
-Docker ones); Harbor's other environments get step 1 where they have it and are verified as Harbor
+Steps 2-3 need an environment with ``agent_changes()``, ``runtime_index()`` and
+``changed_file_text()``, each answered from the host (our bubblewrap and Docker ones); Harbor's other environments get step 1 where they have it and are verified as Harbor
 runs them. Tasks in separate mode (the verifier gets a fresh environment; SWE-bench tasks) need
 none of this: the agent's environment is stopped before the verifier's starts.
 """
@@ -35,7 +35,7 @@ import shlex
 import uuid
 
 from slime_harbor.converter import TAMPERING_PREFIX
-from slime_harbor.verifier_runtime import BROKEN_PLUMBING, bytecode_to_remove, describe, tampering
+from slime_harbor.verifier_runtime import BROKEN_PLUMBING, bytecode_to_remove, describe, tampering, texts_needed
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +65,9 @@ async def end_agent_phase(environment, trial_paths, workdir: str | None) -> dict
     if judged:
         changes = await environment.agent_changes()
         index = await environment.runtime_index()
+        texts = {path: await environment.changed_file_text(path) for path in texts_needed(changes, index)}
         found = tampering(changes, index, workdir=workdir, tests_dir=str(paths.tests_dir),
-                          verifier_dir=str(paths.verifier_dir))
+                          verifier_dir=str(paths.verifier_dir), texts=texts)
         if found:
             return found
     if ended is not None:

@@ -16,6 +16,10 @@ running anything the agent could have replaced, and `tampering` judges it:
   ``*.pth`` files in a site dir, ``sitecustomize`` / ``usercustomize``, ``/etc/ld.so.preload`` and
   the loader's config, a pytest plugin registered by a new distribution (``pytest11`` entry point),
   an extension module that shadows a shipped module.
+- ``shadowed_runtime``: a new file that is found before one the image shipped, so it runs instead:
+  a program on PATH before a shipped one of that name (``/usr/local/bin/timeout``), a library of a
+  shipped library's name in the loader's path, a Python module or package of a shipped module's
+  name in an earlier site dir or at the top of the workdir (``python -m pytest`` imports from there).
 - ``modified_test_config``: test-runner configuration where the runner picks it up from outside
   ``/tests``: ``conftest.py``, ``pytest.ini``, ``tox.ini``, ``setup.cfg`` / ``pyproject.toml`` with a
   pytest section, in ``/``, the workdir or a directory between them.
@@ -35,6 +39,7 @@ running it; ``docs/grading.md`` has what each sandbox guarantees.
 from __future__ import annotations
 
 import bisect
+import functools
 import posixpath
 import re
 from dataclasses import dataclass, field
@@ -44,6 +49,7 @@ MOUNTED = "mounted"  # a mount point that appeared or vanished (bubblewrap, whos
 
 MODIFIED_RUNTIME = "modified_runtime"
 STARTUP_HOOK = "startup_hook"
+SHADOWED_RUNTIME = "shadowed_runtime"
 MODIFIED_TEST_CONFIG = "modified_test_config"
 ENVIRONMENT_FILE = "environment_file"
 MOUNTS = "mounts"  # bubblewrap: a mount the agent made in the sandbox (it could hide a replaced file)
@@ -81,6 +87,25 @@ class RuntimeIndex:
 
     def owns(self, path: str) -> bool:
         return path in self.owned
+
+    @functools.cached_property
+    def owned_names(self) -> dict[str, set[str]]:
+        """Basename -> the owned paths with it (a program on PATH, a library)."""
+        names: dict[str, set[str]] = {}
+        for path in self.owned:
+            names.setdefault(posixpath.basename(path), set()).add(path)
+        return names
+
+    @functools.cached_property
+    def owned_modules(self) -> dict[str, set[str]]:
+        """Top-level Python module name -> the site dirs that ship it (the standard library comes
+        before every site dir on sys.path: nothing added there can shadow it)."""
+        modules: dict[str, set[str]] = {}
+        for path in self.owned:
+            m = _MODULE_IN_DIR.match(path)
+            if m and _SITE_DIR.search(m["dir"] + "/"):
+                modules.setdefault(m["module"], set()).add(m["dir"])
+        return modules
 
     def owns_under(self, directory: str) -> str | None:
         """A shipped runtime file inside `directory` (which was deleted whole), or None."""
@@ -147,6 +172,14 @@ _SITE_DIR = re.compile(r"/(?:site|dist)-packages/")
 _PYC = re.compile(r"/__pycache__/[^/]+\.pyc$")
 _SHADOWING_SUFFIX = re.compile(r"^(?P<module>[A-Za-z_][A-Za-z0-9_]*)(?:\.[A-Za-z0-9_-]+)?\.(?:so|pyd)$")
 
+# A top-level module in a site dir or a stdlib dir: X.py, X/..., X.<abi tag>.so
+_MODULE_IN_DIR = re.compile(r"^(?P<dir>.*/(?:(?:site|dist)-packages|lib/python\d(?:\.\d+)?))/"
+                            r"(?P<module>[A-Za-z_][A-Za-z0-9_]*)(?:/|\.py$|(?:\.[A-Za-z0-9_-]+)?\.so$)")
+# PATH as images set it (dockerfile.DEFAULT_PATH), /sbin and /bin folded into /usr on merged-usr images
+_PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+_LIB_DIRS = re.compile(r"^(?:/usr/local/lib|/usr/lib|/lib|/lib64|/usr/lib64)(?:/[^/]+)?/lib[^/]*\.so[.\d]*$")
+# Standard-library modules a test runner imports after the workdir is on sys.path (python -m ...)
+_RUNNER_STDLIB = frozenset({"unittest", "doctest", "subprocess", "json", "inspect", "traceback", "argparse"})
 _HOOK_NAMES = ("sitecustomize.py", "usercustomize.py")
 _LOADER_FILES = re.compile(r"^/etc/ld\.so\.(?:preload|conf|conf\.d/.*)$")
 _ENV_FILES = re.compile(r"^(?:/etc/environment|/etc/profile|/etc/profile\.d/.*|/etc/bash\.bashrc|/etc/bashrc"
@@ -165,11 +198,11 @@ def _ancestors(path: str) -> set[str]:
 
 
 def tampering(changes: list[Change], index: RuntimeIndex, *, workdir: str | None, tests_dir: str = "/tests",
-              verifier_dir: str = "/logs/verifier", read_text=None) -> dict[str, list[str]]:
+              verifier_dir: str = "/logs/verifier", texts: dict[str, str | None] | None = None) -> dict[str, list[str]]:
     """Kind -> the paths that show it (empty: the verifier's runtime is the image's).
 
-    `read_text(path) -> str | None` reads a changed file's text (to tell a pyproject.toml with a
-    pytest section, or a dist-info's entry points); without it such files count as found."""
+    `texts`: the text of the changed files `texts_needed` names (to tell a pyproject.toml with a
+    pytest section, or a dist-info's entry points); one that is missing or None counts as found."""
     found: dict[str, list[str]] = {}
     config_dirs = _ancestors(posixpath.normpath(workdir)) if workdir else {"/"}
     config_dirs |= _ancestors(tests_dir) - {tests_dir}
@@ -179,7 +212,7 @@ def tampering(changes: list[Change], index: RuntimeIndex, *, workdir: str | None
             found[kind].append(path)
 
     def mentions(path: str, *needles: str) -> bool:
-        text = read_text(path) if read_text is not None else None
+        text = (texts or {}).get(path)
         return text is None or any(n in text for n in needles)
 
     above_logs = _ancestors(posixpath.dirname(verifier_dir)) - {"/"}
@@ -219,6 +252,8 @@ def tampering(changes: list[Change], index: RuntimeIndex, *, workdir: str | None
         elif (m := _SHADOWING_SUFFIX.match(name)) and change.kind == ADDED and (
                 _STDLIB.match(path) or _SITE_DIR.search(path)) and _shadows(path, m["module"], index):
             flag(STARTUP_HOOK, path)
+        elif change.kind == ADDED and _shadowing(path, index, workdir):
+            flag(SHADOWED_RUNTIME, path)
         elif _ENV_FILES.match(path):
             flag(ENVIRONMENT_FILE, path)
         elif posixpath.dirname(path) in config_dirs and (
@@ -226,6 +261,40 @@ def tampering(changes: list[Change], index: RuntimeIndex, *, workdir: str | None
                 or name in _PYTEST_SECTION and mentions(path, "[tool.pytest", "[pytest]", "[tool:pytest]")):
             flag(MODIFIED_TEST_CONFIG, path)
     return found
+
+
+_READ_TO_JUDGE = ("pyproject.toml", "setup.cfg", "entry_points.txt")
+
+
+def texts_needed(changes: list[Change], index: RuntimeIndex) -> list[str]:
+    """The changed files whose text `tampering` needs (see its `texts`)."""
+    return sorted({index.normalize(c.path) for c in changes
+                   if c.kind in (ADDED, MODIFIED) and not c.is_dir and posixpath.basename(c.path) in _READ_TO_JUDGE})
+
+
+def _shadowing(path: str, index: RuntimeIndex, workdir: str | None) -> bool:
+    """Whether a new file at `path` is found before a shipped one of its name (see the docstring)."""
+    directory, name = posixpath.split(path)
+    path_dirs = [index.normalize(d) for d in _PATH_DIRS]
+    if directory in path_dirs:
+        later = path_dirs[path_dirs.index(directory) + 1:]
+        return any(posixpath.dirname(p) in later for p in index.owned_names.get(name, ()))
+    if _LIB_DIRS.match(path):
+        return any(p != path for p in index.owned_names.get(name, ()))
+    m = _MODULE_IN_DIR.match(path)
+    top = m["dir"] if m else None
+    if m is None and workdir and (directory == posixpath.normpath(workdir) or
+                                  posixpath.dirname(directory) == posixpath.normpath(workdir)):
+        m = re.match(r"^(?P<module>[A-Za-z_][A-Za-z0-9_]*)(?:\.py|(?:\.[A-Za-z0-9_-]+)?\.so)?$",
+                     name if directory == posixpath.normpath(workdir) else posixpath.basename(directory))
+        top = posixpath.normpath(workdir)
+        if m and directory != top and name != "__init__.py":
+            return False  # only the package's own __init__ makes a directory a module
+    if m is None:
+        return False
+    if top == (posixpath.normpath(workdir) if workdir else None) and m["module"] in _RUNNER_STDLIB:
+        return True  # `python -m unittest` / `-m pytest` from the workdir imports these from there
+    return any(d != top for d in index.owned_modules.get(m["module"], ()))
 
 
 def _shadows(path: str, module: str, index: RuntimeIndex) -> bool:

@@ -108,6 +108,7 @@ ATTACKS = {
     "plumbing_tests": "broken_plumbing",
     "plumbing_workdir": "broken_plumbing",
     "break_shell": "modified_runtime",
+    "shadow_path": "shadowed_runtime",
 }
 
 

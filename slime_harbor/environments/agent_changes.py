@@ -21,6 +21,8 @@ import json
 import os
 import stat
 import asyncio
+import tarfile
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +74,53 @@ def docker_runtime_index(api, image: str) -> RuntimeIndex:
             raise RuntimeError(f"listing the runtime of image {image} failed (exit {status})")
         _index_cache[image_id] = parse_listing(text)
         return _index_cache[image_id]
+
+
+def docker_file_text(api, container_id: str, path: str, limit: int = 1 << 20) -> str | None:
+    """A regular file's text, through the archive API (a link is not followed: None)."""
+    import docker
+
+    try:
+        stream, _ = api.get_archive(container_id, path)
+    except docker.errors.NotFound:
+        return None
+    with tempfile.TemporaryFile() as archive:
+        for chunk in stream:
+            archive.write(chunk)
+        archive.seek(0)
+        with tarfile.open(fileobj=archive) as tar:
+            member = tar.next()
+            if member is None or not member.isreg() or member.size > limit:
+                return None
+            return tar.extractfile(member).read().decode(errors="replace")
+
+
+def read_host_file(host: Path, limit: int = 1 << 20) -> str | None:
+    """A regular file's text on the host, never through a link."""
+    try:
+        fd = os.open(host, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        data = f.read(limit + 1)
+    return None if len(data) > limit else data.decode(errors="replace")
+
+
+class ContainerChanges:
+    """The Docker environment's side of this (a mixin of DockerEnvironment: it needs its _client,
+    container_id, _mounts, run_image and image)."""
+
+    async def agent_changes(self) -> list[Change]:  # from the daemon, never the container (agent_changes.py)
+        targets = [m["target"] for m in self._mounts if m.get("type") == "bind"]
+        return await asyncio.to_thread(docker_agent_changes, self._client.api, self.container_id, targets)
+
+    async def runtime_index(self) -> RuntimeIndex:  # the image's, listed by a pristine container of it
+        return await asyncio.to_thread(docker_runtime_index, self._client.api, self.run_image or self.image)
+
+    async def changed_file_text(self, path: str) -> str | None:  # through the archive API, as the diff
+        return await asyncio.to_thread(docker_file_text, self._client.api, self.container_id, path)
 
 
 # --- bubblewrap -------------------------------------------------------------------------------
@@ -195,12 +244,9 @@ def bubblewrap_runtime_index(built: dict[str, Entry], upper_files) -> RuntimeInd
             host = upper_files(path)
             if host is None:
                 continue
-            try:
-                fd = os.open(host, os.O_RDONLY | os.O_NOFOLLOW)
-                with os.fdopen(fd, errors="replace") as f:
-                    extra += [f"@record {path}", *f.read().splitlines()]
-            except OSError:
-                continue
+            text = read_host_file(host, limit=64 << 20)
+            if text is not None:
+                extra += [f"@record {path}", *text.splitlines()]
     text = _host_index_text.replace("\n@end", "\n" + "\n".join(extra) + "\n@end")
     index = parse_listing(text)
     index.dirs = {p for p, e in built.items() if e.is_dir}
@@ -251,4 +297,7 @@ class SandboxChanges:
 
     async def runtime_index(self) -> RuntimeIndex:
         return await asyncio.to_thread(bubblewrap_runtime_index, self._built, self._host_file)
+
+    async def changed_file_text(self, path: str) -> str | None:
+        return await asyncio.to_thread(read_host_file, self._host_file(path))
 

@@ -24,10 +24,9 @@ runs a ``docker compose`` process for every build, start, command and file trans
   and a timeout kills the command's whole process group. A non-root user is switched to with
   ``setpriv``; an image without it (or without bash and setsid) gets Engine API execs.
 - Files: tar archives through the Engine API (put_archive / get_archive).
-- Leftovers: each container records its owner (pid namespace, pid, process start time); the
-  first environment started in a process removes containers whose owner died (a SIGKILLed run),
-  as the bubblewrap sandbox sweeps its directories. Containers still running at interpreter exit
-  are removed.
+- Leftovers: each container records its owner (pid namespace, pid, process start time); the first
+  environment of a process removes those whose owner died; those live at interpreter exit too.
+- What the agent changed (for the verifier, :mod:`slime_harbor.isolation`): read from the daemon.
 
 ``check_docker()`` raises one clear error when no daemon answers; rollouts call it up front.
 """
@@ -55,11 +54,10 @@ from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPol
 from harbor.models.trial.config import ResourceMode
 from harbor.models.trial.paths import TrialPaths
 
-from slime_harbor.environments.agent_changes import docker_agent_changes, docker_runtime_index
+from slime_harbor.environments.agent_changes import ContainerChanges
 from slime_harbor.environments.common import ExecTimeoutError, flag_kwarg, shares_host_network, tar_excludes, write_dir_archive
 from slime_harbor.environments.docker_exec import Completed, ExecServer, ExecServerError, ExecServerUnavailable
 from slime_harbor.environments.gateway_reach import GatewayForward, GatewayReachError, gateway_port_kwarg
-from slime_harbor.verifier_runtime import Change, RuntimeIndex
 
 # The daemon side (client, sweeps of stale containers, task images, tool layers): docker_images.py.
 from slime_harbor.environments.docker_images import (  # noqa: F401
@@ -77,7 +75,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # --- the environment ---------------------------------------------------------------------------
 
 
-class DockerEnvironment(BaseEnvironment):
+class DockerEnvironment(ContainerChanges, BaseEnvironment):
     """Harbor ``BaseEnvironment`` on the Docker Engine API; see the module docstring.
 
     Keyword arguments of its own (Harbor passes ``EnvironmentConfig.kwargs`` / ``--ek``):
@@ -240,13 +238,6 @@ class DockerEnvironment(BaseEnvironment):
             self._gateway_forward = None
         await asyncio.to_thread(self._client.api.restart, self.container_id, timeout=0)
         await self._start_exec_server()
-
-    async def agent_changes(self) -> list[Change]:  # from the daemon, never the container (agent_changes.py)
-        targets = [m["target"] for m in self._mounts if m.get("type") == "bind"]
-        return await asyncio.to_thread(docker_agent_changes, self._client.api, self.container_id, targets)
-
-    async def runtime_index(self) -> RuntimeIndex:  # the image's, listed by a pristine container of it
-        return await asyncio.to_thread(docker_runtime_index, self._client.api, self.run_image or self.image)
 
     def _check_prebuilt_image(self) -> None:
         import docker
