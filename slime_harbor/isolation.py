@@ -89,25 +89,26 @@ async def end_agent_phase(environment, trial_paths, workdir: str | None) -> dict
 async def _plumbing(environment, trial_paths, paths, workdir: str | None) -> list[str]:
     """What of the verifier's plumbing the agent broke (run with the checked runtime)."""
     probe = f".slime-harbor-probe-{uuid.uuid4().hex[:12]}"
-    host_probe = trial_paths.verifier_dir / probe
-    host_probe.write_text("")  # seen inside only if /logs/verifier is still Harbor's directory
+    host_probe = trial_paths.verifier_dir / probe if environment.capabilities.mounted else None
+    if host_probe is not None:
+        host_probe.write_text("")  # seen inside only if /logs/verifier is still Harbor's directory
     verifier_dir, tests_dir = shlex.quote(str(paths.verifier_dir)), shlex.quote(str(paths.tests_dir))
     script = (
-        f"[ -d {verifier_dir} ] && [ ! -L {verifier_dir} ] && [ -e {verifier_dir}/{probe} ]"
-        f" || echo '{paths.verifier_dir} is not the verifier log directory';"
+        f"[ -d {verifier_dir} ] && [ ! -L {verifier_dir} ]"
+        + (f" && [ -e {verifier_dir}/{probe} ]" if host_probe is not None else "")
+        + f" || echo '{paths.verifier_dir} is not the verifier log directory';"
         f" [ ! -e {tests_dir} ] && [ ! -L {tests_dir} ] || [ -d {tests_dir} ] && [ ! -L {tests_dir} ]"
         f" || echo '{paths.tests_dir} is not a directory';"
         + (f" [ -d {shlex.quote(workdir)} ] || echo 'the workdir {workdir} is gone';" if workdir else "")
         + " echo ok"
     )
-    try:
+    try:  # an exec that cannot even be made is the environment's failure (raised), not the policy's
         done = await environment.exec(script, cwd="/", user="root", timeout_sec=60)
-    except Exception as exc:
-        return [f"a shell cannot start: {' '.join(str(exc).split())[:200]}"]
     finally:
-        host_probe.unlink(missing_ok=True)
+        if host_probe is not None:
+            host_probe.unlink(missing_ok=True)
     lines = (done.stdout or "").split("\n")
-    if done.return_code != 0 or "ok" not in lines:
+    if done.return_code != 0 or "ok" not in lines:  # the checked runtime's shell did not run the script
         return [f"a shell cannot start (exit {done.return_code})"]
     return [line for line in lines if line.strip() and line != "ok"]
 

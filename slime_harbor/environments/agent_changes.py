@@ -274,9 +274,11 @@ class SandboxChanges:
                 return self.sandbox_dir / "overlay" / point.strip("/") / "upper" / path[len(point) + 1:]
         return self._rootfs / path.lstrip("/")
 
-    def _mount_points(self) -> set[str]:
+    def _mount_points(self) -> set[tuple[str, str]]:
+        """(mount id, mount point) of every mount in the sandbox: an unmount and remount at the
+        same point (the /usr overlay taken away) changes the id."""
         with open(f"/proc/{self._init_pid}/mountinfo") as f:
-            return {line.split()[4] for line in f}
+            return {(fields[0], fields[4]) for fields in map(str.split, f)}
 
     async def agent_changes(self) -> list[Change]:
         """What changed in the sandbox since it was built (files, and mounts the agent made)."""
@@ -286,7 +288,7 @@ class SandboxChanges:
         mounts = self._mount_points()
         changes = [Change(c.path, MODIFIED, c.is_dir) if c.kind == ADDED and self._in_lower(c.path) else c
                    for c in changes_between(self._built, now)]  # a copy-up changes the host's file
-        return [*changes, *(Change(p, MOUNTED) for p in sorted(mounts ^ self._built_mounts))]
+        return [*changes, *(Change(p, MOUNTED) for p in sorted({p for _, p in mounts ^ self._built_mounts}))]
 
     def _in_lower(self, path: str) -> bool:
         """Whether an overlay's lower layer (the host's /usr, the /etc copy) has `path`."""

@@ -5,11 +5,14 @@ Use it wherever Harbor takes an environment::
     EnvironmentConfig(import_path="slime_harbor.environments.bubblewrap:BubblewrapEnvironment")
     harbor run -p TASK -a oracle -e slime_harbor.environments.bubblewrap:BubblewrapEnvironment
 
-No Docker, no images: the host's own tools (/usr and the /bin, /lib* it links to) are mounted
-read-only, and everything else the sandbox can write lives in one per-trial directory on the
-host (``<base_dir>/<session>-<id>/rootfs``) bound as the sandbox's ``/``: the task workdir,
-/root, /tmp, /tests, /solution, /installed-agent and anything the agent creates. /etc is a
-private in-memory copy of what any host user may read of the host's /etc (no /etc/shadow).
+No Docker, no images: the host's own tools (/usr and the /bin, /lib* it links to) play the base
+image. /usr and /etc are per-trial overlays (/usr over the host's, /etc over a copy of what any
+host user may read of the host's /etc: no /etc/shadow), so Dockerfile steps and agents can write
+them, never the host's; their upper dirs are ``<base_dir>/<session>-<id>/overlay/{usr,etc}``.
+Everything else the sandbox writes lives in the per-trial ``rootfs`` beside them, bound as the
+sandbox's ``/``: the task workdir, /root, /tmp, /opt, /tests, /solution, /installed-agent and
+anything the agent creates. What the agent changed is read from those dirs on the host
+(:mod:`slime_harbor.environments.agent_changes`), for the verifier's check.
 Harbor's log mounts (/logs/agent, /logs/verifier, /logs/artifacts) are bound to the trial
 directory, so Harbor reads them in place. /proc is the sandbox's own, /dev a minimal one.
 The task's environment/Dockerfile is replayed on top (see :mod:`slime_harbor.environments.dockerfile`).
@@ -186,7 +189,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         self._stopped = False
         self._stop_task: asyncio.Future | None = None
         self._built: dict | None = None  # agent_changes.snapshot of the sandbox once built
-        self._built_mounts: set[str] = set()
+        self._built_mounts: set[tuple[str, str]] = set()
 
     @staticmethod
     def type() -> str:
