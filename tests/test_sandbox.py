@@ -417,11 +417,16 @@ async def test_network_only_when_the_task_asks_for_it(
 
 
 @pytest.mark.asyncio
-async def test_host_is_read_only_and_private_files_stay_out(tmp_path, base_dir):
+async def test_host_is_untouched_and_private_files_stay_out(tmp_path, base_dir):
     (tmp_path / "victim.txt").write_text("host data\n")
     task_dir = write_task(tmp_path)
     async with started_sandbox(task_dir, base_dir, tmp_path) as sandbox:
-        assert (await sandbox.exec("touch /usr/bin/planted")).return_code != 0
+        # /usr is the sandbox's own overlay: writable inside, the host's never changes, and a
+        # second sandbox does not see the first one's files
+        assert (await sandbox.exec("touch /usr/bin/planted && echo x >> /usr/bin/env")).return_code == 0
+        assert not Path("/usr/bin/planted").exists() and not Path("/usr/bin/env").read_bytes().endswith(b"x\n")
+        async with started_sandbox(task_dir, base_dir, tmp_path / "second") as other:
+            assert (await other.exec("test -e /usr/bin/planted")).return_code != 0
         assert (await sandbox.exec(f"test -e {tmp_path}/victim.txt")).return_code != 0
         assert (await sandbox.exec("test -e /etc/passwd && ! test -e /etc/shadow")).return_code == 0
         # /etc is the sandbox's own: writable, and the host's is untouched.
