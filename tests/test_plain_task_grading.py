@@ -138,3 +138,32 @@ def test_legitimate_changes_to_the_system_still_score(env, tmp_path):
     for sample in samples:
         assert (sample["status"], sample["reward"], sample["metadata"]["tampering"]) == ("completed", 1.0, []), \
             sample["metadata"]["status_reason"]
+
+
+@pytest.mark.asyncio
+async def test_bubblewrap_packages_the_task_build_installed_are_runtime(tmp_path):
+    """A distribution the task's Dockerfile installed (its RECORD in the overlay) is the image's:
+    changing its files is tampering; the agent's new module beside it is not."""
+    from harbor.models.task.config import EnvironmentConfig
+    from harbor.models.trial.paths import TrialPaths
+
+    from slime_harbor.environments.bubblewrap import BubblewrapEnvironment
+    from slime_harbor.verifier_runtime import tampering
+
+    site = "/usr/local/lib/python3.11/dist-packages"
+    env_dir = tmp_path / "environment"
+    env_dir.mkdir()
+    (env_dir / "Dockerfile").write_text(
+        "FROM python:3.11-slim\nWORKDIR /app\n"
+        f"RUN mkdir -p {site}/checker-1.0.dist-info && echo 'OK = False' > {site}/checker.py"
+        f" && printf 'checker.py,,\\nchecker-1.0.dist-info/RECORD,,\\n' > {site}/checker-1.0.dist-info/RECORD\n")
+    paths = TrialPaths(tmp_path / "trial")
+    paths.mkdir()
+    env = BubblewrapEnvironment(env_dir, "t", "t__env", paths, EnvironmentConfig(workdir="/app"))
+    await env.start(False)
+    try:
+        await env.exec(f"echo 'OK = True' > {site}/checker.py && echo 'X = 1' > {site}/mine.py")
+        found = tampering(await env.agent_changes(), await env.runtime_index(), workdir="/app")
+    finally:
+        await env.stop(True)
+    assert found == {"modified_runtime": [f"{site}/checker.py"]}

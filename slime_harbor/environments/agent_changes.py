@@ -228,29 +228,27 @@ def _host_listing() -> str:
     return "\n".join(lines)
 
 
-_host_index_text: str | None = None
+_host_index: RuntimeIndex | None = None
 
 
 def bubblewrap_runtime_index(built: dict[str, Entry], upper_files) -> RuntimeIndex:
-    """The host's runtime plus the distributions the task's build installed (RECORDs in the
-    sandbox's upper dirs when it was built); `upper_files(sandbox_path) -> Path` finds them."""
-    global _host_index_text
+    """The host's runtime (parsed once per process, and shared), plus the distributions the task's
+    build installed (RECORDs in the sandbox's upper dirs when it was built); `upper_files(sandbox
+    path) -> Path` finds them on the host."""
+    global _host_index
     with _index_lock:
-        if _host_index_text is None:
-            _host_index_text = _host_listing()
-    extra = ["@dpkg"]
+        if _host_index is None:
+            _host_index = parse_listing(_host_listing())
+    records = ["@dpkg"]
     for path, entry in built.items():
         if path.endswith(".dist-info/RECORD") and stat.S_ISREG(entry.mode):
-            host = upper_files(path)
-            if host is None:
-                continue
-            text = read_host_file(host, limit=64 << 20)
+            text = read_host_file(upper_files(path), limit=64 << 20)
             if text is not None:
-                extra += [f"@record {path}", *text.splitlines()]
-    text = _host_index_text.replace("\n@end", "\n" + "\n".join(extra) + "\n@end")
-    index = parse_listing(text)
-    index.dirs = {p for p, e in built.items() if e.is_dir}
-    return index
+                records += [f"@record {path}", *text.splitlines()]
+    if len(records) == 1:
+        return _host_index
+    task = parse_listing("\n".join([*(f"@link {k} {v}" for k, v in _host_index.merged_usr.items()), *records, "@end"]))
+    return RuntimeIndex(owned=_host_index.owned | task.owned, merged_usr=_host_index.merged_usr)
 
 
 class SandboxChanges:
