@@ -112,7 +112,7 @@ class ContainerChanges:
     """The Docker environment's side of this (a mixin of DockerEnvironment: it needs its _client,
     container_id, _mounts, run_image and image)."""
 
-    async def agent_changes(self) -> list[Change]:  # from the daemon, never the container (agent_changes.py)
+    async def agent_changes(self) -> list[Change]:  # from the daemon, never the container
         targets = [m["target"] for m in self._mounts if m.get("type") == "bind"]
         return await asyncio.to_thread(docker_agent_changes, self._client.api, self.container_id, targets)
 
@@ -256,7 +256,6 @@ class SandboxChanges:
     sandbox_dir, _rootfs, _mounts, _init_pid, _etc_template, and _built / _built_mounts, which
     start() fills once the sandbox is built)."""
 
-
     def _snapshot(self) -> dict:
         skip = frozenset({"/usr", "/etc", "/proc", "/dev", _ETC_TEMPLATE_MOUNT, _OVERLAY_MOUNT,
                           *(m["target"] for m in self._mounts)})  # fmt: skip
@@ -265,7 +264,7 @@ class SandboxChanges:
             trees.update(snapshot(self.sandbox_dir / "overlay" / point.strip("/") / "upper", point))
         return trees
 
-    def _host_file(self, path: str) -> Path | None:
+    def _host_file(self, path: str) -> Path:
         """Where a file the sandbox shows at `path` lies on the host, if the sandbox wrote it."""
         for point in _OVERLAID:
             if path.startswith(point + "/"):
