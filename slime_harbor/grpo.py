@@ -55,6 +55,15 @@ class GRPOConfig:
     loss_level: Literal["token", "sequence"] = "token"
     """Loss reduction: "token" = mean over every unmasked token of the batch (long
     trajectories weigh more); "sequence" = mean over samples of each sample's token mean."""
+    use_tis: bool = False
+    """Truncated importance sampling (SLiME's --use-tis): each token's policy-gradient loss times
+    clamp(exp(old - rollout), tis_clip_low, tis_clip), old being the learner's own logprobs of the
+    weights that sampled (a recomputation) and rollout the sampler's. Corrects for the sampler
+    not being the learner (another engine, precision or weight version)."""
+    tis_clip: float = 2.0
+    """Upper bound of the TIS weight (SLiME's --tis-clip)."""
+    tis_clip_low: float = 0.0
+    """Lower bound of the TIS weight (SLiME's --tis-clip-low)."""
 
     def __post_init__(self) -> None:
         if self.kl_loss_type not in KL_LOSS_TYPES:
@@ -63,6 +72,8 @@ class GRPOConfig:
             raise ValueError(f"loss_level must be one of {LOSS_LEVELS}, got {self.loss_level!r}")
         if self.eps_clip_c is not None and self.eps_clip_c <= 1.0:
             raise ValueError(f"eps_clip_c must be > 1.0 (or None), got {self.eps_clip_c}")
+        if not 0 <= self.tis_clip_low <= self.tis_clip:
+            raise ValueError(f"need 0 <= tis_clip_low <= tis_clip, got {self.tis_clip_low} and {self.tis_clip}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -263,6 +274,7 @@ def grpo_loss(
     advantages: torch.Tensor,
     loss_mask: torch.Tensor,
     config: GRPOConfig,
+    rollout_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GRPO loss for one batch, composed as SLiME's policy_loss_function.
 
@@ -271,11 +283,16 @@ def grpo_loss(
     ref_logprobs: [B, T] logprobs under the frozen reference policy; needed if use_kl_loss.
     advantages:   [B, T] per-token advantages ([B, 1] broadcasts one per sample).
     loss_mask:    [B, T] 1 = token sampled by the policy, 0 = observation / template / padding.
-    Returns (loss, metrics) with metrics loss, pg_loss, clipfrac, ppo_kl, ratio_mean and, when
-    reference logprobs are given, kl (reduced the same way as the loss).
+    rollout_logprobs: [B, T] the sampler's logprobs; needed if use_tis (old_logprobs are then the
+                  learner's recomputation).
+    Returns (loss, metrics) with metrics loss, pg_loss, clipfrac, ppo_kl, ratio_mean, with
+    reference logprobs kl, and with use_tis SLiME's tis, tis_clipfrac, tis_abs and ois (each
+    reduced the same way as the loss).
     """
     if config.use_kl_loss and ref_logprobs is None:
         raise ValueError("use_kl_loss needs ref_logprobs")
+    if config.use_tis and rollout_logprobs is None:
+        raise ValueError("use_tis needs rollout_logprobs")
     mask = loss_mask.bool()
 
     def kept(x: torch.Tensor) -> torch.Tensor:
@@ -289,10 +306,18 @@ def grpo_loss(
     pg_losses, clipfrac = compute_policy_loss(
         ppo_kl, advantages, config.eps_clip, config.eps_clip_high, eps_clip_c=config.eps_clip_c
     )
+    metrics: dict[str, float] = {}
+    if config.use_tis:  # SLiME's vanilla_tis_function, on the same tensors
+        tis = (old_logprobs - kept(rollout_logprobs.detach())).exp()
+        weights = tis.clamp(min=config.tis_clip_low, max=config.tis_clip)
+        pg_losses = pg_losses * weights
+        with torch.no_grad():
+            for name, value in (("tis", tis), ("tis_clipfrac", (weights != tis).float()), ("tis_abs", (tis - 1).abs()),
+                                ("ois", (-ppo_kl).exp())):
+                metrics[name] = reduce_loss(value, loss_mask, config.loss_level).item()
     pg_loss = reduce_loss(pg_losses, loss_mask, config.loss_level)
     loss = pg_loss
 
-    metrics: dict[str, float] = {}
     if ref_logprobs is not None:
         kl = compute_approx_kl(logprobs, kept(ref_logprobs.detach()), kl_loss_type=config.kl_loss_type)
         kl_loss = reduce_loss(kl, loss_mask, config.loss_level)

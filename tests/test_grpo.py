@@ -297,3 +297,77 @@ def test_policy_loss_equals_slime_on_random_tensors(eps_clip_c):
     torch.testing.assert_close(ours[0], theirs[0])
     torch.testing.assert_close(ours[1], theirs[1])
     assert 0 < theirs[1].mean() < 1  # both clipped and unclipped tokens were compared
+
+
+# --- truncated importance sampling (--use-tis) ------------------------------------------------
+
+
+def tis_tensors(seed: int = 2):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (3, 40)
+    logprobs = -torch.rand(shape, generator=gen) * 3
+    old = logprobs + torch.randn(shape, generator=gen) * 0.05  # the learner's recomputation
+    rollout = old + torch.randn(shape, generator=gen) * 0.8  # the sampler: ratios from ~0.1 to ~10
+    mask = (torch.rand(shape, generator=gen) > 0.2).float()
+    adv = torch.randn(3, 1, generator=gen)
+    return logprobs, old, rollout, mask, adv
+
+
+def test_tis_weights_each_token_by_the_clamped_ratio_and_reports_slimes_metrics():
+    logprobs, old, rollout, mask, adv = tis_tensors()
+    plain = GRPOConfig(use_kl_loss=False)
+    tis = GRPOConfig(use_kl_loss=False, use_tis=True, tis_clip=2.0, tis_clip_low=0.5)
+    loss, metrics = grpo_loss(logprobs, old, None, adv, mask, tis, rollout_logprobs=rollout)
+    ratio = (old - rollout).exp()
+    weights = ratio.clamp(0.5, 2.0)
+    per_token, _ = own_compute_policy_loss(old - logprobs, adv.expand_as(logprobs), 0.2, 0.28)
+    torch.testing.assert_close(loss, (per_token * weights * mask).sum() / mask.sum())
+    assert 0 < metrics["tis_clipfrac"] < 1  # clamped and unclamped tokens
+    torch.testing.assert_close(torch.tensor(metrics["tis"]), (ratio * mask).sum() / mask.sum())
+    assert set(metrics) >= {"tis", "tis_clipfrac", "tis_abs", "ois"}
+    # the sampler's logprobs equal to the old ones: every weight is 1, the loss is the plain one
+    same, _ = grpo_loss(logprobs, old, None, adv, mask, tis, rollout_logprobs=old)
+    torch.testing.assert_close(same, grpo_loss(logprobs, old, None, adv, mask, plain)[0])
+    with pytest.raises(ValueError, match="use_tis needs rollout_logprobs"):
+        grpo_loss(logprobs, old, None, adv, mask, tis)
+    with pytest.raises(ValueError, match="tis_clip_low"):
+        GRPOConfig(use_tis=True, tis_clip=1.0, tis_clip_low=2.0)
+
+
+def slime_vanilla_tis_function():
+    """SLiME's own vanilla_tis_function, compiled from slime/backends/megatron_utils/loss.py (the
+    module imports megatron.core; the function needs torch alone)."""
+    import ast
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("slime")
+    source = Path(list(spec.submodule_search_locations)[0]) / "backends" / "megatron_utils" / "loss.py"
+    tree = ast.parse(source.read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "vanilla_tis_function")
+    namespace = {"torch": torch, "Any": object}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), str(source), "exec"), namespace)
+    return namespace["vanilla_tis_function"]
+
+
+@needs_slime
+@pytest.mark.parametrize("clip_low", [0.0, 0.5])
+def test_tis_equals_slimes_vanilla_tis_function(clip_low):
+    from argparse import Namespace
+
+    logprobs, old, rollout, mask, adv = tis_tensors(3)
+    config = GRPOConfig(use_kl_loss=False, use_tis=True, tis_clip=2.0, tis_clip_low=clip_low, loss_level="sequence")
+    ours, metrics = grpo_loss(logprobs, old, None, adv, mask, config, rollout_logprobs=rollout)
+    # SLiME: per-token pg_loss over the concatenated samples, times its TIS weights, reduced per sample
+    per_token, _ = grpo.compute_policy_loss(old - logprobs, adv.expand_as(logprobs), 0.2, 0.28)
+    args = Namespace(tis_clip=2.0, tis_clip_low=clip_low)
+    rows = range(len(mask))
+    pg, _, tis_metrics = slime_vanilla_tis_function()(
+        args, pg_loss=torch.cat([per_token[i] for i in rows]), train_log_probs=[old[i] for i in rows],
+        rollout_log_probs=[rollout[i] for i in rows], loss_masks=[mask[i] for i in rows])
+    pg = pg.view_as(mask)
+    theirs = torch.stack([(pg[i] * mask[i]).sum() / mask[i].sum() for i in rows]).mean()
+    torch.testing.assert_close(ours, theirs)
+    for name in ("tis", "tis_clipfrac", "tis_abs"):
+        value = tis_metrics[name].view_as(mask)
+        expected = torch.stack([(value[i] * mask[i]).sum() / mask[i].sum() for i in rows]).mean()
+        torch.testing.assert_close(torch.tensor(metrics[name]), expected)

@@ -8,6 +8,7 @@ tests/fixtures/tasks/vowel-share, whose real verifier scores the vowel share of 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -306,3 +307,23 @@ def test_a_gateway_agent_trains_locally(tiny_model_dir, tmp_path):
         trial = Path(s.metadata["trial_dir"])
         assert (trial / "agent" / "trajectory.json").is_file() and (trial / "agent" / "gateway" / "calls.jsonl").is_file()
     assert rollout_logprob_gap(base_model(tiny_model_dir), samples) < 1e-4  # step 1 samples the base policy
+
+
+def test_use_tis_takes_the_learners_recomputation_as_old_and_weights_by_the_sampler_gap(tiny_model_dir):
+    """--use-tis: the samples' rollout logprobs are off by a known amount (a sampler that is not the
+    learner). The PPO ratio is then 1 on the first update (old = the learner's recomputation, not
+    the sampler's), and tis = exp(old - rollout) shows the gap; without it the ratio carries the gap
+    and there is no tis metric."""
+    results = {}
+    for use_tis in (False, True):
+        policy = fresh_policy(tiny_model_dir, use_tis=use_tis, kl_coef=0.0)
+        samples = [sample(policy.tokenizer, policy.model, "say hi", text, r, index=i)
+                   for i, (text, r) in enumerate([("hello there", 1.0), ("ls -la", 0.0)])]
+        for s in samples:
+            s.rollout_log_probs = [lp - 0.3 for lp in s.rollout_log_probs]  # the sampler found each token less likely
+        results[use_tis] = train_on_samples(policy, samples, policy.cfg, "cpu")
+    plain, tis = results[False], results[True]
+    assert plain["ratio_mean"] == pytest.approx(math.exp(0.3), rel=1e-3) and "tis" not in plain
+    assert tis["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert tis["tis"] == pytest.approx(math.exp(0.3), rel=1e-3) and tis["tis_clipfrac"] == 0.0
+    assert tis["abs_ppo_kl"] == pytest.approx(0.3, rel=1e-3)  # still measured against the sampler

@@ -35,29 +35,37 @@ class Batch:
     position_ids: torch.Tensor  # [B, W]
     targets: torch.Tensor  # [B, R] the last R tokens of each row
     loss_mask: torch.Tensor  # [B, R] 1 = sampled by the policy; 0 = observation, prompt, padding
-    old_logprobs: torch.Tensor  # [B, R] the sampler's logprobs
+    old_logprobs: torch.Tensor  # [B, R] the sampler's logprobs, or (use_tis) the learner's recomputation
     advantages: torch.Tensor  # [B, 1]
+    rollout_logprobs: torch.Tensor  # [B, R] the sampler's logprobs
 
 
-def make_batch(samples: Sequence[TrainingSample], advantages: Sequence[float], device="cpu") -> Batch:
-    """Left padding puts every response at the end of its row, so one `logits_to_keep` covers all."""
+def make_batch(samples: Sequence[TrainingSample], advantages: Sequence[float], device="cpu",
+               old_logprobs: Sequence[Sequence[float]] | None = None) -> Batch:
+    """Left padding puts every response at the end of its row, so one `logits_to_keep` covers all.
+    `old_logprobs` (one list per sample, its response's length) replace the sampler's as the old
+    policy's; without them the sampler's are both."""
     width = max(len(s.tokens) for s in samples)
     resp = max(s.response_length for s in samples)
     b = len(samples)
     input_ids = torch.zeros((b, width), dtype=torch.long)
     attention = torch.zeros((b, width), dtype=torch.long)
     loss_mask = torch.zeros((b, resp), dtype=torch.float32)
+    rollout = torch.zeros((b, resp), dtype=torch.float32)
     old = torch.zeros((b, resp), dtype=torch.float32)
     for i, s in enumerate(samples):
         n = s.response_length
         input_ids[i, width - len(s.tokens):] = torch.tensor(s.tokens)
         attention[i, width - len(s.tokens):] = 1
         loss_mask[i, resp - n:] = torch.tensor(s.loss_mask, dtype=torch.float32)
-        old[i, resp - n:] = torch.tensor(s.rollout_log_probs, dtype=torch.float32)
+        rollout[i, resp - n:] = torch.tensor(s.rollout_log_probs, dtype=torch.float32)
+        old[i, resp - n:] = torch.tensor(old_logprobs[i] if old_logprobs is not None else s.rollout_log_probs,
+                                         dtype=torch.float32)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)  # as the engine's prefill: pads do not shift positions
     return Batch(
         input_ids.to(device), attention.to(device), positions.to(device), input_ids[:, width - resp:].to(device),
         loss_mask.to(device), old.to(device), torch.tensor(list(advantages), dtype=torch.float32)[:, None].to(device),
+        rollout.to(device),
     )
 
 
@@ -138,17 +146,34 @@ class Policy:
             torch.save(self.optimizer.state_dict(), out / OPTIMIZER_STATE)
 
 
+def recompute_old_logprobs(policy: Policy, samples: Sequence[TrainingSample], cfg: LocalTrainConfig,
+                           device: str) -> list[list[float]]:
+    """Each sample's response logprobs under the learner's current weights (those that sampled it,
+    before this step's update), no grad: the old policy of --use-tis, as SLiME's actor recomputes
+    log_probs before training."""
+    out: list[list[float]] = []
+    with torch.no_grad():
+        for start in range(0, len(samples), cfg.micro_batch_size):
+            micro = samples[start:start + cfg.micro_batch_size]
+            logprobs = token_logprobs(policy.model, make_batch(micro, [0.0] * len(micro), device), cfg.temperature)
+            resp = logprobs.shape[1]
+            out += [logprobs[i, resp - s.response_length:].tolist() for i, s in enumerate(micro)]
+    return out
+
+
 def update(policy: Policy, samples: Sequence[TrainingSample], advantages: Sequence[float],
-           cfg: LocalTrainConfig, device: str) -> dict[str, float]:
+           cfg: LocalTrainConfig, device: str, old_logprobs: Sequence[Sequence[float]] | None = None) -> dict[str, float]:
     """One optimizer step on `samples`: grpo_loss over all of them, accumulated micro-batch by
-    micro-batch with weights that make the sum equal the loss of the whole minibatch."""
+    micro-batch with weights that make the sum equal the loss of the whole minibatch.
+    `old_logprobs`: the learner's recomputation (--use-tis), else the sampler's logprobs are old."""
     grpo = cfg.grpo()
     total_tokens = sum(sum(s.loss_mask) for s in samples)
     policy.optimizer.zero_grad(set_to_none=True)
     sums: dict[str, float] = {}
     for start in range(0, len(samples), cfg.micro_batch_size):
         micro = samples[start:start + cfg.micro_batch_size]
-        batch = make_batch(micro, advantages[start:start + cfg.micro_batch_size], device)
+        batch = make_batch(micro, advantages[start:start + cfg.micro_batch_size], device,
+                           old_logprobs[start:start + cfg.micro_batch_size] if old_logprobs is not None else None)
         # token-level reduction: the micro-batch's mean weighs by its share of the tokens;
         # sequence-level: by its share of the samples.
         share = (batch.loss_mask.sum().item() / total_tokens if grpo.loss_level == "token"
@@ -158,10 +183,11 @@ def update(policy: Policy, samples: Sequence[TrainingSample], advantages: Sequen
             loss, metrics = rft_loss(logprobs, batch.loss_mask, grpo.loss_level)
         else:
             ref = policy.reference_logprobs(batch, cfg.temperature)
-            loss, metrics = grpo_loss(logprobs, batch.old_logprobs, ref, batch.advantages, batch.loss_mask, grpo)
+            loss, metrics = grpo_loss(logprobs, batch.old_logprobs, ref, batch.advantages, batch.loss_mask, grpo,
+                                      rollout_logprobs=batch.rollout_logprobs)
         (loss * share).backward()
         # How far the policy is from the sampler, token by token (ppo_kl's mean can cancel out).
-        metrics["abs_ppo_kl"] = masked_mean((logprobs.detach() - batch.old_logprobs).abs(), batch.loss_mask).item()
+        metrics["abs_ppo_kl"] = masked_mean((logprobs.detach() - batch.rollout_logprobs).abs(), batch.loss_mask).item()
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + v * share
     if cfg.max_grad_norm > 0:
@@ -198,12 +224,16 @@ def train_on_samples(policy: Policy, samples: Sequence[TrainingSample], cfg: Loc
             return out
     n_minibatches = min(cfg.updates_per_rollout, len(kept))
     bounds = [round(i * len(kept) / n_minibatches) for i in range(n_minibatches + 1)]
+    # --use-tis: the old policy is the learner's weights before this step's first update
+    old = recompute_old_logprobs(policy, kept, cfg, device) if cfg.use_tis and cfg.objective == "grpo" else None
     for lo, hi in zip(bounds, bounds[1:]):
-        out["updates"].append(update(policy, kept[lo:hi], advantages[lo:hi], cfg, device))
+        out["updates"].append(update(policy, kept[lo:hi], advantages[lo:hi], cfg, device,
+                                     old[lo:hi] if old is not None else None))
     out["n_trained_samples"] = len(kept)
     out["n_tokens"] = int(sum(u["n_tokens"] for u in out["updates"]))
     # Step-level figures: token-weighted means over the updates.
-    for k in ("loss", "pg_loss", "nll", "kl", "clipfrac", "ppo_kl", "abs_ppo_kl", "ratio_mean"):
+    for k in ("loss", "pg_loss", "nll", "kl", "clipfrac", "ppo_kl", "abs_ppo_kl", "ratio_mean",
+              "tis", "tis_clipfrac", "tis_abs", "ois"):
         values = [(u[k], u["n_tokens"]) for u in out["updates"] if k in u]
         if values:
             out[k] = sum(v * w for v, w in values) / sum(w for _, w in values)

@@ -141,6 +141,14 @@ class LocalTrainConfig:
     """PPO ratio clipped below at 1 - eps_clip."""
     eps_clip_high: float = 0.28
     """PPO ratio clipped above at 1 + eps_clip_high (clip-higher)."""
+    use_tis: bool = False
+    """Truncated importance sampling (SLiME's --use-tis): the old logprobs become the learner's own
+    recomputation before the update, and each token's loss is weighted by clamp(exp(old - rollout),
+    tis_clip_low, tis_clip), correcting for the sampler not being the learner."""
+    tis_clip: float = 2.0
+    """Upper bound of the TIS weight (SLiME's --tis-clip)."""
+    tis_clip_low: float = 0.0
+    """Lower bound of the TIS weight (SLiME's --tis-clip-low)."""
     updates_per_rollout: int = 1
     """Optimizer steps per rollout (SLiME's --num-steps-per-rollout): the samples are split into
     this many minibatches. With 1 the update is on-policy (ratio ~ 1); later minibatches see the
@@ -169,7 +177,8 @@ class LocalTrainConfig:
 
     def grpo(self) -> GRPOConfig:
         return GRPOConfig(eps_clip=self.eps_clip, eps_clip_high=self.eps_clip_high, kl_coef=self.kl_coef,
-                          use_kl_loss=self.kl_coef > 0)
+                          use_kl_loss=self.kl_coef > 0, use_tis=self.use_tis, tis_clip=self.tis_clip,
+                          tis_clip_low=self.tis_clip_low)
 
     def rollout(self, policy_url: str, model_dir: str, out_dir: Path, task_names: list[str] | None = None,
                 lora_name: str | None = None) -> RolloutConfig:
@@ -226,11 +235,13 @@ def check_train_config(cfg: LocalTrainConfig) -> None:
     for name in at_least_1:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
-    for name in ("lr", "weight_decay", "kl_coef", "eps_clip", "eps_clip_high", "temperature"):
+    for name in ("lr", "weight_decay", "kl_coef", "eps_clip", "eps_clip_high", "temperature", "tis_clip", "tis_clip_low"):
         if not getattr(cfg, name) >= 0:  # also refuses nan
             raise ConfigError(f"{name} must be >= 0, got {getattr(cfg, name)}")
     if not cfg.lr > 0:
         raise ConfigError(f"lr must be > 0, got {cfg.lr}")
+    if cfg.tis_clip_low > cfg.tis_clip:
+        raise ConfigError(f"tis_clip_low ({cfg.tis_clip_low}) must not exceed tis_clip ({cfg.tis_clip})")
     if cfg.objective not in OBJECTIVES:
         raise ConfigError(f"objective must be one of {', '.join(OBJECTIVES)}, got {cfg.objective!r}")
     if not samples_policy(cfg.agent):
