@@ -236,7 +236,8 @@ class NativeAgent(BaseAgent):
     async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
         ids = initial_prompt_ids(self.tokenizer, instruction)
         # Filled in place every turn, so a timeout or crash still leaves every finished turn.
-        detail: dict[str, Any] = {"prompt_token_ids": [], "completion_token_ids": [], "logprobs": [], "extra": {"finish_reason": []}}
+        detail: dict[str, Any] = {"prompt_token_ids": [], "completion_token_ids": [], "logprobs": [],
+                                  "extra": {"finish_reason": [], "weight_version": []}}
         if self.options.return_top_p_token_ids:
             # Per turn, flat kept ids and their len(completion) + 1 offsets (None: nothing truncated).
             detail["extra"]["top_p_token_ids"] = []
@@ -277,6 +278,7 @@ class NativeAgent(BaseAgent):
         detail["completion_token_ids"].append(gen.token_ids)
         detail["logprobs"].append(gen.logprobs)
         detail["extra"]["finish_reason"].append(gen.finish_reason)
+        detail["extra"]["weight_version"].append(gen.weight_version)  # the weights that sampled this turn
         if self.options.return_top_p_token_ids:
             detail["extra"]["top_p_token_ids"].append(gen.top_p_token_ids)
             detail["extra"]["top_p_token_offsets"].append(gen.top_p_token_offsets)

@@ -273,7 +273,9 @@ def trial_to_samples(
         versions = (detail.get("extra") or {}).get("weight_version")
         segments += pieces
         drift += pieces_drift
-        weight_versions += [[versions[t] for t in piece.turns] if versions else None for piece in pieces]
+        # one entry per model call of the piece, as SLiME's Sample.weight_versions (strings)
+        weight_versions += [[str(versions[t]) for t in piece.turns if versions[t] is not None] if versions else []
+                            for piece in pieces]
     if reward is not None and reward_mapping == "pm1":
         reward = 2.0 * reward - 1.0
     elif reward_mapping not in ("raw", "pm1"):
@@ -328,7 +330,8 @@ def trial_to_samples(
                 index=index,
                 rollout_id=rollout_id if rollout_id is not None else index,
                 remove_sample=removed,
-                metadata={**metadata, "segment": k, "turn_indices": seg.turns, "weight_versions": weight_versions[k]},
+                metadata={**metadata, "segment": k, "turn_indices": seg.turns},
+                weight_versions=weight_versions[k],
                 rollout_top_p_token_ids=seg.top_p_ids,
                 rollout_top_p_token_offsets=seg.top_p_offsets,
             )

@@ -13,6 +13,9 @@ Layout of one sample (SLiME convention):
     rollout_top_p_token_ids / rollout_top_p_token_offsets (top-p replay, None unless recorded):
                       response token i kept ids[offsets[i]:offsets[i + 1]]; len(offsets) =
                       response_length + 1; masked tokens keep nothing (the offset repeats)
+    weight_versions = one entry per model call of the sample, in order: the server's weight
+                      version that sampled it (a string, as SLiME stores meta_info's); empty when
+                      the sampler reported none
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ class TrainingSample:
     metadata: dict[str, Any] = field(default_factory=dict)
     rollout_top_p_token_ids: list[int] | None = None
     rollout_top_p_token_offsets: list[int] | None = None
+    weight_versions: list[str] = field(default_factory=list)
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -151,6 +155,7 @@ class TrainingSample:
         if self.index is not None:
             s.index = self.index
         s.rollout_id = self.rollout_id
+        s.weight_versions = list(self.weight_versions)
         s.remove_sample = self.remove_sample
         s.metadata = {**(s.metadata or {}), **self.metadata}
         return s

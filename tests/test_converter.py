@@ -140,7 +140,8 @@ K1_IDS, K1_OFF = [7, 12, 8], [0, 3]  # token 12 kept {7, 12, 8}
 
 def top_p_detail():
     detail = linear_detail()
-    detail["extra"] = {"top_p_token_ids": [K0_IDS, K1_IDS], "top_p_token_offsets": [K0_OFF, K1_OFF]}
+    detail["extra"] = {"top_p_token_ids": [K0_IDS, K1_IDS], "top_p_token_offsets": [K0_OFF, K1_OFF],
+                       "weight_version": [3, "4"]}  # the engine's int, SLiME's string: both kept as strings
     return detail
 
 
@@ -152,6 +153,7 @@ def test_top_p_sets_span_the_response_with_empty_sets_for_observations():
     assert s.rollout_top_p_token_offsets == [0, 2, 3, 3, 3, 3, 6]
     (plain,) = trial_to_samples(make_result(linear_detail(), {"reward": 1.0}), index=0)
     assert plain.rollout_top_p_token_ids is None and plain.rollout_top_p_token_offsets is None
+    assert s.weight_versions == ["3", "4"] and plain.weight_versions == []  # no versions reported: none
 
 
 def test_top_p_drift_pieces_each_start_at_offset_zero():
@@ -201,8 +203,10 @@ def test_to_slime_carries_top_p_and_the_response_text(tokenizer):
     assert list(out.rollout_top_p_token_offsets) == [0, 2, 3, 3, 3, 3, 6]
     assert out.response == tokenizer.decode(C0 + OBS0 + C1)
     out._validate_response_metadata_lengths()  # SLiME's own layout check
+    assert out.weight_versions == ["3", "4"]  # one per model call, as SLiME's generate appends them
     round_trip = TrainingSample.from_dict(s.to_dict())
     assert round_trip.rollout_top_p_token_offsets == s.rollout_top_p_token_offsets
+    assert round_trip.weight_versions == ["3", "4"]
 
 
 def test_the_agents_tokenizer_decodes_when_the_caller_gives_none(tiny_model_dir, tokenizer):

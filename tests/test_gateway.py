@@ -188,7 +188,7 @@ def test_append_only_conversation_is_one_exact_sample(tool_server, tool_model_di
     assert not sample.remove_sample and sample.status == SampleStatus.COMPLETED and sample.rollout_id == 7
     assert sum(sample.loss_mask) == sum(u.completion_tokens for u in usages)
     assert sample.metadata["n_branches"] == 1 and sample.metadata["drift_count"] == 0
-    assert sample.metadata["weight_versions"] == ["0"] * TURNS
+    assert sample.weight_versions == ["0"] * TURNS
     # The run's sampling (temperature 0.3) was used, not the request's temperature 0 / top_p 0.5.
     assert check_sample_against_model(sample, tool_model, temperature=RUN.temperature) < 1e-4
     # Recording: one calls.jsonl line per call, and an ATIF trajectory Harbor's own model accepts.

@@ -73,8 +73,12 @@ def test_run_writes_metrics_checkpoints_and_final(trained_run):
             assert key in m
         assert set(m["timings"]) == {"rollout_s", "train_s"}
         assert (out / "rollouts" / f"step_{m['step']}" / "samples.jsonl").is_file()
-    # The engine was handed the updated module after step 1 (version 0 = as loaded).
+    # The engine was handed the updated module after step 1 (version 0 = as loaded), and every
+    # sample says so per model call (SLiME's Sample.weight_versions: one string per call).
     assert [m["sampled_weight_version"] for m in metrics] == [0, 1]
+    for step, version in ((1, "0"), (2, "1")):
+        for s in read_jsonl(out / "rollouts" / f"step_{step}" / "samples.jsonl"):
+            assert s.weight_versions == [version] * len(s.metadata["turn_indices"]), s.weight_versions
     for n in (1, 2):
         ckpt = out / f"checkpoint_{n}"
         assert (ckpt / "adapter_model.safetensors").is_file() and (ckpt / OPTIMIZER_STATE).is_file()

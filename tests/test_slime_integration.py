@@ -261,6 +261,8 @@ def check_train_data(samples, train, tokenizer_dir):
         piece = pieces[s.metadata["segment"]]
         assert s.tokens == piece.tokens and mask == piece.loss_mask and s.rollout_log_probs == piece.rollout_log_probs
         assert s.response and s.response_length > 0 and sum(mask) > 0
+        # SLiME's Sample.weight_versions: one string per model call of the piece, the weights that sampled it
+        assert s.weight_versions == piece.weight_versions == ["0"] * len(piece.metadata["turn_indices"])
     for rid, idx in by_rollout.items():
         # Siblings of one episode share one denominator: the episode is one token-weighted mean.
         assert {train["rollout_mask_sums"][i] for i in idx} == {sum(sum(train["loss_masks"][i]) for i in idx)}

@@ -18,7 +18,9 @@ One step N:
     2. advantages: reward minus the mean reward of the task's episodes (grpo.episode_advantages);
        removed samples (infra failures: counted as aborted; masked: counted per filter) are dropped
     3. update: recompute the logprobs of the sampled tokens (log_softmax(logits / T), exactly as
-       the engine does), old logprobs = the rollout's own (so the PPO ratio is pi / pi_sampler),
+       the engine does), old logprobs = the rollout's own (so the PPO ratio is pi / pi_sampler;
+       with --use-tis the learner's own recomputation before the update, and each token's loss is
+       weighted by SLiME's truncated importance ratio clamp(exp(old - rollout))),
        reference logprobs = the base model (adapters disabled, or a frozen copy with --no-lora),
        loss = grpo.grpo_loss, gradients accumulated over micro-batches, one AdamW step per
        minibatch (updates_per_rollout minibatches per rollout)
