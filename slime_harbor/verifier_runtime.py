@@ -76,7 +76,6 @@ class RuntimeIndex:
     owned: set[str] = field(default_factory=set)
     dirs: set[str] = field(default_factory=set)  # the image's directories (Docker's diff does not say)
     merged_usr: dict[str, str] = field(default_factory=dict)  # "/bin" -> "/usr/bin"
-    _sorted: list[str] | None = None
 
     def normalize(self, path: str) -> str:
         path = posixpath.normpath("/" + path.lstrip("/"))
@@ -107,13 +106,16 @@ class RuntimeIndex:
                 modules.setdefault(m["module"], set()).add(m["dir"])
         return modules
 
+    @functools.cached_property
+    def owned_sorted(self) -> list[str]:
+        return sorted(self.owned)
+
     def owns_under(self, directory: str) -> str | None:
         """A shipped runtime file inside `directory` (which was deleted whole), or None."""
-        if self._sorted is None:
-            self._sorted = sorted(self.owned)
         prefix = directory.rstrip("/") + "/"
-        i = bisect.bisect_left(self._sorted, prefix)
-        return self._sorted[i] if i < len(self._sorted) and self._sorted[i].startswith(prefix) else None
+        i = bisect.bisect_left(self.owned_sorted, prefix)
+        found = self.owned_sorted[i] if i < len(self.owned_sorted) else None
+        return found if found is not None and found.startswith(prefix) else None
 
 
 # The listing a pristine image prints of itself (run once per image, before any agent): dpkg's file
