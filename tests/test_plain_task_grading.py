@@ -19,19 +19,10 @@ from pathlib import Path
 import pytest
 
 from slime_harbor.rollout import RolloutConfig, run_rollouts
-from tests.test_verifier_isolation import docker_available
+from tests.test_verifier_isolation import TASK_TOML as SHARED_TASK_TOML, docker_available
 
 PROBES = Path(__file__).resolve().parent.parent / "slime_harbor" / "hack_probes"
-TASK_TOML = """schema_version = "1.4"
-[verifier]
-timeout_sec = 60.0
-[agent]
-timeout_sec = 60.0
-[environment]
-workdir = "/app"
-build_timeout_sec = 300.0
-network_mode = "no-network"
-"""
+TASK_TOML = SHARED_TASK_TOML.format(extra_top="", extra_verifier="")  # shared mode: the verifier in the agent's sandbox
 DOCKERFILE = """FROM python:3.11-slim
 WORKDIR /app
 COPY answer-check /usr/local/bin/answer-check
