@@ -148,16 +148,17 @@ class Policy:
 
 def recompute_old_logprobs(policy: Policy, samples: Sequence[TrainingSample], cfg: LocalTrainConfig,
                            device: str) -> list[list[float]]:
-    """Each sample's response logprobs under the learner's current weights (those that sampled it,
-    before this step's update), no grad: the old policy of --use-tis, as SLiME's actor recomputes
-    log_probs before training."""
+    """Each sample's response logprobs under the learner's current weights, no grad, 0.0 where
+    masked as the sampler's are: the old policy of --use-tis (as SLiME's actor recomputes log_probs
+    before training) and of a server that does not take our weights."""
     out: list[list[float]] = []
     with torch.no_grad():
         for start in range(0, len(samples), cfg.micro_batch_size):
             micro = samples[start:start + cfg.micro_batch_size]
-            logprobs = token_logprobs(policy.model, make_batch(micro, [0.0] * len(micro), device), cfg.temperature)
-            resp = logprobs.shape[1]
-            out += [logprobs[i, resp - s.response_length:].tolist() for i, s in enumerate(micro)]
+            logprobs = token_logprobs(policy.model, make_batch(micro, [0.0] * len(micro), device), cfg.temperature).cpu()
+            for i, s in enumerate(micro):
+                ours = logprobs[i, logprobs.shape[1] - s.response_length:]
+                out.append(torch.where(torch.tensor(s.loss_mask, dtype=torch.bool), ours, 0.0).tolist())
     return out
 
 
@@ -266,20 +267,12 @@ def server_logprob_gap(policy: Policy, samples: Sequence[TrainingSample], cfg: L
     kept = trainable(samples)
     if not kept:
         return list(samples), {}
-    diffs, recomputed = [], {}
-    with torch.no_grad():
-        for lo in range(0, len(kept), cfg.micro_batch_size):
-            micro = kept[lo:lo + cfg.micro_batch_size]
-            batch = make_batch(micro, [0.0] * len(micro), device)
-            logprobs = token_logprobs(policy.model, batch, cfg.temperature)
-            diffs.append((logprobs - batch.old_logprobs).abs()[batch.loss_mask.bool()])
-            for i, s in enumerate(micro):
-                mask = torch.tensor(s.loss_mask, dtype=torch.bool)
-                ours = logprobs[i, logprobs.shape[1] - s.response_length:].cpu()
-                recomputed[id(s)] = torch.where(mask, ours, 0.0).tolist()  # observations keep logprob 0
-    gap = torch.cat(diffs)
+    ours = recompute_old_logprobs(policy, kept, cfg, device)
+    gap = torch.cat([(torch.tensor(lp) - torch.tensor(s.rollout_log_probs)).abs()[torch.tensor(s.loss_mask, dtype=torch.bool)]
+                     for s, lp in zip(kept, ours)])
     stats = {"server_logprob_gap": gap.mean().item(), "server_logprob_gap_max": gap.max().item()}
     if recompute:
+        recomputed = {id(s): lp for s, lp in zip(kept, ours)}
         samples = [dataclasses.replace(s, rollout_log_probs=recomputed[id(s)]) if id(s) in recomputed else s
                    for s in samples]
     return list(samples), stats
