@@ -23,8 +23,9 @@ A trial that fails 2 or 3 is not verified: its reward is 0 with ``tampering_<kin
 environment failing on its own (the sandbox gone, the daemon down) stays an infrastructure failure.
 
 Steps 2-3 need an environment with ``agent_changes()``, ``runtime_index()`` and
-``changed_file_text()``, each answered from the host (our bubblewrap and Docker ones); Harbor's other environments get step 1 where they have it and are verified as Harbor
-runs them. Tasks in separate mode (the verifier gets a fresh environment; SWE-bench tasks) need
+``changed_file_text()`` (`JUDGED_BY`), each answered from the host (our bubblewrap and Docker
+ones); Harbor's other environments get step 1 where they have it and are verified as Harbor runs
+them. Tasks in separate mode (the verifier gets a fresh environment; SWE-bench tasks) need
 none of this: the agent's environment is stopped before the verifier's starts.
 """
 
@@ -39,6 +40,9 @@ from slime_harbor.verifier_runtime import BROKEN_PLUMBING, bytecode_to_remove, d
 
 log = logging.getLogger(__name__)
 
+JUDGED_BY = ("agent_changes", "runtime_index", "changed_file_text")
+"""What an environment answers, from the host, for its agent's changes to be judged."""
+
 
 class VerifierRefused(Exception):
     """The agent tampered with what the verifier runs, or broke its plumbing: the trial is scored 0
@@ -52,7 +56,7 @@ async def end_agent_phase(environment, trial_paths, workdir: str | None) -> dict
 
     paths = EnvironmentPaths.for_os(environment.os)
     end = getattr(environment, "end_agent_processes", None)
-    judged = hasattr(environment, "agent_changes") and hasattr(environment, "runtime_index")
+    judged = all(hasattr(environment, name) for name in JUDGED_BY)
     if end is None and not judged:
         return {}
     ended = None

@@ -257,7 +257,7 @@ class SandboxChanges:
     start() fills once the sandbox is built)."""
 
     def _snapshot(self) -> dict:
-        skip = frozenset({"/usr", "/etc", "/proc", "/dev", _ETC_TEMPLATE_MOUNT, _OVERLAY_MOUNT,
+        skip = frozenset({*_OVERLAID, "/proc", "/dev", _ETC_TEMPLATE_MOUNT, _OVERLAY_MOUNT,
                           *(m["target"] for m in self._mounts)})  # fmt: skip
         trees = snapshot(self._rootfs, "/", skip)
         for point in _OVERLAID:

@@ -152,9 +152,9 @@ def _remove_tree(path: Path) -> None:
 def _populate_root(rootfs: Path) -> None:
     """Lay out the sandbox's writable ``/``: skeleton directories and links to host tools, and
     beside it the upper and work dirs of its overlays (``overlay/usr``, ``overlay/etc``)."""
-    for point in ("usr", "etc"):
+    for point in _OVERLAID:
         for part in ("upper", "work"):
-            (rootfs.parent / "overlay" / point / part).mkdir(parents=True, mode=0o755)
+            (rootfs.parent / "overlay" / point.strip("/") / part).mkdir(parents=True, mode=0o755)
     rootfs.mkdir(mode=0o755)
     for relative, mode in _ROOT_SKELETON.items():
         path = rootfs / relative
