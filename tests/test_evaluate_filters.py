@@ -11,7 +11,8 @@ from slime_harbor.filters import TrajectoryFilters, apply_limit_filters, drop_ze
 from slime_harbor.grpo import episode_advantages
 from slime_harbor.samples import SampleStatus, TrainingSample
 from slime_harbor.trainers.evaluate import eval_metrics, pass_at_k
-from slime_harbor.trainers.local import TaskStream, trainable
+from slime_harbor.trainers.learner import trainable
+from slime_harbor.trainers.training_run import TaskStream
 from slime_harbor.trainers.tracking import flatten, wandb_key
 
 

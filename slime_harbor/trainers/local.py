@@ -41,7 +41,8 @@ Then summary.json is written with "interrupted": true, no final/, and the proces
 `--resume` continues from the last checkpoint.
 
 Where each part lives: local_config.py (LocalTrainConfig, its checks), learner.py (the policy, the
-update step, checkpoints, weight sync: Learner), this file (the loop, evaluation, the CLI).
+update step, checkpoints, weight sync: Learner), training_run.py (what a run records: step figures,
+the task stream, its lines and summary), this file (the loop, evaluation, the CLI).
 
 Run: `slime-harbor train-local --test` (or examples/harbor/harbor_grpo_local.py).
 """
@@ -52,7 +53,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import math
 import random
 import sys
 import time
@@ -68,6 +68,9 @@ from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.rollout import discover_tasks, run_rollouts
 from slime_harbor.trainers.evaluate import eval_metrics
 from slime_harbor.samples import TrainingSample, read_jsonl
+from slime_harbor.trainers.training_run import (
+    TaskStream, eval_line, rollout_stats, run_summary, step_line, truncated_ratio,
+)
 # The run's config lives in local_config.py; its names stay importable from here.
 from slime_harbor.trainers.local_config import (  # noqa: F401
     OBJECTIVES, TEST_TASKS, TEST_PRESET, TRAINER_STATE, LocalTrainConfig, resolve_device, find_checkpoint,
@@ -94,48 +97,6 @@ from slime_harbor.trainers.learner import (  # noqa: F401
 
 # --------------------------------------------------------------------------------------------
 # The loop.
-
-
-def rollout_stats(samples: Sequence[TrainingSample]) -> dict[str, Any]:
-    """Reward mean / std / pass rate over the episodes the verifier scored (one per trial)."""
-    rewards = {}
-    for s in samples:
-        if s.reward is not None and s.status.value in ("completed", "truncated"):
-            rewards.setdefault((s.group_index, s.index), s.reward)
-    values = list(rewards.values())
-    mean = sum(values) / len(values) if values else None
-    tampered = {(s.group_index, s.index) for s in samples if s.metadata.get("tampering")}
-    return {
-        "n_tampered": len(tampered),  # episodes whose grader detected tampering (scored 0)
-        "reward_mean": mean,
-        "reward_std": math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) if values else None,
-        "pass_rate": sum(v >= 1.0 for v in values) / len(values) if values else None,
-        "n_scored": len(values),
-    }
-
-
-class TaskStream:
-    """Task names in a seeded shuffled order, epoch after epoch; `position` counts names drawn
-    (kept in metrics.json, so a resumed run goes on where it stopped)."""
-
-    def __init__(self, tasks: Sequence[str], seed: int, position: int = 0):
-        self.tasks, self.seed, self.position = list(tasks), seed, position
-
-    def _at(self, i: int) -> str:
-        epoch, k = divmod(i, len(self.tasks))
-        order = list(self.tasks)
-        random.Random(f"{self.seed}:{epoch}").shuffle(order)
-        return order[k]
-
-    def take(self, n: int) -> list[str]:
-        """The next n names, without repeats (a window across two epochs may meet one twice)."""
-        names: list[str] = []
-        while len(names) < min(n, len(self.tasks)):
-            name = self._at(self.position)
-            self.position += 1
-            if name not in names:
-                names.append(name)
-        return names
 
 
 def _rebase(samples: list[TrainingSample], group_offset: int, n_samples: int) -> None:
@@ -177,13 +138,7 @@ def sample_step(guard: SignalGuard, runner: asyncio.Runner, cfg: LocalTrainConfi
         masked["zero_std"] = drop_zero_std_groups(samples)
     return samples, {"errors": errors, "n_groups_sampled": groups,
                      "filters": {k: masked.get(k, 0) for k in ("timeout", "step_limit", "length_limit", "zero_std")},
-                     "truncated_ratio": _truncated_ratio(samples)}
-
-
-def _truncated_ratio(samples: Sequence[TrainingSample]) -> float | None:
-    """Share of scored episodes that hit a limit (status truncated), as SLiME's rollout/truncated_ratio."""
-    episodes = {(s.group_index, s.index): s.status.value for s in samples if s.reward is not None}
-    return sum(v == "truncated" for v in episodes.values()) / len(episodes) if episodes else None
+                     "truncated_ratio": truncated_ratio(samples)}
 
 
 def evaluate(guard: SignalGuard, runner: asyncio.Runner, cfg: LocalTrainConfig, policy_url: str, model_dir: str,
@@ -192,7 +147,7 @@ def evaluate(guard: SignalGuard, runner: asyncio.Runner, cfg: LocalTrainConfig, 
     stay in out_dir and are never trained on."""
     summary = guard.run(run_rollouts(cfg.eval_rollout(policy_url, model_dir, out_dir, lora_name)), runner)
     result = eval_metrics(summary["per_task_rewards"], cfg.eval_n_samples)
-    result["truncated_ratio"] = _truncated_ratio(read_jsonl(out_dir / "samples.jsonl"))
+    result["truncated_ratio"] = truncated_ratio(read_jsonl(out_dir / "samples.jsonl"))
     result["wall_s"] = summary["wall_seconds"]
     return result
 
@@ -274,7 +229,7 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_facto
                                       learner.lora_name)
                 metrics.append({"step": 0, "eval": evaluation, "timings": {"eval_s": evaluation.pop("wall_s")}})
                 record_done(metrics[-1])
-                print(_eval_line(0, evaluation), file=sys.stderr)
+                print(eval_line(0, evaluation), file=sys.stderr)
             for step in range(start + 1, cfg.num_rollouts + 1):
                 t0 = time.monotonic()
                 sampled_version = learner.weight_version  # weight updates the server took before this rollout
@@ -293,7 +248,7 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_facto
                               "timings": {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3)}}
                     metrics.append(record)
                     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
-                    print(_step_line(record), file=sys.stderr)
+                    print(step_line(record), file=sys.stderr)
                     if step == cfg.num_rollouts or (cfg.save_every > 0 and step % cfg.save_every == 0):
                         learner.save_checkpoint(out / f"checkpoint_{step}", step, metrics)
                         last_checkpoint = str(out / f"checkpoint_{step}")
@@ -302,7 +257,7 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_facto
                     record["eval"] = evaluate(guard, runner, cfg, learner.url, base_model, out / "eval" / f"step_{step}",
                                               learner.lora_name)
                     record["timings"]["eval_s"] = record["eval"].pop("wall_s")
-                    print(_eval_line(step, record["eval"]), file=sys.stderr)
+                    print(eval_line(step, record["eval"]), file=sys.stderr)
                 record_done(record)
     except Interrupted as exc:
         interrupted = exc
@@ -317,7 +272,7 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_facto
             learner.save_final(out / "final")
     finally:
         learner.close()
-    summary = _summary(metrics, cfg, base_model, out, last_checkpoint, time.monotonic() - started)
+    summary = run_summary(metrics, cfg, base_model, out, last_checkpoint, time.monotonic() - started)
     summary["skipped_tasks"] = skipped_tasks  # broken or flaky in --task-manifest: never trained on
     summary["interrupted"] = interrupted is not None
     summary["reward_curve"] = _plot(out, metrics)
@@ -341,55 +296,6 @@ def _resolve_model(model: str | None) -> Path:
         return ensure_tiny_model()
     # An absolute dir, so the adapter config of final/ points at the base from anywhere.
     return Path(model).resolve() if Path(model).exists() else Path(model)
-
-
-def _step_line(r: dict) -> str:
-    def f(x, fmt=".4f"):
-        return "n/a" if x is None else format(x, fmt)
-
-    what = f"skipped ({r['skipped']})" if r["skipped"] else (
-        f"loss {f(r.get('loss'))} kl {f(r.get('kl'), '.2e')} ppo_kl {f(r.get('ppo_kl'), '.2e')} "
-        f"clipfrac {f(r.get('clipfrac'), '.3f')} tokens {r['n_tokens']}")
-    return (f"step {r['step']}: reward {f(r['reward_mean'], '.3f')} pass {f(r['pass_rate'], '.2f')} "
-            f"aborted {r['aborted']}/{r['n_samples']}{_masked_text(r)} | {what} | rollout {r['timings']['rollout_s']:.1f}s "
-            f"train {r['timings']['train_s']:.1f}s")
-
-
-def _eval_line(step: int, e: dict) -> str:
-    k = e["k"]
-    def f(x):
-        return "n/a" if x is None else f"{x:.3f}"
-    return (f"eval after step {step}: pass@1 {f(e['pass@1'])} pass@{k} {f(e[f'pass@{k}'])} "
-            f"({e['n_trials']} trials, {e['n_unscored']} unscored)")
-
-
-def _masked_text(r: dict) -> str:
-    masked = {k: v for k, v in (r.get("filters") or {}).items() if v}
-    return (" masked " + ",".join(f"{k} {v}" for k, v in masked.items())) if masked else ""
-
-
-def _summary(metrics, cfg, base_model, out, last_checkpoint, seconds) -> dict[str, Any]:
-    evals = [{"step": m["step"], **{k: v for k, v in m["eval"].items() if k != "per_task"}}
-             for m in metrics if "eval" in m]
-    metrics = [m for m in metrics if "reward_mean" in m]  # training steps (step 0 holds only an evaluation)
-    rewards = [m["reward_mean"] for m in metrics if m["reward_mean"] is not None]
-    return {
-        "steps": len(metrics),
-        "last_step": metrics[-1]["step"] if metrics else 0,
-        "skipped_steps": [m["step"] for m in metrics if m["skipped"]],
-        "aborted_samples": sum(m["aborted"] for m in metrics),
-        "trained_tokens": sum(m["n_tokens"] for m in metrics),
-        "first_reward_mean": rewards[0] if rewards else None,
-        "last_reward_mean": rewards[-1] if rewards else None,
-        "base_model": base_model,
-        "lora": cfg.lora,
-        "final": str(out / "final") if (out / "final").is_dir() else None,
-        "last_checkpoint": last_checkpoint,
-        "masked_episodes": {k: sum(m.get("filters", {}).get(k, 0) for m in metrics)
-                            for k in ("timeout", "step_limit", "length_limit", "zero_std")},
-        "evals": evals,
-        "wall_seconds_this_run": round(seconds, 2),
-    }
 
 
 def _jsonable(d: dict) -> dict:

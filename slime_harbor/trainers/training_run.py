@@ -1,0 +1,110 @@
+"""What a local GRPO run records, shared by its loops: the rollout figures of a step
+(rollout_stats, truncated_ratio), the task stream steps draw from, the lines a step and an
+evaluation print, and the run's summary.json.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from slime_harbor.samples import TrainingSample
+
+
+def rollout_stats(samples: Sequence[TrainingSample]) -> dict[str, Any]:
+    """Reward mean / std / pass rate over the episodes the verifier scored (one per trial)."""
+    rewards = {}
+    for s in samples:
+        if s.reward is not None and s.status.value in ("completed", "truncated"):
+            rewards.setdefault((s.group_index, s.index), s.reward)
+    values = list(rewards.values())
+    mean = sum(values) / len(values) if values else None
+    tampered = {(s.group_index, s.index) for s in samples if s.metadata.get("tampering")}
+    return {
+        "n_tampered": len(tampered),  # episodes whose grader detected tampering (scored 0)
+        "reward_mean": mean,
+        "reward_std": math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) if values else None,
+        "pass_rate": sum(v >= 1.0 for v in values) / len(values) if values else None,
+        "n_scored": len(values),
+    }
+
+
+class TaskStream:
+    """Task names in a seeded shuffled order, epoch after epoch; `position` counts names drawn
+    (kept in metrics.json, so a resumed run goes on where it stopped)."""
+
+    def __init__(self, tasks: Sequence[str], seed: int, position: int = 0):
+        self.tasks, self.seed, self.position = list(tasks), seed, position
+
+    def _at(self, i: int) -> str:
+        epoch, k = divmod(i, len(self.tasks))
+        order = list(self.tasks)
+        random.Random(f"{self.seed}:{epoch}").shuffle(order)
+        return order[k]
+
+    def take(self, n: int) -> list[str]:
+        """The next n names, without repeats (a window across two epochs may meet one twice)."""
+        names: list[str] = []
+        while len(names) < min(n, len(self.tasks)):
+            name = self._at(self.position)
+            self.position += 1
+            if name not in names:
+                names.append(name)
+        return names
+
+
+def truncated_ratio(samples: Sequence[TrainingSample]) -> float | None:
+    """Share of scored episodes that hit a limit (status truncated), as SLiME's rollout/truncated_ratio."""
+    episodes = {(s.group_index, s.index): s.status.value for s in samples if s.reward is not None}
+    return sum(v == "truncated" for v in episodes.values()) / len(episodes) if episodes else None
+
+
+def step_line(r: dict) -> str:
+    def f(x, fmt=".4f"):
+        return "n/a" if x is None else format(x, fmt)
+
+    what = f"skipped ({r['skipped']})" if r["skipped"] else (
+        f"loss {f(r.get('loss'))} kl {f(r.get('kl'), '.2e')} ppo_kl {f(r.get('ppo_kl'), '.2e')} "
+        f"clipfrac {f(r.get('clipfrac'), '.3f')} tokens {r['n_tokens']}")
+    return (f"step {r['step']}: reward {f(r['reward_mean'], '.3f')} pass {f(r['pass_rate'], '.2f')} "
+            f"aborted {r['aborted']}/{r['n_samples']}{masked_text(r)} | {what} | rollout {r['timings']['rollout_s']:.1f}s "
+            f"train {r['timings']['train_s']:.1f}s")
+
+
+def eval_line(step: int, e: dict) -> str:
+    k = e["k"]
+    def f(x):
+        return "n/a" if x is None else f"{x:.3f}"
+    return (f"eval after step {step}: pass@1 {f(e['pass@1'])} pass@{k} {f(e[f'pass@{k}'])} "
+            f"({e['n_trials']} trials, {e['n_unscored']} unscored)")
+
+
+def masked_text(r: dict) -> str:
+    masked = {k: v for k, v in (r.get("filters") or {}).items() if v}
+    return (" masked " + ",".join(f"{k} {v}" for k, v in masked.items())) if masked else ""
+
+
+def run_summary(metrics, cfg, base_model, out, last_checkpoint, seconds) -> dict[str, Any]:
+    evals = [{"step": m["step"], **{k: v for k, v in m["eval"].items() if k != "per_task"}}
+             for m in metrics if "eval" in m]
+    metrics = [m for m in metrics if "reward_mean" in m]  # training steps (step 0 holds only an evaluation)
+    rewards = [m["reward_mean"] for m in metrics if m["reward_mean"] is not None]
+    return {
+        "steps": len(metrics),
+        "last_step": metrics[-1]["step"] if metrics else 0,
+        "skipped_steps": [m["step"] for m in metrics if m["skipped"]],
+        "aborted_samples": sum(m["aborted"] for m in metrics),
+        "trained_tokens": sum(m["n_tokens"] for m in metrics),
+        "first_reward_mean": rewards[0] if rewards else None,
+        "last_reward_mean": rewards[-1] if rewards else None,
+        "base_model": base_model,
+        "lora": cfg.lora,
+        "final": str(out / "final") if (out / "final").is_dir() else None,
+        "last_checkpoint": last_checkpoint,
+        "masked_episodes": {k: sum(m.get("filters", {}).get(k, 0) for m in metrics)
+                            for k in ("timeout", "step_limit", "length_limit", "zero_std")},
+        "evals": evals,
+        "wall_seconds_this_run": round(seconds, 2),
+    }
