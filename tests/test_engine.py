@@ -218,6 +218,45 @@ def test_update_model_swaps_weights_between_steps(engine, tmp_path, tokenizer):
     assert (before.weight_version, after.weight_version) == (0, 1)
 
 
+def test_a_weight_update_waits_for_the_calls_running_and_each_call_has_one_version(engine, model, tmp_path, tokenizer):
+    """update_model during a call: the call finishes on the old weights (its logprobs are the old
+    model's, its version 0), a call submitted meanwhile waits and is sampled by the new weights
+    only (version 1); the update returns once the running call is done."""
+    other = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path, seed=7), dtype=torch.float32).eval()
+    params = SamplingParams(max_new_tokens=150, ignore_eos=True)
+    running = engine.submit(prompts(tokenizer)[1], params)
+    wait_for(lambda: engine.stats.decode_steps >= 2)
+    updated = []
+    updater = threading.Thread(target=lambda: updated.append(engine.update_model(other, version=5)))
+    updater.start()
+    wait_for(lambda: engine._draining)
+    waiting = engine.submit(prompts(tokenizer)[2], SamplingParams(max_new_tokens=20, ignore_eos=True))
+    first = running.result(timeout=60)
+    updater.join(timeout=60)
+    second = waiting.result(timeout=60)
+    assert updated == [5] and engine.weight_version == 5
+    assert (first.weight_version, second.weight_version) == (0, 5) and len(first.output_ids) == 150
+    for generation, sampler in ((first, model), (second, other)):  # each call, every token, by one model
+        full, targets = recomputed_logprobs(sampler, generation, 1.0)
+        assert (full.gather(-1, targets[:, None])[:, 0] - torch.tensor(generation.logprobs)).abs().max() < 1e-4
+
+
+def test_pause_generation_aborts_the_calls_in_flight_and_holds_new_ones(engine, tokenizer):
+    """SGLang's pause_generation (SLiME's weight updates): in-flight calls end aborted, new ones
+    wait until continue_generation."""
+    running = engine.submit(prompts(tokenizer)[0], SamplingParams(max_new_tokens=10**6, ignore_eos=True))
+    wait_for(lambda: engine.stats.decode_steps >= 2)
+    assert engine.pause_generation() == 1
+    assert running.result(timeout=10).finish_reason["type"] == "abort"
+    held = engine.submit(prompts(tokenizer)[1], SamplingParams(max_new_tokens=5, ignore_eos=True))
+    time.sleep(0.3)
+    assert not held.done() and engine.num_pending() == (0, 1)
+    engine.update_model(engine.model)  # nothing running: the update does not wait for the held call
+    engine.continue_generation()
+    generation = held.result(timeout=10)
+    assert len(generation.output_ids) == 5 and generation.weight_version == 1
+
+
 def test_paused_engine_makes_no_progress(engine, tokenizer):
     with engine.paused():
         future = engine.submit(prompts(tokenizer)[0], SamplingParams(max_new_tokens=5))
@@ -243,7 +282,8 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(engine, tmp_pa
     running = engine.submit(prompts(tokenizer)[0], SamplingParams(max_new_tokens=10**6, ignore_eos=True))
     wait_for(lambda: engine.stats.decode_steps >= 2)
     other_shape = build_tiny_model(tmp_path, config=TinyModelConfig(head_dim=16))
-    engine.update_model(AutoModelForCausalLM.from_pretrained(other_shape, dtype=torch.float32))
+    with engine.paused():  # a trainer replacing the module in place, not update_model (which waits for the row)
+        engine.model = engine._prepare(AutoModelForCausalLM.from_pretrained(other_shape, dtype=torch.float32))
     with pytest.raises(RuntimeError):
         running.result(timeout=10)
     assert engine.num_pending() == (0, 0)

@@ -326,6 +326,7 @@ class Gateway:
         call.latency_s = time.monotonic() - call.started
         call.completion_ids, call.logprobs = generation.token_ids, generation.logprobs
         call.finish_reason, call.weight_version = generation.finish_reason, generation.weight_version
+        call.reissued = generation.reissued
         call.top_p_token_ids, call.top_p_token_offsets = generation.top_p_token_ids, generation.top_p_token_offsets
         if generation.finish_reason == "abort":
             call.error = "aborted upstream"

@@ -161,6 +161,7 @@ class Call:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     weight_version: str | None = None
+    reissued: int = 0  # times the server aborted it on its own (a weight update) and it was sampled again
     top_p_token_ids: list[int] | None = None
     top_p_token_offsets: list[int] | None = None
     latency_s: float | None = None
@@ -192,7 +193,7 @@ class Call:
             "session": session_id, "call": self.index, "branch": self.branch, "rid": self.rid,
             **prompt, "completion_ids": self.completion_ids, "logprobs": self.logprobs,
             "finish_reason": self.finish_reason, "weight_version": self.weight_version,
-            "top_p_token_ids": self.top_p_token_ids, "top_p_token_offsets": self.top_p_token_offsets,
+            "reissued": self.reissued, "top_p_token_ids": self.top_p_token_ids, "top_p_token_offsets": self.top_p_token_offsets,
             "latency_s": self.latency_s, "delivered": self.delivered, "trained": self.trained,
             "error": self.error, "usage": self.usage(),
         }

@@ -21,12 +21,15 @@ renormalised over that kept set, log(p_i / sum_kept p), as the patched SGLang re
 SLiME's trainer recomputes them under the replayed keep-mask. A request without any filter
 (top_p 1, top_k off, temperature > 0) gets no kept ids, like the patched SGLang.
 
-Weights: `update_model(model)` swaps the model between two steps and bumps `weight_version`;
-`paused()` holds the engine between steps while a trainer edits weights in place. Rows still
-running keep the KV cache computed by the old weights, so callers that need purely on-policy
-samples update weights while the engine is idle (`num_pending() == 0`). Over HTTP the same is
-done the way SGLang takes weights: `update_weights_from_disk(path)` (a full HF checkpoint, swapped
-in once running requests have finished) and `load_lora_adapter(name, path)` /
+Weights: `update_model(model, version)` serves `model` from the next request on and sets
+`weight_version`: it admits no new request until the rows running now have finished (they wait
+in the queue), then swaps, so every request is sampled entirely by one version and its
+Generation says which (the version it was admitted under). `paused()` holds the engine between
+steps while a trainer edits weights in place. `pause_generation()` / `continue_generation()` are
+SGLang's: abort every request in flight and admit nothing until continued (a trainer updating
+weights meanwhile; the callers re-issue what was aborted). Over HTTP the same is done the way
+SGLang takes weights: `update_weights_from_disk(path)` (a full HF checkpoint, swapped in once
+running requests have finished) and `load_lora_adapter(name, path)` /
 `unload_lora_adapter(name)` (peft adapters on the served base; a request picks one by name, rows
 with different adapters share a batch, and a request naming none samples the base model).
 
@@ -90,7 +93,7 @@ class Generation:
     logprobs: list[float]  # one per output id: log_softmax(logits / T) before top-k/top-p
     finish_reason: dict[str, Any]  # {"type": "stop"|"length"|"abort", "matched"?: token id | str}
     text: str  # decoded output; the stop token / string trimmed unless no_stop_trim
-    weight_version: int  # the engine's weight version when the request finished
+    weight_version: int  # the weights that sampled it: the engine's version when it was admitted
     latency_s: float  # from submit to finish
     # Per output id, the ids the top-k / top-p filter kept (most likely first), when the request
     # asked for them (return_top_p_token_ids) and had a filter; None otherwise.
@@ -142,6 +145,7 @@ class _Request:
         self.top_p_token_ids: list[list[int]] | None = [] if params.return_top_p_token_ids and truncates else None
         self.finish_reason: dict[str, Any] | None = None
         self.abort_requested = False
+        self.weight_version: int | None = None  # set when admitted: the weights that sample it
         self.submitted_at = time.monotonic()
         # Enough trailing tokens to contain any stop string: every token decodes to >= 1 byte.
         self.stop_window = max((len(s.encode()) for s in params.stop), default=0) + 2
@@ -173,6 +177,8 @@ class SamplingEngine:
         self._closing = False
         self._weights_lock = threading.Lock()  # held by the worker for each step
         self._pause_waiters = 0
+        self._draining = 0  # update_model calls waiting for the running rows: admit nothing new
+        self._generation_paused = False  # pause_generation: admit nothing until continue_generation
         self._batch = _Batch()  # worker-only
         self._worker = threading.Thread(target=self._work, name="sampling-engine", daemon=True)
         self._worker.start()
@@ -261,18 +267,48 @@ class SamplingEngine:
             queued = len(self._queue)
             return len(self._active) - queued, queued
 
-    def update_model(self, model) -> int:
-        """Serve `model` from the next step on; returns the new weight version."""
+    def update_model(self, model, version: int | None = None, timeout_s: float = 600.0) -> int:
+        """Serve `model` as weight version `version` (default: the current one + 1); returns it.
+        Requests running now finish on the old weights and new ones wait in the queue meanwhile,
+        so a request is never sampled by two versions. `model` may be the module served now
+        (weights edited in place under paused(), or nothing changed): the version still advances."""
         model = self._prepare(model)
-        with self.paused():
-            self.model = model
-            self.weight_version += 1
-            return self.weight_version
+        with self._cond:
+            self._draining += 1
+        try:
+            deadline = time.monotonic() + timeout_s
+            while self.num_pending()[0]:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"requests still running after {timeout_s}s")
+                time.sleep(0.002)
+            with self.paused():
+                self.model = model
+                self.weight_version = self.weight_version + 1 if version is None else int(version)
+                return self.weight_version
+        finally:
+            with self._cond:
+                self._draining -= 1
+                self._cond.notify_all()
 
-    def update_weights_from_disk(self, model_path: str, *, abort_all: bool = False, timeout_s: float = 600.0) -> int:
+    def pause_generation(self) -> int:
+        """SGLang's pause_generation (mode abort): abort every request in flight (each returns with
+        finish_reason abort and its tokens so far) and admit none until continue_generation;
+        requests submitted meanwhile wait in the queue. Returns how many were aborted."""
+        with self._cond:
+            self._generation_paused = True
+        return self.abort_all()
+
+    def continue_generation(self) -> None:
+        with self._cond:
+            self._generation_paused = False
+            self._cond.notify_all()
+
+    def update_weights_from_disk(self, model_path: str, *, abort_all: bool = False, timeout_s: float = 600.0,
+                                 version: int | None = None) -> int:
         """SGLang's update_weights_from_disk: load the HF checkpoint at `model_path` (same
         architecture) and serve it once the requests running now have finished (or abort them
-        first); returns the new weight version. The old weights stay on any error."""
+        first); returns the new weight version (`version`, as SLiME passes weight_version, or the
+        current one + 1). The old weights stay on any error."""
         from transformers import AutoModelForCausalLM
 
         if self.lora_adapters:
@@ -284,8 +320,7 @@ class SamplingEngine:
                              f"{self.model.config.vocab_size}")
         if abort_all:
             self.abort_all()
-        self._wait_idle(timeout_s)
-        return self.update_model(new)
+        return self.update_model(new, version, timeout_s)
 
     def load_lora_adapter(self, name: str, path: str) -> None:
         """SGLang's load_lora_adapter: add the peft adapter at `path` under `name` (base unchanged)."""
@@ -315,13 +350,6 @@ class SamplingEngine:
             else:
                 self.model.delete_adapter(name)
             del self.lora_adapters[name]
-
-    def _wait_idle(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self.num_pending() != (0, 0):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"requests still running after {timeout_s}s")
-            time.sleep(0.01)
 
     @contextlib.contextmanager
     def paused(self):
@@ -364,7 +392,7 @@ class SamplingEngine:
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._closing and not self._queue and not self._batch.rows:
+                while not self._closing and not (self._queue and self._admitting()) and not self._batch.rows:
                     self._cond.wait()
                 if self._closing and not self._batch.rows:
                     return
@@ -379,10 +407,17 @@ class SamplingEngine:
                 except Exception as error:  # a failed forward pass must not hang the callers
                     self._fail_running(error)
 
+    def _admitting(self) -> bool:
+        """Whether queued requests may start (under self._cond): not while a weight update waits
+        for the running rows, nor while generation is paused."""
+        return not self._draining and not self._generation_paused
+
     def _step(self) -> None:
         with self._cond:
-            room = self.config.max_batch_size - len(self._batch.rows)
+            room = self.config.max_batch_size - len(self._batch.rows) if self._admitting() else 0
             admitted = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
+            for request in admitted:
+                request.weight_version = self.weight_version
         with torch.inference_mode():
             if admitted:
                 self._admit(admitted)
@@ -510,7 +545,7 @@ class SamplingEngine:
             logprobs=list(request.logprobs),
             finish_reason=request.finish_reason,
             text=self._text(request),
-            weight_version=self.weight_version,
+            weight_version=self.weight_version if request.weight_version is None else request.weight_version,
             latency_s=time.monotonic() - request.submitted_at,
             top_p_token_ids=[list(kept) for kept in request.top_p_token_ids]
             if request.top_p_token_ids is not None

@@ -23,12 +23,17 @@ Endpoints:
                                 logprobs.token_logprobs for the sampled tokens (token in, token out
                                 on an OpenAI-compatible server)
     POST /abort_request         {"rid": ...} or {"abort_all": true}
-    POST /update_weights_from_disk   SGLang's: {"model_path", "abort_all_requests"?} -> {"success",
-                                "message", "num_paused_requests"}; served once running requests end
+    POST /update_weights_from_disk   SGLang's: {"model_path", "abort_all_requests"?, "weight_version"?}
+                                -> {"success", "message", "num_paused_requests"}; swapped in once the
+                                running requests end (new ones wait): each is sampled by one version
+    POST /pause_generation      SGLang's (mode abort, SLiME's weight updates): requests in flight
+                                end with finish_reason abort, new ones wait for /continue_generation
     POST /load_lora_adapter     SGLang's: {"lora_name", "lora_path"}; requests pick it by name
                                 (/generate "lora_path", or the OpenAI "model" field as vLLM does)
     POST /unload_lora_adapter   SGLang's: {"lora_name"}
+    POST /continue_generation   SGLang's: admit requests again
     GET  /get_model_info        {"model_path", "weight_version", "lora_adapters"}
+    GET  /get_weight_version    SGLang's: {"weight_version"}
     GET  /health, /health_generate, /v1/models, /v1/loads
 
 Run it with `serve(model_dir)` (blocking, the CLI's `slime-harbor serve`) or in-process with
@@ -92,7 +97,10 @@ class PolicyServer:
             ("POST", "/update_weights_from_disk", self.update_weights_from_disk),
             ("POST", "/load_lora_adapter", self.load_lora_adapter),
             ("POST", "/unload_lora_adapter", self.unload_lora_adapter),
+            ("POST", "/pause_generation", self.pause_generation),
+            ("POST", "/continue_generation", self.continue_generation),
             ("GET", "/get_model_info", self.model_info),
+            ("GET", "/get_weight_version", self.weight_version),
             ("GET", "/health", self.health),
             ("GET", "/health_generate", self.health_generate),
             ("GET", "/v1/models", self.models),
@@ -267,9 +275,13 @@ class PolicyServer:
         path = body.get("model_path")
         if not isinstance(path, str) or not path:
             raise BadRequest("give model_path (a HF checkpoint dir the server can read)")
+        version = body.get("weight_version")  # SLiME names each update's version; we count otherwise
+        if version is not None and not str(version).isdigit():
+            raise BadRequest(f"weight_version must be a non-negative integer here, got {version!r}")
         try:
             version = await asyncio.to_thread(
-                self.engine.update_weights_from_disk, path, abort_all=bool(body.get("abort_all_requests"))
+                self.engine.update_weights_from_disk, path, abort_all=bool(body.get("abort_all_requests")),
+                version=None if version is None else int(version),
             )
         except (OSError, ValueError, TimeoutError) as error:
             return JSONResponse(status_code=400, content={"success": False, "message": f"{type(error).__name__}: {error}",
@@ -277,6 +289,18 @@ class PolicyServer:
         self.model_path = path
         return JSONResponse({"success": True, "message": f"weights loaded from {path} (version {version})",
                              "num_paused_requests": 0})
+
+    async def pause_generation(self, request: Request) -> dict[str, Any]:
+        """SGLang's pause_generation in its default mode, abort (the one SLiME's weight updates use):
+        the requests in flight end with finish_reason abort; new ones wait until continue_generation."""
+        mode = (await _json(request)).get("mode", "abort")
+        if mode != "abort":
+            raise BadRequest(f"pause_generation mode {mode!r} is not served here; only abort")
+        return {"success": True, "num_aborted_requests": self.engine.pause_generation()}
+
+    async def continue_generation(self) -> dict[str, Any]:
+        self.engine.continue_generation()
+        return {"success": True}
 
     async def load_lora_adapter(self, request: Request) -> JSONResponse:
         body = await _json(request)
@@ -302,6 +326,9 @@ class PolicyServer:
     async def model_info(self) -> dict[str, Any]:
         return {"model_path": self.model_path, "weight_version": str(self.engine.weight_version),
                 "lora_adapters": dict(self.engine.lora_adapters)}
+
+    async def weight_version(self) -> dict[str, Any]:
+        return {"weight_version": str(self.engine.weight_version)}
 
     def _logprob_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
         raw = _token_bytes(self.engine.tokenizer, token_id)

@@ -4,7 +4,8 @@
            POST /load_lora_adapter {"lora_name", "lora_path"}; the previous one is then unloaded
            (POST /unload_lora_adapter). Rollouts name the adapter they sample from (lora_name).
     disk   the full weights (LoRA merged in) are saved to weights_dir/step_N and loaded with
-           POST /update_weights_from_disk {"model_path"}.
+           POST /update_weights_from_disk {"model_path", "weight_version": "N"}, so the server labels
+           every call it samples from them with version N (as SLiME's updates do).
     none   nothing is pushed: the server keeps the weights it has (a vLLM server without these
            endpoints); the trainer recomputes old logprobs instead.
 
@@ -45,7 +46,7 @@ class WeightSync:
     lora_name: str | None = field(default=None, init=False)
     """The adapter rollouts sample from now (None: the server's own weights)."""
     version: int = field(default=0, init=False)
-    """Pushes that succeeded (the step whose weights the server holds, for a fresh run)."""
+    """The weight version the server holds: the step of the last push that succeeded (0: its own)."""
     _last_dir: Path | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -55,7 +56,8 @@ class WeightSync:
         self.weights_dir = Path(self.weights_dir).resolve()  # the server resolves it, not our cwd
 
     def push(self, model, tokenizer, step: int) -> bool:
-        """Hand `model` (a peft model or a plain HF model) to the server; False when nothing is pushed."""
+        """Hand `model` (a peft model or a plain HF model), the weights after `step` updates, to the
+        server; False when nothing is pushed."""
         from peft import PeftModel
 
         lora = isinstance(model, PeftModel)
@@ -78,12 +80,12 @@ class WeightSync:
             full = copy.deepcopy(model).merge_and_unload() if lora else model
             full.save_pretrained(out)
             tokenizer.save_pretrained(out)
-            if not self._post("/update_weights_from_disk", {"model_path": str(out)}):
+            if not self._post("/update_weights_from_disk", {"model_path": str(out), "weight_version": str(step)}):
                 return False
         if self._last_dir and self._last_dir != out:
             shutil.rmtree(self._last_dir, ignore_errors=True)
         self._last_dir = out
-        self.version += 1
+        self.version = step
         return True
 
     def _post(self, path: str, payload: dict, check: bool = True) -> bool:
