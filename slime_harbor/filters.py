@@ -10,6 +10,10 @@ Episode limits, each off by default (a limit hit is then an ordinary, verifier-s
     step_limit    the agent used all its turns without finishing (exit_status step_limit)
     length_limit  a turn ended at the context or max-new-token limit (exit_status context_limit,
                   or a turn whose finish_reason is "length": DAPO's overlong filter)
+Staleness (asynchronous training, --max-staleness K / harbor_max_staleness): an episode with a
+model call sampled by weights more than K versions older than those being updated is off-policy
+beyond the bound; `mask_stale` masks it (masked_by "stale"). Versions are the servers' per-call
+weight_version (sample.weight_versions).
 Dynamic sampling (SLiME's --dynamic-sampling-filter-path check_reward_nonzero_std): a group whose
 kept episodes all have the same reward has advantage 0 everywhere and only dilutes the batch;
 `drop_zero_std_groups` masks such groups (masked_by "zero_std") and the trainer samples more.
@@ -69,6 +73,28 @@ def apply_limit_filters(samples: Sequence[TrainingSample], filters: TrajectoryFi
                 seen.add(episode)
                 masked[reason] += 1
     return masked
+
+
+def staleness(sample: TrainingSample, trained_version: int) -> int | None:
+    """How many versions the oldest model call of `sample` is behind `trained_version` (the
+    weights the update starts from); None when its calls carry no version."""
+    versions = [int(v) for v in sample.weight_versions if str(v).lstrip("-").isdigit()]
+    return trained_version - min(versions) if versions else None
+
+
+def mask_stale(samples: Sequence[TrainingSample], trained_version: int, max_staleness: int) -> int:
+    """Mask every episode with a call more than `max_staleness` versions behind `trained_version`
+    (all of its samples: an episode is trained whole or not at all); returns episodes masked."""
+    def episode(s):
+        return (s.group_index, s.rollout_id if s.rollout_id is not None else s.index)
+
+    stale = {episode(s) for s in samples if (staleness(s, trained_version) or 0) > max_staleness}
+    masked = set()
+    for s in samples:
+        if episode(s) in stale and not s.remove_sample:
+            mask(s, "stale")
+            masked.add(episode(s))
+    return len(masked)
 
 
 def kept_rewards_by_group(samples: Sequence[TrainingSample]) -> dict:

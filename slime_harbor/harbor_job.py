@@ -50,7 +50,9 @@ def _now() -> datetime:
 class HarborJob:
     """The job files of one rollout; call trial_started / trial_finished / finish as trials run."""
 
-    def __init__(self, job_dir: Path, cfg: RolloutConfig, tasks: list[Path]):
+    def __init__(self, job_dir: Path, cfg: RolloutConfig, tasks: list[Path], n_trials: int | None = None):
+        """`n_trials`: how many trials the job has (None: n_samples of each task; 0 for one that
+        grows by add_trials)."""
         from harbor.models.job.config import JobConfig
         from harbor.models.job.result import JobResult, JobStats
         from harbor.models.trial.config import TaskConfig
@@ -66,7 +68,7 @@ class HarborJob:
             environment=environment_config(cfg.env, agent=agent), agents=[agent],
             tasks=[TaskConfig(path=Path(t).resolve()) for t in tasks],
         )
-        n_total = len(tasks) * cfg.n_samples
+        n_total = len(tasks) * cfg.n_samples if n_trials is None else n_trials
         started = _now()
         self.result = JobResult(id=uuid4(), started_at=started, updated_at=started, n_total_trials=n_total,
                                 stats=JobStats.from_trial_results([], n_total_trials=n_total))
@@ -112,6 +114,10 @@ class HarborJob:
                 job.result.finished_at = max(r.finished_at or r.started_at for r in results)
             job._write()
         return job
+
+    def add_trials(self, n: int) -> None:
+        """A job whose trials are not known up front (asynchronous training) grows as they start."""
+        self.result.n_total_trials += n
 
     def trial_started(self) -> None:
         self.running += 1

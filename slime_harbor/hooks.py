@@ -79,6 +79,10 @@ Plugin settings, read from `args` (set them with SLiME's --custom-config-path YA
                                      a masked episode is removed from the loss and from its group's
                                      baseline, counted as masked/<reason>; never applied to
                                      evaluation trials.
+    harbor_max_staleness             generate_rollout_fully_async only: an episode with a model call
+                                     sampled more than this many weight versions before the ones
+                                     the engines serve when its round is collected is masked
+                                     (masked/stale), as train-local --max-staleness   (none: no bound)
 
 Dynamic filtering: groups whose kept episodes all got the same reward carry no GRPO signal. Use
     --dynamic-sampling-filter-path slime_harbor.hooks.dynamic_sampling_filter
@@ -98,7 +102,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from slime_harbor.filters import TrajectoryFilters, apply_limit_filters
+from slime_harbor.filters import TrajectoryFilters, apply_limit_filters, mask_stale
 from slime_harbor.grpo import episode_advantages
 from slime_harbor.rollout import RolloutConfig, load_tokenizer, run_episode, start_gateway, uses_gateway
 from slime_harbor.samples import SampleStatus, TrainingSample
@@ -120,6 +124,7 @@ DEFAULTS = {
     "harbor_mask_timeouts": False,
     "harbor_mask_step_limit": False,
     "harbor_mask_length_limit": False,
+    "harbor_max_staleness": None,
 }
 
 log = logging.getLogger(__name__)
@@ -503,12 +508,22 @@ def generate_rollout_fully_async(args, rollout_id, data_source, evaluation: bool
     TypeError. This runs SLiME's own background worker (`_get_global_worker`: in-flight groups
     across rounds, the same backpressure) and collects the same way, ordering groups by their
     first Sample's index.
+
+    Trials run on across SLiME's weight updates: its updater pauses generation, which aborts the
+    calls in flight, and our clients sample those again once the new weights are in (policy/
+    client.py), so a call is sampled by one version and each Sample's weight_versions says which,
+    per call. With harbor_max_staleness K, an episode with a call more than K versions behind the
+    version the engines serve now (the weights the next update starts from) is masked, counted as
+    masked/stale.
     """
     from slime.rollout import fully_async_rollout
     from slime.utils.async_utils import run
 
     if evaluation:
         raise ValueError("fully-async rollout doesn't support evaluation mode")
+    bound = setting(args, "harbor_max_staleness")
+    if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 0):
+        raise HookConfigError(f"harbor_max_staleness must be a whole number >= 0, got {bound!r}")
 
     async def collect() -> list:
         worker = fully_async_rollout._get_global_worker(args, data_source)
@@ -520,4 +535,21 @@ def generate_rollout_fully_async(args, rollout_id, data_source, evaluation: bool
                 await asyncio.sleep(0.05)
         return sorted(collected.values(), key=lambda group: _flatten(group)[0].index or 0)
 
-    return run(collect())
+    groups = run(collect())
+    if bound is not None:
+        METRICS["masked/stale"] += mask_stale(_flatten(groups), served_weight_version(args), bound)
+    return groups
+
+
+def served_weight_version(args) -> int:
+    """The weight version SLiME's engines serve now: the router's /get_weight_version, else the
+    highest of its workers' (SGLang's endpoint; the router lists them at /workers)."""
+    import httpx
+
+    base = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
+    with httpx.Client(timeout=30) as client:
+        reply = client.get(f"{base}/get_weight_version")
+        if reply.status_code == 200:
+            return int(reply.json()["weight_version"])
+        workers = [w["url"] for w in client.get(f"{base}/workers").json()["workers"]]
+        return max(int(client.get(f"{url}/get_weight_version").json()["weight_version"]) for url in workers)

@@ -33,6 +33,7 @@ import importlib.util
 import json
 import shutil
 import sys
+import time
 import types
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -523,5 +524,93 @@ def test_fully_async_rollout_drives_our_hook(slime_modules, embedded_front, poli
         assert len(offsets) == s.response_length + 1 and offsets[-1] == len(train["rollout_top_p_token_ids"][i])
         if not s.remove_sample:
             assert offsets[-1] > 0
+    procs, dirs = leftovers(tmp_path)
+    assert procs == [] and dirs == []
+
+
+def response_turns(sample) -> list[list[int]]:
+    """Response positions of each model call, in order: the runs of loss_mask 1 (observations,
+    0, sit between them)."""
+    turns, current = [], []
+    for i, m in enumerate(sample.loss_mask):
+        if m:
+            current.append(i)
+        elif current:
+            turns, current = turns + [current], []
+    return turns + ([current] if current else [])
+
+
+def test_fully_async_trials_span_a_weight_update_and_stale_episodes_are_masked(slime_modules, tiny_model_dir,
+                                                                                tmp_path):
+    """SLiME's fully-async worker with a weight update between two rounds, done as SLiME's updater
+    does it (pause_generation, which aborts the calls in flight; update_weights_from_disk with
+    weight_version "1"; continue_generation). The trials in flight go on: none is aborted, their
+    aborted calls are sampled again by the new weights, and each call's logprobs are those of the
+    weights its version names. With harbor_max_staleness 0 an episode with a version-0 call,
+    collected when the engines serve version 1, is masked and counted as stale."""
+    import httpx
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from slime.rollout import fully_async_rollout
+    from slime.rollout.data_source import RolloutDataSourceWithBuffer
+    from slime.rollout.sglang_rollout import GenerateState
+    from slime.utils import http_utils
+
+    from slime_harbor.policy.server import EmbeddedPolicyServer
+    from slime_harbor.policy.tiny_model import build_tiny_model
+
+    new_weights = build_tiny_model(tmp_path / "v1", seed=7)
+    tasks = make_tasks(tmp_path)
+    prompts = write_prompts(tasks, tmp_path, [("coin", None)] * 8)
+    with EmbeddedPolicyServer(tiny_model_dir) as server:
+        args = slime_args(server.url, tiny_model_dir, prompts, tmp_path, "--rollout-batch-size", "1",
+                          "--rollout-function-path", "slime_harbor.hooks.generate_rollout_fully_async")
+        args.harbor_tasks_dir, args.harbor_step_limit, args.harbor_max_staleness = str(tasks), 3, 0
+        args.rollout_max_response_len = 600  # the untrained model writes to the limit: long calls
+        args.sglang_server_concurrency = 4  # SLiME's per-sample semaphore: four trials at once
+        http_utils.init_http_client(args)
+        data_source = RolloutDataSourceWithBuffer(args)
+        try:
+            first = hooks._flatten(hooks.generate_rollout_fully_async(args, 0, data_source))
+            deadline = time.monotonic() + 120
+            while not any(len(r.prompt_ids) > 600 for r in list(server.engine._active.values())):
+                assert time.monotonic() < deadline  # wait for a trial's second or third call in flight
+                time.sleep(0.01)
+            aborted = httpx.post(f"{server.url}/pause_generation", json={}).json()["num_aborted_requests"]
+            update = httpx.post(f"{server.url}/update_weights_from_disk", timeout=120,
+                                json={"model_path": str(new_weights), "weight_version": "1"})
+            httpx.post(f"{server.url}/continue_generation", json={})
+            args.rollout_batch_size = 4  # every group in flight at the update, and more
+            second = hooks._flatten(hooks.generate_rollout_fully_async(args, 1, data_source))
+        finally:
+            worker = fully_async_rollout._global_worker
+            GenerateState(args).aborted = True
+            fully_async_rollout._stop_global_worker()
+            if worker is not None:
+                worker.worker_thread.join(timeout=120)
+    assert aborted >= 1 and update.json()["success"], (aborted, update.text)
+    assert all(s.weight_versions and set(s.weight_versions) == {"0"} and not s.remove_sample for s in first)
+    assert not any(s.status == s.Status.ABORTED for s in second)  # the update ended no trial
+    spanning = [s for s in second if set(s.weight_versions) == {"0", "1"}]
+    assert spanning, [s.weight_versions for s in second]
+    for s in second:
+        stale = "0" in s.weight_versions
+        assert s.remove_sample == stale and (s.metadata.get("masked_by") == "stale") == stale
+    assert hooks.hook_metrics()["masked/stale"] == len({s.rollout_id for s in second if "0" in s.weight_versions})
+    # Each call was sampled by exactly the weights its version names.
+    models = {v: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+              for v, d in (("0", tiny_model_dir), ("1", new_weights))}
+    for s in second:
+        turns = response_turns(s)
+        assert len(turns) == len(s.weight_versions)
+        tokens = torch.tensor([s.tokens])
+        prompt_len = len(s.tokens) - s.response_length
+        for turn, version in zip(turns, s.weight_versions):
+            with torch.no_grad():
+                logprobs = torch.log_softmax(models[version](tokens).logits[0].float(), dim=-1)
+            for i in turn:
+                recomputed = logprobs[prompt_len + i - 1, s.tokens[prompt_len + i]].item()
+                assert abs(recomputed - s.rollout_log_probs[i]) < 1e-3, (version, i)
     procs, dirs = leftovers(tmp_path)
     assert procs == [] and dirs == []

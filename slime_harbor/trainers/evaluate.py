@@ -19,7 +19,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+from slime_harbor.rollout import run_rollouts
+from slime_harbor.samples import read_jsonl
+from slime_harbor.trainers.local_config import LocalTrainConfig
+from slime_harbor.trainers.training_run import truncated_ratio
+
+
+async def evaluation(cfg: LocalTrainConfig, policy_url: str, model_dir: str, out_dir: Path,
+                     lora_name: str | None = None) -> dict[str, Any]:
+    """Held-out pass@1 / pass@k of the policy served at policy_url: cfg's eval_rollout (the
+    held-out tasks, eval_n_samples each, the eval sampling settings) into out_dir."""
+    summary = await run_rollouts(cfg.eval_rollout(policy_url, model_dir, out_dir, lora_name))
+    result = eval_metrics(summary["per_task_rewards"], cfg.eval_n_samples)
+    result["truncated_ratio"] = truncated_ratio(read_jsonl(out_dir / "samples.jsonl"))
+    result["wall_s"] = summary["wall_seconds"]
+    return result
 
 
 def pass_at_k(n: int, c: int, k: int) -> float | None:

@@ -279,9 +279,16 @@ def server_logprob_gap(policy: Policy, samples: Sequence[TrainingSample], cfg: L
 
 
 class Learner:
-    """The policy side of the loop: serves the policy (an embedded engine on the module being
-    trained, or pushes to the external server at cfg.policy_url), trains it on a rollout's samples
-    and saves it. train() drives it; examples/harbor/harbor_grpo_modal.py runs one on a Modal GPU."""
+    """The policy side of the loop: serves the policy (an embedded engine, or pushes to the external
+    server at cfg.policy_url), trains it on a rollout's samples and saves it. train() drives it;
+    examples/harbor/harbor_grpo_modal.py runs one on a Modal GPU.
+
+    Versions: weight version v is the weights after v updates (0: as loaded). Each train_step(N)
+    publishes version N, also when it had nothing to train, and the server labels every call with
+    the version that sampled it. Synchronous (max_staleness 0), the engine serves the very module
+    being trained, paused while it trains. Asynchronous, it serves a copy that the trainer never
+    touches, sampling on while the update runs; publishing hands it the next copy, which it takes
+    between calls (calls in flight finish on the old one)."""
 
     def __init__(self, cfg: LocalTrainConfig, base_model: str, device: str, checkpoint: Path | None,
                  out: Path, start: int, host: str = "127.0.0.1"):
@@ -291,10 +298,16 @@ class Learner:
         self.policy = Policy.load(cfg, base_model, device, checkpoint)
         self._stack = contextlib.ExitStack()
         self.engine = self.sync = None
+        self.asynchronous = cfg.max_staleness > 0
         if cfg.policy_url:
             self.url = cfg.policy_url
-            self.sync = WeightSync(cfg.policy_url, cfg.weight_sync, out / "weights")
-            if checkpoint or cfg.lora:  # the server must serve what we train from the first rollout on
+            # Asynchronous, full (merged) weights: a call names no adapter, so it samples the
+            # server's current weights, whichever update it spans (check_train_config refuses lora).
+            mode = "disk" if self.asynchronous and cfg.weight_sync == "auto" else cfg.weight_sync
+            self.sync = WeightSync(cfg.policy_url, mode, out / "weights")
+            # The server must serve what we train from the first rollout on, and label its calls
+            # with our versions when staleness is judged on them.
+            if checkpoint or cfg.lora or self.asynchronous:
                 self.sync.push(self.policy.model, self.policy.tokenizer, start)
         else:
             from slime_harbor.policy.engine import EngineConfig, SamplingEngine
@@ -303,8 +316,9 @@ class Learner:
             # The engine serves the very module the optimizer updates; a new seed per start so a
             # resumed run does not replay the samples of the steps before it.
             engine_config = EngineConfig(device=device, seed=cfg.seed + start)
-            self.engine = self._stack.enter_context(SamplingEngine(self.policy.model, self.policy.tokenizer,
-                                                                   engine_config))
+            served = copy.deepcopy(self.policy.model) if self.asynchronous else self.policy.model
+            self.engine = self._stack.enter_context(SamplingEngine(served, self.policy.tokenizer, engine_config))
+            self.engine.weight_version = start
             server = EmbeddedPolicyServer(engine=self.engine, model_name="policy", host=host)
             self.url = self._stack.enter_context(server).url
 
@@ -318,19 +332,30 @@ class Learner:
         return self.engine.weight_version if self.engine else self.sync.version
 
     def train_step(self, samples: Sequence[TrainingSample], step: int) -> dict[str, Any]:
-        """train_on_samples, then the server samples the updated weights."""
+        """train_on_samples, then the server samples version `step` (the updated weights). Safe to
+        run in a worker thread while rollouts go on (asynchronous)."""
         gap: dict[str, float] = {}
-        with self.engine.paused() if self.engine else contextlib.nullcontext():  # nothing samples meanwhile
+        # Synchronous, the engine serves this very module: nothing samples while it changes.
+        paused = self.engine.paused() if self.engine and not self.asynchronous else contextlib.nullcontext()
+        with paused:
             if self.sync:
                 samples, gap = server_logprob_gap(self.policy, samples, self.cfg, self.device,
                                                   recompute=self.sync.mode == "none")
             result = train_on_samples(self.policy, samples, self.cfg, self.device)
-        if result["updates"]:
-            if self.engine:
-                self.engine.update_model(self.policy.model)  # the next rollout samples from the new weights
-            else:
-                result["weights_pushed"] = self.sync.push(self.policy.model, self.policy.tokenizer, step)
+        if self.engine:
+            # Every update advances the version, one that trained nothing too.
+            changed = result["updates"] and self.asynchronous
+            self.engine.update_model(copy.deepcopy(self.policy.model) if changed else self.engine.model, version=step)
+        else:
+            result["weights_pushed"] = self.sync.push(self.policy.model, self.policy.tokenizer, step)
         return {**result, **gap}
+
+    def frozen_policy(self):
+        """A module holding the weights of the current version that nothing will change: what an
+        evaluation samples while updates go on (the engine's own copy, asynchronous)."""
+        if self.engine and self.asynchronous:
+            return self.engine.model
+        return copy.deepcopy(self.policy.model)
 
     def save_checkpoint(self, out: Path, step: int, metrics: list[dict]) -> None:
         save_checkpoint(self.policy, out, step, metrics)

@@ -66,10 +66,11 @@ from slime_harbor.exits import ConfigError, Interrupted, OneLineArgumentParser, 
 from slime_harbor.filters import apply_limit_filters, drop_zero_std_groups, varying_groups
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.rollout import discover_tasks, run_rollouts
-from slime_harbor.trainers.evaluate import eval_metrics
+from slime_harbor.trainers.async_loop import train_async
+from slime_harbor.trainers.evaluate import evaluation
 from slime_harbor.samples import TrainingSample, read_jsonl
 from slime_harbor.trainers.training_run import (
-    TaskStream, eval_line, rollout_stats, run_summary, step_line, truncated_ratio,
+    TaskStream, TrainingRun, eval_line, rollout_stats, run_summary, truncated_ratio,
 )
 # The run's config lives in local_config.py; its names stay importable from here.
 from slime_harbor.trainers.local_config import (  # noqa: F401
@@ -141,17 +142,6 @@ def sample_step(guard: SignalGuard, runner: asyncio.Runner, cfg: LocalTrainConfi
                      "truncated_ratio": truncated_ratio(samples)}
 
 
-def evaluate(guard: SignalGuard, runner: asyncio.Runner, cfg: LocalTrainConfig, policy_url: str, model_dir: str,
-             out_dir: Path, lora_name: str | None = None) -> dict[str, Any]:
-    """Held-out pass@1 / pass@k of the policy being served now (trainers/evaluate.py); the samples
-    stay in out_dir and are never trained on."""
-    summary = guard.run(run_rollouts(cfg.eval_rollout(policy_url, model_dir, out_dir, lora_name)), runner)
-    result = eval_metrics(summary["per_task_rewards"], cfg.eval_n_samples)
-    result["truncated_ratio"] = truncated_ratio(read_jsonl(out_dir / "samples.jsonl"))
-    result["wall_s"] = summary["wall_seconds"]
-    return result
-
-
 def _tracker(cfg: LocalTrainConfig, out: Path, base_model: str, device: str):
     if not cfg.wandb_project:
         return None
@@ -187,8 +177,8 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_facto
     `learner_factory(cfg, base_model, device, checkpoint, out, start)` builds the policy side."""
     check_train_config(cfg)
     guard = guard or SignalGuard()  # not entered: signals keep their usual effect
-    tasks, skipped_tasks = apply_manifest(discover_tasks(cfg.tasks_dir, cfg.task_names), cfg.task_manifest)
-    tasks = [p.name for p in tasks]
+    task_paths, skipped_tasks = apply_manifest(discover_tasks(cfg.tasks_dir, cfg.task_names), cfg.task_manifest)
+    tasks = [p.name for p in task_paths]
     if not tasks:
         raise ConfigError(f"every task in {cfg.tasks_dir} is marked broken or flaky in {cfg.task_manifest}")
     checkpoint = find_checkpoint(cfg.resume) if cfg.resume else None
@@ -210,61 +200,24 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_facto
         print(f"resumed from {checkpoint} at step {start}", file=sys.stderr)
     (out / "config.json").write_text(json.dumps(_jsonable({**dataclasses.asdict(cfg), "base_model": base_model,
                                                             "device": device}), indent=1))
-    last_checkpoint = str(checkpoint) if checkpoint else None
+    run = TrainingRun(cfg, out, learner, base_model, start, metrics,
+                      last_checkpoint=str(checkpoint) if checkpoint else None)
     started = time.monotonic()
     stream = TaskStream(tasks, cfg.seed, position=metrics[-1].get("task_stream_position", 0) if metrics else 0)
     interrupted: Interrupted | None = None
-    tracker = None
     try:
-        tracker = _tracker(cfg, out, base_model, device)
+        run.tracker = _tracker(cfg, out, base_model, device)
         with asyncio.Runner() as runner:
-
-            def record_done(record: dict) -> None:
-                (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
-                if tracker is not None:
-                    tracker.log(record)
-
-            if cfg.eval_tasks is not None and start == 0:  # step 0: the policy before any update
-                evaluation = evaluate(guard, runner, cfg, learner.url, base_model, out / "eval" / "step_0",
-                                      learner.lora_name)
-                metrics.append({"step": 0, "eval": evaluation, "timings": {"eval_s": evaluation.pop("wall_s")}})
-                record_done(metrics[-1])
-                print(eval_line(0, evaluation), file=sys.stderr)
-            for step in range(start + 1, cfg.num_rollouts + 1):
-                t0 = time.monotonic()
-                sampled_version = learner.weight_version  # weight updates the server took before this rollout
-                step_dir = out / "rollouts" / f"step_{step}"
-                samples, sampling = sample_step(guard, runner, cfg, learner.url, base_model, step_dir, tasks, stream,
-                                                learner.lora_name)
-                # From here the step runs to its end (update, metrics, checkpoint) even if a
-                # signal arrives; the signal is raised after it.
-                with guard.deferred():
-                    t1 = time.monotonic()
-                    result = learner.train_step(samples, step)  # the next rollout samples from the new weights
-                    t2 = time.monotonic()
-                    record = {"step": step, **rollout_stats(samples), **result, **sampling,
-                              "sampled_weight_version": sampled_version,
-                              "task_stream_position": stream.position,
-                              "timings": {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3)}}
-                    metrics.append(record)
-                    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
-                    print(step_line(record), file=sys.stderr)
-                    if step == cfg.num_rollouts or (cfg.save_every > 0 and step % cfg.save_every == 0):
-                        learner.save_checkpoint(out / f"checkpoint_{step}", step, metrics)
-                        last_checkpoint = str(out / f"checkpoint_{step}")
-                # The evaluation after the step (a signal cancels it like a rollout: the step stays recorded).
-                if cfg.eval_tasks is not None and (step == cfg.num_rollouts or (cfg.eval_every > 0 and step % cfg.eval_every == 0)):
-                    record["eval"] = evaluate(guard, runner, cfg, learner.url, base_model, out / "eval" / f"step_{step}",
-                                              learner.lora_name)
-                    record["timings"]["eval_s"] = record["eval"].pop("wall_s")
-                    print(eval_line(step, record["eval"]), file=sys.stderr)
-                record_done(record)
+            if cfg.max_staleness > 0:
+                guard.run(train_async(run, {p.name: p for p in task_paths}, stream), runner)
+            else:
+                _train_synchronously(run, guard, runner, tasks, stream)
     except Interrupted as exc:
         interrupted = exc
     except BaseException:
         learner.close()
-        if tracker is not None:
-            tracker.finish()
+        if run.tracker is not None:
+            run.tracker.finish()
         raise
 
     try:
@@ -272,21 +225,60 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_facto
             learner.save_final(out / "final")
     finally:
         learner.close()
-    summary = run_summary(metrics, cfg, base_model, out, last_checkpoint, time.monotonic() - started)
+    summary = run_summary(metrics, cfg, base_model, out, run.last_checkpoint, time.monotonic() - started)
     summary["skipped_tasks"] = skipped_tasks  # broken or flaky in --task-manifest: never trained on
     summary["interrupted"] = interrupted is not None
     summary["reward_curve"] = _plot(out, metrics)
-    if tracker is not None:
+    if run.tracker is not None:
         if summary["reward_curve"]:
-            tracker.log_image("rollout/reward_curve", Path(summary["reward_curve"]))
-        summary["wandb_dir"] = str(tracker.dir)
-        tracker.finish()
+            run.tracker.log_image("rollout/reward_curve", Path(summary["reward_curve"]))
+        summary["wandb_dir"] = str(run.tracker.dir)
+        run.tracker.finish()
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if interrupted is not None:
         print(f"interrupted after step {summary['last_step']}: metrics in {out}/metrics.json, "
-              f"last checkpoint {last_checkpoint or 'none'}", file=sys.stderr)
+              f"last checkpoint {run.last_checkpoint or 'none'}", file=sys.stderr)
         raise interrupted
     return summary
+
+
+def _train_synchronously(run: TrainingRun, guard: SignalGuard, runner: asyncio.Runner, tasks: list[str],
+                         stream: TaskStream) -> None:
+    """max_staleness 0: each step's rollout from the current weights, then its update."""
+    cfg, learner, out = run.cfg, run.learner, run.out
+
+    def evaluate(step: int) -> dict[str, Any]:
+        # A signal cancels it like a rollout: the step stays recorded.
+        result = guard.run(evaluation(cfg, learner.url, run.base_model, out / "eval" / f"step_{step}",
+                                      learner.lora_name), runner)
+        print(eval_line(step, result), file=sys.stderr)
+        return result
+
+    if cfg.eval_tasks is not None and run.start == 0:  # step 0: the policy before any update
+        result = evaluate(0)
+        run.metrics.append({"step": 0, "eval": result, "timings": {"eval_s": result.pop("wall_s")}})
+        run.record_done(run.metrics[-1])
+    for step in range(run.start + 1, cfg.num_rollouts + 1):
+        t0 = time.monotonic()
+        sampled_version = learner.weight_version  # the version this step's rollout samples
+        step_dir = out / "rollouts" / f"step_{step}"
+        samples, sampling = sample_step(guard, runner, cfg, learner.url, run.base_model, step_dir, tasks, stream,
+                                        learner.lora_name)
+        # From here the step runs to its end (update, metrics, checkpoint) even if a signal
+        # arrives; the signal is raised after it.
+        with guard.deferred():
+            t1 = time.monotonic()
+            result = learner.train_step(samples, step)  # the next rollout samples from the new weights
+            t2 = time.monotonic()
+            record = {"step": step, **rollout_stats(samples), **result, **sampling,
+                      "sampled_weight_version": sampled_version,
+                      "task_stream_position": stream.position,
+                      "timings": {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3)}}
+            run.finish_step(record)
+        if cfg.eval_tasks is not None and run.eval_due(step):
+            record["eval"] = evaluate(step)
+            record["timings"]["eval_s"] = record["eval"].pop("wall_s")
+        run.record_done(record)
 
 
 def _resolve_model(model: str | None) -> Path:

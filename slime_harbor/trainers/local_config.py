@@ -74,6 +74,12 @@ class LocalTrainConfig:
     old logprobs are recomputed by the trainer) | auto (lora with LoRA, else disk; none when the
     server has no such endpoint)."""
 
+    max_staleness: int = 0
+    """0: synchronous (each step's rollout, then its update). K >= 1: asynchronous: rollouts never
+    stop (trials for later updates run while the learner updates; a trial spanning an update goes
+    on, its later calls sampled by the new weights), each update trains on the first GRPO groups
+    to complete, and an episode with a call sampled more than K versions before the weights being
+    updated is masked (masked_by stale). See docs/training.md, "Asynchronous training"."""
     rollout_batch_size: int | None = None
     """Tasks per step (SLiME's --rollout-batch-size), drawn in turn from a seeded shuffle of the
     tasks, epoch after epoch; None = every task every step."""
@@ -272,6 +278,12 @@ def check_train_config(cfg: LocalTrainConfig) -> None:
     n_tasks = len(check_config(cfg.rollout("http://embedded", cfg.model or "embedded", Path("unused"))))
     if cfg.rollout_batch_size is not None and not 1 <= cfg.rollout_batch_size <= n_tasks:
         raise ConfigError(f"rollout_batch_size must be 1..{n_tasks} (the number of tasks), got {cfg.rollout_batch_size}")
+    if cfg.max_staleness < 0:
+        raise ConfigError(f"max_staleness must be >= 0, got {cfg.max_staleness}")
+    if cfg.max_staleness and cfg.policy_url and cfg.weight_sync in ("lora", "none"):
+        raise ConfigError(f"max_staleness {cfg.max_staleness} with --policy-url needs --weight-sync disk or auto: "
+                          + ("the server would keep its own weights" if cfg.weight_sync == "none" else
+                             "a pushed adapter gets a new name, which calls already in flight do not use"))
     if cfg.dynamic_sampling_max_rounds < 0:
         raise ConfigError(f"dynamic_sampling_max_rounds must be >= 0, got {cfg.dynamic_sampling_max_rounds}")
     if cfg.eval_tasks is not None:

@@ -1,16 +1,59 @@
-"""What a local GRPO run records, shared by its loops: the rollout figures of a step
-(rollout_stats, truncated_ratio), the task stream steps draw from, the lines a step and an
-evaluation print, and the run's summary.json.
+"""What a local GRPO run records, shared by its two loops (synchronous in local.py, asynchronous
+in async_loop.py): the run itself (TrainingRun: its learner, its metrics.json records, its
+checkpoints), the rollout figures of a step (rollout_stats, truncated_ratio), the task stream
+steps draw from, the lines a step and an evaluation print, and the run's summary.json.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from slime_harbor.samples import TrainingSample
+from slime_harbor.trainers.local_config import LocalTrainConfig
+
+
+@dataclass
+class TrainingRun:
+    """One run of either loop: the config, the learner (trainers/learner.py's Learner, or what a
+    learner_factory built), the step (= weight version) it starts from, the metrics so far, and
+    how a finished step or evaluation is recorded."""
+
+    cfg: LocalTrainConfig
+    out: Path
+    learner: Any
+    base_model: str
+    start: int
+    metrics: list[dict]
+    tracker: Any = None  # tracking.WandbRun, or None
+    last_checkpoint: str | None = None
+
+    def record_done(self, record: dict) -> None:
+        """metrics.json rewritten (an evaluation may complete a record after its step), and wandb told."""
+        (self.out / "metrics.json").write_text(json.dumps(self.metrics, indent=1))
+        if self.tracker is not None:
+            self.tracker.log(record)
+
+    def finish_step(self, record: dict) -> None:
+        """A trained step: recorded, its line printed, and checkpoint_N (weight version N) written
+        when due."""
+        self.metrics.append(record)
+        (self.out / "metrics.json").write_text(json.dumps(self.metrics, indent=1))
+        print(step_line(record), file=sys.stderr)
+        step = record["step"]
+        if step == self.cfg.num_rollouts or (self.cfg.save_every > 0 and step % self.cfg.save_every == 0):
+            self.learner.save_checkpoint(self.out / f"checkpoint_{step}", step, self.metrics)
+            self.last_checkpoint = str(self.out / f"checkpoint_{step}")
+
+    def eval_due(self, step: int) -> bool:
+        """Whether the held-out evaluation runs after `step` (every eval_every steps, and the last)."""
+        return step == self.cfg.num_rollouts or (self.cfg.eval_every > 0 and step % self.cfg.eval_every == 0)
 
 
 def rollout_stats(samples: Sequence[TrainingSample]) -> dict[str, Any]:
@@ -70,7 +113,8 @@ def step_line(r: dict) -> str:
         f"clipfrac {f(r.get('clipfrac'), '.3f')} tokens {r['n_tokens']}")
     return (f"step {r['step']}: reward {f(r['reward_mean'], '.3f')} pass {f(r['pass_rate'], '.2f')} "
             f"aborted {r['aborted']}/{r['n_samples']}{masked_text(r)} | {what} | rollout {r['timings']['rollout_s']:.1f}s "
-            f"train {r['timings']['train_s']:.1f}s")
+            f"train {r['timings']['train_s']:.1f}s"
+            + (f" (learner waited {r['timings']['learner_wait_s']:.1f}s)" if "learner_wait_s" in r["timings"] else ""))
 
 
 def eval_line(step: int, e: dict) -> str:
@@ -104,7 +148,9 @@ def run_summary(metrics, cfg, base_model, out, last_checkpoint, seconds) -> dict
         "final": str(out / "final") if (out / "final").is_dir() else None,
         "last_checkpoint": last_checkpoint,
         "masked_episodes": {k: sum(m.get("filters", {}).get(k, 0) for m in metrics)
-                            for k in ("timeout", "step_limit", "length_limit", "zero_std")},
+                            for k in ("timeout", "step_limit", "length_limit", "zero_std", "stale")},
+        # asynchronous: how long the learner waited for complete groups, over all updates
+        "learner_wait_s": round(sum(m["timings"].get("learner_wait_s", 0.0) for m in metrics), 2),
         "evals": evals,
         "wall_seconds_this_run": round(seconds, 2),
     }

@@ -1,0 +1,250 @@
+"""Asynchronous GRPO for train-local (--max-staleness K >= 1): rollouts never stop, so an update
+never waits for the slowest trial of a batch.
+
+    the event loop                                   a worker thread
+    GroupProducer: trials at `concurrency`, group    Learner.train_step(N): the update on top of
+    after group of the task stream; a group is  ->  version N-1, then version N is published:
+    complete when its n_samples episodes are in      calls in flight finish on N-1, later ones
+    (groups complete out of order)                   are sampled by N; trials go on across it
+
+Update N takes the first groups to complete (rollout_batch_size of them, or one per task), masks
+them with the trajectory filters and the staleness bound (filters.mask_stale: an episode with a
+call sampled by a version older than N-1-K is masked_by stale, out of its group's baseline), with
+--dynamic-sampling masks the groups without reward variance and takes more (at most
+dynamic_sampling_max_rounds more batches' worth), and writes them, as trained, to
+rollouts/step_N/samples.jsonl; every trial is under rollouts/trials/. The producer keeps at most
+K + 1 updates' worth of groups in flight or waiting: more would only be masked as stale.
+
+Held-out evaluations sample a frozen copy of the version they measure from a second embedded
+server, beside the training; each says which version it measured (eval.weight_version).
+
+What an update in flight does on a signal, what a resume restarts: as the synchronous loop
+(trainers/local.py), except that the trials in flight when the run ends are not trained, and
+the groups that completed but no update took are kept in rollouts/not_consumed.jsonl.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slime_harbor.filters import apply_limit_filters, drop_zero_std_groups, mask_stale, varying_groups
+from slime_harbor.harbor_job import HarborJob
+from slime_harbor.rollout import load_tokenizer, run_episode, serving_gateway
+from slime_harbor.samples import TrainingSample
+from slime_harbor.trainers.evaluate import evaluation
+from slime_harbor.trainers.training_run import TaskStream, TrainingRun, eval_line, rollout_stats, truncated_ratio
+
+
+@dataclass
+class Group:
+    """One task's n_samples episodes, complete."""
+
+    index: int  # sample.group_index of its samples: the order groups were started in
+    task: str
+    samples: list[TrainingSample]
+    errors: int  # episodes that ended in an infrastructure or permanent failure
+
+
+class GroupProducer:
+    """Starts groups of trials while there is room: a free trial slot, and fewer than
+    (K + 1) x `wanted` groups started and not yet trained on. A group counts until the update that
+    took it has published its weights, so a group started under version v is taken by update
+    v + K + 1 at the latest when nothing is slow; the groups an update takes beyond `wanted`
+    (refills for masked ones) free their room at once, so a refill never waits on itself.
+    Complete groups go to `completed`."""
+
+    def __init__(self, run: TrainingRun, tasks: dict[str, Path], stream: TaskStream, wanted: int, gateway,
+                 tokenizer):
+        self.run, self.tasks, self.stream, self.wanted = run, tasks, stream, wanted
+        self.lookahead = (run.cfg.max_staleness + 1) * wanted
+        self.rollout = run.cfg.rollout(run.learner.url, run.base_model, run.out / "rollouts",
+                                       lora_name=run.learner.lora_name)
+        self.gateway, self.tokenizer = gateway, tokenizer
+        self.trials_dir = run.out / "rollouts" / "trials"
+        self.job = HarborJob(self.trials_dir, self.rollout, list(tasks.values()), n_trials=0)
+        self.completed: asyncio.Queue[Group] = asyncio.Queue()
+        self.started = self.trained = self.holding = 0  # groups: started; trained on; taken by the update running
+        self._unstarted_trials = 0  # created, waiting for a trial slot
+        self._slots = asyncio.Semaphore(run.cfg.concurrency)
+        self._room = asyncio.Event()
+
+    def take(self) -> None:
+        """The running update took a complete group."""
+        self.holding += 1
+        self._room.set()
+
+    def published(self) -> None:
+        """The running update has published its weights: its groups are trained on."""
+        self.trained, self.holding = self.trained + self.holding, 0
+        self._room.set()
+
+    def _has_room(self) -> bool:
+        refills = max(0, self.holding - self.wanted)
+        return self._unstarted_trials == 0 and self.started - self.trained - refills < self.lookahead
+
+    async def run_forever(self) -> None:
+        """Start groups until cancelled; cancelling ends every trial in flight (sandboxes torn down)."""
+        try:
+            async with asyncio.TaskGroup() as running:
+                while True:
+                    while not self._has_room():
+                        self._room.clear()
+                        await self._room.wait()
+                    name = self.stream.take(1)[0]
+                    index, self.started = self.started, self.started + 1
+                    self._unstarted_trials += self.run.cfg.n_samples
+                    running.create_task(self._group(index, name))
+        finally:
+            self.job.finish(interrupted=True)
+
+    async def _group(self, index: int, name: str) -> None:
+        n = self.run.cfg.n_samples
+        episodes = await asyncio.gather(*(self._trial(index, name, index * n + k) for k in range(n)))
+        samples = [s for e in episodes for s in e.samples]
+        await self.completed.put(Group(index, name, samples, sum(e.error is not None for e in episodes)))
+
+    async def _trial(self, group_index: int, name: str, index: int):
+        async with self._slots:
+            self._unstarted_trials -= 1
+            self._room.set()
+            self.job.add_trials(1)
+            self.job.trial_started()
+            episode = await run_episode(self.tasks[name], self.rollout, group_index=group_index, index=index,
+                                        trials_dir=self.trials_dir, tokenizer=self.tokenizer, gateway=self.gateway)
+        self.job.trial_finished(episode)
+        return episode
+
+
+async def take_groups(producer: GroupProducer, step: int, wanted: int) -> tuple[list[Group], dict[str, Any], float]:
+    """The groups update `step` trains on, masked; returns (groups, the step's sampling figures,
+    seconds spent waiting for them)."""
+    cfg = producer.run.cfg
+    groups: list[Group] = []
+    masked = {"timeout": 0, "step_limit": 0, "length_limit": 0, "stale": 0}
+    waited = 0.0
+    limit = wanted * (1 + (cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 0))
+    while len(groups) < limit:
+        samples = [s for g in groups for s in g.samples]
+        have = len(varying_groups(samples)) if cfg.dynamic_sampling else len(groups)
+        if have >= wanted:
+            break
+        t = time.monotonic()
+        group = await producer.completed.get()
+        producer.take()
+        waited += time.monotonic() - t
+        for reason, n in apply_limit_filters(group.samples, cfg.filters()).items():
+            masked[reason] += n
+        # Update `step` trains on top of version step - 1.
+        masked["stale"] += mask_stale(group.samples, step - 1, cfg.max_staleness)
+        groups.append(group)
+    samples = [s for g in groups for s in g.samples]
+    masked["zero_std"] = drop_zero_std_groups(samples) if cfg.dynamic_sampling else 0
+
+    return groups, {"errors": sum(g.errors for g in groups), "n_groups_sampled": len(groups), "filters": masked,
+                    "truncated_ratio": truncated_ratio(samples)}, waited
+
+
+async def evaluate_frozen(run: TrainingRun, version: int, record: dict) -> None:
+    """Held-out evaluation of weight version `version` on a frozen copy of it, served apart, while
+    training goes on; its figures land in record["eval"] (and metrics.json, wandb) when done."""
+    from slime_harbor.policy.engine import EngineConfig, SamplingEngine
+    from slime_harbor.policy.server import EmbeddedPolicyServer
+
+    frozen = run.learner.frozen_policy()
+    engine = SamplingEngine(frozen, run.learner.policy.tokenizer,
+                            EngineConfig(device=run.learner.device, seed=run.cfg.seed + 1_000_003 * (version + 1)))
+    try:
+        server = await asyncio.to_thread(EmbeddedPolicyServer, engine=engine, model_name="policy")
+        try:
+            result = await evaluation(run.cfg, server.url, run.base_model, run.out / "eval" / f"step_{version}")
+        finally:
+            await asyncio.to_thread(server.stop)
+    finally:
+        engine.close()
+    result["weight_version"] = version
+    record["eval"] = result
+    record.setdefault("timings", {})["eval_s"] = result.pop("wall_s")
+    print(eval_line(record["step"], result), file=sys.stderr)
+    run.record_done(record)
+
+
+async def train_async(run: TrainingRun, tasks: dict[str, Path], stream: TaskStream) -> None:
+    """Updates start+1 .. num_rollouts, as the module doc says."""
+    cfg, learner = run.cfg, run.learner
+    wanted = cfg.rollout_batch_size or len(tasks)
+    evaluations: list[asyncio.Task] = []
+    rollout = cfg.rollout(learner.url, run.base_model, run.out / "rollouts", lora_name=learner.lora_name)
+    async with serving_gateway(rollout) as gateway:
+        producer = GroupProducer(run, tasks, stream, wanted, gateway, load_tokenizer(run.base_model))
+        producing = asyncio.create_task(producer.run_forever())
+        try:
+            if cfg.eval_tasks is not None and run.start == 0:  # version 0: the policy before any update
+                run.metrics.append({"step": 0})
+                evaluations.append(asyncio.create_task(evaluate_frozen(run, 0, run.metrics[-1])))
+            for step in range(run.start + 1, cfg.num_rollouts + 1):
+                t0 = time.monotonic()
+                groups, sampling, waited = await take_groups(producer, step, wanted)
+                samples = [s for g in sorted(groups, key=lambda g: g.index) for s in g.samples]
+                step_dir = run.out / "rollouts" / f"step_{step}"
+                step_dir.mkdir(parents=True, exist_ok=True)
+                (step_dir / "samples.jsonl").write_text("".join(s.to_json() + "\n" for s in samples))
+                t1 = time.monotonic()
+                # The update runs in a thread while the trials go on. A signal (the task cancelled)
+                # lets it finish and be recorded, then stops the run.
+                update = asyncio.ensure_future(asyncio.to_thread(learner.train_step, samples, step))
+                cancelled = None
+                try:
+                    result = await asyncio.shield(update)
+                except asyncio.CancelledError as exc:
+                    cancelled, result = exc, await update
+                producer.published()
+                t2 = time.monotonic()
+                record = {"step": step, **rollout_stats(samples), **result, **sampling,
+                          "weight_version": step,
+                          "sampled_weight_versions": _version_counts(samples),
+                          "task_stream_position": stream.position,
+                          "timings": {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3),
+                                      "learner_wait_s": round(waited, 3)}}
+                run.finish_step(record)
+                if cancelled is not None:
+                    raise cancelled
+                if cfg.eval_tasks is not None and run.eval_due(step):
+                    evaluations.append(asyncio.create_task(evaluate_frozen(run, step, record)))
+        finally:
+            producing.cancel()
+            try:
+                await producing
+            except asyncio.CancelledError:
+                pass
+            _keep_not_consumed(producer, run.out / "rollouts" / "not_consumed.jsonl")
+            for task in evaluations:  # the final evaluation belongs to the run; a signal ends them too
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    for other in evaluations:
+                        other.cancel()
+                    raise
+
+
+def _version_counts(samples: list[TrainingSample]) -> dict[str, int]:
+    """Model calls per weight version over the samples an update took (masked ones included)."""
+    counts: dict[str, int] = {}
+    for s in samples:
+        for v in s.weight_versions:
+            counts[v] = counts.get(v, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else -1))
+
+
+def _keep_not_consumed(producer: GroupProducer, path: Path) -> None:
+    """Groups that completed after the last update took its own: kept, never trained."""
+    left = []
+    while not producer.completed.empty():
+        left.append(producer.completed.get_nowait())
+    if left:
+        path.write_text("".join(s.to_json() + "\n" for g in left for s in g.samples))
+

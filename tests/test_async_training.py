@@ -1,0 +1,178 @@
+"""Asynchronous training (train-local --max-staleness K): trials that span a weight update, the
+version each call carries, the staleness bound, and K = 0 being the synchronous loop unchanged.
+
+Real Harbor trials on the bubblewrap sandbox, the tiny model served by the trainer's embedded
+engine; tests/fixtures/tasks/vowel-share scores the agent's own text, so groups have a signal.
+tests/paced_agent.py (a gateway agent) lets a test hold one group's trials between their first
+and second call until the trainer has written a given checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import needs_gateway
+
+from slime_harbor.filters import mask_stale
+from slime_harbor.samples import SampleStatus, TrainingSample, read_jsonl
+from slime_harbor.trainers.local import LocalTrainConfig, train
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURE_TASKS = REPO / "tests" / "fixtures" / "tasks"
+PACED = "paced_agent:PacedAgent"  # tests/paced_agent.py
+
+
+def run_config(tiny_model_dir, out: Path, **overrides) -> LocalTrainConfig:
+    base = dict(tasks_dir=FIXTURE_TASKS, model=str(tiny_model_dir), n_samples=2, num_rollouts=2, lr=1e-2,
+                updates_per_rollout=1, step_limit=3, max_new_tokens=16, save_every=1, output_dir=out, device="cpu",
+                concurrency=4, seed=3)
+    return LocalTrainConfig(**{**base, **overrides})
+
+
+def model_at(out: Path, version: int, tiny_model_dir):
+    """The weights of `version`: the base model for 0, else checkpoint_<version> (LoRA adapters)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    if version:
+        model = PeftModel.from_pretrained(model, out / f"checkpoint_{version}")
+    return model.eval()
+
+
+def call_runs(sample: TrainingSample) -> list[list[int]]:
+    """Response positions of each model call, in order: the runs of loss_mask 1."""
+    runs, current = [], []
+    for i, m in enumerate(sample.loss_mask):
+        if m:
+            current.append(i)
+        elif current:
+            runs, current = runs + [current], []
+    return runs + ([current] if current else [])
+
+
+def check_calls_against_checkpoints(samples, out: Path, tiny_model_dir) -> None:
+    """Every call's rollout logprobs equal a recomputation under the checkpoint of the version it carries."""
+    models: dict[int, torch.nn.Module] = {}
+    for s in samples:
+        runs = call_runs(s)
+        assert len(runs) == len(s.weight_versions), (s.weight_versions, len(runs))
+        prompt_len = len(s.tokens) - s.response_length
+        for run, version in zip(runs, s.weight_versions):
+            model = models.setdefault(int(version), model_at(out, int(version), tiny_model_dir))
+            with torch.no_grad():
+                logprobs = torch.log_softmax(model(torch.tensor([s.tokens])).logits[0].float(), dim=-1)
+            for i in run:
+                gap = abs(logprobs[prompt_len + i - 1, s.tokens[prompt_len + i]].item() - s.rollout_log_probs[i])
+                assert gap < 1e-4, (version, i, gap)
+
+
+# --- K = 0 is the synchronous loop, unchanged ------------------------------------------------------
+
+# A run of the synchronous loop at 2101f48 (before asynchronous training existed): one trial at a
+# time, so the engine's draws are in a fixed order; per step (reward_mean, loss, n_tokens, kl,
+# sha1 of the sorted sampled token lists). The tiny model is built from a fixed seed offline.
+BEFORE_ASYNC = [
+    (0.34524525, 0.0006018476560711861, 96, 0.013197802007198334, "76da716aa6b0"),
+    (0.28177675, 0.00012293386680539697, 96, 0.05569491721689701, "7aa53dacaddc"),
+]
+
+
+@pytest.mark.slow
+def test_with_k0_the_same_samples_are_trained_with_the_same_metrics_as_before(tiny_model_dir, tmp_path):
+    out = tmp_path / "sync"
+    train(LocalTrainConfig(tasks_dir=FIXTURE_TASKS, task_names=["vowel-share"], model=str(tiny_model_dir),
+                           n_samples=4, num_rollouts=2, lr=1e-2, updates_per_rollout=2, step_limit=1,
+                           max_new_tokens=24, save_every=0, output_dir=out, device="cpu", concurrency=1, seed=3))
+    got = []
+    for m in json.loads((out / "metrics.json").read_text()):
+        samples = read_jsonl(out / "rollouts" / f"step_{m['step']}" / "samples.jsonl")
+        tokens = "".join(sorted(json.dumps(s.tokens) for s in samples))
+        got.append((m["reward_mean"], m["loss"], m["n_tokens"], m["kl"], hashlib.sha1(tokens.encode()).hexdigest()[:12]))
+        assert m["sampled_weight_version"] == m["step"] - 1 and "learner_wait_s" not in m["timings"]
+    for (reward, loss, n, kl, digest), want in zip(got, BEFORE_ASYNC):
+        assert (digest, n) == (want[4], want[2])
+        assert reward == pytest.approx(want[0], abs=1e-6) and loss == pytest.approx(want[1], rel=1e-3, abs=1e-7)
+        assert kl == pytest.approx(want[3], rel=1e-3)
+
+
+# --- the staleness rule ---------------------------------------------------------------------------
+
+def episode(group: int, index: int, versions: list[str], reward: float = 1.0) -> list[TrainingSample]:
+    """One episode as two samples (a drift split), each with its calls' versions."""
+    return [TrainingSample(tokens=[1, 2, 3], response_length=2, loss_mask=[1, 1], rollout_log_probs=[-1.0, -1.0],
+                           reward=reward, status=SampleStatus.COMPLETED, group_index=group, index=index,
+                           rollout_id=index, weight_versions=versions[k::2]) for k in range(2)]
+
+
+def test_an_episode_with_a_call_older_than_the_bound_is_masked_whole():
+    """Update 4 trains on version 3 with K = 1: a call of version 1 is 2 behind, so its episode
+    (both its samples, though only one holds that call) is masked stale; version 2 is within the
+    bound; an episode with no versions (a sampler that reports none) is not judged."""
+    old, fresh, unknown = episode(0, 0, ["1", "3"]), episode(0, 1, ["2", "3"]), episode(1, 2, [])
+    assert mask_stale(old + fresh + unknown, trained_version=3, max_staleness=1) == 1
+    assert all(s.remove_sample and s.metadata["masked_by"] == "stale" for s in old)
+    assert not any(s.remove_sample for s in fresh + unknown)
+    assert mask_stale(episode(0, 0, ["1", "3"]), trained_version=3, max_staleness=2) == 0
+
+
+# --- asynchronous runs ------------------------------------------------------------------------------
+
+@needs_gateway
+@pytest.mark.slow
+def test_a_trial_spanning_an_update_goes_on_and_its_later_calls_carry_the_new_version(tiny_model_dir, tmp_path,
+                                                                                       monkeypatch):
+    """K = 1, one task, groups of 2: groups 0 and 1 start under version 0. Group 1's trials make
+    their first call, then wait until update 1 has written checkpoint_1; their later calls are
+    then sampled by version 1, in the same trials (completed, not restarted), and update 2 trains
+    on them. Each call's logprobs are those of the checkpoint its version names, and the
+    evaluations measured frozen copies of versions 0, 1 and 2 while the updates went on."""
+    out = tmp_path / "run"
+    monkeypatch.setenv("PACED_AGENT_WAIT", f"1:{out / 'checkpoint_1' / 'trainer_state.json'}")
+    summary = train(run_config(tiny_model_dir, out, agent=PACED, max_staleness=1, eval_tasks=FIXTURE_TASKS,
+                               eval_every=1, eval_n_samples=2))
+    metrics = json.loads((out / "metrics.json").read_text())
+    steps = [m for m in metrics if m["step"] > 0]
+    assert [m["weight_version"] for m in steps] == [1, 2]
+    first = read_jsonl(out / "rollouts" / "step_1" / "samples.jsonl")
+    spanning = read_jsonl(out / "rollouts" / "step_2" / "samples.jsonl")
+    assert {s.group_index for s in first} == {0} and {s.group_index for s in spanning} == {1}
+    assert all(s.weight_versions == ["0", "0", "0"] for s in first)
+    for s in spanning:  # one trial, one sample: its first call before the update, the rest after
+        assert s.weight_versions == ["0", "1", "1"] and s.status == SampleStatus.COMPLETED and not s.remove_sample
+    assert steps[1]["sampled_weight_versions"] == {"0": 2, "1": 4} and steps[1]["skipped"] is None
+    check_calls_against_checkpoints(first + spanning, out, tiny_model_dir)
+    assert [e["weight_version"] for e in summary["evals"]] == [0, 1, 2]
+    assert summary["masked_episodes"]["stale"] == 0 and summary["learner_wait_s"] > 0
+
+
+@needs_gateway
+@pytest.mark.slow
+def test_a_stale_episode_is_dropped_and_counted_and_every_update_advances_the_version(tiny_model_dir, tmp_path,
+                                                                                      monkeypatch):
+    """K = 1: group 1's trials make their first call under version 0, then wait until update 2
+    is done. Whichever update takes group 1 trains on version 2 or later, so its episodes are 2+
+    versions behind: masked stale (no loss, not in the baseline), counted in metrics.json and
+    summary.json. An update left with nothing to train still advances the version and saves
+    its checkpoint."""
+    out = tmp_path / "run"
+    monkeypatch.setenv("PACED_AGENT_WAIT", f"1:{out / 'checkpoint_2' / 'trainer_state.json'}")
+    summary = train(run_config(tiny_model_dir, out, agent=PACED, max_staleness=1, num_rollouts=4))
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [m["weight_version"] for m in metrics] == [1, 2, 3, 4]
+    assert all((out / f"checkpoint_{v}" / "trainer_state.json").is_file() for v in (1, 2, 3, 4))
+    took_group_1 = [m for m in metrics if any(s.group_index == 1 for s in
+                                               read_jsonl(out / "rollouts" / f"step_{m['step']}" / "samples.jsonl"))]
+    (m,) = took_group_1
+    assert m["step"] >= 3 and m["filters"]["stale"] == 2
+    for s in read_jsonl(out / "rollouts" / f"step_{m['step']}" / "samples.jsonl"):
+        if s.group_index == 1:
+            assert s.weight_versions[0] == "0" and s.remove_sample and s.metadata["masked_by"] == "stale"
+    if m["n_trained_samples"] == 0:  # it took group 1 alone: nothing to train, the version advanced anyway
+        assert m["skipped"] and m["weight_version"] == m["step"]
+    assert summary["masked_episodes"]["stale"] == 2
+    assert sum(mm["filters"]["stale"] for mm in metrics) == 2
