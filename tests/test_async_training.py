@@ -176,3 +176,19 @@ def test_a_stale_episode_is_dropped_and_counted_and_every_update_advances_the_ve
         assert m["skipped"] and m["weight_version"] == m["step"]
     assert summary["masked_episodes"]["stale"] == 2
     assert sum(mm["filters"]["stale"] for mm in metrics) == 2
+
+
+@pytest.mark.slow
+def test_an_asynchronous_run_resumes_at_its_version_with_the_native_agent(tiny_model_dir, tmp_path):
+    """K = 2 with the native agent and full weights for 2 updates, then --resume to 3: the
+    resumed run serves version 2 from its first call (the engine starts at the checkpoint's
+    version), so update 3's calls are versions 2 only, within the bound and trained."""
+    out = tmp_path / "run"
+    train(run_config(tiny_model_dir, out, max_staleness=2, lora=False, step_limit=2))
+    train(run_config(tiny_model_dir, out, max_staleness=2, lora=False, step_limit=2, num_rollouts=3,
+                     resume=out / "checkpoint_2"))
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [m["weight_version"] for m in metrics] == [1, 2, 3]
+    resumed = read_jsonl(out / "rollouts" / "step_3" / "samples.jsonl")
+    assert resumed and {v for s in resumed for v in s.weight_versions} == {"2"}
+    assert metrics[2]["skipped"] is None and metrics[2]["filters"]["stale"] == 0

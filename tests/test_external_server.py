@@ -101,6 +101,34 @@ def test_trainer_pushes_weights_to_a_separate_server(serve_process, tiny_model_d
 
 
 @pytest.mark.slow
+def test_asynchronous_training_labels_each_call_with_the_version_the_server_held(serve_process, tiny_model_dir,
+                                                                                 tmp_path):
+    """--max-staleness 1 against a separate server: a LoRA policy goes over as merged weights
+    (update_weights_from_disk with weight_version N, swapped in between calls), and every call's
+    logprobs are those of the weights its version names (checkpoint_N; the base for 0)."""
+    out = tmp_path / "run"
+    train(LocalTrainConfig(
+        tasks_dir=FIXTURE_TASKS, model=str(tiny_model_dir), n_samples=4, num_rollouts=3, lr=1e-2, updates_per_rollout=1,
+        step_limit=1, max_new_tokens=24, save_every=1, output_dir=out, device="cpu", kl_coef=0.0,
+        policy_url=serve_process, max_staleness=1, concurrency=4,
+    ))
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [m["weight_version"] for m in metrics] == [1, 2, 3] and all(m["weights_pushed"] for m in metrics)
+    assert httpx.get(serve_process + "/get_weight_version").json() == {"weight_version": "3"}
+    versions = set()
+    for m in metrics:
+        for s in read_jsonl(out / "rollouts" / f"step_{m['step']}" / "samples.jsonl"):
+            (version,) = s.weight_versions  # one call per episode (step_limit 1)
+            versions.add(version)
+            model = _load(out / f"checkpoint_{version}", tiny_model_dir, True) if version != "0" else \
+                _load(tiny_model_dir, tiny_model_dir, False)
+            ours, servers = _logprobs(model, [s])
+            assert (ours - servers).abs().max().item() < 1e-3, (m["step"], version)
+            assert m["step"] - 1 - int(version) <= 1  # within the bound, so trained
+    assert len(versions) > 1
+
+
+@pytest.mark.slow
 def test_server_without_weight_endpoints_recomputes_old_logprobs(policy_server, tiny_model_dir, tmp_path):
     """--weight-sync none: the server keeps the base weights; the trainer recomputes old logprobs
     and logs how far the server's are (step 2: the base's against the moved policy)."""

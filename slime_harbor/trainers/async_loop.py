@@ -34,7 +34,7 @@ from typing import Any
 
 from slime_harbor.filters import apply_limit_filters, drop_zero_std_groups, mask_stale, varying_groups
 from slime_harbor.harbor_job import HarborJob
-from slime_harbor.rollout import load_tokenizer, run_episode, serving_gateway
+from slime_harbor.rollout import RolloutConfig, load_tokenizer, run_episode, serving_gateway
 from slime_harbor.samples import TrainingSample
 from slime_harbor.trainers.evaluate import evaluation
 from slime_harbor.trainers.training_run import TaskStream, TrainingRun, eval_line, rollout_stats, truncated_ratio
@@ -58,16 +58,14 @@ class GroupProducer:
     (refills for masked ones) free their room at once, so a refill never waits on itself.
     Complete groups go to `completed`."""
 
-    def __init__(self, run: TrainingRun, tasks: dict[str, Path], stream: TaskStream, wanted: int, gateway,
-                 tokenizer):
-        self.run, self.tasks, self.stream, self.wanted = run, tasks, stream, wanted
+    def __init__(self, run: TrainingRun, rollout: RolloutConfig, tasks: dict[str, Path], stream: TaskStream,
+                 wanted: int, gateway, tokenizer):
+        self.run, self.rollout, self.tasks, self.stream, self.wanted = run, rollout, tasks, stream, wanted
         self.lookahead = (run.cfg.max_staleness + 1) * wanted
-        self.rollout = run.cfg.rollout(run.learner.url, run.base_model, run.out / "rollouts",
-                                       lora_name=run.learner.lora_name)
         self.gateway, self.tokenizer = gateway, tokenizer
         self.trials_dir = run.out / "rollouts" / "trials"
         self.job = HarborJob(self.trials_dir, self.rollout, list(tasks.values()), n_trials=0)
-        self.completed: asyncio.Queue[Group] = asyncio.Queue()
+        self.completed: asyncio.Queue[Group | BaseException] = asyncio.Queue()  # or why production stopped
         self.started = self.trained = self.holding = 0  # groups: started; trained on; taken by the update running
         self._unstarted_trials = 0  # created, waiting for a trial slot
         self._slots = asyncio.Semaphore(run.cfg.concurrency)
@@ -99,6 +97,9 @@ class GroupProducer:
                     index, self.started = self.started, self.started + 1
                     self._unstarted_trials += self.run.cfg.n_samples
                     running.create_task(self._group(index, name))
+        except Exception as exc:  # a bug, not a trial's failure (those are episodes): the learner must hear of it
+            await self.completed.put(exc)
+            raise
         finally:
             self.job.finish(interrupted=True)
 
@@ -135,6 +136,8 @@ async def take_groups(producer: GroupProducer, step: int, wanted: int) -> tuple[
             break
         t = time.monotonic()
         group = await producer.completed.get()
+        if isinstance(group, BaseException):
+            raise RuntimeError(f"the rollouts stopped: {type(group).__name__}: {group}") from group
         producer.take()
         waited += time.monotonic() - t
         for reason, n in apply_limit_filters(group.samples, cfg.filters()).items():
@@ -180,7 +183,7 @@ async def train_async(run: TrainingRun, tasks: dict[str, Path], stream: TaskStre
     evaluations: list[asyncio.Task] = []
     rollout = cfg.rollout(learner.url, run.base_model, run.out / "rollouts", lora_name=learner.lora_name)
     async with serving_gateway(rollout) as gateway:
-        producer = GroupProducer(run, tasks, stream, wanted, gateway, load_tokenizer(run.base_model))
+        producer = GroupProducer(run, rollout, tasks, stream, wanted, gateway, load_tokenizer(run.base_model))
         producing = asyncio.create_task(producer.run_forever())
         try:
             if cfg.eval_tasks is not None and run.start == 0:  # version 0: the policy before any update
@@ -215,20 +218,18 @@ async def train_async(run: TrainingRun, tasks: dict[str, Path], stream: TaskStre
                     raise cancelled
                 if cfg.eval_tasks is not None and run.eval_due(step):
                     evaluations.append(asyncio.create_task(evaluate_frozen(run, step, record)))
+        except BaseException:  # a signal (cancelled) or a failure: the evaluations end too
+            for task in evaluations:
+                task.cancel()
+            raise
         finally:
             producing.cancel()
-            try:
-                await producing
-            except asyncio.CancelledError:
-                pass
+            await asyncio.gather(producing, return_exceptions=True)  # trials torn down
             _keep_not_consumed(producer, run.out / "rollouts" / "not_consumed.jsonl")
-            for task in evaluations:  # the final evaluation belongs to the run; a signal ends them too
-                try:
-                    await task
-                except asyncio.CancelledError:
-                    for other in evaluations:
-                        other.cancel()
-                    raise
+            done = await asyncio.gather(*evaluations, return_exceptions=True)
+        for outcome in done:  # the evaluations belong to the run: one that failed fails it
+            if isinstance(outcome, BaseException):
+                raise outcome
 
 
 def _version_counts(samples: list[TrainingSample]) -> dict[str, int]:
@@ -244,7 +245,9 @@ def _keep_not_consumed(producer: GroupProducer, path: Path) -> None:
     """Groups that completed after the last update took its own: kept, never trained."""
     left = []
     while not producer.completed.empty():
-        left.append(producer.completed.get_nowait())
+        item = producer.completed.get_nowait()
+        if isinstance(item, Group):
+            left.append(item)
     if left:
         path.write_text("".join(s.to_json() + "\n" for g in left for s in g.samples))
 
