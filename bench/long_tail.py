@@ -26,7 +26,7 @@ the final weights are measured on the held-out tasks. One line per arm:
 and `initial heldout=H0` for the SFT model every arm starts from. Target: K = 1 at least 2.0x
 the episodes per minute of K = 0, held-out success at most 0.05 below K = 0's, K = 0 above H0.
 
-    .venv/bin/python bench/long_tail.py [--seed 0] [--updates 10] [--concurrency 8] [--arms 0 1 2] ...
+    .venv/bin/python bench/long_tail.py [--seed 0] [--updates 10] [--concurrency 32] [--arms 0 1 2] ...
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class LongTailConfig:
     updates: int = 10
     tasks_per_update: int = 8  # rollout_batch_size; x n_samples episodes per update
     n_samples: int = 4
-    concurrency: int = 8
+    concurrency: int = 32  # sandboxes at once: a slow trial waits in one without starving the fast
     slow_share: float = 0.1  # trials whose verifier waits
     slow_wait_s: tuple[float, float] = (25.0, 50.0)  # 10-20x a fast trial (~2.5 s on 2 cores)
     heldout_instances: int = 8  # per family; x 2 episodes x 6 families = 96 held-out trials

@@ -192,3 +192,71 @@ def test_an_asynchronous_run_resumes_at_its_version_with_the_native_agent(tiny_m
     resumed = read_jsonl(out / "rollouts" / "step_3" / "samples.jsonl")
     assert resumed and {v for s in resumed for v in s.weight_versions} == {"2"}
     assert metrics[2]["skipped"] is None and metrics[2]["filters"]["stale"] == 0
+
+
+class QueuedGroups:
+    """What take_groups reads of a GroupProducer: its config, its queue of complete groups, take()."""
+
+    def __init__(self, cfg: LocalTrainConfig, groups):
+        import asyncio
+        import types
+
+        self.run = types.SimpleNamespace(cfg=cfg)
+        self.completed = asyncio.Queue()
+        for g in groups:
+            self.completed.put_nowait(g)
+        self.taken = []
+
+    def take(self, group) -> None:
+        self.taken.append(group.index)
+
+
+def group_of(index: int, rewards: list[float], versions: str = "3", exit_status: str | None = None):
+    from slime_harbor.trainers.async_loop import Group
+
+    samples = []
+    for k, r in enumerate(rewards):
+        (s, _) = episode(index, index * 10 + k, [versions], reward=r)
+        if exit_status:
+            s.metadata["exit_status"] = exit_status
+        samples.append(s)
+    return Group(index, f"task-{index}", samples, errors=0)
+
+
+def test_an_update_takes_groups_in_completion_order_with_the_filters_and_dynamic_sampling(tmp_path):
+    """take_groups, as update 4 (on version 3) of a K = 1 run with --dynamic-sampling and
+    --mask-step-limit: groups come in completion order; a group without reward variance, one
+    whose episodes hit the step limit and one with a call of version 1 are masked and counted, and
+    more groups are taken until two varying, kept ones are in."""
+    import asyncio
+
+    from slime_harbor.trainers.async_loop import take_groups
+
+    cfg = LocalTrainConfig(tasks_dir=FIXTURE_TASKS, max_staleness=1, dynamic_sampling=True, mask_step_limit=True,
+                           dynamic_sampling_max_rounds=2)
+    arrivals = [group_of(5, [1.0, 1.0]), group_of(2, [1.0, 0.0], versions="1"), group_of(7, [0.0, 1.0]),
+                group_of(1, [1.0, 0.0], exit_status="step_limit"), group_of(3, [0.0, 1.0]), group_of(4, [1.0, 0.0])]
+    queued = QueuedGroups(cfg, arrivals)
+    groups, sampling, _ = asyncio.run(take_groups(queued, step=4, wanted=2))
+    assert [g.index for g in groups] == queued.taken == [5, 2, 7, 1, 3]  # group 4 stays for the next update
+    assert sampling["filters"] == {"timeout": 0, "step_limit": 2, "length_limit": 0, "stale": 2, "zero_std": 1}
+    kept = {s.group_index for g in groups for s in g.samples if not s.remove_sample}
+    assert kept == {7, 3}
+    masked = {s.group_index: s.metadata["masked_by"] for g in groups for s in g.samples if s.remove_sample}
+    assert masked == {5: "zero_std", 2: "stale", 1: "step_limit"}
+
+
+def test_a_group_gone_stale_is_replaced_so_every_update_trains_as_many_groups(tmp_path):
+    """Without dynamic sampling, update 3 (on version 2, K = 1) wants 2 groups: the first to
+    complete has only version-0 calls, so it is masked stale and counted, and the next two are
+    taken: the update trains 2 groups, as a synchronous step would."""
+    import asyncio
+
+    from slime_harbor.trainers.async_loop import take_groups
+
+    cfg = LocalTrainConfig(tasks_dir=FIXTURE_TASKS, max_staleness=1)
+    queued = QueuedGroups(cfg, [group_of(0, [1.0, 0.0], versions="0"), group_of(3, [0.0, 1.0], versions="2"),
+                                group_of(2, [1.0, 1.0], versions="1"), group_of(4, [1.0, 0.0], versions="2")])
+    groups, sampling, _ = asyncio.run(take_groups(queued, step=3, wanted=2))
+    assert [g.index for g in groups] == [0, 3, 2] and sampling["filters"]["stale"] == 2
+    assert {s.group_index for g in groups for s in g.samples if not s.remove_sample} == {3, 2}

@@ -9,9 +9,10 @@ never waits for the slowest trial of a batch.
 
 Update N takes the first groups to complete (rollout_batch_size of them, or one per task), masks
 them with the trajectory filters and the staleness bound (filters.mask_stale: an episode with a
-call sampled by a version older than N-1-K is masked_by stale, out of its group's baseline), with
---dynamic-sampling masks the groups without reward variance and takes more (at most
-dynamic_sampling_max_rounds more batches' worth), and writes them, as trained, to
+call sampled by a version older than N-1-K is masked_by stale, out of its group's baseline; a
+group gone stale whole is replaced by the next to complete), with --dynamic-sampling masks the
+groups without reward variance and takes more (at most dynamic_sampling_max_rounds more
+batches' worth), and writes them, as trained, to
 rollouts/step_N/samples.jsonl; every trial is under rollouts/trials/. The producer keeps at most
 K + 1 updates' worth of groups in flight or waiting: more would only be masked as stale.
 
@@ -52,11 +53,13 @@ class Group:
 
 class GroupProducer:
     """Starts groups of trials while there is room: a free trial slot, and fewer than
-    (K + 1) x `wanted` groups started and not yet trained on. A group counts until the update that
-    took it has published its weights, so a group started under version v is taken by update
-    v + K + 1 at the latest when nothing is slow; the groups an update takes beyond `wanted`
-    (refills for masked ones) free their room at once, so a refill never waits on itself.
-    Complete groups go to `completed`."""
+    (K + 1) x `wanted` live groups, started and not yet trained on. A group stays live until the
+    update that took it has published its weights, so when nothing is slow a group started under
+    version v is trained by update v + K + 1 at the latest, within the bound. A group still
+    running when the version has moved more than K past the one it started under (a slow one) can
+    only come back stale: it no longer holds room, so the tail does not throttle the fast groups.
+    The groups an update takes beyond `wanted` (refills for masked ones) free their room at once,
+    so a refill never waits on itself. Complete groups go to `completed`."""
 
     def __init__(self, run: TrainingRun, rollout: RolloutConfig, tasks: dict[str, Path], stream: TaskStream,
                  wanted: int, gateway, tokenizer):
@@ -66,24 +69,30 @@ class GroupProducer:
         self.trials_dir = run.out / "rollouts" / "trials"
         self.job = HarborJob(self.trials_dir, self.rollout, list(tasks.values()), n_trials=0)
         self.completed: asyncio.Queue[Group | BaseException] = asyncio.Queue()  # or why production stopped
-        self.started = self.trained = self.holding = 0  # groups: started; trained on; taken by the update running
+        self.started = 0  # groups
+        self.open: dict[int, int] = {}  # groups started, not yet trained on: index -> version when started
+        self.held: list[int] = []  # groups the running update took
         self._unstarted_trials = 0  # created, waiting for a trial slot
         self._slots = asyncio.Semaphore(run.cfg.concurrency)
         self._room = asyncio.Event()
 
-    def take(self) -> None:
+    def take(self, group: Group) -> None:
         """The running update took a complete group."""
-        self.holding += 1
+        self.held.append(group.index)
         self._room.set()
 
     def published(self) -> None:
         """The running update has published its weights: its groups are trained on."""
-        self.trained, self.holding = self.trained + self.holding, 0
+        for index in self.held:
+            self.open.pop(index, None)
+        self.held = []
         self._room.set()
 
     def _has_room(self) -> bool:
-        refills = max(0, self.holding - self.wanted)
-        return self._unstarted_trials == 0 and self.started - self.trained - refills < self.lookahead
+        version = self.run.learner.weight_version
+        live = sum(version - started <= self.run.cfg.max_staleness for started in self.open.values())
+        refills = max(0, len(self.held) - self.wanted)
+        return self._unstarted_trials == 0 and live - refills < self.lookahead
 
     async def run_forever(self) -> None:
         """Start groups until cancelled; cancelling ends every trial in flight (sandboxes torn down)."""
@@ -95,6 +104,7 @@ class GroupProducer:
                         await self._room.wait()
                     name = self.stream.take(1)[0]
                     index, self.started = self.started, self.started + 1
+                    self.open[index] = self.run.learner.weight_version
                     self._unstarted_trials += self.run.cfg.n_samples
                     running.create_task(self._group(index, name))
         except Exception as exc:  # a bug, not a trial's failure (those are episodes): the learner must hear of it
@@ -123,27 +133,32 @@ class GroupProducer:
 
 async def take_groups(producer: GroupProducer, step: int, wanted: int) -> tuple[list[Group], dict[str, Any], float]:
     """The groups update `step` trains on, masked; returns (groups, the step's sampling figures,
-    seconds spent waiting for them)."""
+    seconds spent waiting for them). A group whose every episode is stale is replaced by the next
+    one to complete, so an update trains as many groups as a synchronous step does (the same
+    episodes per update, whatever K); groups masked by the other filters are kept as they are,
+    or, with dynamic sampling, replaced up to its limit."""
     cfg = producer.run.cfg
     groups: list[Group] = []
     masked = {"timeout": 0, "step_limit": 0, "length_limit": 0, "stale": 0}
     waited = 0.0
+    stale_groups = 0
     limit = wanted * (1 + (cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 0))
-    while len(groups) < limit:
+    while True:
         samples = [s for g in groups for s in g.samples]
-        have = len(varying_groups(samples)) if cfg.dynamic_sampling else len(groups)
-        if have >= wanted:
+        have = len(varying_groups(samples)) if cfg.dynamic_sampling else len(groups) - stale_groups
+        if have >= wanted or len(groups) - stale_groups >= limit:
             break
         t = time.monotonic()
         group = await producer.completed.get()
         if isinstance(group, BaseException):
             raise RuntimeError(f"the rollouts stopped: {type(group).__name__}: {group}") from group
-        producer.take()
+        producer.take(group)
         waited += time.monotonic() - t
         for reason, n in apply_limit_filters(group.samples, cfg.filters()).items():
             masked[reason] += n
         # Update `step` trains on top of version step - 1.
         masked["stale"] += mask_stale(group.samples, step - 1, cfg.max_staleness)
+        stale_groups += all((s.metadata or {}).get("masked_by") == "stale" for s in group.samples)
         groups.append(group)
     samples = [s for g in groups for s in g.samples]
     masked["zero_std"] = drop_zero_std_groups(samples) if cfg.dynamic_sampling else 0

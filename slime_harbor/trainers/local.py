@@ -35,6 +35,11 @@ weights the way SGLang takes them (policy/weights.py: LoRA adapters via /load_lo
 (--weight-sync none) keeps sampling its own: the old logprobs are then recomputed from the trained
 policy, and every step logs server_logprob_gap, how far the server's logprobs are from ours.
 
+Asynchronous (--max-staleness K >= 1, trainers/async_loop.py): the rollouts never stop; each
+update trains on the first groups to complete, in a thread while trials go on, masks episodes with
+a call more than K versions behind (masked_by stale) and publishes the next version, which the
+server takes between calls. Weight version N = the weights after N updates = checkpoint_N.
+
 SIGINT / SIGTERM (from the command line): a rollout in flight is cancelled (sandboxes torn down,
 the step is not counted); an update in flight finishes with its metrics and scheduled checkpoint.
 Then summary.json is written with "interrupted": true, no final/, and the process exits 130 / 143;
@@ -42,7 +47,8 @@ Then summary.json is written with "interrupted": true, no final/, and the proces
 
 Where each part lives: local_config.py (LocalTrainConfig, its checks), learner.py (the policy, the
 update step, checkpoints, weight sync: Learner), training_run.py (what a run records: step figures,
-the task stream, its lines and summary), this file (the loop, evaluation, the CLI).
+the task stream, its lines and summary), async_loop.py (the asynchronous loop), this file (the
+synchronous loop, the CLI).
 
 Run: `slime-harbor train-local --test` (or examples/harbor/harbor_grpo_local.py).
 """
@@ -115,12 +121,14 @@ def sample_step(guard: SignalGuard, runner: asyncio.Runner, cfg: LocalTrainConfi
     """One step's episodes, with the trajectory filters applied. The step's tasks are every task or
     the next rollout_batch_size of the stream; with dynamic sampling, groups without reward
     variance are dropped and the stream's next tasks are sampled to take their place, at most
-    dynamic_sampling_max_rounds more rollouts (step_dir/refill_R/)."""
+    dynamic_sampling_max_rounds more rollouts (step_dir/refill_R/). Each rollout's samples.jsonl is
+    rewritten after the filters: what was not trained carries remove_sample and masked_by."""
     names = tasks if cfg.rollout_batch_size is None else stream.take(cfg.rollout_batch_size)
     wanted = len(names)
     samples: list[TrainingSample] = []
     masked: dict[str, int] = {}
     errors = groups = 0
+    rounds: list[tuple[Path, list[TrainingSample]]] = []
     for round_ in range(1 + (cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 0)):
         out_dir = step_dir if round_ == 0 else step_dir / f"refill_{round_}"
         summary = guard.run(run_rollouts(cfg.rollout(policy_url, model_dir, out_dir, names, lora_name)), runner)
@@ -131,12 +139,15 @@ def sample_step(guard: SignalGuard, runner: asyncio.Runner, cfg: LocalTrainConfi
         for reason, n in apply_limit_filters(new, cfg.filters()).items():
             masked[reason] = masked.get(reason, 0) + n
         samples += new
+        rounds.append((out_dir, new))
         missing = wanted - len(varying_groups(samples))
         if not cfg.dynamic_sampling or missing <= 0:
             break
         names = stream.take(missing)
     if cfg.dynamic_sampling:
         masked["zero_std"] = drop_zero_std_groups(samples)
+    for out_dir, new in rounds:
+        (out_dir / "samples.jsonl").write_text("".join(s.to_json() + "\n" for s in new))
     return samples, {"errors": errors, "n_groups_sampled": groups,
                      "filters": {k: masked.get(k, 0) for k in ("timeout", "step_limit", "length_limit", "zero_std")},
                      "truncated_ratio": truncated_ratio(samples)}
@@ -251,6 +262,7 @@ def _train_synchronously(run: TrainingRun, guard: SignalGuard, runner: asyncio.R
         # A signal cancels it like a rollout: the step stays recorded.
         result = guard.run(evaluation(cfg, learner.url, run.base_model, out / "eval" / f"step_{step}",
                                       learner.lora_name), runner)
+        result["weight_version"] = learner.weight_version
         print(eval_line(step, result), file=sys.stderr)
         return result
 
