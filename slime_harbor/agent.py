@@ -135,6 +135,10 @@ class NativeAgentOptions(AgentOptions):
     lora_path: str | None = Field(
         default=None, description="LoRA adapter (by name) loaded on the policy server to sample from; None = base."
     )
+    reissue_aborted_calls: bool = Field(
+        default=False, description="Sample again a turn the server aborted on its own (a weight update "
+        "under asynchronous training); off, an aborted turn ends the episode."
+    )
     step_limit: int = Field(default=30, description="Most model turns per episode.")
     temperature: float = Field(default=1.0, description="Sampling temperature.")
     top_p: float = Field(default=1.0, description="Nucleus sampling cut-off (1.0 = off).")
@@ -250,6 +254,7 @@ class NativeAgent(BaseAgent):
             self._step("user", INSTANCE_PROMPT.format(instruction=instruction)),
         ]
         client = PolicyClient(self.policy_url, lora_path=self.options.lora_path, api=self.options.policy_api,
+                              reissue_aborted=self.options.reissue_aborted_calls,
                               model=self.model_name)
         try:
             for _ in range(self.options.step_limit):

@@ -264,6 +264,9 @@ def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
         reward_mapping=setting(args, "harbor_reward_mapping"),
         progress=False,
         env_start_retries=int(setting(args, "harbor_env_start_retries")),
+        # SLiME's fully-async rollout updates weights under running trials (pause_generation aborts
+        # their calls); elsewhere an abort ends the round and the episode.
+        reissue_aborted_calls=str(getattr(args, "rollout_function_path", "")).endswith("generate_rollout_fully_async"),
     )
 
 

@@ -102,6 +102,10 @@ class RolloutConfig:
     """How agents reach policy_url: sglang (its root; /generate, and /v1 for terminus-2) | openai
     (an OpenAI-compatible base URL ending in /v1, e.g. vLLM's: the native agent sends token ids to
     /v1/completions)."""
+    reissue_aborted_calls: bool = False
+    """Sample again, whole, a model call the policy server aborted on its own: on while weights are
+    updated under running trials (train-local --max-staleness, SLiME's fully-async rollout), where
+    such an abort is SGLang's pause_generation for an update; off, an aborted call ends the episode."""
     lora_name: str | None = None
     """LoRA adapter loaded on the policy server to sample from (SGLang's /generate lora_path; the
     OpenAI model name for terminus-2); None = the served model itself."""
@@ -242,6 +246,7 @@ def agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None = None):
                 "max_new_tokens": cfg.max_new_tokens,
                 "lora_path": cfg.lora_name,
                 "policy_api": cfg.policy_api,
+                "reissue_aborted_calls": cfg.reissue_aborted_calls,
                 "max_context_len": cfg.max_context_len,
                 "stop": list(cfg.stop),
                 "stop_token_ids": list(cfg.stop_token_ids),

@@ -95,7 +95,8 @@ class Gateway:
     """A recording OpenAI-compatible gateway in front of an SGLang-protocol policy (see CONTRACT)."""
 
     def __init__(self, upstream_url: str, model_dir: str | Path, host: str = "127.0.0.1", port: int = 0,
-                 served_model_name: str = "policy", upstream_api: str = "sglang", lora_name: str | None = None):
+                 served_model_name: str = "policy", upstream_api: str = "sglang", lora_name: str | None = None,
+                 reissue_aborted: bool = False):
         from transformers import AutoTokenizer
 
         self.model_dir = str(model_dir)
@@ -105,7 +106,8 @@ class Gateway:
         config = json.loads((Path(self.model_dir) / "config.json").read_text())
         self.max_context_len = int(config.get("max_position_embeddings") or self.tokenizer.model_max_length)
         self.served_model_name = served_model_name
-        self.upstream = PolicyClient(upstream_url, lora_path=lora_name, api=upstream_api, model=served_model_name)
+        self.upstream = PolicyClient(upstream_url, lora_path=lora_name, api=upstream_api, model=served_model_name,
+                                     reissue_aborted=reissue_aborted)  # see PolicyClient.generate
         self.host, self.port = host, port
         self.sessions: dict[str, GatewaySession] = {}
         self._server: _InLoopServer | None = None

@@ -110,15 +110,20 @@ MAX_REISSUES = 8
 
 class PolicyClient:
     def __init__(self, base_url: str, request_timeout_sec: float = 600.0, connect_retries: int = 3,
-                 lora_path: str | None = None, api: str = "sglang", model: str | None = None):
+                 lora_path: str | None = None, api: str = "sglang", model: str | None = None,
+                 reissue_aborted: bool = False):
         """`api`: sglang (POST {base_url}/generate) | openai (POST {base_url}/completions, base_url
-        being the OpenAI base, e.g. http://host:8000/v1; `model` names the served model)."""
+        being the OpenAI base, e.g. http://host:8000/v1; `model` names the served model).
+        `reissue_aborted`: sample again a call the server aborted on its own (asynchronous
+        training, where that is a weight update); off, such a call comes back aborted (a SLiME
+        round ending, an operator's abort_all: the episode ends)."""
         if api not in API_KINDS:
             raise ValueError(f"api must be one of {API_KINDS}, got {api!r}")
         self.base_url = base_url.rstrip("/")
         self.connect_retries = connect_retries
         self.lora_path = lora_path  # SGLang's per-request LoRA adapter (by name); None = the base model
         self._aborting: set[str] = set()  # rids this client asked the server to abort
+        self.reissue_aborted = reissue_aborted
         self.api, self.model = api, model
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_sec, connect=10.0)
         # aiohttp, not httpx: about 1 ms less per request (1.8 -> 0.9 ms for a 1k-token prompt,
@@ -143,7 +148,7 @@ class PolicyClient:
         """One turn. `routing_key` goes out as X-SMG-Routing-Key: under SGLang's router with
         consistent hashing, every turn of an episode then lands on the same engine (prefix cache).
 
-        A call the server aborts on its own is sampled again, whole, with the same rid: SGLang's
+        With reissue_aborted, a call the server aborts on its own is sampled again, whole, with the same rid: SGLang's
         pause_generation (SLiME's weight update) aborts the requests in flight and holds new ones
         until the new weights are in, so the caller gets one completion sampled by one version, as
         if the update had come before it. A call this client aborted (abort()) comes back aborted."""
@@ -151,9 +156,10 @@ class PolicyClient:
         if self.api == "openai":
             return await self._complete(input_ids, params, rid)
         try:
-            for attempt in range(MAX_REISSUES + 1):
+            for attempt in range(MAX_REISSUES + 1 if self.reissue_aborted else 1):
                 generation = await self._generate_once(input_ids, params, rid, routing_key)
-                if generation.finish_reason != "abort" or rid in self._aborting or attempt == MAX_REISSUES:
+                if (generation.finish_reason != "abort" or rid in self._aborting or attempt == MAX_REISSUES
+                        or not self.reissue_aborted):
                     generation.reissued = attempt
                     return generation
                 await asyncio.sleep(min(0.05 * 2**attempt, 2.0))

@@ -27,6 +27,7 @@ the groups that completed but no update took are kept in rollouts/not_consumed.j
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass
@@ -196,7 +197,8 @@ async def train_async(run: TrainingRun, tasks: dict[str, Path], stream: TaskStre
     cfg, learner = run.cfg, run.learner
     wanted = cfg.rollout_batch_size or len(tasks)
     evaluations: list[asyncio.Task] = []
-    rollout = cfg.rollout(learner.url, run.base_model, run.out / "rollouts", lora_name=learner.lora_name)
+    rollout = dataclasses.replace(cfg.rollout(learner.url, run.base_model, run.out / "rollouts",
+                                              lora_name=learner.lora_name), reissue_aborted_calls=True)
     async with serving_gateway(rollout) as gateway:
         producer = GroupProducer(run, rollout, tasks, stream, wanted, gateway, load_tokenizer(run.base_model))
         producing = asyncio.create_task(producer.run_forever())
