@@ -528,18 +528,6 @@ def test_fully_async_rollout_drives_our_hook(slime_modules, embedded_front, poli
     assert procs == [] and dirs == []
 
 
-def response_turns(sample) -> list[list[int]]:
-    """Response positions of each model call, in order: the runs of loss_mask 1 (observations,
-    0, sit between them)."""
-    turns, current = [], []
-    for i, m in enumerate(sample.loss_mask):
-        if m:
-            current.append(i)
-        elif current:
-            turns, current = turns + [current], []
-    return turns + ([current] if current else [])
-
-
 def test_fully_async_trials_span_a_weight_update_and_stale_episodes_are_masked(slime_modules, tiny_model_dir,
                                                                                 tmp_path):
     """SLiME's fully-async worker with a weight update between two rounds, done as SLiME's updater
@@ -559,6 +547,7 @@ def test_fully_async_trials_span_a_weight_update_and_stale_episodes_are_masked(s
 
     from slime_harbor.policy.server import EmbeddedPolicyServer
     from slime_harbor.policy.tiny_model import build_tiny_model
+    from test_async_training import call_runs
 
     new_weights = build_tiny_model(tmp_path / "v1", seed=7)
     tasks = make_tasks(tmp_path)
@@ -602,7 +591,7 @@ def test_fully_async_trials_span_a_weight_update_and_stale_episodes_are_masked(s
     models = {v: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
               for v, d in (("0", tiny_model_dir), ("1", new_weights))}
     for s in second:
-        turns = response_turns(s)
+        turns = call_runs(s)
         assert len(turns) == len(s.weight_versions)
         tokens = torch.tensor([s.tokens])
         prompt_len = len(s.tokens) - s.response_length
