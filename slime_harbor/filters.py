@@ -25,7 +25,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from slime_harbor.samples import TrainingSample
+from slime_harbor.samples import TrainingSample, episode_key
 
 TIMEOUT_EXCEPTIONS = frozenset({"AgentTimeoutError"})
 LENGTH_EXITS = frozenset({"context_limit"})
@@ -68,7 +68,7 @@ def apply_limit_filters(samples: Sequence[TrainingSample], filters: TrajectoryFi
         reason = limit_hit(s)
         if reason and enabled[reason]:
             mask(s, reason)
-            episode = (s.group_index, s.rollout_id if s.rollout_id is not None else s.index)
+            episode = episode_key(s)
             if episode not in seen:
                 seen.add(episode)
                 masked[reason] += 1
@@ -85,15 +85,12 @@ def staleness(sample: TrainingSample, trained_version: int) -> int | None:
 def mask_stale(samples: Sequence[TrainingSample], trained_version: int, max_staleness: int) -> int:
     """Mask every episode with a call more than `max_staleness` versions behind `trained_version`
     (all of its samples: an episode is trained whole or not at all); returns episodes masked."""
-    def episode(s):
-        return (s.group_index, s.rollout_id if s.rollout_id is not None else s.index)
-
-    stale = {episode(s) for s in samples if (staleness(s, trained_version) or 0) > max_staleness}
+    stale = {episode_key(s) for s in samples if (staleness(s, trained_version) or 0) > max_staleness}
     masked = set()
     for s in samples:
-        if episode(s) in stale and not s.remove_sample:
+        if episode_key(s) in stale and not s.remove_sample:
             mask(s, "stale")
-            masked.add(episode(s))
+            masked.add(episode_key(s))
     return len(masked)
 
 
@@ -102,7 +99,7 @@ def kept_rewards_by_group(samples: Sequence[TrainingSample]) -> dict:
     episodes: dict = {}
     for s in samples:
         if not s.remove_sample and s.reward is not None:
-            episodes.setdefault((s.group_index, s.rollout_id if s.rollout_id is not None else s.index), s.reward)
+            episodes.setdefault(episode_key(s), s.reward)
     groups: dict = defaultdict(list)
     for (group, _), reward in episodes.items():
         groups[group].append(reward)

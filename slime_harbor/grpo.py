@@ -27,6 +27,8 @@ from typing import Literal
 
 import torch
 
+from slime_harbor.samples import episode_key
+
 KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
 LOSS_LEVELS = ("token", "sequence")
 
@@ -211,17 +213,13 @@ def episode_advantages(samples: Sequence, rewards: Sequence[float] | None = None
     (not remove_sample); `rewards` defaults to each sample's `.reward`.
     """
     rewards = [float(s.reward) for s in samples] if rewards is None else [float(r) for r in rewards]
-
-    def key(s):
-        return s.group_index, s.rollout_id if s.rollout_id is not None else s.index
-
     episodes: dict[tuple, float] = {}
     for s, r in zip(samples, rewards, strict=True):
-        episodes.setdefault(key(s), r)
+        episodes.setdefault(episode_key(s), r)
     keys = list(episodes)
     values = group_advantages([episodes[k] for k in keys], [k[0] for k in keys], normalize_std=normalize_std)
     by_episode = dict(zip(keys, values.tolist()))
-    return [by_episode[key(s)] for s in samples]
+    return [by_episode[episode_key(s)] for s in samples]
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:

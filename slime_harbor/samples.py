@@ -161,6 +161,14 @@ class TrainingSample:
         return s
 
 
+def episode_key(sample) -> tuple:
+    """The episode a sample belongs to: (group_index, rollout_id, or index without one). The
+    converter splits an episode whose tokens drifted into several samples sharing one rollout_id;
+    they are one episode in a group's baseline, in a filter's count and in a staleness verdict.
+    Works on SLiME's Sample too (same attribute names)."""
+    return sample.group_index, sample.rollout_id if sample.rollout_id is not None else sample.index
+
+
 def write_jsonl(path, samples: list[TrainingSample]) -> None:
     with open(path, "w") as f:
         for s in samples:

@@ -11,27 +11,19 @@ import re
 import time
 from pathlib import Path
 
-from harbor.agents.base import BaseAgent
+from chat_tools_agent import ChatToolsAgent
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
 CALLS = 3
 
 
-class PacedAgent(BaseAgent):
-    def __init__(self, logs_dir, model_name: str | None = None, api_base: str | None = None, **kwargs):
-        super().__init__(logs_dir, model_name=model_name, **kwargs)
-        self.api_base = api_base
+class PacedAgent(ChatToolsAgent):
+    """ChatToolsAgent's setup (api_base from the gateway), its own run: plain calls, no tools."""
 
     @staticmethod
     def name() -> str:
         return "paced-test-agent"
-
-    def version(self) -> str | None:
-        return "0"
-
-    async def setup(self, environment: BaseEnvironment) -> None:
-        pass
 
     def _waits_for(self) -> Path | None:
         group, _, path = os.environ.get("PACED_AGENT_WAIT", "").partition(":")

@@ -122,7 +122,8 @@ class PolicyClient:
         self.base_url = base_url.rstrip("/")
         self.connect_retries = connect_retries
         self.lora_path = lora_path  # SGLang's per-request LoRA adapter (by name); None = the base model
-        self._aborting: set[str] = set()  # rids this client asked the server to abort
+        self._in_flight: set[str] = set()  # rids of generate() calls not yet returned
+        self._aborting: set[str] = set()  # those of them this client asked the server to abort
         self.reissue_aborted = reissue_aborted
         self.api, self.model = api, model
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_sec, connect=10.0)
@@ -148,24 +149,28 @@ class PolicyClient:
         """One turn. `routing_key` goes out as X-SMG-Routing-Key: under SGLang's router with
         consistent hashing, every turn of an episode then lands on the same engine (prefix cache).
 
-        With reissue_aborted, a call the server aborts on its own is sampled again, whole, with the same rid: SGLang's
-        pause_generation (SLiME's weight update) aborts the requests in flight and holds new ones
-        until the new weights are in, so the caller gets one completion sampled by one version, as
-        if the update had come before it. A call this client aborted (abort()) comes back aborted."""
+        With reissue_aborted, a call the server aborts on its own is sampled again, whole, with the
+        same rid: SGLang's pause_generation (SLiME's weight update) aborts the requests in flight
+        and holds new ones until the new weights are in, so the caller gets one completion sampled
+        by one version, as if the update had come before it. A call this client aborted (abort())
+        comes back aborted."""
         rid = rid or uuid.uuid4().hex
         if self.api == "openai":
             return await self._complete(input_ids, params, rid)
+        reissues = MAX_REISSUES if self.reissue_aborted else 0
+        self._in_flight.add(rid)
         try:
-            for attempt in range(MAX_REISSUES + 1 if self.reissue_aborted else 1):
+            attempt = 0
+            while True:
                 generation = await self._generate_once(input_ids, params, rid, routing_key)
-                if (generation.finish_reason != "abort" or rid in self._aborting or attempt == MAX_REISSUES
-                        or not self.reissue_aborted):
+                if generation.finish_reason != "abort" or rid in self._aborting or attempt == reissues:
                     generation.reissued = attempt
                     return generation
                 await asyncio.sleep(min(0.05 * 2**attempt, 2.0))
+                attempt += 1
         finally:
+            self._in_flight.discard(rid)
             self._aborting.discard(rid)
-        raise AssertionError("unreachable")
 
     async def _generate_once(self, input_ids: list[int], params: SamplingParams, rid: str,
                              routing_key: str | None) -> Generation:
@@ -249,7 +254,8 @@ class PolicyClient:
         """Ask the server to stop a running request (best effort: the trial is ending anyway)."""
         if self.api == "openai":
             return  # no per-request abort in the OpenAI API; closing the connection ends it on vLLM
-        self._aborting.add(rid)
+        if rid in self._in_flight:  # an abort after the call returned must not be remembered
+            self._aborting.add(rid)
         try:
             async with self._http().post(f"{self.base_url}/abort_request", json={"rid": rid},
                                          timeout=aiohttp.ClientTimeout(total=5.0)) as response:

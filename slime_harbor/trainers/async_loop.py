@@ -37,7 +37,7 @@ from typing import Any
 from slime_harbor.filters import apply_limit_filters, drop_zero_std_groups, mask_stale, varying_groups
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.rollout import RolloutConfig, load_tokenizer, run_episode, serving_gateway
-from slime_harbor.samples import TrainingSample
+from slime_harbor.samples import TrainingSample, write_jsonl
 from slime_harbor.trainers.evaluate import evaluation
 from slime_harbor.trainers.training_run import TaskStream, TrainingRun, eval_line, rollout_stats, truncated_ratio
 
@@ -145,8 +145,10 @@ async def take_groups(producer: GroupProducer, step: int, wanted: int) -> tuple[
     stale_groups = 0
     limit = wanted * (1 + (cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 0))
     while True:
-        samples = [s for g in groups for s in g.samples]
-        have = len(varying_groups(samples)) if cfg.dynamic_sampling else len(groups) - stale_groups
+        if cfg.dynamic_sampling:
+            have = len(varying_groups([s for g in groups for s in g.samples]))
+        else:
+            have = len(groups) - stale_groups
         if have >= wanted or len(groups) - stale_groups >= limit:
             break
         t = time.monotonic()
@@ -212,7 +214,7 @@ async def train_async(run: TrainingRun, tasks: dict[str, Path], stream: TaskStre
                 samples = [s for g in sorted(groups, key=lambda g: g.index) for s in g.samples]
                 step_dir = run.out / "rollouts" / f"step_{step}"
                 step_dir.mkdir(parents=True, exist_ok=True)
-                (step_dir / "samples.jsonl").write_text("".join(s.to_json() + "\n" for s in samples))
+                write_jsonl(step_dir / "samples.jsonl", samples)
                 t1 = time.monotonic()
                 # The update runs in a thread while the trials go on. A signal (the task cancelled)
                 # lets it finish and be recorded, then stops the run.
@@ -266,5 +268,5 @@ def _keep_not_consumed(producer: GroupProducer, path: Path) -> None:
         if isinstance(item, Group):
             left.append(item)
     if left:
-        path.write_text("".join(s.to_json() + "\n" for g in left for s in g.samples))
+        write_jsonl(path, [s for g in left for s in g.samples])
 

@@ -74,7 +74,7 @@ from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.rollout import discover_tasks, run_rollouts
 from slime_harbor.trainers.async_loop import train_async
 from slime_harbor.trainers.evaluate import evaluation
-from slime_harbor.samples import TrainingSample, read_jsonl
+from slime_harbor.samples import TrainingSample, read_jsonl, write_jsonl
 from slime_harbor.trainers.training_run import (
     TaskStream, TrainingRun, eval_line, rollout_stats, run_summary, truncated_ratio,
 )
@@ -147,7 +147,7 @@ def sample_step(guard: SignalGuard, runner: asyncio.Runner, cfg: LocalTrainConfi
     if cfg.dynamic_sampling:
         masked["zero_std"] = drop_zero_std_groups(samples)
     for out_dir, new in rounds:
-        (out_dir / "samples.jsonl").write_text("".join(s.to_json() + "\n" for s in new))
+        write_jsonl(out_dir / "samples.jsonl", new)
     return samples, {"errors": errors, "n_groups_sampled": groups,
                      "filters": {k: masked.get(k, 0) for k in ("timeout", "step_limit", "length_limit", "zero_std")},
                      "truncated_ratio": truncated_ratio(samples)}
