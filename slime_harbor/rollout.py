@@ -43,7 +43,7 @@ from slime_harbor.samples import SampleStatus, TrainingSample
 from slime_harbor.tasks.manifest import apply_manifest
 # What a trial is made of lives in trial_setup.py; its names stay importable from here.
 from slime_harbor.trial_setup import (  # noqa: F401
-    agent_class, agent_config, AGENT_IMPORT_PATHS, check_config, check_environment_runs, connect_host,
+    agent_class, agent_config, check_config, check_environment_runs, connect_host,
     DEFAULT_TASKS, discover_tasks, DOCKER_SANDBOX, environment_config, Episode, gateway_step_limit, hard_timeout_sec,
     HARD_TIMEOUT_SLACK_SEC, installed_agent_env, is_installed_agent, is_native, LOCAL_SANDBOX, ModelEndpoint,
     NATIVE_AGENT, NO_MODEL_AGENTS, preflight_environment, RolloutConfig, samples_policy, SANDBOX_LOOPBACK,

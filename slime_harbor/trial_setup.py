@@ -27,15 +27,6 @@ DOCKER_SANDBOX = "slime_harbor.environments.docker:DockerEnvironment"
 NATIVE_AGENT = "slime_harbor.agent:NativeAgent"
 NO_MODEL_AGENTS = frozenset({"oracle", "nop"})
 """Harbor agents that never call a model: they need no policy and no gateway."""
-AGENT_IMPORT_PATHS = {
-    "mini-swe-agent": "slime_harbor.installed_agents.mini_swe_agent:MiniSweAgent",
-    "claude-code": "slime_harbor.installed_agents.npm_agents:ClaudeCode",
-    "codex": "slime_harbor.installed_agents.npm_agents:Codex",
-}
-"""Harbor agent names we run through our own class (installed by the sandbox from the registries
-only; step_limit mapped onto the agent's own limit); every other name resolves as Harbor resolves it."""
-STEP_LIMIT_AGENTS = frozenset(AGENT_IMPORT_PATHS)
-"""Agents whose class takes our step_limit kwarg."""
 SANDBOX_LOOPBACK = "127.0.0.1"
 """The gateway's address inside a sandbox: our sandboxes forward <loopback>:<gateway port> to it."""
 # Slack on top of the task's own agent + verifier + build timeouts before we cancel a trial that
@@ -258,8 +249,13 @@ def agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None = None):
         )
     if cfg.agent in NO_MODEL_AGENTS:
         return AgentConfig(name=cfg.agent, kwargs=dict(cfg.agent_kwargs))
+    from slime_harbor.installed_agents.recipes import RECIPES
+
     endpoint = endpoint or UNBOUND_ENDPOINT
-    import_path = AGENT_IMPORT_PATHS.get(cfg.agent, cfg.agent if ":" in cfg.agent else None)
+    # A Harbor agent with a recipe runs as the recipe's class (installed by the sandbox from the
+    # registries only); every other name resolves as Harbor resolves it.
+    recipe = RECIPES.get(cfg.agent)
+    import_path = recipe.import_path if recipe else (cfg.agent if ":" in cfg.agent else None)
     # The gateway serves the policy (and its LoRA adapter) under one name and accepts any model
     # string; agents get it in the provider/model form LiteLLM-based agents need.
     config = AgentConfig(name=None if import_path else cfg.agent, import_path=import_path,
@@ -269,7 +265,10 @@ def agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None = None):
         config.model_name = f"{provider}/{cfg.model_name}"
     if is_installed_agent(config):
         config.env = installed_agent_env(endpoint)
-        if cfg.agent in STEP_LIMIT_AGENTS:
+        if recipe is not None:
+            fill = {"url": endpoint.sandbox_url, "root": endpoint.sandbox_url.removesuffix("/v1"),
+                    "key": endpoint.api_key, "model": cfg.model_name}
+            config.env.update({k: v.format(**fill) for k, v in recipe.env.items()})
             config.kwargs["step_limit"] = cfg.step_limit
     else:
         config.kwargs["api_base"] = endpoint.host_url
@@ -404,10 +403,14 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
 def _check_agent(cfg: RolloutConfig) -> None:
     from harbor.agents.factory import AgentFactory
 
+    from slime_harbor.installed_agents.recipes import RECIPES, UNAVAILABLE
+
+    if cfg.agent in UNAVAILABLE:
+        raise ConfigError(f"agent {cfg.agent!r} cannot train here: {UNAVAILABLE[cfg.agent]}")
     try:
         agent_class(agent_config(cfg))
     except Exception as exc:
-        if ":" not in cfg.agent and cfg.agent not in AGENT_IMPORT_PATHS:
+        if ":" not in cfg.agent and cfg.agent not in RECIPES:
             examples = ", ".join(AgentFactory.registered_names()[:4])
             raise ConfigError(f"unknown agent {cfg.agent!r}: use native, terminus-2, mini-swe-agent, oracle, nop, another Harbor "
                               f"agent name ({examples}, ...) or module:Class") from None

@@ -1,4 +1,4 @@
-"""Harbor's mini-swe-agent (slime_harbor.installed_agents.mini_swe_agent) installed from the
+"""Harbor's mini-swe-agent (its recipe in slime_harbor.installed_agents.recipes) installed from the
 registries only, in our bubblewrap and Docker sandboxes, through real Harbor trials against a real
 model endpoint (the embedded policy server's OpenAI API on the tiny model).
 
@@ -32,11 +32,12 @@ from harbor.trial.trial import Trial
 
 from slime_harbor.converter import trial_to_samples
 from slime_harbor.installed_agents import environment_kwargs, resolve_installs
-from slime_harbor.installed_agents import mini_swe_agent as mswea
+from slime_harbor.installed_agents.recipes import RECIPES, MiniSweAgent, Codex
 from slime_harbor.rollout import DEFAULT_TASKS, DOCKER_SANDBOX, LOCAL_SANDBOX
 from slime_harbor.samples import SampleStatus
 
-AGENT_IMPORT_PATH = "slime_harbor.installed_agents.mini_swe_agent:MiniSweAgent"
+AGENT_IMPORT_PATH = "slime_harbor.installed_agents.recipes:MiniSweAgent"
+INSTALL = RECIPES["mini-swe-agent"].install
 TASK = "count-errors"
 
 
@@ -152,7 +153,7 @@ def check_requests_to_model(trial_dir: Path, step_limit: int) -> list[dict]:
     """mini-swe-agent's trajectory: what it sent (tools, parameters) and what came back."""
     trajectory = json.loads((trial_dir / "agent" / "mini-swe-agent.trajectory.json").read_text())
     assert trajectory["info"]["config"]["agent"]["step_limit"] == step_limit
-    assert trajectory["info"]["mini_version"] == mswea.MINI_SWE_AGENT_VERSION
+    assert trajectory["info"]["mini_version"] == INSTALL.version
     replies = [m for m in trajectory["messages"] if (m.get("extra") or {}).get("response")]
     assert replies, trajectory["messages"][-1]
     assert (trial_dir / "agent" / "trajectory.json").is_file()  # Harbor's ATIF conversion
@@ -163,24 +164,24 @@ def check_requests_to_model(trial_dir: Path, step_limit: int) -> list[dict]:
 
 
 def test_step_limit_maps_onto_mini_swe_agents_step_limit(tmp_path):
-    agent = mswea.MiniSweAgent(logs_dir=tmp_path, model_name="hosted_vllm/policy", step_limit=7,
+    agent = MiniSweAgent(logs_dir=tmp_path, model_name="hosted_vllm/policy", step_limit=7,
                                config={"agent": {"cost_limit": 0}, "model": {"model_kwargs": {"temperature": 1.0}}})  # fmt: skip
     assert "step_limit: 7" in agent._config_yaml and "cost_limit: 0" in agent._config_yaml
     assert "temperature: 1.0" in agent._config_yaml
-    assert agent.version() == mswea.MINI_SWE_AGENT_VERSION
+    assert agent.version() == INSTALL.version
     for bad in (0, -1, "3", True):
         with pytest.raises(ValueError, match="step_limit"):
-            mswea.MiniSweAgent(logs_dir=tmp_path, model_name="hosted_vllm/policy", step_limit=bad)
+            MiniSweAgent(logs_dir=tmp_path, model_name="hosted_vllm/policy", step_limit=bad)
     with pytest.raises(ValueError, match="pinned"):
-        mswea.MiniSweAgent(logs_dir=tmp_path, model_name="hosted_vllm/policy", version="2.0.0")
+        MiniSweAgent(logs_dir=tmp_path, model_name="hosted_vllm/policy", version="2.0.0")
 
 
 def test_environment_kwargs_name_the_install_and_resolve():
     config = AgentConfig(import_path=AGENT_IMPORT_PATH, model_name="hosted_vllm/policy")
     kwargs = environment_kwargs(config)
     assert kwargs == {"agent_installs": ["mini-swe-agent"]}
-    assert resolve_installs(kwargs["agent_installs"]) == [mswea.SANDBOX_INSTALL]
-    assert resolve_installs("slime_harbor.installed_agents.mini_swe_agent:SANDBOX_INSTALL") == [mswea.SANDBOX_INSTALL]
+    assert resolve_installs(kwargs["agent_installs"]) == [INSTALL]
+    assert resolve_installs("test_mini_swe_agent:INSTALL") == [INSTALL]
     assert environment_kwargs(AgentConfig(name="oracle")) == {}
     with pytest.raises(ValueError, match="unknown agent install 'nope'"):
         resolve_installs("nope")
@@ -194,7 +195,7 @@ def test_environment_kwargs_name_the_install_and_resolve():
 def test_exit_status_is_reported_in_the_converters_words(tmp_path, exit_status, expected):
     from harbor.models.agent.context import AgentContext
 
-    agent = mswea.MiniSweAgent(logs_dir=tmp_path, model_name="hosted_vllm/policy")
+    agent = MiniSweAgent(logs_dir=tmp_path, model_name="hosted_vllm/policy")
     (tmp_path / "mini-swe-agent.trajectory.json").write_text(json.dumps(
         {"info": {"exit_status": exit_status, "model_stats": {"api_calls": 3}}, "messages": []}
     ))  # fmt: skip
@@ -213,8 +214,8 @@ async def test_bubblewrap_trial_runs_mini_swe_agent_to_the_verifier(tmp_path, po
     step_limit = 5  # above the format-error limit (3): the episode ends at RepeatedFormatError
     agent = agent_config(policy_server, Path(tiny_model_dir).name, proxy.url, step_limit)
     env_kwargs = {"base_dir": str(tmp_path / "sandboxes")}
-    host_dir = await asyncio.to_thread(mswea.SANDBOX_INSTALL.host_dir)  # built here at most once
-    builds = mswea.host_builds
+    host_dir = await asyncio.to_thread(INSTALL.host_dir)  # built here at most once
+    builds = INSTALL.builds
     stamp = (host_dir / "build.json").stat().st_mtime_ns
 
     trial, result = await run_trial(task, tmp_path / "one", agent, LOCAL_SANDBOX, env_kwargs)
@@ -227,7 +228,7 @@ async def test_bubblewrap_trial_runs_mini_swe_agent_to_the_verifier(tmp_path, po
     # A second trial reuses the host install: no build, the same directory.
     trial, result = await run_trial(task, tmp_path / "two", agent, LOCAL_SANDBOX, env_kwargs)
     check_scored_truncated(result, "RepeatedFormatError", step_limit)
-    assert mswea.host_builds == builds and (host_dir / "build.json").stat().st_mtime_ns == stamp
+    assert INSTALL.builds == builds and (host_dir / "build.json").stat().st_mtime_ns == stamp
 
 
 class ToolCallingStub:
@@ -360,7 +361,7 @@ async def test_bubblewrap_install_is_read_only_and_leaves_the_task_python_alone(
     )  # fmt: skip
     await env.start(force_build=False)
     try:
-        done = await env.exec(f"{mswea.LAUNCHER} --help && touch {mswea.SANDBOX_DIR}/x")
+        done = await env.exec(f"{INSTALL.launcher} --help && touch {INSTALL.sandbox_dir}/x")
         assert "Run mini-SWE-agent" in done.stdout and done.return_code != 0
         assert "Read-only file system" in done.stderr
         # The task's python is the host's, without the agent's packages.
@@ -433,7 +434,7 @@ async def test_docker_layer_leaves_the_task_python_untouched(tmp_path):
         probe = ("command -v python3; python3 -c 'import sys, site; print(sys.prefix); print(site.getsitepackages())'; "
                  "python3 -m pip freeze --all 2>/dev/null | sort | md5sum; python3 -c 'import minisweagent' 2>&1 | tail -1")  # fmt: skip
         inside = await env.exec(probe)
-        done = await env.exec(f"{mswea.LAUNCHER} --help")
+        done = await env.exec(f"{INSTALL.launcher} --help")
         assert done.return_code == 0 and "Run mini-SWE-agent" in done.stdout
     finally:
         await env.stop(delete=True)
@@ -524,14 +525,14 @@ async def test_docker_install_is_built_once_for_tasks_that_share_a_base_image(tm
             common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             assert a[: len(base)] == base and common >= len(base) + 2 and a != b
             for env, inst in ((first, instances[0]), (second, instances[1])):
-                done = await env.exec(f"ls /app && {mswea.LAUNCHER} --help >/dev/null && echo launcher ok")
+                done = await env.exec(f"ls /app && {INSTALL.launcher} --help >/dev/null && echo launcher ok")
                 assert done.return_code == 0, done.stderr
                 assert all(name in done.stdout for name in inst.files) and "launcher ok" in done.stdout
         finally:
             await second.stop(delete=True)
         staged = await start(multi, "multi")
         try:
-            done = await staged.exec(f"cat /built && {mswea.LAUNCHER} --help >/dev/null && echo launcher ok")
+            done = await staged.exec(f"cat /built && {INSTALL.launcher} --help >/dev/null && echo launcher ok")
             assert done.stdout.split() == ["built", "launcher", "ok"], done.stderr
             own = _image(staged.image)["RootFS"]["Layers"]  # on top of the multi-stage task's own image
             assert _image(staged.run_image)["RootFS"]["Layers"][: len(own)] == own
@@ -604,7 +605,9 @@ def test_mini_swe_agent_trains_on_a_no_network_task(env, tmp_path, policy_server
 def test_no_usable_host_python_is_one_config_error_before_any_trial(monkeypatch, tmp_path):
     from slime_harbor.rollout import ConfigError, RolloutConfig, check_config
 
-    monkeypatch.setattr(mswea, "_HOST_PYTHONS", (str(tmp_path / "no-python3"),))
+    from slime_harbor.installed_agents import installs
+
+    monkeypatch.setattr(installs, "_HOST_PYTHONS", (str(tmp_path / "no-python3"),))
     cfg = RolloutConfig(agent="mini-swe-agent", env="local", tasks_dir=DEFAULT_TASKS, task_names=[TASK],
                         policy_url="http://127.0.0.1:9", model_dir=str(tmp_path))  # fmt: skip
     with pytest.raises(ConfigError, match=r"agent 'mini-swe-agent' cannot run with env 'local': .*Python >= 3.10"):
@@ -622,7 +625,6 @@ async def test_a_sandbox_started_without_the_install_is_one_clear_error(tmp_path
     from harbor.models.trial.paths import TrialPaths
 
     from slime_harbor.environments.bubblewrap import BubblewrapEnvironment
-    from slime_harbor.installed_agents.npm_agents import Codex
 
     task = Task(DEFAULT_TASKS / TASK)
     paths = TrialPaths(trial_dir=tmp_path / "trial")
@@ -635,7 +637,7 @@ async def test_a_sandbox_started_without_the_install_is_one_clear_error(tmp_path
     try:
         with pytest.raises(RuntimeError, match=r"^mini-swe-agent is not installed in this sandbox .*"
                                                 r"agent_installs=mini-swe-agent .* docker or local environment$"):
-            await mswea.MiniSweAgent(logs_dir=tmp_path, model_name="hosted_vllm/policy").install(env)
+            await MiniSweAgent(logs_dir=tmp_path, model_name="hosted_vllm/policy").install(env)
         with pytest.raises(RuntimeError, match=r"^codex is not installed in this sandbox \(/opt/slime-harbor/codex/"
                                                 r"bin/codex is missing\).* on slime-harbor's docker environment$"):
             await Codex(logs_dir=tmp_path, model_name="openai/policy").install(env)

@@ -1,12 +1,9 @@
 """Harbor's installed agents (they run inside the sandbox) with installs that need only the
 package registries (PyPI, Debian, npm).
 
-    mini_swe_agent.py   MiniSweAgent: Harbor's mini-swe-agent, installed from PyPI into its own
-                        venv under /opt/slime-harbor (Harbor's install fetches uv from astral.sh
-                        and a Python build from GitHub)
-    npm_agents.py       ClaudeCode, Codex: Harbor's claude-code and codex, installed from npm (with
-                        Debian's nodejs and npm) under /opt/slime-harbor (Harbor's installs fetch a
-                        vendor bootstrap script and nvm); Docker only
+    recipes.py    one AgentRecipe per agent (Harbor's class, package, dialect, limits, exits)
+                  and the class each recipe runs as
+    installs.py   NpmInstall, PypiInstall: a package and its runtime under /opt/slime-harbor/<name>
 
 Why the sandbox installs them, not the agent's ``setup()``: Harbor sets an agent up after its
 environment started, and a no-network task's sandbox cannot reach a registry then. So the
@@ -20,7 +17,7 @@ host (bubblewrap), and every trial reuses it:
   ``slime_harbor.policy.tiny_model.cache_dir()``) and binds it read-only at ``sandbox_dir``.
 
 The coupling is one environment kwarg, ``agent_installs`` (``--ek agent_installs=mini-swe-agent``;
-a name below or ``module:attr`` of a :class:`SandboxInstall`), which :func:`environment_kwargs`
+a recipe's name (recipes.py) or ``module:attr`` of a :class:`SandboxInstall`), which :func:`environment_kwargs`
 derives from an agent config. The agent checks in ``setup()`` that its install is there and says
 how to get it when it is not.
 """
@@ -30,13 +27,6 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from pathlib import Path
-
-SANDBOX_INSTALLS = {
-    "mini-swe-agent": "slime_harbor.installed_agents.mini_swe_agent:SANDBOX_INSTALL",
-    "claude-code": "slime_harbor.installed_agents.npm_agents:CLAUDE_CODE_INSTALL",
-    "codex": "slime_harbor.installed_agents.npm_agents:CODEX_INSTALL",
-}
-"""Installs by name: what ``agent_installs`` may name besides a ``module:attr`` path."""
 
 ENVIRONMENT_KWARG = "agent_installs"
 
@@ -84,11 +74,16 @@ def resolve_installs(spec: str | list[str] | tuple[str, ...] | None) -> list[San
     if not spec:
         return []
     names = [n.strip() for n in spec.split(",")] if isinstance(spec, str) else list(spec)
+    from slime_harbor.installed_agents.recipes import RECIPES
+
     installs = []
     for name in filter(None, names):
-        path = SANDBOX_INSTALLS.get(name, name)
+        if name in RECIPES:
+            installs.append(RECIPES[name].install)
+            continue
+        path = name
         if ":" not in path:
-            raise ValueError(f"unknown agent install {name!r}: use one of {sorted(SANDBOX_INSTALLS)} or module:attr")
+            raise ValueError(f"unknown agent install {name!r}: use one of {sorted(RECIPES)} or module:attr")
         module, _, attr = path.partition(":")
         try:
             install = getattr(importlib.import_module(module), attr)

@@ -1,0 +1,255 @@
+"""How an agent's package is installed into the sandbox from a registry: npm (:class:`NpmInstall`)
+or PyPI (:class:`PypiInstall`), each into its own prefix ``/opt/slime-harbor/<name>`` with the
+runtime it needs, so the task's own runtime is untouched.
+
+Every install ends in one launcher, ``<prefix>/bin/<binary>``, a shell script that starts the
+agent with its own runtime by absolute path: the agent's commands add only ``<prefix>/bin`` to
+PATH, so the task's ``python`` and ``node`` stay first for everything the agent runs.
+
+- npm: a pinned Node from the npm registry (``node-linux-<arch>``, the official build as an npm
+  package) in ``<prefix>/node``, so a CLI that needs Node 22 runs on a bookworm image whose Debian
+  Node is 18. The package is installed with the image's npm, else with Debian's (apt), which is
+  removed again afterwards so the image keeps the runtime it had.
+- PyPI: a venv of the image's Python when it is new enough, else Debian's ``python3``; the
+  launcher runs the venv's Python with ``-I`` (the task's PYTHONPATH / PYTHONHOME / working
+  directory cannot reach the agent's imports). In the bubblewrap sandbox, which shares the host's
+  /usr, the venv is built on the host once (:meth:`PypiInstall.host_dir`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from slime_harbor.installed_agents import SandboxInstall
+
+SANDBOX_ROOT = "/opt/slime-harbor"
+NODE_VERSION = "22.23.3"
+"""The Node every npm agent runs on (npm's ``node-linux-<arch>`` packages)."""
+
+# npm and pip trust their own CA lists; the image's trust store (with a cluster's TLS proxy CA) is the one.
+_TRUST_IMAGE_CA = """if [ -s /etc/ssl/certs/ca-certificates.crt ]; then
+  export npm_config_cafile=/etc/ssl/certs/ca-certificates.crt
+  [ -n "${PIP_CERT:-}${REQUESTS_CA_BUNDLE:-}" ] || export PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+fi
+"""
+
+
+class NpmInstall(SandboxInstall):
+    """An npm package under ``<prefix>/pkg``, run by a pinned Node in ``<prefix>/node``."""
+
+    def __init__(self, name: str, package: str, version: str, binary: str, *, node: str = NODE_VERSION,
+                 extra_packages: tuple[str, ...] = (), ignore_scripts: bool = False):  # fmt: skip
+        self.name, self.package, self.version, self.binary = name, package, version, binary
+        self.node, self.extra_packages, self.ignore_scripts = node, extra_packages, ignore_scripts
+        self.sandbox_dir = f"{SANDBOX_ROOT}/{name}"
+
+    @property
+    def launcher(self) -> str:
+        return f"{self.sandbox_dir}/bin/{self.binary}"
+
+    @property
+    def spec(self) -> str:
+        return f"{self.package}@{self.version}"
+
+    def docker_script(self) -> str:
+        prefix, packages = self.sandbox_dir, " ".join(shlex.quote(p) for p in (self.spec, *self.extra_packages))
+        scripts = " --ignore-scripts" if self.ignore_scripts else ""
+        return f"""set -eu
+{_TRUST_IMAGE_CA}added_npm=
+if ! command -v npm >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends nodejs npm ca-certificates >/dev/null
+    added_npm=apt
+  elif command -v apk >/dev/null 2>&1; then
+    apk add --no-cache -q nodejs npm
+  else
+    echo "{self.name} needs npm to install: the image has neither npm, apt-get nor apk" >&2
+    exit 1
+  fi
+fi
+npm_install() {{ npm install --no-fund --no-audit --no-update-notifier --loglevel=error "$@"; }}
+# The agent's Node: npm's packaging of the official build (glibc); a musl image keeps its own.
+case "$(uname -m)" in x86_64) arch=x64 ;; aarch64) arch=arm64 ;; *) arch= ;; esac
+if [ -n "$arch" ] && ! [ -f /etc/alpine-release ]; then
+  npm_install --prefix {prefix}/node-pkg node-linux-$arch@{self.node}
+  mkdir -p {prefix}/node/bin
+  mv {prefix}/node-pkg/node_modules/node-linux-$arch/bin/node {prefix}/node/bin/node
+  rm -rf {prefix}/node-pkg
+  node_bin={prefix}/node/bin/node
+else
+  node_bin=$(command -v node)
+fi
+PATH={prefix}/node/bin:$PATH npm_install -g{scripts} --prefix {prefix}/pkg {packages}
+target=$(readlink -f {prefix}/pkg/bin/{self.binary})
+mkdir -p {prefix}/bin
+if head -c 64 "$target" | head -n 1 | grep -q '^#!.*node'; then
+  printf '#!/bin/sh\\nexec %s %s "$@"\\n' "$node_bin" "$target" > {self.launcher}
+else
+  printf '#!/bin/sh\\nexec %s "$@"\\n' "$target" > {self.launcher}
+fi
+chmod 755 {self.launcher}
+rm -rf /root/.npm
+if [ "$added_npm" = apt ]; then  # the image keeps the runtime it had
+  apt-get purge -y -qq --autoremove nodejs npm >/dev/null
+  rm -rf /var/lib/apt/lists/*
+fi
+echo "{self.name}: node $($node_bin --version), $({self.launcher} --version 2>&1 | head -n 1)"
+"""
+
+    def host_dir(self) -> Path:
+        raise RuntimeError(f"{self.name} has no bubblewrap install: run it with --env docker")
+
+    def check_host(self) -> None:
+        self.host_dir()
+
+
+class PypiInstall(SandboxInstall):
+    """A PyPI package in a venv under ``<prefix>/venv`` (Python >= ``min_python``), started by a
+    launcher that runs ``entry`` (``module:function``) or the package's console script."""
+
+    def __init__(self, name: str, package: str, version: str, binary: str, *, entry: str | None = None,
+                 min_python: tuple[int, int] = (3, 10), requirements: tuple[str, ...] = (), no_deps: bool = False,
+                 smoke: str = "--help"):  # fmt: skip
+        self.name, self.package, self.version, self.binary = name, package, version, binary
+        self.entry, self.min_python, self.requirements, self.no_deps = entry, min_python, requirements, no_deps
+        self.smoke = smoke
+        self.sandbox_dir = f"{SANDBOX_ROOT}/{name}"
+        self.builds = 0
+        """Host venvs this process built (tests check that a second trial builds none)."""
+
+    @property
+    def launcher(self) -> str:
+        return f"{self.sandbox_dir}/bin/{self.binary}"
+
+    def pip_installs(self) -> list[list[str]]:
+        """pip's arguments, one install each: the package (alone with no_deps), then requirements."""
+        pip = ["-m", "pip", "install", "--no-cache-dir", "--disable-pip-version-check", "--no-input", "-q"]
+        installs = [pip + (["--no-deps"] if self.no_deps else []) + [f"{self.package}=={self.version}"]]
+        if self.requirements:
+            installs.append(pip + list(self.requirements))
+        return installs
+
+    def launcher_script(self, root: str) -> str:
+        """The launcher, the venv at ``root``/venv: its Python, isolated (-I: no PYTHON* variables,
+        no user site, no cwd on sys.path; the filter covers Pythons before 3.11, where -I still put
+        '' there for -c)."""
+        if self.entry:
+            module, _, function = self.entry.partition(":")
+            code = (f"import sys\nsys.path[:] = [p for p in sys.path if p]\nsys.argv[0] = {self.binary!r}\n"
+                    f"from {module} import {function}\nsys.exit({function}())")  # fmt: skip
+            return f"#!/bin/sh\nexec {root}/venv/bin/python -I -c {shlex.quote(code)} \"$@\"\n"
+        return f"#!/bin/sh\nexec {root}/venv/bin/python -I {root}/venv/bin/{self.binary} \"$@\"\n"
+
+    def docker_script(self) -> str:
+        prefix, want = self.sandbox_dir, "%d, %d" % self.min_python
+        pips = "\n".join(f"{prefix}/venv/bin/python {shlex.join(args)}" for args in self.pip_installs())
+        return f"""set -eu
+{_TRUST_IMAGE_CA}usable() {{ "$1" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < ({want}))' 2>/dev/null; }}
+py=
+for candidate in /usr/bin/python3 /usr/local/bin/python3 "$(command -v python3 || true)"; do
+  if [ -n "$candidate" ] && [ -x "$candidate" ] && usable "$candidate"; then py=$candidate; break; fi
+done
+if [ -z "$py" ]; then
+  if command -v apt-get >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends python3 python3-venv ca-certificates >/dev/null
+    rm -rf /var/lib/apt/lists/*
+  elif command -v apk >/dev/null 2>&1; then
+    apk add --no-cache -q python3
+  fi
+  if usable /usr/bin/python3; then py=/usr/bin/python3; else
+    echo "{self.name} needs Python >= {'.'.join(map(str, self.min_python))} with venv: the image has none and its distribution's python3 is older or missing" >&2
+    exit 1
+  fi
+fi
+echo "{self.name} venv on $py ($("$py" --version 2>&1))"
+"$py" -m venv {prefix}/venv
+{pips}
+mkdir -p {prefix}/bin
+cat > {self.launcher} <<'LAUNCHER_EOF'
+{self.launcher_script(prefix)}LAUNCHER_EOF
+chmod 755 {self.launcher}
+MSWEA_CONFIGURED=true LITELLM_LOCAL_MODEL_COST_MAP=True {self.launcher} {self.smoke} >/dev/null
+"""
+
+    # --- the bubblewrap sandbox: a venv of the host's Python, built once per host -----------------
+
+    def check_host(self) -> None:
+        host_python(self.min_python, self.name)
+
+    def host_dir(self) -> Path:
+        """The host directory holding the venv and launcher (bound read-only at sandbox_dir), built
+        once per recipe and host Python (across processes: a lock file, a build into a temporary
+        dir renamed into place)."""
+        from slime_harbor.policy.tiny_model import cache_dir
+
+        python, key = self._host_key()
+        root = cache_dir() / "agent-installs" / f"{self.name}-{self.version}-{key}"
+        launcher = root / "bin" / self.binary
+        if launcher.exists():
+            return root
+        root.parent.mkdir(parents=True, exist_ok=True)
+        with open(root.parent / f"{root.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if launcher.exists():  # built by another process while we waited
+                return root
+            staging = root.parent / f".{root.name}.{uuid.uuid4().hex[:8]}"
+            started = time.monotonic()
+            try:
+                self._run_build([python, "-m", "venv", str(staging / "venv")])
+                for args in self.pip_installs():
+                    self._run_build([str(staging / "venv" / "bin" / "python"), *args])
+                (staging / "bin").mkdir()
+                (staging / "bin" / self.binary).write_text(self.launcher_script(self.sandbox_dir))
+                (staging / "bin" / self.binary).chmod(0o755)
+                (staging / "build.json").write_text(json.dumps(
+                    {"python": python, "seconds": round(time.monotonic() - started, 1), "version": self.version}))
+                shutil.rmtree(root, ignore_errors=True)  # a half-built dir from a killed build
+                staging.rename(root)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            self.builds += 1
+        return root
+
+    @functools.cache
+    def _host_key(self) -> tuple[str, str]:
+        """(host Python, key of the install built with it): the Python's version and the recipe."""
+        python = host_python(self.min_python, self.name)
+        version = subprocess.run([python, "-c", "import sys; print(sys.version)"], capture_output=True, text=True,
+                                 check=True).stdout.strip()  # fmt: skip
+        recipe = "\n".join([python, version, *map(shlex.join, self.pip_installs()), self.launcher_script(self.sandbox_dir)])
+        return python, hashlib.sha256(recipe.encode()).hexdigest()[:16]
+
+    def _run_build(self, argv: list[str]) -> None:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            output = (done.stdout + done.stderr).strip()
+            raise RuntimeError(f"installing {self.name} failed ({' '.join(argv[:4])} ...): {output[-2000:]}")
+
+
+_HOST_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
+
+
+def host_python(min_python: tuple[int, int], name: str) -> str:
+    """A host Python >= min_python with venv whose files a bubblewrap sandbox sees (it binds the
+    host's /usr, /bin and /lib*, not /root or /opt): /usr/bin/python3, else /usr/local/bin/python3."""
+    check = f"import sys, venv, ensurepip; sys.exit(sys.version_info < {tuple(min_python)!r})"
+    for candidate in _HOST_PYTHONS:
+        if os.access(candidate, os.X_OK) and subprocess.run([candidate, "-c", check],
+                                                            capture_output=True).returncode == 0:  # fmt: skip
+            return candidate
+    raise RuntimeError(
+        f"{name} in the bubblewrap sandbox needs a Python >= {'.'.join(map(str, min_python))} with venv at one "
+        f"of {_HOST_PYTHONS} (e.g. apt-get install python3 python3-venv)"
+    )

@@ -1,0 +1,323 @@
+"""Harbor's installed agents, declared as data: one :class:`AgentRecipe` per agent says which
+Harbor class runs it, what the sandbox installs from which registry, the wire format it speaks to
+the gateway, how its endpoint and step limit reach it and how its exits show.
+
+Harbor's own ``install()`` of these agents fetches from outside the registries (a vendor's
+bootstrap script, nvm's Node, uv's Python builds) inside the sandbox, which fails on a
+no-network task. Here the sandbox installs the recipe's package before the trial starts
+(:mod:`slime_harbor.installed_agents`, :mod:`slime_harbor.installed_agents.installs`) and the
+agent runs as Harbor's class with three changes (:class:`RecipeAgent`): ``install()`` only
+checks the launcher is there, the agent's commands find the launcher first on PATH, and
+``step_limit`` becomes the agent's own limit (``step_limit_kwarg``) or, for an agent without one,
+the gateway's (the call after ``step_limit`` model calls is refused with a 400 whose code is
+``step_limit_reached``; the episode is verified and scored, truncated).
+
+The class of a recipe is ``slime_harbor.installed_agents.recipes:<Harbor's class name>``, built on
+first import. Adding an agent is adding a recipe; for example, Harbor's ``opencode``::
+
+    AgentRecipe(
+        name="opencode",                                   # Harbor's agent name: --agent opencode
+        harbor_class="harbor.agents.installed.opencode:OpenCode",
+        install=NpmInstall("opencode", "opencode-ai", "1.18.33", "opencode"),
+        dialect="chat",                                    # chat | anthropic | responses | gemini
+        provider="openai",                                 # model_name is openai/<served name>
+    )
+
+``docs/gateway.md``'s agent table is generated from these recipes (``python -m
+slime_harbor.installed_agents.recipes``; a test checks it is current).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from harbor.agents.installed.base import NonZeroAgentExitCodeError
+from harbor.environments.base import BaseEnvironment
+from harbor.models.agent.context import AgentContext
+
+from slime_harbor.gateway.session import STEP_LIMIT_CODE
+from slime_harbor.installed_agents import SandboxInstall, check_installed
+from slime_harbor.installed_agents.installs import NpmInstall, PypiInstall
+
+DIALECTS = ("chat", "anthropic", "responses", "gemini")
+"""The gateway's wire formats: OpenAI chat completions, Anthropic Messages, OpenAI Responses,
+Gemini generateContent."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentRecipe:
+    """How one of Harbor's installed agents trains here."""
+
+    name: str
+    """Harbor's agent name (``--agent NAME``)."""
+    harbor_class: str
+    """``module:Class`` of the Harbor class that runs it."""
+    install: SandboxInstall
+    """What the sandbox installs before the trial (installs.py)."""
+    dialect: str
+    """The wire format it speaks to the gateway (one of DIALECTS)."""
+    provider: str | None = None
+    """The provider prefix of its model name (``openai`` -> ``openai/<served name>``); None: LiteLLM's
+    ``hosted_vllm/<served name>``."""
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Variables added to the endpoint's (trial_setup.installed_agent_env), with ``{url}`` (the
+    session's OpenAI base URL, ending in /v1), ``{root}`` (without /v1), ``{key}`` and ``{model}``
+    (the served name) filled in."""
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Fixed kwargs of Harbor's class (a user's --agent-kwarg wins)."""
+    step_limit_kwarg: str | None = None
+    """The Harbor kwarg that takes ``step_limit`` (the agent's own turn limit); None: the gateway
+    enforces it."""
+    set_step_limit: Callable[[dict[str, Any], int], dict[str, Any]] | None = None
+    """For a limit that is not one kwarg: (kwargs, step_limit) -> kwargs."""
+    exit_status: Callable[[Path], dict[str, Any] | None] | None = None
+    """Reads the agent's logs dir after the run: metadata with ``exit_status`` in the converter's
+    words (``submitted``, ``step_limit``, ``context_limit``, ``aborted``), or None. Where it is None
+    the gateway's record says how the episode ended."""
+    side_calls: str = "none seen"
+    """Which of its calls are side calls (titles, checks, token counts) and how they are told apart."""
+    notes: str = ""
+    """What the gateway had to learn for it, what its trials show."""
+    verified_by: str = ""
+    """The test that runs a real trial of it through the gateway (empty: not verified)."""
+
+    @property
+    def class_name(self) -> str:
+        return self.harbor_class.rpartition(":")[2]
+
+    @property
+    def import_path(self) -> str:
+        return f"{__name__}:{self.class_name}"
+
+    @property
+    def gateway_step_limit(self) -> bool:
+        return self.step_limit_kwarg is None and self.set_step_limit is None
+
+
+class RecipeAgent:
+    """What every recipe's class adds to Harbor's (it comes first in the MRO)."""
+
+    RECIPE: AgentRecipe
+
+    def __init__(self, *args: Any, step_limit: int | None = None, version: str | None = None, **kwargs: Any):
+        recipe = self.RECIPE
+        if version not in (None, recipe.install.version):
+            raise ValueError(f"this {recipe.name} install is pinned to {recipe.install.version}, got version={version!r}")
+        kwargs = {**recipe.kwargs, **kwargs}
+        if step_limit is not None:
+            if isinstance(step_limit, bool) or not isinstance(step_limit, int) or step_limit < 1:
+                raise ValueError(f"Invalid value for 'step_limit': expected an int >= 1, got {step_limit!r}")
+            if recipe.step_limit_kwarg:
+                kwargs[recipe.step_limit_kwarg] = step_limit
+            elif recipe.set_step_limit:
+                kwargs = recipe.set_step_limit(kwargs, step_limit)
+        self.step_limit = step_limit  # the gateway's, where the recipe maps it to no kwarg (rollout reads it)
+        super().__init__(*args, version=recipe.install.version, **kwargs)
+
+    def get_version_command(self) -> str | None:
+        return None  # pinned by the recipe
+
+    async def install(self, environment: BaseEnvironment) -> None:
+        await check_installed(environment, self.RECIPE.name, self.RECIPE.install.launcher, _environments(self.RECIPE))
+
+    async def exec_as_agent(self, environment: BaseEnvironment, command: str, env: dict[str, str] | None = None,
+                            cwd: str | None = None, timeout_sec: int | None = None) -> Any:  # fmt: skip
+        # Harbor's run() calls the agent by name: only the launcher's dir goes first on PATH, so the
+        # agent's own commands still find the task's python and node.
+        command = f'export PATH={self.RECIPE.install.sandbox_dir}/bin:"$PATH"; {command}'
+        return await super().exec_as_agent(environment, command, env=env, cwd=cwd, timeout_sec=timeout_sec)
+
+    async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
+        try:
+            await super().run(instruction, environment, context)
+        except NonZeroAgentExitCodeError:
+            # An agent that exits non-zero at its own limit (mini-swe-agent re-raises a context
+            # error, Claude Code at --max-turns): the episode is verified and scored, not failed.
+            if (self.exit_metadata() or {}).get("exit_status") not in ("step_limit", "context_limit"):
+                raise
+            self.logger.info(f"{self.RECIPE.name} stopped at a limit: {self.exit_metadata()}")
+
+    def populate_context_post_run(self, context: AgentContext) -> None:
+        super().populate_context_post_run(context)
+        metadata = self.exit_metadata()
+        if metadata:
+            context.metadata = {**(context.metadata or {}), **metadata}
+
+    def exit_metadata(self) -> dict[str, Any] | None:
+        return self.RECIPE.exit_status(self.logs_dir) if self.RECIPE.exit_status else None
+
+
+def _environments(recipe: AgentRecipe) -> str:
+    return "docker or local" if isinstance(recipe.install, PypiInstall) else "docker"
+
+
+def recipe_class(recipe: AgentRecipe) -> type:
+    """The agent class of a recipe: Harbor's class with :class:`RecipeAgent` first."""
+    module, _, name = recipe.harbor_class.partition(":")
+    harbor_class = getattr(importlib.import_module(module), name)
+    return type(recipe.class_name, (RecipeAgent, harbor_class), {
+        "RECIPE": recipe,
+        "SANDBOX_INSTALLS": (recipe.install.name,),
+        "GATEWAY_PROVIDER": recipe.provider,
+        "GATEWAY_STEP_LIMIT": recipe.gateway_step_limit,
+        "__module__": __name__,
+        "__qualname__": recipe.class_name,
+        "__doc__": f"Harbor's {recipe.name}, installed by the sandbox from {recipe.install.name!r}'s registry "
+                   f"({recipe.install.package} {recipe.install.version}); see slime_harbor.installed_agents.recipes.",
+    })
+
+
+# ---- how exits show ---------------------------------------------------------------------------------
+
+
+def json_events(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines log (other lines skipped); [] when it is missing."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    events = []
+    for line in lines:
+        if line.startswith("{"):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                events.append(event)
+    return events
+
+
+def claude_code_exit(logs_dir: Path) -> dict[str, Any] | None:
+    """From the last ``result`` event of Claude Code's stream-json output."""
+    results = [e for e in json_events(logs_dir / "claude-code.txt") if e.get("type") == "result"]
+    if not results:
+        return None
+    subtype = str(results[-1].get("subtype") or "")
+    if subtype == "error_max_turns":
+        return {"exit_status": "step_limit"}
+    if subtype == "success" and not results[-1].get("is_error"):
+        return {"exit_status": "submitted"}
+    return None
+
+
+def codex_exit(logs_dir: Path) -> dict[str, Any] | None:
+    """From Codex's --json events: the gateway's step-limit refusal in a turn.failed / error event
+    (Codex writes those itself from the HTTP error; the model's text and command output are inside
+    item events, so a policy cannot forge one), else how the turn ended."""
+    events = json_events(logs_dir / "codex.txt")
+    for event in events:
+        if event.get("type") in ("turn.failed", "error") and STEP_LIMIT_CODE in json.dumps(event):
+            return {"exit_status": "step_limit"}
+    if any(e.get("type") == "turn.completed" for e in events):
+        return {"exit_status": "submitted"}
+    return None
+
+
+# mini-swe-agent's exit status -> the converter's (TRUNCATING_EXITS, "aborted" = transient).
+MINI_SWE_AGENT_EXITS = {
+    "Submitted": "submitted",
+    "LimitsExceeded": "step_limit",
+    "RepeatedFormatError": "step_limit",
+    "TimeExceeded": "step_limit",
+    "ContextWindowExceededError": "context_limit",
+    # LiteLLM's names for an endpoint it could not reach after mini-swe-agent's retries.
+    "APIConnectionError": "aborted",
+    "ServiceUnavailableError": "aborted",
+    "InternalServerError": "aborted",
+    "Timeout": "aborted",
+}
+
+
+def mini_swe_agent_exit(logs_dir: Path) -> dict[str, Any] | None:
+    """From the trajectory mini-swe-agent saved: its own status kept as ``agent_exit_status``, its
+    model calls as ``turns``."""
+    try:
+        info = json.loads((logs_dir / "mini-swe-agent.trajectory.json").read_text()).get("info") or {}
+    except (OSError, ValueError):
+        return None
+    raw = str(info.get("exit_status") or "")
+    if not raw:
+        return None
+    return {"exit_status": MINI_SWE_AGENT_EXITS.get(raw, raw), "agent_exit_status": raw,
+            "turns": (info.get("model_stats") or {}).get("api_calls")}
+
+
+def mini_swe_agent_step_limit(kwargs: dict[str, Any], step_limit: int) -> dict[str, Any]:
+    """mini-swe-agent's ``agent.step_limit`` (model calls, format errors included), merged into the
+    config Harbor writes to a YAML file passed after ``-c mini``."""
+    import yaml
+
+    config, config_file = kwargs.get("config"), kwargs.get("config_file")
+    if config is not None and config_file is not None:
+        raise ValueError("'config' and 'config_file' are mutually exclusive")
+    base = dict(config) if config is not None else (yaml.safe_load(Path(config_file).read_text()) if config_file else {})
+    if not isinstance(base, dict):
+        raise ValueError(f"Invalid value for 'config_file': {config_file} is not a YAML mapping")
+    config = {**base, "agent": {**(base.get("agent") or {}), "step_limit": step_limit}}
+    return {**kwargs, "config": config, "config_file": None}
+
+
+# ---- the recipes ------------------------------------------------------------------------------------
+
+# mini-swe-agent 2.4.6's dependencies minus `datasets`, which only its SWE-bench batch runners
+# import (it brings pyarrow, pandas and numpy: half of a 700 MB venv), plus what LiteLLM imports
+# on its tool-calling path without declaring it: orjson and fastapi (Harbor adds them too) and mcp
+# (LiteLLM 1.106 imports its MCP handler for any request with tools). LiteLLM is pinned to the
+# version this was tested with.
+MINI_SWE_AGENT_REQUIREMENTS = (
+    "pyyaml", "requests", "jinja2", "pydantic>=2.0", "litellm==1.106.2", "tenacity",
+    "rich", "python-dotenv", "typer", "platformdirs", "textual", "prompt_toolkit",
+    "openai!=1.100.0,!=1.100.1", "orjson", "fastapi", "mcp",
+)  # fmt: skip
+
+RECIPES: dict[str, AgentRecipe] = {r.name: r for r in (
+    AgentRecipe(
+        name="mini-swe-agent", harbor_class="harbor.agents.installed.mini_swe_agent:MiniSweAgent",
+        install=PypiInstall("mini-swe-agent", "mini-swe-agent", "2.4.6", "mini-swe-agent",
+                            entry="minisweagent.run.mini:app", requirements=MINI_SWE_AGENT_REQUIREMENTS, no_deps=True),
+        dialect="chat", env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+        set_step_limit=mini_swe_agent_step_limit, exit_status=mini_swe_agent_exit,
+        notes="tool calls through LiteLLM; retries a failed call up to 10 times",
+        verified_by="tests/test_mini_swe_agent.py",
+    ),
+    AgentRecipe(
+        name="claude-code", harbor_class="harbor.agents.installed.claude_code:ClaudeCode",
+        install=NpmInstall("claude-code", "@anthropic-ai/claude-code", "2.1.330", "claude"),
+        dialect="anthropic", provider="anthropic", step_limit_kwarg="max_turns", exit_status=claude_code_exit,
+        side_calls="titles and command checks go to /v1/messages without the agent's tools; "
+                   "/v1/messages/count_tokens is counted, not sampled",
+        notes="system as cached text blocks; HEAD / and GET /v1/models probes",
+        verified_by="tests/test_installed_agents.py",
+    ),
+    AgentRecipe(
+        name="codex", harbor_class="harbor.agents.installed.codex:Codex",
+        install=NpmInstall("codex", "@openai/codex", "0.169.0", "codex"),
+        dialect="responses", provider="openai", exit_status=codex_exit,
+        notes="GET /models at start; Responses input with function_call, function_call_output and reasoning items",
+        verified_by="tests/test_installed_agents.py",
+    ),
+)}
+"""Recipes by Harbor agent name."""
+
+UNAVAILABLE: dict[str, str] = {}
+"""Harbor agents that cannot train here, with why (``--agent NAME`` says so before any trial)."""
+
+
+def recipe_for_class(name: str) -> AgentRecipe | None:
+    return next((r for r in RECIPES.values() if r.class_name == name), None)
+
+
+def __getattr__(name: str) -> type:
+    """The recipes' classes, built on first use (importing one imports only its Harbor module)."""
+    recipe = recipe_for_class(name)
+    if recipe is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    cls = recipe_class(recipe)
+    globals()[name] = cls
+    return cls
