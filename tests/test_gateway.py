@@ -432,6 +432,31 @@ def test_the_sessions_step_limit_refuses_the_next_call_and_truncates(base_server
     assert sample.status == SampleStatus.TRUNCATED and sample.reward == 1.0 and not sample.remove_sample
 
 
+def test_side_calls_neither_count_toward_the_step_limit_nor_are_refused(base_server, tiny_model_dir, tmp_path):
+    """A call without tools in a session whose conversation has tools (a title, a loop check) is
+    served after the limit is reached, and the main conversation's calls alone use it up."""
+    from slime_harbor.gateway.session import STEP_LIMIT_CODE
+
+    async def scenario(gateway):
+        session = gateway.open_session("side-limit", tmp_path / "gw", SamplingParams(max_new_tokens=8))
+        session.max_calls = 2
+        client = sdk(session)
+        messages = first_messages()
+        await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "a title?"}])
+        reply = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)  # step 2 of 2
+        messages = messages + [echoed(reply.choices[0].message), {"role": "user", "content": "go on"}]
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "looping?"}])
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+        await client.close()
+        return session, refused.value
+
+    (session, error), _ = run_with_gateway(base_server, tiny_model_dir, scenario)
+    assert error.code == STEP_LIMIT_CODE and session.exit_reason == "step_limit"
+    assert session.stats["calls"] == 4 and session.stats["side_calls"] == 2
+
+
 def test_policy_down_is_a_503_and_an_aborted_episode(tiny_model_dir, tmp_path):
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))

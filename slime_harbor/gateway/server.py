@@ -229,7 +229,7 @@ class Gateway:
         params = self._sampling(session, body)
         if session.exit_reason == "policy_unavailable":  # the trial is aborted: fail fast
             raise PolicyUnavailable("the policy server is unavailable")
-        if session.max_calls is not None and sum(c.delivered for c in session.calls) >= session.max_calls:
+        if session.max_calls is not None and (session.steps_taken(tools) or 0) >= session.max_calls:
             # The agent has no turn limit of its own (Codex): the episode ends here, scored truncated.
             session.exit_reason = "step_limit"
             raise BadRequest(f"the episode's step limit ({session.max_calls} model calls) is reached",

@@ -324,6 +324,18 @@ class GatewaySession:
         if self.exit_reason == "context_limit":  # the agent made room (compacted) and went on
             self.exit_reason = None
 
+    def steps_taken(self, tools: list | None) -> int | None:
+        """The model calls that count toward the step limit before a call with these tools, or None
+        when that call is a side call (it has no tools in a session whose conversation has them:
+        a title, a loop check), which is served whatever the count."""
+        no_tools = tools_key(None)
+        with_tools = [c for c in self.calls if c.delivered and self.branches[c.branch].tools != no_tools]
+        if tools:
+            return len(with_tools)
+        if with_tools:
+            return None
+        return sum(c.delivered for c in self.calls)
+
     def settle_side_calls(self) -> None:
         """At close: the branches without tools in a session whose main conversation has tools are
         side calls, recorded and not trained (a `side_call` event line per call)."""
