@@ -66,3 +66,12 @@ def test_the_readme_is_a_front_door(site):
         if link.startswith("docs/") and link.endswith(".md"):
             page = link.removeprefix("docs/").removesuffix(".md")
             assert (site / ("" if page == "index" else page) / "index.html").exists(), link
+
+
+def test_the_agent_table_is_generated_from_the_recipes():
+    """docs/gateway.md's agent table is what the recipes and the measured figures give now."""
+    from slime_harbor.installed_agents.recipes import MEASURED, RECIPES, UNAVAILABLE, agent_table
+
+    page = (REPO / "docs" / "gateway.md").read_text()
+    assert agent_table(MEASURED) in page, "regenerate it: .venv/bin/python -m slime_harbor.installed_agents.recipes"
+    assert all(f"| {name} |" in page for name in (*RECIPES, *UNAVAILABLE))

@@ -285,11 +285,9 @@ tmux -V
 """What the ``provide_tmux`` layer runs: the distribution's own tmux, from its package registry."""
 
 
-async def ensure_layer_image(base_image: str, name: str, script: str, timeout_sec: float) -> str:
-    """``base_image`` plus one layer that runs ``script`` (sh, as root, with the host's network, at
-    build time), built once per base image id and script and reused after; returns its tag. The
-    base image's user is kept."""
-    base = await asyncio.to_thread(docker_client().api.inspect_image, base_image)
+def layer_image(base_image: str, name: str, script: str) -> tuple[str, str, str]:
+    """(tag, digest, Dockerfile) of ``base_image`` plus the layer ``name`` running ``script``."""
+    base = docker_client().api.inspect_image(base_image)
     user = base["Config"].get("User")
     dockerfile = "\n".join([
         f"FROM {base_image}", *(["USER root"] if user else []),
@@ -298,7 +296,14 @@ async def ensure_layer_image(base_image: str, name: str, script: str, timeout_se
         *([f"USER {user}"] if user else []),
     ]) + "\n"  # fmt: skip
     digest = hashlib.sha256("\0".join([base["Id"], dockerfile, script]).encode()).hexdigest()[:24]
-    tag = f"{TOOLS_REPOSITORY}/{name}:{digest}"
+    return f"{TOOLS_REPOSITORY}/{name}:{digest}", digest, dockerfile
+
+
+async def ensure_layer_image(base_image: str, name: str, script: str, timeout_sec: float) -> str:
+    """``base_image`` plus one layer that runs ``script`` (sh, as root, with the host's network, at
+    build time), built once per base image id and script and reused after; returns its tag. The
+    base image's user is kept."""
+    tag, digest, dockerfile = await asyncio.to_thread(layer_image, base_image, name, script)
     # Kept as long as the tag may be built (a cancelled waiter must not delete it under the build).
     context = _lock_dir() / "contexts" / digest
     if not (context / "Dockerfile").is_file():
