@@ -66,6 +66,23 @@ def test_the_bubblewrap_sandbox_refuses_them_in_one_line():
         RECIPES["codex"].install.check_host()
 
 
+def test_an_agent_that_cannot_train_here_is_refused_in_one_line_before_any_trial(tmp_path):
+    from harbor.models.agent.name import AgentName
+
+    from slime_harbor.installed_agents.recipes import UNAVAILABLE
+    from slime_harbor.rollout import ConfigError, check_config
+    from test_mini_swe_agent import DEFAULT_TASKS
+
+    assert set(UNAVAILABLE) <= AgentName.values() and not set(UNAVAILABLE) & set(RECIPES)
+    assert all(why and "\n" not in why for why in UNAVAILABLE.values())
+    cfg = RolloutConfig(agent="goose", env="docker", tasks_dir=DEFAULT_TASKS, task_names=[TASK],
+                        policy_url="http://127.0.0.1:9", model_dir=str(tmp_path))  # fmt: skip
+    with pytest.raises(ConfigError) as refused:
+        check_config(cfg)
+    assert str(refused.value) == f"agent 'goose' cannot train here: {UNAVAILABLE['goose']}"
+    assert "\n" not in str(refused.value) and "GitHub release" in str(refused.value)
+
+
 def _write_events(path: Path, events: list) -> None:
     path.write_text("".join((e if isinstance(e, str) else json.dumps(e)) + "\n" for e in events))
 

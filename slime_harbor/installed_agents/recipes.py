@@ -306,7 +306,39 @@ RECIPES: dict[str, AgentRecipe] = {r.name: r for r in (
 )}
 """Recipes by Harbor agent name."""
 
-UNAVAILABLE: dict[str, str] = {}
+UNAVAILABLE: dict[str, str] = {
+    "acp": "a launcher for agents in the ACP registry, which it looks up on GitHub and fetches at setup; train the "
+           "agent by its own Harbor name instead",
+    "antigravity-cli": "its agy binary is only distributed by Google's install script, not on PyPI or npm",
+    "copilot-cli": "needs a GitHub Copilot subscription (a GitHub token) and talks only to GitHub's Copilot service; "
+                   "Harbor gives it no base URL",
+    "cortex-code": "its CLI is only distributed by Snowflake's install script and needs a Snowflake account connection",
+    "cursor-cli": "its CLI is only distributed by Cursor's install script and needs a Cursor account (CURSOR_API_KEY) "
+                  "for Cursor's own service",
+    "deerflow": "installed from a git clone of DeerFlow with uv; its harness is not on PyPI",
+    "devin": "its CLI is only distributed by Cognition's install script and needs a Devin account (DEVIN_API_KEY)",
+    "eve": "an adapter for the user's own Eve app (path=...), whose dependencies it installs at trial time; there is no"
+           " agent to install",
+    "fx": "its CLI is only distributed by Vercel's install script (fx.sh) and talks to the Vercel AI Gateway "
+          "(AI_GATEWAY_API_KEY)",
+    "fx-dev": "fx's dev channel: its CLI is only distributed by Vercel's install script and upgrades itself over the "
+              "network",
+    "goose": "its CLI is only distributed as GitHub release binaries (download_cli.sh), not on PyPI or npm",
+    "grok-build": "its grok CLI is only distributed by xAI's install script, not on PyPI or npm",
+    "junie": "its CLI is only distributed by JetBrains' install script (the npm package downloads it from GitHub "
+             "releases at install) and needs a Junie key or a vendor key",
+    "langgraph": "an adapter for the user's own LangGraph project (project_path=...), whose dependencies it installs at"
+                 " trial time; there is no agent to install",
+    "mcode": "its package @minimax-ai/code is not on the npm registry",
+    "mimo": "its CLI is only distributed by Xiaomi's install script, not on PyPI or npm",
+    "muse-code": "its muse CLI is only distributed by Meta's install script, not on PyPI or npm",
+    "rovodev-cli": "its acli comes from Atlassian's own apt repository, not Debian's, and needs an Atlassian account "
+                   "login",
+    "strands": "an adapter for the user's own Strands agent factory (factory_path=...); there is no agent to install",
+    "swe-agent": "installed from a git clone of SWE-agent (its config and tools dirs); PyPI's sweagent 0.0.1 is a 2024 "
+                 "pre-1.0 snapshot",
+    "trae-agent": "installed from a git clone of trae-agent; it is not on PyPI",
+}
 """Harbor agents that cannot train here, with why (``--agent NAME`` says so before any trial)."""
 
 
