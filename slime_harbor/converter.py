@@ -44,7 +44,7 @@ TRANSIENT_EXCEPTIONS = frozenset(
 )
 # Permanent failures: running the task again gives the same result (an image that does not build,
 # a Dockerfile we cannot replay). Status FAILED: never trained and never retried. A verifier that
-# wrote no reward and a task dir Harbor rejects are FAILED too (see classify / run_episode).
+# wrote no reward and a task dir Harbor rejects are FAILED too (see episode_end / run_episode).
 PERMANENT_EXCEPTIONS = frozenset({"SandboxBuildFailedError", "DockerfileError"})
 REFUSED_VERIFICATION = "VerifierRefused"
 """isolation.VerifierRefused: the agent tampered with the verifier's runtime or plumbing."""
@@ -206,40 +206,61 @@ def agent_exit_status(result) -> str | None:
     return None
 
 
-def classify(result, gateway_exit: str | None = None) -> tuple[SampleStatus, float | None, str]:
-    """(status, reward, why) of a finished trial. Only verifier-scored episodes keep a reward.
+@dataclass(frozen=True)
+class EpisodeEnd:
+    """How an episode ended, decided once (:func:`episode_end`) and read by everything after: the
+    converter's samples, the filters (``metadata["exit_status"]``), the SLiME hook's retries and
+    the summaries."""
+
+    status: SampleStatus
+    reward: float | None
+    """The verifier's scalar reward; None unless the episode is scored (completed or truncated)."""
+    exit_status: str | None
+    """submitted | step_limit | context_limit | aborted | ...: the agent's own word, else the
+    gateway's (the step or context limit it enforced); None where neither says."""
+    why: str
+    """One line: the status' reason."""
+    environment_start_failed: bool = False
+    """The environment never started (the agent was never set up): worth another start."""
+
+
+def episode_end(result, gateway_exit: str | None = None) -> EpisodeEnd:
+    """How the trial's episode ended, from everything that knows: the agent's result, the model
+    gateway's session (`gateway_exit`: its exit_reason, "policy_unavailable" aborts the episode,
+    a limit it enforced truncates it, whatever the agent did with the 400 it got), the
+    environment and the verifier. Only verifier-scored episodes keep a reward.
 
     ABORTED = transient infra failure (may be retried), FAILED = permanent (never retried).
-    `gateway_exit`: the model gateway's exit_reason for the trial's agent (GatewaySession):
-    "policy_unavailable" aborts it, "context_limit" truncates it (scored, whatever the agent did
-    with the 400 it got).
     """
     rewards = result.verifier_result.rewards if result.verifier_result else None
     reward = scalar_reward(rewards)
     exc = result.exception_info
     exc_type = exc.exception_type if exc else None
-    exit_status = agent_exit_status(result)
+    agent_exit = agent_exit_status(result)
+    exit_status = agent_exit
+    if gateway_exit in TRUNCATING_EXITS and agent_exit not in (*TRUNCATING_EXITS, "aborted"):
+        exit_status = gateway_exit  # the gateway ended it at a limit the agent does not report
+    start_failed = environment_start_failed(result)
+
+    def end(status: SampleStatus, why: str, scored: bool = False) -> EpisodeEnd:
+        return EpisodeEnd(status, reward if scored else None, exit_status, why, start_failed)
+
     if exc_type in PERMANENT_EXCEPTIONS:
-        return SampleStatus.FAILED, None, f"{exc_type}: {exc.exception_message}"
+        return end(SampleStatus.FAILED, f"{exc_type}: {exc.exception_message}")
     if exc_type == REFUSED_VERIFICATION and reward is not None:  # the policy tampered: scored 0 (isolation.py)
-        return SampleStatus.COMPLETED, reward, exc.exception_message
+        return end(SampleStatus.COMPLETED, exc.exception_message, scored=True)
     if gateway_exit == "policy_unavailable":
-        return SampleStatus.ABORTED, None, "policy unavailable (the gateway answered 503)"
-    if exc_type in TRANSIENT_EXCEPTIONS or exit_status == "aborted" or environment_start_failed(result):
+        return end(SampleStatus.ABORTED, "policy unavailable (the gateway answered 503)")
+    if exc_type in TRANSIENT_EXCEPTIONS or exit_status == "aborted" or start_failed:
         why = f"{exc_type}: {exc.exception_message}" if exc else f"policy abort: {exit_status}"
-        if environment_start_failed(result):
-            why = f"environment start failed: {why}"
-        return SampleStatus.ABORTED, None, why
+        return end(SampleStatus.ABORTED, f"environment start failed: {why}" if start_failed else why)
     if reward is None:
-        why = f"{exc_type}: {exc.exception_message}" if exc else "verifier produced no reward"
-        return SampleStatus.FAILED, None, why
+        return end(SampleStatus.FAILED, f"{exc_type}: {exc.exception_message}" if exc else "verifier produced no reward")
     if exc_type == "AgentTimeoutError" or exit_status in TRUNCATING_EXITS:
-        return SampleStatus.TRUNCATED, reward, exc_type or exit_status
-    if gateway_exit in TRUNCATING_EXITS:
-        return SampleStatus.TRUNCATED, reward, gateway_exit
+        return end(SampleStatus.TRUNCATED, exc_type or exit_status, scored=True)
     if exc_type is not None:
-        return SampleStatus.FAILED, None, f"{exc_type}: {exc.exception_message}"
-    return SampleStatus.COMPLETED, reward, exit_status or "completed"
+        return end(SampleStatus.FAILED, f"{exc_type}: {exc.exception_message}")
+    return end(SampleStatus.COMPLETED, exit_status or "completed", scored=True)
 
 
 def trial_to_samples(
@@ -260,12 +281,15 @@ def trial_to_samples(
     exit_reason and stats, e.g. a GatewaySession): its branches replace the agent's own
     rollout_details, one sample piece (or more) per branch, all with the episode's rollout_id.
     """
-    status, reward, why = classify(result, gateway_exit=recorded.exit_reason if recorded is not None else None)
+    ended = episode_end(result, gateway_exit=recorded.exit_reason if recorded is not None else None)
+    status, reward = ended.status, ended.reward
     tokenizer = tokenizer if tokenizer is not None else agent_tokenizer(result)
     agent_result = result.agent_result
-    if recorded is not None:
-        details = recorded.rollout_details()
-    else:  # the agent's own record: one RolloutDetail (the native agent, terminus-2)
+    # One owner of the episode's tokens: the gateway's recording where the agent's calls went
+    # through it, else the agent's own record (one RolloutDetail: the native agent, an agent
+    # that samples the policy itself and fills Harbor's rollout_details), else none.
+    details = recorded.rollout_details() if recorded is not None else []
+    if not details and not (recorded is not None and recorded.stats.get("calls")):
         details = ((agent_result.rollout_details if agent_result else None) or [])[:1]
     segments, drift, weight_versions = [], 0, []
     for detail in details:
@@ -288,16 +312,18 @@ def trial_to_samples(
         "raw_rewards": result.verifier_result.rewards if result.verifier_result else None,
         "agent": result.agent_info.name if result.agent_info else None,
         "turns": (agent_result.metadata or {}).get("turns") if agent_result else None,
-        "exit_status": agent_exit_status(result),  # filters.py reads step_limit here
+        "exit_status": ended.exit_status,  # filters.py reads the limits here
         "exception_type": result.exception_info.exception_type if result.exception_info else None,
         # Per turn: "stop", or "length" where the turn hit the max-new-token limit (filters.py).
         "finish_reasons": ([r for d in details for r in (d.get("extra") or {}).get("finish_reason") or []]
                            if details else None),
-        "status_reason": why,
+        "status_reason": ended.why,
         "tampering": tampering_kinds(result.verifier_result.rewards if result.verifier_result else None),
         "drift_count": drift,
         "n_segments": len(segments),
     }
+    if ended.environment_start_failed:
+        metadata["environment_start_failed"] = True
     if recorded is not None:
         metadata["n_branches"] = len(details)
         metadata["gateway"] = {**recorded.stats, "exit_reason": recorded.exit_reason}

@@ -35,7 +35,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from slime_harbor.converter import environment_start_failed, trial_to_samples
+from slime_harbor.converter import trial_to_samples
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.isolation import isolate_shared_verifier
@@ -158,7 +158,7 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
                 timeout_multiplier=cfg.timeout_multiplier,
             )
             if session is not None:
-                session.max_calls = gateway_step_limit(agent)
+                session.max_calls = gateway_step_limit(agent, cfg.step_limit)
             trial = await Trial.create(config)
             isolate_shared_verifier(trial)  # no agent process or reward file survives into the verifier
             if session is not None:  # the agent is done: its session's files (the ATIF trajectory of
@@ -187,8 +187,6 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
         **({"recorded": session} if session is not None else {}),
     )
     first = samples[0]
-    if environment_start_failed(result):
-        first.metadata["environment_start_failed"] = True
     return Episode(
         task_name=task_path.name, group_index=group_index, index=index, status=first.status,
         reward=first.reward if first.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED) else None,

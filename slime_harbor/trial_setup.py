@@ -273,6 +273,8 @@ def agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None = None):
     else:
         config.kwargs["api_base"] = endpoint.host_url
         config.env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "HOSTED_VLLM_API_KEY": endpoint.api_key}
+        if takes_step_limit(agent_class(config)):  # a user's agent with a limit of its own
+            config.kwargs["step_limit"] = cfg.step_limit
     if cfg.agent == "terminus-2":
         config.kwargs.update({
             # The gateway records the tokens; terminus-2's own token-id fields are not needed.
@@ -298,13 +300,26 @@ def agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None = None):
     return config
 
 
-def gateway_step_limit(agent) -> int | None:
+def takes_step_limit(cls) -> bool:
+    """Whether a host-side agent class limits its own steps: its constructor takes ``step_limit``
+    and it does not ask the gateway to (``GATEWAY_STEP_LIMIT``)."""
+    import inspect
+
+    if getattr(cls, "GATEWAY_STEP_LIMIT", False):
+        return False
+    try:
+        return "step_limit" in inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def gateway_step_limit(agent, step_limit: int) -> int | None:
     """The number of model calls the gateway allows the trial's agent (its session's max_calls):
-    the agent's step_limit when its class has no turn limit of its own (``GATEWAY_STEP_LIMIT``,
-    e.g. Codex), else None."""
+    the run's step_limit when the agent's class has no turn limit of its own and says so with
+    ``GATEWAY_STEP_LIMIT = True`` (Codex, a user's ``module:Class`` agent), else None."""
     if agent is None or not getattr(agent_class(agent), "GATEWAY_STEP_LIMIT", False):
         return None
-    return agent.kwargs.get("step_limit")
+    return step_limit
 
 
 def environment_config(env: str, gateway=None, agent=None):

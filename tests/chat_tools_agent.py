@@ -70,3 +70,23 @@ class ChatToolsAgent(BaseAgent):
         finally:
             await client.close()
             context.metadata = {"turns": turns, "exit_status": "step_limit" if turns == self.max_turns else None}
+
+
+class GatewayLimitedAgent(ChatToolsAgent):
+    """A user's agent without a step limit of its own (`--agent chat_tools_agent:GatewayLimitedAgent`):
+    it asks the gateway to enforce `--step-limit` and stops when a call is refused, reporting no
+    exit status of its own."""
+
+    GATEWAY_STEP_LIMIT = True
+
+    def __init__(self, logs_dir, max_turns: int = 50, **kwargs):
+        super().__init__(logs_dir, max_turns=max_turns, **kwargs)
+
+    async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
+        import openai
+
+        try:
+            await super().run(instruction, environment, context)
+        except openai.BadRequestError:  # the gateway's step_limit_reached: the episode is over
+            pass
+        context.metadata = {"turns": (context.metadata or {}).get("turns")}

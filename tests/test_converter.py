@@ -11,7 +11,7 @@ from harbor.models.trial.config import TaskConfig, TrialConfig
 from harbor.models.trial.result import AgentInfo, ExceptionInfo, TrialResult
 from harbor.models.verifier.result import VerifierResult
 
-from slime_harbor.converter import classify, split_into_segments, trial_to_samples
+from slime_harbor.converter import episode_end, split_into_segments, trial_to_samples
 from slime_harbor.samples import SampleStatus, TrainingSample, read_jsonl, write_jsonl
 
 P0 = [1, 2, 3]
@@ -76,6 +76,22 @@ def test_drift_splits_into_samples_sharing_rollout_id():
         s.check()
 
 
+def test_an_agents_own_rollout_details_train_when_its_gateway_session_saw_no_call(tmp_path):
+    """An agent that samples the policy itself and fills Harbor's rollout_details (terminus-2 with
+    collect_rollout_details, a user's agent) was handed a gateway session it never called: its own
+    record is the episode's tokens, drift split as before. A session with calls owns the tokens."""
+    from slime_harbor.gateway.session import GatewaySession
+    from slime_harbor.policy.client import SamplingParams
+
+    detail = linear_detail()
+    detail["prompt_token_ids"][1] = P0 + [77] + OBS0
+    unused = GatewaySession(None, "unused", tmp_path / "gw", SamplingParams(), None, None, 4096)
+    samples = trial_to_samples(make_result(detail, {"reward": 1.0}), group_index=0, index=5, recorded=unused)
+    assert len(samples) == 2 and not any(s.remove_sample for s in samples)
+    assert samples[0].tokens == P0 + C0 and samples[1].tokens == P0 + [77] + OBS0 + C1
+    assert all(s.metadata["drift_count"] == 1 and s.metadata["gateway"]["calls"] == 0 for s in samples)
+
+
 def test_mismatched_logprobs_are_rejected():
     detail = linear_detail()
     detail["logprobs"][0] = [-0.1]
@@ -112,7 +128,7 @@ def test_status_and_removal(kwargs, status, removed):
 def test_reward_mapping_and_multi_key_rewards():
     result = make_result(linear_detail(), {"reward": 0.0})
     assert trial_to_samples(result, reward_mapping="pm1")[0].reward == -1.0
-    assert classify(make_result(linear_detail(), {"a": 1.0, "b": 0.0}))[1] == 0.5
+    assert episode_end(make_result(linear_detail(), {"a": 1.0, "b": 0.0})).reward == 0.5
     with pytest.raises(ValueError):
         trial_to_samples(result, reward_mapping="bogus")
 

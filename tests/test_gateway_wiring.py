@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import pytest
 from conftest import needs_gateway, port_is_free
 
-from slime_harbor.converter import classify
+from slime_harbor.converter import episode_end
 from slime_harbor.rollout import (ModelEndpoint, RolloutConfig, agent_config, environment_config, is_installed_agent,
                                   run_rollouts, samples_policy, uses_gateway)
 from slime_harbor.samples import SampleStatus, read_jsonl
@@ -107,8 +107,10 @@ def _terminus_result(n_episodes: int, max_turns: int = 2, rewards=None):
 
 def test_terminus2_reaching_max_turns_is_truncated_and_scored():
     """terminus-2 reports no exit status: its loop just ends at max_turns. Verified and scored."""
-    assert classify(_terminus_result(n_episodes=2)) == (SampleStatus.TRUNCATED, 0.0, "step_limit")
-    assert classify(_terminus_result(n_episodes=1, rewards={"reward": 1.0}))[:2] == (SampleStatus.COMPLETED, 1.0)
+    ended = episode_end(_terminus_result(n_episodes=2))
+    assert (ended.status, ended.reward, ended.exit_status) == (SampleStatus.TRUNCATED, 0.0, "step_limit")
+    ended = episode_end(_terminus_result(n_episodes=1, rewards={"reward": 1.0}))
+    assert (ended.status, ended.reward) == (SampleStatus.COMPLETED, 1.0)
 
 
 @needs_gateway

@@ -40,12 +40,12 @@ def test_rollout_hands_claude_code_its_turn_limit_and_codex_the_gateways():
     assert claude.import_path == "slime_harbor.installed_agents.recipes:ClaudeCode"
     assert claude.model_name == "anthropic/policy" and claude.kwargs["step_limit"] == 4
     assert environment_kwargs(claude) == {"agent_installs": ["claude-code"]}
-    assert gateway_step_limit(claude) is None  # Claude Code stops itself at --max-turns
+    assert gateway_step_limit(claude, 4) is None  # Claude Code stops itself at --max-turns
 
     codex = agent_config(RolloutConfig(agent="codex", step_limit=4), ENDPOINT)
     assert codex.import_path == "slime_harbor.installed_agents.recipes:Codex" and codex.model_name == "openai/policy"
     assert environment_kwargs(codex) == {"agent_installs": ["codex"]}
-    assert gateway_step_limit(codex) == 4  # Codex has no turn limit: the gateway's session enforces it
+    assert gateway_step_limit(codex, 4) == 4  # Codex has no turn limit: the gateway's session enforces it
     assert resolve_installs(["claude-code", "codex"]) == [RECIPES["claude-code"].install, RECIPES["codex"].install]
 
 
@@ -116,6 +116,45 @@ def test_codexs_exit_status_comes_from_its_turn_events(tmp_path, events, expecte
     context = AgentContext()
     agent.populate_context_post_run(context)
     assert (context.metadata or {}).get("exit_status") == expected
+
+
+# What opencode 1.18.33 writes when the gateway refuses at the step limit (it then exits 1).
+OPENCODE_STEP_LIMIT_ERROR = {"type": "error", "sessionID": "ses_1", "error": {"name": "APIError", "data": {
+    "message": "the episode's step limit (3 model calls) is reached", "statusCode": 400, "isRetryable": False,
+    "responseBody": json.dumps({"error": {"message": "the episode's step limit (3 model calls) is reached",
+                                          "type": "invalid_request_error", "param": None, "code": "step_limit_reached"}}),
+    "metadata": {"url": "http://127.0.0.1:4321/s/t1/v1/responses"}}}}  # fmt: skip
+OPENCODE_STEP = [{"type": "step_start", "sessionID": "ses_1", "part": {"type": "step-start"}},
+                 {"type": "text", "sessionID": "ses_1", "part": {"type": "text", "text": "done"}},
+                 {"type": "step_finish", "sessionID": "ses_1", "part": {"type": "step-finish", "reason": "stop"}}]
+
+
+@pytest.mark.parametrize("events, expected", [
+    (OPENCODE_STEP, "submitted"),
+    (OPENCODE_STEP + [{"type": "step_start", "sessionID": "ses_1", "part": {}}, OPENCODE_STEP_LIMIT_ERROR], "step_limit"),
+    ([{"type": "error", "error": {"name": "APIError", "data": {"message": "Service Unavailable", "statusCode": 503}}}],
+     None),
+    # the model's own text naming the code is inside a text event, not an error: no step limit
+    ([*OPENCODE_STEP[:1], {"type": "text", "part": {"type": "text", "text": "step_limit_reached"}}, OPENCODE_STEP[2]],
+     "submitted"),
+])  # fmt: skip
+def test_opencodes_exit_status_comes_from_its_error_events(tmp_path, events, expected):
+    agent = OpenCode(logs_dir=tmp_path, model_name="openai/policy", step_limit=3)
+    _write_events(tmp_path / "opencode.txt", events)
+    assert (agent.exit_metadata() or {}).get("exit_status") == expected
+    context = AgentContext()
+    agent.populate_context_post_run(context)
+    assert (context.metadata or {}).get("exit_status") == expected
+
+
+def test_opencode_and_qwen_code_get_the_gateways_step_limit_and_their_endpoint_env():
+    for name, cls, env in (("opencode", "OpenCode", "OPENCODE_DISABLE_MODELS_FETCH"),
+                           ("qwen-coder", "QwenCode", "QWEN_CODE_SIMPLE")):  # fmt: skip
+        config = agent_config(RolloutConfig(agent=name, step_limit=4), ENDPOINT)
+        assert config.import_path == f"slime_harbor.installed_agents.recipes:{cls}"
+        assert config.model_name == "openai/policy" and config.env["OPENAI_BASE_URL"] == ENDPOINT.sandbox_url
+        assert config.env[env] and environment_kwargs(config) == {"agent_installs": [name]}
+        assert gateway_step_limit(config, 4) == 4  # neither has a turn limit Harbor passes: the gateway's
 
 
 # ---- real trials in Docker --------------------------------------------------------------------------

@@ -331,3 +331,21 @@ def test_use_tis_takes_the_learners_recomputation_as_old_and_weights_by_the_samp
     assert tis["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     assert tis["tis"] == pytest.approx(math.exp(0.3), rel=1e-3) and tis["tis_clipfrac"] == 0.0
     assert tis["abs_ppo_kl"] == pytest.approx(0.3, rel=1e-3)  # still measured against the sampler
+
+
+@needs_gateway
+@pytest.mark.slow
+def test_mask_step_limit_masks_episodes_the_gateway_ended_at_the_step_limit(tiny_model_dir, tmp_path):
+    """A user's `module:Class` agent that declares GATEWAY_STEP_LIMIT (no limit or exit status of
+    its own): --step-limit reaches it through the gateway, which refuses the call after the limit;
+    the episode's exit_status is the gateway's step_limit, so --mask-step-limit masks it and
+    metrics.json's filters count it."""
+    out = tmp_path / "run"
+    train(run_config(tiny_model_dir, out, agent="chat_tools_agent:GatewayLimitedAgent", num_rollouts=1,
+                     updates_per_rollout=1, step_limit=2, n_samples=2, mask_step_limit=True))
+    (m,) = json.loads((out / "metrics.json").read_text())
+    samples = read_jsonl(out / "rollouts" / "step_1" / "samples.jsonl")
+    assert samples and all(s.metadata["gateway"]["delivered"] == 2 for s in samples)  # limited to 2 calls
+    assert all(s.status == SampleStatus.TRUNCATED and s.metadata["exit_status"] == "step_limit" for s in samples)
+    assert all(s.remove_sample and s.metadata["masked_by"] == "step_limit" for s in samples)
+    assert m["filters"]["step_limit"] == len({s.index for s in samples}) > 0, m
