@@ -22,7 +22,7 @@ import pytest
 from harbor.models.agent.context import AgentContext
 
 from slime_harbor.installed_agents import environment_kwargs, resolve_installs
-from slime_harbor.installed_agents.recipes import RECIPES, ClaudeCode, Codex
+from slime_harbor.installed_agents.recipes import RECIPES, ClaudeCode, Codex, OpenCode
 from slime_harbor.rollout import ModelEndpoint, RolloutConfig, agent_config, gateway_step_limit
 from slime_harbor.samples import SampleStatus
 from test_mini_swe_agent import needs_docker
@@ -154,7 +154,8 @@ def test_opencode_and_qwen_code_get_the_gateways_step_limit_and_their_endpoint_e
         assert config.import_path == f"slime_harbor.installed_agents.recipes:{cls}"
         assert config.model_name == "openai/policy" and config.env["OPENAI_BASE_URL"] == ENDPOINT.sandbox_url
         assert config.env[env] and environment_kwargs(config) == {"agent_installs": [name]}
-        assert gateway_step_limit(config, 4) == 4  # neither has a turn limit Harbor passes: the gateway's
+        # neither has a turn limit Harbor passes: the gateway's session enforces it
+        assert RECIPES[name].gateway_step_limit and config.kwargs["step_limit"] == 4
 
 
 # ---- real trials in Docker --------------------------------------------------------------------------
@@ -215,8 +216,13 @@ def test_installed_agent_trains_through_the_gateway_in_docker(agent, tmp_path, p
     trial_dir = Path(sample.metadata["trial_dir"])
     stats = sample.metadata["gateway"]
     assert stats["trained"] >= 1 and stats["errors"] == 0, stats
-    calls = [r for r in map(json.loads, (trial_dir / "agent/gateway/calls.jsonl").open()) if "event" not in r]
-    assert sum(sample.loss_mask) == sum(r["usage"]["completion_tokens"] for r in calls if r["trained"])
+    records = list(map(json.loads, (trial_dir / "agent/gateway/calls.jsonl").open()))
+    # a call line is written when the call ends; a side_call / superseded event at or after it untrains it
+    untrained = {r["call"] for r in records if r.get("event") in ("side_call", "superseded")}
+    calls = [r for r in records if "event" not in r]
+    trained = [r for r in calls if r["trained"] and r["call"] not in untrained]
+    assert len(trained) == stats["trained"], stats
+    assert sum(sample.loss_mask) == sum(r["usage"]["completion_tokens"] for r in trained)
     if recipe.gateway_step_limit:  # the gateway allowed step_limit calls, the agent had no other way
         assert stats["delivered"] <= cfg.step_limit, stats
     if recipe.exit_status is not None:  # the agent's own record says how it ended

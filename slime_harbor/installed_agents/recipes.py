@@ -19,7 +19,7 @@ first import. Adding an agent is adding a recipe; for example, Harbor's ``openco
         name="opencode",                                   # Harbor's agent name: --agent opencode
         harbor_class="harbor.agents.installed.opencode:OpenCode",
         install=NpmInstall("opencode", "opencode-ai", "1.18.33", "opencode"),
-        dialect="chat",                                    # chat | anthropic | responses | gemini
+        dialect="responses",                               # chat | anthropic | responses | gemini
         provider="openai",                                 # model_name is openai/<served name>
     )
 
@@ -219,6 +219,20 @@ def codex_exit(logs_dir: Path) -> dict[str, Any] | None:
     return None
 
 
+def opencode_exit(logs_dir: Path) -> dict[str, Any] | None:
+    """From ``opencode run --format=json`` events: the gateway's step-limit refusal in an ``error``
+    event (OpenCode writes those itself from the HTTP error, with the response body; the model's
+    text is inside ``text`` / ``tool_use`` events, so a policy cannot forge one), else a run whose
+    steps finished without an error."""
+    events = json_events(logs_dir / "opencode.txt")
+    errors = [e for e in events if e.get("type") == "error"]
+    if any(STEP_LIMIT_CODE in json.dumps(e.get("error")) for e in errors):
+        return {"exit_status": "step_limit"}
+    if not errors and any(e.get("type") == "step_finish" for e in events):
+        return {"exit_status": "submitted"}
+    return None
+
+
 # mini-swe-agent's exit status -> the converter's (TRUNCATING_EXITS, "aborted" = transient).
 MINI_SWE_AGENT_EXITS = {
     "Submitted": "submitted",
@@ -301,6 +315,33 @@ RECIPES: dict[str, AgentRecipe] = {r.name: r for r in (
         install=NpmInstall("codex", "@openai/codex", "0.169.0", "codex"),
         dialect="responses", provider="openai", exit_status=codex_exit,
         notes="GET /models at start; Responses input with function_call, function_call_output and reasoning items",
+        verified_by="tests/test_installed_agents.py",
+    ),
+    AgentRecipe(
+        name="opencode", harbor_class="harbor.agents.installed.opencode:OpenCode",
+        install=NpmInstall("opencode", "opencode-ai", "1.18.33", "opencode"),
+        # its openai provider (@ai-sdk/openai) calls /v1/responses; the base URL is Harbor's
+        # provider.openai.options.baseURL in ~/.config/opencode/opencode.json, from OPENAI_BASE_URL
+        dialect="responses", provider="openai",
+        # no network at run time: its bundled models.dev snapshot, no update check, LSP download or share
+        env={"OPENCODE_DISABLE_MODELS_FETCH": "true", "OPENCODE_DISABLE_AUTOUPDATE": "true",
+             "OPENCODE_DISABLE_LSP_DOWNLOAD": "true", "OPENCODE_DISABLE_SHARE": "true"},
+        exit_status=opencode_exit,
+        side_calls="the session title (agent `title`, its small model gpt-5.4-nano, no tools) before the first turn",
+        notes="a 400 is not retried: an error event with the response body, exit 1",
+        verified_by="tests/test_installed_agents.py",
+    ),
+    AgentRecipe(
+        name="qwen-coder", harbor_class="harbor.agents.installed.qwen_code:QwenCode",
+        install=NpmInstall("qwen-coder", "@qwen-code/qwen-code", "0.24.4", "qwen"),
+        # --openai-base-url "$OPENAI_BASE_URL", --openai-api-key, OPENAI_MODEL = the served name (Harbor's run())
+        dialect="chat", provider="openai",
+        # QWEN_CODE_SIMPLE: its bare mode (the core tools, no skills list, subagents or memory): the
+        # default first prompt is 33,111 tokens of the tiny model's 32,768. No usage statistics sent.
+        env={"QWEN_CODE_SIMPLE": "1", "QWEN_USAGE_STATISTICS_ENABLED": "false"},
+        side_calls="none seen",
+        notes="a reply cut at max_tokens is asked again (same prompt: superseded), then continued with an "
+              "'Output token limit hit. Resume directly' user turn; a 400 is not retried",
         verified_by="tests/test_installed_agents.py",
     ),
 )}
