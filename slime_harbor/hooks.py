@@ -63,7 +63,8 @@ Plugin settings, read from `args` (set them with SLiME's --custom-config-path YA
     harbor_reward_mapping            raw | pm1 (2r-1)                               (raw)
     harbor_step_limit                agent turns per episode (30)
     harbor_trials_dir                where Harbor writes trial dirs (runs/slime-trials)
-    harbor_max_retries_per_task      transient-failure reruns per task, over the process (3)
+    harbor_max_retries_per_task      transient-failure reruns per task within its window (3)
+    harbor_retry_window_sec          the budget's sliding window: older reruns are forgotten (3600)
     harbor_retry_backoff_sec         wait before a rerun (2.0)
     harbor_env_start_retries         environment start retries inside one episode (2)
     harbor_task_manifest             a `slime-harbor calibrate` manifest: samples of tasks it marks
@@ -94,9 +95,11 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import functools
 import logging
 import sys
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -118,6 +121,7 @@ DEFAULTS = {
     "harbor_trials_dir": "runs/slime-trials",
     "harbor_max_retries_per_task": 3,
     "harbor_retry_backoff_sec": 2.0,
+    "harbor_retry_window_sec": 3600.0,
     "harbor_env_start_retries": 2,
     "harbor_task_manifest": None,
     "harbor_eval_trials_dir": None,
@@ -134,8 +138,38 @@ _semaphores: dict[int, asyncio.Semaphore] = {}
 METRICS: Counter = Counter()
 """Process-wide counts, for logs and tests: episodes, status/<status>, tampering/<kind>, retries,
 retry_budget_exhausted. `hook_metrics()` returns a copy."""
-RETRIES_BY_TASK: Counter = Counter()
-"""Transient-failure reruns spent per task name (the retry budget is per task, per process)."""
+
+
+class RetryBudget:
+    """Transient-failure reruns per task: at most ``budget`` in any ``window_sec`` (a sliding
+    window), so a few blips early in a multi-day run do not disable a task's retries for good,
+    while a task that keeps failing stops being rerun until its window clears."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.spent: dict[str, collections.deque] = {}
+
+    def recent(self, task: str, window_sec: float) -> int:
+        """Reruns of `task` within the last window_sec (older ones forgotten)."""
+        times = self.spent.setdefault(task, collections.deque())
+        while times and times[0] <= self.clock() - window_sec:
+            times.popleft()
+        return len(times)
+
+    def try_spend(self, task: str, budget: int, window_sec: float) -> bool:
+        """Spend one rerun of `task` if the window has room; False when it has none."""
+        if self.recent(task, window_sec) >= budget:
+            return False
+        self.spent[task].append(self.clock())
+        return True
+
+    def metrics(self, window_sec: float) -> dict[str, int]:
+        return {f"retries/{task}": self.recent(task, window_sec) for task in list(self.spent)}
+
+
+RETRY_BUDGET = RetryBudget()
+"""The process's retry budget (the SLiME rollout workers run one hook process each)."""
+_retry_window_sec = 3600.0  # the window of the last generate call, for hook_metrics()
 
 
 class HookConfigError(ValueError):
@@ -143,7 +177,8 @@ class HookConfigError(ValueError):
 
 
 def hook_metrics() -> dict[str, int]:
-    return {**METRICS, **{f"retries/{task}": n for task, n in RETRIES_BY_TASK.items()}}
+    """The process's counts, with each task's reruns in its current retry window."""
+    return {**METRICS, **RETRY_BUDGET.metrics(_retry_window_sec)}
 
 
 @functools.lru_cache(maxsize=4)
@@ -363,7 +398,9 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
     gateway = await process_gateway(cfg) if uses_gateway(cfg.agent) else None
     loop_key = id(asyncio.get_running_loop())
     semaphore = _semaphores.setdefault(loop_key, asyncio.Semaphore(int(setting(args, "harbor_concurrency"))))
+    global _retry_window_sec
     budget = int(setting(args, "harbor_max_retries_per_task"))
+    _retry_window_sec = window = float(setting(args, "harbor_retry_window_sec"))
     retries = 0
     async with semaphore:
         while True:
@@ -382,14 +419,14 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
             if episode.status != SampleStatus.ABORTED or slime_rollout_aborted():
                 break
             # A transient infra failure: run the task again while its budget lasts.
-            if RETRIES_BY_TASK[task_dir.name] >= budget:
+            if not RETRY_BUDGET.try_spend(task_dir.name, budget, window):
                 METRICS["retry_budget_exhausted"] += 1
                 for piece in episode.samples:
-                    piece.status = SampleStatus.FAILED  # permanent from here on: never retried
+                    piece.status = SampleStatus.FAILED  # not retried (until the task's window clears)
                     piece.metadata["status_reason"] = (
-                        f"retry budget of {budget} for {task_dir.name} spent; last: {piece.metadata.get('status_reason')}")
+                        f"retry budget of {budget} per {window:g} s for {task_dir.name} spent; "
+                        f"last: {piece.metadata.get('status_reason')}")
                 break
-            RETRIES_BY_TASK[task_dir.name] += 1
             METRICS["retries"] += 1
             retries += 1
             log.warning("task %s: transient failure (%s); rerun %d", task_dir.name, episode.error, retries)

@@ -73,7 +73,7 @@ def Sample():
 @pytest.fixture
 def fresh_counters(monkeypatch):
     monkeypatch.setattr(hooks, "METRICS", Counter())
-    monkeypatch.setattr(hooks, "RETRIES_BY_TASK", Counter())
+    monkeypatch.setattr(hooks, "RETRY_BUDGET", hooks.RetryBudget())
 
 
 def fake_samples(specs):
@@ -493,6 +493,21 @@ def test_transient_failures_are_retried_within_the_task_budget(tmp_path, tiny_mo
     assert len(list((tmp_path / "trials").iterdir())) == 2  # the first run and one rerun
     m = hooks.hook_metrics()
     assert m["retries"] == 1 and m["retry_budget_exhausted"] == 1 and m["retries/dedupe-lines"] == 1
+
+
+def test_a_tasks_retry_budget_recovers_as_its_window_slides():
+    """Reruns are budgeted per task per sliding window: spent, the task is not rerun; once its
+    oldest rerun leaves the window, it may be rerun again. Another task has its own budget."""
+    now = [0.0]
+    budget = hooks.RetryBudget(clock=lambda: now[0])
+    assert budget.try_spend("a", 2, 100.0) and budget.try_spend("a", 2, 100.0)
+    assert not budget.try_spend("a", 2, 100.0) and budget.try_spend("b", 2, 100.0)
+    assert budget.metrics(100.0) == {"retries/a": 2, "retries/b": 1}
+    now[0] = 99.0
+    assert not budget.try_spend("a", 2, 100.0)
+    now[0] = 100.5  # both of a's reruns (at 0) left the window
+    assert budget.metrics(100.0) == {"retries/a": 0, "retries/b": 0}
+    assert budget.try_spend("a", 2, 100.0)
 
 
 class FlakyEnvironment:

@@ -139,7 +139,7 @@ def fresh_state(monkeypatch):
     """SLiME's GenerateState is a process-wide singleton (it holds the router address and the
     abort flag); each test starts without one, and our hook's counters start at zero."""
     monkeypatch.setattr(hooks, "METRICS", Counter())
-    monkeypatch.setattr(hooks, "RETRIES_BY_TASK", Counter())
+    monkeypatch.setattr(hooks, "RETRY_BUDGET", hooks.RetryBudget())
     yield
     from slime.utils.misc import SingletonMeta
 
