@@ -446,10 +446,25 @@ def test_settings_that_cannot_apply_raise_on_the_first_call(overrides, params, m
 
 
 @pytest.mark.parametrize("agent", ["native", "terminus-2", "mini-swe-agent", "chat_tools_agent:ChatToolsAgent"])
-def test_slime_sampling_params_are_accepted_for_every_agent(agent):
+def test_slime_sampling_params_apply_to_every_agent(agent, Sample):
     """The gateway calls /generate itself, so top-p replay ids, stop_token_ids and sampling_seed
-    apply to every agent: no HookConfigError for them any more."""
-    hooks.check_supported(SimpleNamespace(harbor_agent=agent))
+    reach every agent's sampling (the native agent's kwargs, else its gateway session), while a
+    setting no agent can honour is still refused."""
+    from slime_harbor.hooks import rollout_config
+    from slime_harbor.rollout import agent_config, session_sampling, uses_gateway
+
+    args = SimpleNamespace(harbor_agent=agent)
+    params = {"stop_token_ids": [7], "sampling_seed": 11, "custom_params": {"return_top_p_token_ids": True}}
+    hooks.check_supported(args)
+    cfg = rollout_config(args, params, Sample(index=0))
+    if uses_gateway(cfg.agent):
+        sampling = session_sampling(cfg)
+        assert sampling.stop_token_ids == [7] and sampling.return_top_p_token_ids and cfg.sampling_seed == 11
+    else:
+        kwargs = agent_config(cfg).kwargs
+        assert kwargs["stop_token_ids"] == [7] and kwargs["return_top_p_token_ids"] and kwargs["sampling_seed"] == 11
+    with pytest.raises(HookConfigError, match="routed experts"):
+        hooks.check_supported(SimpleNamespace(harbor_agent=agent, use_rollout_routing_replay=True))
 
 
 def test_sampling_params_reach_the_agent_config(Sample):

@@ -174,10 +174,21 @@ def test_terminus2_samples_hold_invariants(tmp_path, responsive_server, responsi
 
 
 def test_eight_concurrent_trials_complete(tmp_path, policy_server, tiny_model_dir):
+    """Eight trials at concurrency 8 all complete, and they ran at once: Harbor's own timings of
+    the trials overlap (one by one, no two would)."""
+    from datetime import datetime
+
     cfg = config(tmp_path, policy_server, tiny_model_dir, n_samples=8, concurrency=8, step_limit=2)
     summary = asyncio.run(run_rollouts(cfg))
     assert summary["n_trials"] == 8
     assert summary["status_counts"]["completed"] + summary["status_counts"]["truncated"] == 8, summary["errors"]
+    spans = []
+    for path in (cfg.out_dir / "trials").glob("*/result.json"):
+        result = json.loads(path.read_text())
+        spans.append((datetime.fromisoformat(result["started_at"]), datetime.fromisoformat(result["finished_at"])))
+    assert len(spans) == 8
+    most_at_once = max(sum(start <= t < end for start, end in spans) for t, _ in spans)
+    assert most_at_once >= 4, spans
 
 
 def test_dead_policy_server_is_aborted_not_penalised(tmp_path, tiny_model_dir):
