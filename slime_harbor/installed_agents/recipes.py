@@ -344,6 +344,27 @@ RECIPES: dict[str, AgentRecipe] = {r.name: r for r in (
               "'Output token limit hit. Resume directly' user turn; a 400 is not retried",
         verified_by="tests/test_installed_agents.py",
     ),
+    AgentRecipe(
+        name="aider", harbor_class="harbor.agents.installed.aider:Aider",
+        # aider-chat pins every dependency itself (litellm 1.81.10, numpy, scipy, tree-sitter); Python < 3.13
+        install=PypiInstall("aider", "aider-chat", "0.86.2", "aider", smoke="--version"),
+        dialect="chat", provider="openai",
+        # Harbor passes --model=<served name> and AIDER_API_KEY=openai=<key>; the alias makes it LiteLLM's
+        # openai/<served name>, which calls OPENAI_API_BASE (the session). No update check, analytics,
+        # release notes or model-warning prompts. No call outside the conversation: no commit messages
+        # (auto/dirty commits off) and no chat-history summaries (its one --message run never needs one;
+        # the summary would be lost at exit or replace the history of a lint reflection).
+        env={"AIDER_ALIAS": "{model}:openai/{model}", "AIDER_CHECK_UPDATE": "false", "AIDER_ANALYTICS": "false",
+             "AIDER_SHOW_RELEASE_NOTES": "false", "AIDER_SHOW_MODEL_WARNINGS": "false",
+             "AIDER_AUTO_COMMITS": "false", "AIDER_DIRTY_COMMITS": "false",
+             "AIDER_MAX_CHAT_HISTORY_TOKENS": "1000000000"},
+        side_calls="none with this env: its commit messages and chat-history summaries (no tools, like every "
+                   "aider call, so the gateway could not tell them apart) are turned off",
+        notes="edits as text (whole/diff formats), streamed, no tools; one --message turn plus up to 3 "
+              "reflections (lint errors, malformed edits); a 400 is not retried. Tries to fetch LiteLLM's model "
+              "list from GitHub once at start (fails fast, no network)",
+        verified_by="tests/test_installed_agents.py",
+    ),
 )}
 """Recipes by Harbor agent name."""
 
