@@ -158,6 +158,38 @@ def test_opencode_and_qwen_code_get_the_gateways_step_limit_and_their_endpoint_e
         assert RECIPES[name].gateway_step_limit and config.kwargs["step_limit"] == 4
 
 
+def test_hermes_gets_its_host_key_check_passed_and_its_managed_config_before_it_runs(tmp_path, monkeypatch):
+    """Hermes' run() wants OPENAI_API_KEY in this process (host_env) and a context window of 64K
+    (files: a managed config); the agent's own key and URL come from the trial's env."""
+    from types import SimpleNamespace
+
+    from slime_harbor.installed_agents.recipes import Hermes, write_files_command
+
+    monkeypatch.setenv("OPENAI_API_KEY", "")  # restored after the test, whether it was set or not
+    monkeypatch.delenv("OPENAI_API_KEY")
+    commands = []
+
+    class Sandbox:
+        async def exec(self, command, user=None, env=None, cwd=None, timeout_sec=None):
+            commands.append(command)
+            return SimpleNamespace(return_code=0, stdout="", stderr="")
+
+    config = agent_config(RolloutConfig(agent="hermes", step_limit=4), ENDPOINT)
+    assert config.model_name == "openai/policy" and config.env["HERMES_MANAGED_DIR"] == "/tmp/hermes-managed"
+    agent = Hermes(logs_dir=tmp_path, model_name=config.model_name, **config.kwargs)
+    assert agent.options.max_turns == 4 and not RECIPES["hermes"].gateway_step_limit
+    asyncio.run(agent.run("count the errors", Sandbox(), AgentContext()))
+    assert commands[0].endswith(write_files_command(RECIPES["hermes"].files))
+    assert any("--provider openai-api" in c and "--model policy" in c for c in commands)
+    assert "context_length: 65536" in commands[0]
+
+    path = tmp_path / "a dir" / "it's.toml"  # the files are written verbatim
+    content = "[tools]\ndisabled = [\"Agent\"] # 100% $HOME `x`\n"
+    import subprocess
+
+    subprocess.run(["sh", "-c", write_files_command({str(path): content})], check=True)
+    assert path.read_text() == content
+
 # ---- real trials in Docker --------------------------------------------------------------------------
 
 

@@ -32,6 +32,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import os
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,13 @@ class AgentRecipe:
     (the served name) filled in."""
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Fixed kwargs of Harbor's class (a user's --agent-kwarg wins)."""
+    host_env: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Variables Harbor's class requires in this (the rollout) process's environment rather than in
+    the agent's, set here to these placeholders where absent. The agent still gets the trial's own
+    values: the AgentConfig env (the endpoint's and ``env``) wins over what run() passes."""
+    files: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Files written in the sandbox, as the agent's user, before Harbor's run() starts the agent:
+    sandbox path -> content (the agent's own config where Harbor's class writes none)."""
     step_limit_kwarg: str | None = None
     """The Harbor kwarg that takes ``step_limit`` (the agent's own turn limit; with set_step_limit,
     where that puts it); None: the gateway enforces it."""
@@ -133,6 +142,10 @@ class RecipeAgent:
         return await super().exec_as_agent(environment, command, env=env, cwd=cwd, timeout_sec=timeout_sec)
 
     async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
+        for name, placeholder in self.RECIPE.host_env.items():
+            os.environ.setdefault(name, placeholder)
+        if self.RECIPE.files:
+            await self.exec_as_agent(environment, write_files_command(self.RECIPE.files), timeout_sec=30)
         try:
             await super().run(instruction, environment, context)
         except NonZeroAgentExitCodeError:
@@ -150,6 +163,12 @@ class RecipeAgent:
 
     def exit_metadata(self) -> dict[str, Any] | None:
         return self.RECIPE.exit_status(self.logs_dir) if self.RECIPE.exit_status else None
+
+
+def write_files_command(files: dict[str, str]) -> str:
+    """A shell command that writes each file (its directory made first)."""
+    return " && ".join(f"mkdir -p {shlex.quote(str(Path(path).parent))} && printf %s {shlex.quote(content)} > "
+                       f"{shlex.quote(path)}" for path, content in files.items())
 
 
 def _environments(recipe: AgentRecipe) -> str:
@@ -290,6 +309,15 @@ MINI_SWE_AGENT_REQUIREMENTS = (
     "openai!=1.100.0,!=1.100.1", "orjson", "fastapi", "mcp",
 )  # fmt: skip
 
+# Kimi Code's tools that need a user (questions, plan-mode approval), the network, a schedule or
+# subagents: off, in its config.toml (KIMI_CODE_HOME is Harbor's), which takes its first prompt from
+# about 39k tokens of the tiny model's to 26k.
+KIMI_CODE_HOME = "/logs/agent/.kimi-code"
+KIMI_CODE_DISABLED_TOOLS = ("AskUserQuestion", "EnterPlanMode", "ExitPlanMode", "FetchURL", "CronCreate", "CronList",
+                            "CronDelete", "Agent", "AgentSwarm")
+
+HERMES_MANAGED_DIR = "/tmp/hermes-managed"
+
 RECIPES: dict[str, AgentRecipe] = {r.name: r for r in (
     AgentRecipe(
         name="mini-swe-agent", harbor_class="harbor.agents.installed.mini_swe_agent:MiniSweAgent",
@@ -363,6 +391,35 @@ RECIPES: dict[str, AgentRecipe] = {r.name: r for r in (
         notes="edits as text (whole/diff formats), streamed, no tools; one --message turn plus up to 3 "
               "reflections (lint errors, malformed edits); a 400 is not retried. Tries to fetch LiteLLM's model "
               "list from GitHub once at start (fails fast, no network)",
+        verified_by="tests/test_installed_agents.py",
+    ),
+    AgentRecipe(
+        name="kimi-code", harbor_class="harbor.agents.installed.kimi_code:KimiCode",
+        install=NpmInstall("kimi-code", "@moonshot-ai/kimi-code", "2.1.0", "kimi", ignore_scripts=True),
+        dialect="chat", provider="openai",
+        env={"KIMI_MODEL_PROVIDER_TYPE": "openai", "KIMI_MODEL_BASE_URL": "{url}", "KIMI_MODEL_API_KEY": "{key}",
+             "KIMI_MODEL_MAX_CONTEXT_SIZE": "32768", "KIMI_MODEL_CAPABILITIES": "tool_use"},
+        files={f"{KIMI_CODE_HOME}/config.toml": "[tools]\ndisabled = [%s]\n" % ", ".join(
+            f'"{tool}"' for tool in KIMI_CODE_DISABLED_TOOLS)},
+        notes="streamed chat completions with tools (no thinking: KIMI_MODEL_CAPABILITIES); a 400 is not retried and "
+              "exits 1",
+        verified_by="tests/test_installed_agents.py",
+    ),
+    AgentRecipe(
+        name="hermes", harbor_class="harbor.agents.installed.hermes:Hermes",
+        install=PypiInstall("hermes", "hermes-agent", "0.19.0", "hermes", min_python=(3, 11)),
+        # --provider openai-api on a base URL that is not api.openai.com: chat completions
+        dialect="chat", provider="openai", step_limit_kwarg="max_turns",
+        # run() takes the openai provider only with an OPENAI_API_KEY in this process's environment.
+        host_env={"OPENAI_API_KEY": "slime-harbor-session-key"},
+        # Hermes refuses a model whose window is under 64K (the gateway reports the policy's, the tiny
+        # model's is 32K): a managed config (it wins over Harbor's config.yaml) declares 64K. Past the
+        # policy's real window the gateway ends the episode (context_limit).
+        env={"HERMES_MANAGED_DIR": HERMES_MANAGED_DIR},
+        files={f"{HERMES_MANAGED_DIR}/config.yaml": "model:\n  context_length: 65536\n"},
+        side_calls="at max_turns one summary request without tools (the gateway's side call)",
+        notes="streamed chat completions with tools; probes GET /api/v1/models, /api/tags, /v1/props, /props and "
+              "/version at start (404s); a 400 is not retried and exits 1",
         verified_by="tests/test_installed_agents.py",
     ),
 )}
