@@ -422,6 +422,21 @@ RECIPES: dict[str, AgentRecipe] = {r.name: r for r in (
               "/version at start (404s); a 400 is not retried and exits 1",
         verified_by="tests/test_installed_agents.py",
     ),
+    AgentRecipe(
+        name="code-puppy", harbor_class="harbor.agents.installed.code_puppy:CodePuppy",
+        # its plugins and OpenAI client pinned to what it was tested with (code-puppy asks only >=)
+        install=PypiInstall("code-puppy", "code-puppy", "0.0.946", "code-puppy", min_python=(3, 11), smoke="--version",
+                            requirements=("code-puppy-core-plugins==0.0.100", "openai==3.57.0")),
+        # Harbor writes ~/.code_puppy/extra_models.json: OPENAI_BASE_URL makes the model a custom_openai
+        # endpoint (chat completions, pydantic-ai's OpenAI client) keyed by CODE_PUPPY_API_KEY
+        dialect="chat", provider="openai",
+        env={"NO_VERSION_UPDATE": "1"},  # no PyPI version check at start
+        side_calls="none seen; its compaction summary (at 85% of the 128k context it assumes, without the "
+                   "agent's tools) would be one",
+        notes="tools in every call, streamed with stream_options; a 400 is not retried (429/5xx are, 5 times): it "
+              "prints the error, exits 0 without its usage file and Harbor's guard exits 1",
+        verified_by="tests/test_installed_agents.py",
+    ),
 )}
 """Recipes by Harbor agent name."""
 
