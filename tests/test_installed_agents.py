@@ -193,32 +193,53 @@ def test_hermes_gets_its_host_key_check_passed_and_its_managed_config_before_it_
 # ---- real trials in Docker --------------------------------------------------------------------------
 
 
-def _layer_or_skip(name: str) -> None:
-    """Build the agent's layer on the task's image now (cached after the first run); skip with the
-    reason when it cannot be built here (e.g. no npm registry reachable)."""
+LAYER_BUILDS_AT_ONCE = 4
+_layer_errors: dict[str, str | None] = {}
+"""Agent name -> why its layer could not be built (None: built), for this test session."""
+
+
+def _build_layers(names: list[str]) -> dict[str, str | None]:
+    """Build the agents' layers on the task's image, several at once (their installs mostly wait
+    on the registries), through the environment's own start; cached by Docker after the first run."""
+    import tempfile
+
     from harbor.models.task.task import Task
     from harbor.models.trial.paths import TrialPaths
 
     from slime_harbor.environments.docker import DockerEnvironment
     from slime_harbor.rollout import DEFAULT_TASKS
 
-    async def build(tmp: Path):
-        task = Task(DEFAULT_TASKS / TASK)
-        paths = TrialPaths(trial_dir=tmp / "trial")
-        paths.mkdir()
-        env = DockerEnvironment(environment_dir=task.paths.environment_dir, environment_name=TASK,
-                                session_id=f"{name}-layer__env", trial_paths=paths,
-                                task_env_config=task.config.environment, agent_installs=[name])  # fmt: skip
-        await env.start(force_build=False)
-        await env.stop(delete=True)
+    async def build(name: str, tmp: Path, gate: asyncio.Semaphore) -> tuple[str, str | None]:
+        async with gate:
+            task = Task(DEFAULT_TASKS / TASK)
+            paths = TrialPaths(trial_dir=tmp / name)
+            paths.mkdir()
+            env = DockerEnvironment(environment_dir=task.paths.environment_dir, environment_name=TASK,
+                                    session_id=f"{name}-layer__env", trial_paths=paths,
+                                    task_env_config=task.config.environment, agent_installs=[name])  # fmt: skip
+            try:
+                await env.start(force_build=False)
+                await env.stop(delete=True)
+            except Exception as exc:  # noqa: BLE001 - the reason is the skip message
+                return name, str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        return name, None
 
-    import tempfile
+    async def build_all(tmp: Path) -> dict[str, str | None]:
+        gate = asyncio.Semaphore(LAYER_BUILDS_AT_ONCE)
+        return dict(await asyncio.gather(*(build(name, tmp, gate) for name in names)))
 
     with tempfile.TemporaryDirectory() as tmp:
-        try:
-            asyncio.run(build(Path(tmp)))
-        except Exception as exc:  # noqa: BLE001 - the reason is the skip message
-            pytest.skip(f"the {name} layer cannot be built here: {str(exc).splitlines()[0][:300]}")
+        return asyncio.run(build_all(Path(tmp)))
+
+
+def _layer_or_skip(name: str) -> None:
+    """The agent's layer is built (on first use, every verified agent's at once); skip with the
+    reason when it cannot be built here (e.g. no registry reachable)."""
+    if name not in _layer_errors:
+        pending = [n for n in DOCKER_VERIFIED if n not in _layer_errors] if name in DOCKER_VERIFIED else [name]
+        _layer_errors.update(_build_layers(pending))
+    if _layer_errors[name]:
+        pytest.skip(f"the {name} layer cannot be built here: {_layer_errors[name]}")
 
 
 DOCKER_VERIFIED = sorted(name for name, recipe in RECIPES.items() if recipe.verified_by == "tests/test_installed_agents.py")
