@@ -190,6 +190,43 @@ def test_hermes_gets_its_host_key_check_passed_and_its_managed_config_before_it_
     subprocess.run(["sh", "-c", write_files_command({str(path): content})], check=True)
     assert path.read_text() == content
 
+def _pi_message(role: str, stop: str | None = None, text: str = "") -> dict:
+    message = {"role": role, "content": [{"type": "text", "text": text}] if text else []}
+    return {"type": "message_end", "message": {**message, "stopReason": stop} if stop else message}
+
+
+@pytest.mark.parametrize("events, expected", [
+    ([_pi_message("user", text="task"), _pi_message("assistant", "stop", "done")], "submitted"),
+    ([_pi_message("assistant", "length", "cut")], "submitted"),
+    # Harbor's max-turns extension aborted the turn after the last allowed one
+    ([_pi_message("assistant", "toolUse"), _pi_message("toolResult"), _pi_message("assistant", "aborted")], "step_limit"),
+    ([_pi_message("assistant", "error")], None),
+    # the model's text naming a stop reason is content, not the message's stopReason
+    ([_pi_message("assistant", "stop", '{"stopReason": "aborted"}')], "submitted"),
+    ([{"type": "session"}], None),
+])  # fmt: skip
+def test_pis_exit_status_comes_from_its_last_assistant_message(tmp_path, events, expected):
+    from slime_harbor.installed_agents.recipes import Pi
+
+    agent = Pi(logs_dir=tmp_path, model_name="openai/policy", step_limit=3)
+    _write_events(tmp_path / "pi.txt", events)
+    assert (agent.exit_metadata() or {}).get("exit_status") == expected
+
+
+def test_pi_gets_its_own_turn_limit_and_a_chat_completions_provider(tmp_path):
+    from slime_harbor.installed_agents.recipes import Pi
+
+    config = agent_config(RolloutConfig(agent="pi", step_limit=4), ENDPOINT)
+    assert config.import_path == "slime_harbor.installed_agents.recipes:Pi" and config.model_name == "openai/policy"
+    assert gateway_step_limit(config, 4) is None and environment_kwargs(config) == {"agent_installs": ["pi"]}
+    agent = Pi(logs_dir=tmp_path, model_name="openai/policy", step_limit=4,
+               extra_env={"OPENAI_BASE_URL": ENDPOINT.sandbox_url, "OPENAI_API_KEY": "t1"})  # fmt: skip
+    assert agent.options.max_turns == 4
+    models = agent._build_custom_models_json(agent.model_connection, "policy")
+    assert models["providers"]["harbor-endpoint"]["baseUrl"] == ENDPOINT.sandbox_url
+    assert models["providers"]["harbor-endpoint"]["api"] == "openai-completions"
+
+
 # ---- real trials in Docker --------------------------------------------------------------------------
 
 

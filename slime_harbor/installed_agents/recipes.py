@@ -252,6 +252,23 @@ def opencode_exit(logs_dir: Path) -> dict[str, Any] | None:
     return None
 
 
+def pi_exit(logs_dir: Path) -> dict[str, Any] | None:
+    """From ``pi --mode json`` events: the stop reason of its last assistant message. Harbor's
+    max-turns extension aborts the turn after the last allowed one (``aborted``, before any request
+    is sent); a reply without tool calls ends the run (``stop`` / ``length``). Pi sets stopReason
+    itself; the model's text is inside ``content``, so a policy cannot forge one."""
+    ends = [e.get("message") or {} for e in json_events(logs_dir / "pi.txt") if e.get("type") == "message_end"]
+    replies = [m for m in ends if isinstance(m, dict) and m.get("role") == "assistant"]
+    if not replies:
+        return None
+    reason = replies[-1].get("stopReason")
+    if reason == "aborted":
+        return {"exit_status": "step_limit"}
+    if reason in ("stop", "length"):
+        return {"exit_status": "submitted"}
+    return None
+
+
 # mini-swe-agent's exit status -> the converter's (TRUNCATING_EXITS, "aborted" = transient).
 MINI_SWE_AGENT_EXITS = {
     "Submitted": "submitted",
@@ -435,6 +452,20 @@ RECIPES: dict[str, AgentRecipe] = {r.name: r for r in (
                    "agent's tools) would be one",
         notes="tools in every call, streamed with stream_options; a 400 is not retried (429/5xx are, 5 times): it "
               "prints the error, exits 0 without its usage file and Harbor's guard exits 1",
+        verified_by="tests/test_installed_agents.py",
+    ),
+    AgentRecipe(
+        name="pi", harbor_class="harbor.agents.installed.pi:Pi",
+        # the legacy package name (0.74 moved it to @earendil-works); Harbor installs it with --ignore-scripts
+        install=NpmInstall("pi", "@mariozechner/pi-coding-agent", "0.73.1", "pi", ignore_scripts=True),
+        # OPENAI_BASE_URL makes Harbor write a models.json provider (harbor-endpoint) with model_api's wire format
+        dialect="chat", provider="openai", kwargs={"model_api": "openai-completions"},
+        # Harbor's max-turns extension: aborts after step_limit turns (one model call each)
+        step_limit_kwarg="max_turns", exit_status=pi_exit,
+        side_calls="none seen",
+        notes="streams with stream_options, store: false and max_completion_tokens 16384; sends models.json's apiKey "
+              "'$OPENAI_API_KEY' literally (0.73.1 reads an env var name there, Harbor writes $NAME): the session's "
+              "URL names it. A call that cannot connect is retried 3 times (auto_retry)",
         verified_by="tests/test_installed_agents.py",
     ),
 )}
