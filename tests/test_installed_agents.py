@@ -227,6 +227,27 @@ def test_pi_gets_its_own_turn_limit_and_a_chat_completions_provider(tmp_path):
     assert models["providers"]["harbor-endpoint"]["api"] == "openai-completions"
 
 
+def test_cline_gets_a_provider_colon_model_name_and_its_session_in_providers_json(tmp_path):
+    import subprocess
+
+    from slime_harbor.installed_agents.recipes import ClineCli
+
+    config = agent_config(RolloutConfig(agent="cline-cli", step_limit=4), ENDPOINT)
+    assert config.import_path == "slime_harbor.installed_agents.recipes:ClineCli"
+    assert gateway_step_limit(config, 4) == 4 and config.env["CLINE_NO_AUTO_UPDATE"] == "1"
+    agent = ClineCli(logs_dir=tmp_path, model_name=config.model_name, step_limit=4, extra_env=dict(config.env))
+    assert agent.model_name == "openai:policy"  # Harbor's cline wants provider:model
+    setup, run = agent.create_run_agent_commands("count the errors")
+    assert "-P openai -k $API_KEY -m $MODELID" in run.command and run.env["MODELID"] == "policy"
+    assert run.env["API_KEY"] == ENDPOINT.api_key
+    # the recipe's setup names the session's URL in the settings Cline's run keeps its baseUrl from
+    subprocess.run(["sh", "-c", RECIPES["cline-cli"].setup], check=True,
+                   env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "OPENAI_BASE_URL": ENDPOINT.sandbox_url})
+    settings = json.loads((tmp_path / ".cline/data/settings/providers.json").read_text())
+    assert settings["providers"]["openai-compatible"]["settings"] == {"provider": "openai-compatible",
+                                                                      "baseUrl": ENDPOINT.sandbox_url}  # fmt: skip
+
+
 # ---- real trials in Docker --------------------------------------------------------------------------
 
 

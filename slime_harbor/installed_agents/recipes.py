@@ -66,6 +66,9 @@ class AgentRecipe:
     provider: str | None = None
     """The provider prefix of its model name (``openai`` -> ``openai/<served name>``); None: LiteLLM's
     ``hosted_vllm/<served name>``."""
+    model_name: str | None = None
+    """Harbor's model_name where its class wants another form than ``<provider>/<served name>``,
+    with ``{model}`` (the served name) filled in (cline-cli: ``openai:{model}``)."""
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     """Variables added to the endpoint's (trial_setup.installed_agent_env), with ``{url}`` (the
     session's OpenAI base URL, ending in /v1), ``{root}`` (without /v1), ``{key}`` and ``{model}``
@@ -79,6 +82,10 @@ class AgentRecipe:
     files: dict[str, str] = dataclasses.field(default_factory=dict)
     """Files written in the sandbox, as the agent's user, before Harbor's run() starts the agent:
     sandbox path -> content (the agent's own config where Harbor's class writes none)."""
+    setup: str = ""
+    """A shell command run in the sandbox as the agent's user, after ``files`` and before Harbor's
+    run() starts the agent, with the agent's environment (the endpoint's variables): for a config
+    that must name the trial's own session, which only the environment knows."""
     step_limit_kwarg: str | None = None
     """The Harbor kwarg that takes ``step_limit`` (the agent's own turn limit; with set_step_limit,
     where that puts it); None: the gateway enforces it."""
@@ -118,6 +125,8 @@ class RecipeAgent:
         if version not in (None, recipe.install.version):
             raise ValueError(f"this {recipe.name} install is pinned to {recipe.install.version}, got version={version!r}")
         kwargs = {**recipe.kwargs, **kwargs}
+        if recipe.model_name and kwargs.get("model_name"):
+            kwargs["model_name"] = recipe.model_name.format(model=kwargs["model_name"].partition("/")[2])
         if step_limit is not None:
             if isinstance(step_limit, bool) or not isinstance(step_limit, int) or step_limit < 1:
                 raise ValueError(f"Invalid value for 'step_limit': expected an int >= 1, got {step_limit!r}")
@@ -146,6 +155,8 @@ class RecipeAgent:
             os.environ.setdefault(name, placeholder)
         if self.RECIPE.files:
             await self.exec_as_agent(environment, write_files_command(self.RECIPE.files), timeout_sec=30)
+        if self.RECIPE.setup:
+            await self.exec_as_agent(environment, self.RECIPE.setup, timeout_sec=30)
         try:
             await super().run(instruction, environment, context)
         except NonZeroAgentExitCodeError:
@@ -335,6 +346,14 @@ KIMI_CODE_DISABLED_TOOLS = ("AskUserQuestion", "EnterPlanMode", "ExitPlanMode", 
 
 HERMES_MANAGED_DIR = "/tmp/hermes-managed"
 
+# Cline's provider settings naming the session's endpoint (what `cline auth -p openai -b URL` writes):
+# its run keeps a stored baseUrl and adds the -k key and -m model to it.
+CLINE_PROVIDERS = ('{"version": 1, "lastUsedProvider": "openai-compatible", "modes": {}, "providers": '
+                   '{"openai-compatible": {"settings": {"provider": "openai-compatible", "baseUrl": "%s"}, '
+                   '"updatedAt": "2026-01-01T00:00:00.000Z", "tokenSource": "manual"}}}\\n')
+CLINE_PROVIDERS_SETUP = (f'mkdir -p ~/.cline/data/settings && printf {shlex.quote(CLINE_PROVIDERS)} "$OPENAI_BASE_URL" '
+                         "> ~/.cline/data/settings/providers.json")
+
 RECIPES: dict[str, AgentRecipe] = {r.name: r for r in (
     AgentRecipe(
         name="mini-swe-agent", harbor_class="harbor.agents.installed.mini_swe_agent:MiniSweAgent",
@@ -467,6 +486,21 @@ RECIPES: dict[str, AgentRecipe] = {r.name: r for r in (
               "'$OPENAI_API_KEY' literally (0.73.1 reads an env var name there, Harbor writes $NAME): the session's "
               "URL names it. A call that cannot connect is retried 3 times (auto_retry)",
         verified_by="tests/test_installed_agents.py",
+    ),
+    AgentRecipe(
+        name="cline-cli", harbor_class="harbor.agents.installed.cline.cline:ClineCli",
+        # the npm package's platform binary (@cline/cli-linux-<arch>) embeds Bun: no Bun, no source build
+        install=NpmInstall("cline-cli", "cline", "3.0.65", "cline"),
+        # Harbor runs `cline -P openai -k $API_KEY -m <model>` from a provider:model name; its
+        # openai-compatible provider (chat completions) reads the base URL only from providers.json
+        dialect="chat", provider="openai", model_name="openai:{model}", setup=CLINE_PROVIDERS_SETUP,
+        env={"CLINE_NO_AUTO_UPDATE": "1"},  # no npm update check at start
+        side_calls="none seen",
+        notes="headless it needs its submit_and_exit tool: a reply without it gets a [SYSTEM] reminder turn, so "
+              "the episode runs to the gateway's step limit, whose 400 it does not retry (exit 1, truncated). "
+              "Not verified: after a reply cut at max_tokens it nudges, and from then on sends its first two user "
+              "messages (the task, the reminder) as one message of two parts, so an episode whose first reply "
+              "hits max_tokens trains as two samples (the first call alone, then the rest; both token-exact)",
     ),
 )}
 """Recipes by Harbor agent name."""
