@@ -73,7 +73,7 @@ def run_stub(model_dir: str, port: int) -> None:
 
 def run_gateway(upstream: str, model_dir: str, port: int, sessions: int, record_root: str) -> None:
     from slime_harbor.gateway import Gateway
-    from slime_harbor.policy.client import SamplingParams
+    from slime_harbor.policy.sampling import SamplingParams
 
     async def main():
         gateway = Gateway(upstream, model_dir, port=port)

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from slime_harbor.policy.engine import EngineConfig, SamplingEngine, SamplingParams
+from slime_harbor.policy.engine import EngineConfig, SamplingEngine
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.grpo import grpo_loss
 from slime_harbor.trainers.local import LocalTrainConfig, Policy, make_batch, token_logprobs, update
 from slime_harbor.samples import SampleStatus, TrainingSample
@@ -38,7 +39,7 @@ PROMPT = "Write a shell command that counts the lines of every .py file, then su
 def sample_batch(policy: Policy, batch_size: int, completion_tokens: int) -> list[TrainingSample]:
     """batch_size fixed-length completions of one prompt, with the sampler's logprobs."""
     prompt = policy.tokenizer.encode(PROMPT, add_special_tokens=False)
-    params = SamplingParams(max_new_tokens=completion_tokens, ignore_eos=True, seed=None)
+    params = SamplingParams(max_new_tokens=completion_tokens, ignore_eos=True, sampling_seed=None)
     with SamplingEngine(policy.model, policy.tokenizer, EngineConfig(seed=0)) as engine:
         generations = [f.result() for f in [engine.submit(prompt, params) for _ in range(batch_size)]]
     return [

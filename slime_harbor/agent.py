@@ -34,7 +34,8 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 from pydantic import Field
 
-from slime_harbor.policy.client import PolicyClient, SamplingParams
+from slime_harbor.policy.client import PolicyClient
+from slime_harbor.policy.sampling import SamplingParams
 
 SYSTEM_PROMPT = """You are a coding agent working in a Linux shell. Solve the task step by step.
 Every reply has two parts: a short THOUGHT, then exactly ONE bash command in a ```bash block.

@@ -123,7 +123,7 @@ async def start_gateway(cfg: RolloutConfig):
 def session_sampling(cfg: RolloutConfig):
     """The run's sampling, which the gateway applies to every call of a session (the request's
     own temperature / top-p / top-k are replaced, its max_tokens capped, its stop strings added)."""
-    from slime_harbor.policy.client import SamplingParams
+    from slime_harbor.policy.sampling import SamplingParams
 
     return SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                           max_new_tokens=cfg.max_new_tokens, stop=list(cfg.stop),

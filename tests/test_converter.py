@@ -81,7 +81,7 @@ def test_an_agents_own_rollout_details_train_when_its_gateway_session_saw_no_cal
     collect_rollout_details, a user's agent) was handed a gateway session it never called: its own
     record is the episode's tokens, drift split as before. A session with calls owns the tokens."""
     from slime_harbor.gateway.session import GatewaySession
-    from slime_harbor.policy.client import SamplingParams
+    from slime_harbor.policy.sampling import SamplingParams
 
     detail = linear_detail()
     detail["prompt_token_ids"][1] = P0 + [77] + OBS0

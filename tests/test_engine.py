@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from slime_harbor.policy.engine import EngineConfig, SamplingEngine, SamplingParams
+from slime_harbor.policy.engine import EngineConfig, SamplingEngine
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.policy.tiny_model import IM_END, TinyModelConfig, build_tiny_model
 
 
@@ -88,14 +89,14 @@ def test_high_temperature_logprobs_use_scaled_logits(engine, model, tokenizer):
 
 def test_seed_fixes_the_sample_whatever_shares_the_batch(engine, tokenizer):
     prompt = prompts(tokenizer)[1]
-    seeded = SamplingParams(temperature=1.0, max_new_tokens=30, ignore_eos=True, seed=1234)
+    seeded = SamplingParams(temperature=1.0, max_new_tokens=30, ignore_eos=True, sampling_seed=1234)
     alone = engine.generate(prompt, seeded)
     crowd = [engine.submit(p, SamplingParams(max_new_tokens=30, ignore_eos=True)) for p in prompts(tokenizer)]
     batched = engine.submit(prompt, seeded)
     assert batched.result(timeout=60).output_ids == alone.output_ids
     unseeded = [f.result(timeout=60).output_ids for f in crowd]
     assert (
-        engine.generate(prompt, SamplingParams(max_new_tokens=30, ignore_eos=True, seed=99)).output_ids
+        engine.generate(prompt, SamplingParams(max_new_tokens=30, ignore_eos=True, sampling_seed=99)).output_ids
         != alone.output_ids
     )
     assert len({tuple(ids) for ids in unseeded}) == len(unseeded)

@@ -16,7 +16,7 @@ import torch
 
 from slime_harbor.converter import trial_to_samples
 from slime_harbor.gateway import Gateway, GatewayError
-from slime_harbor.policy.client import SamplingParams
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.samples import SampleStatus
 from conftest import port_is_free
 from test_converter import make_result

@@ -437,7 +437,7 @@ def test_a_stream_the_client_leaves_is_recorded_not_trained(base_server, tiny_mo
     """Claude Code / Codex hanging up mid-stream: the upstream request is aborted, the call is
     recorded as undelivered and nothing is trained; the OpenAI base URL used as an Anthropic base
     URL (/v1/v1/messages) reaches the session too."""
-    from slime_harbor.policy.client import SamplingParams
+    from slime_harbor.policy.sampling import SamplingParams
 
     async def scenario(gateway):
         session = gateway.open_session("gone", tmp_path / "gw", SamplingParams(max_new_tokens=2000))
@@ -468,7 +468,7 @@ def test_streams_keep_alive_while_the_policy_samples(base_server, tiny_model_dir
     """A long generation: Anthropic `ping` events and Responses `response.in_progress` events (with
     consecutive sequence numbers) until the reply, which both SDKs still assemble."""
     import slime_harbor.gateway.wire as wire
-    from slime_harbor.policy.client import SamplingParams
+    from slime_harbor.policy.sampling import SamplingParams
 
     monkeypatch.setattr(wire, "KEEPALIVE_S", 0.005)
 

@@ -234,7 +234,7 @@ async def _client_turns(url, params, routing_key):
 
 
 def test_client_passes_seed_top_p_and_routing_key(policy_server):
-    from slime_harbor.policy.client import SamplingParams
+    from slime_harbor.policy.sampling import SamplingParams
 
     params = SamplingParams(top_p=0.6, max_new_tokens=10, sampling_seed=5, return_top_p_token_ids=True,
                             stop_token_ids=[3])

@@ -53,7 +53,8 @@ def test_openai_token_in_path_of_the_client(policy_server, tokenizer, model):
 
     import torch
 
-    from slime_harbor.policy.client import PolicyClient, SamplingParams
+    from slime_harbor.policy.client import PolicyClient
+    from slime_harbor.policy.sampling import SamplingParams
 
     prompt = tokenizer.encode("hello there", add_special_tokens=False)
 

@@ -25,7 +25,8 @@ from slime_harbor.agent import turn_seed
 from slime_harbor.gateway.session import (STEP_LIMIT_CODE, BadRequest, Call, GatewaySession, PolicyUnavailable,
                                           canonical, normalise_messages)
 from slime_harbor.gateway.wire import json_object, openai_error_for
-from slime_harbor.policy.client import PolicyClient, PolicyServerError, SamplingParams
+from slime_harbor.policy.client import PolicyClient, PolicyServerError
+from slime_harbor.policy.sampling import SamplingParams
 
 # config.json model_type -> the renderers config that speaks the family's chat format. Qwen2.5 and
 # Qwen3 (dense and MoE) share ChatML with Hermes-style <tool_call> JSON; Qwen3's renderer also

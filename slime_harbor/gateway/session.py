@@ -41,7 +41,7 @@ from typing import Any
 
 import orjson
 
-from slime_harbor.policy.client import SamplingParams
+from slime_harbor.policy.sampling import SamplingParams
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 

@@ -18,12 +18,12 @@ import array
 import asyncio
 import base64
 import uuid
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import aiohttp
 import orjson
 
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.samples import top_p_offsets_ok
 
 
@@ -35,53 +35,6 @@ class PolicyServerError(RuntimeError):
     def __init__(self, message: str, status_code: int | None = None):
         super().__init__(message)
         self.status_code = status_code
-
-
-@dataclass
-class SamplingParams:
-    """Per-turn sampling settings, in SGLang's `sampling_params` vocabulary."""
-
-    temperature: float = 1.0
-    """Softmax temperature. 1.0 samples from the policy itself, which GRPO's importance ratio assumes."""
-    top_p: float = 1.0
-    """Nucleus cut-off; 1.0 disables it."""
-    top_k: int = -1
-    """Keep only the k most likely tokens; -1 disables it."""
-    max_new_tokens: int = 512
-    """Most tokens one turn may generate."""
-    stop: list[str] = field(default_factory=list)
-    """Extra stop strings (the chat template's end-of-turn token always stops)."""
-    stop_token_ids: list[int] = field(default_factory=list)
-    """Extra stop token ids, besides the model's eos."""
-    sampling_seed: int | None = None
-    """SGLang's per-request seed (SLiME sends one under deterministic inference); None = random."""
-    return_top_p_token_ids: bool = False
-    """Ask for the ids the top-k / top-p filter kept per token (SLiME's top-p replay, sent as
-    custom_params.return_top_p_token_ids). The server then reports logprobs renormalised over them."""
-
-    def to_sglang(self) -> dict[str, Any]:
-        params: dict[str, Any] = {
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "max_new_tokens": self.max_new_tokens,
-            "stop": list(self.stop),
-            "stop_token_ids": list(self.stop_token_ids),
-            # Keep special tokens and stop strings in the text so text and token ids agree.
-            "skip_special_tokens": False,
-            "no_stop_trim": True,
-            "spaces_between_special_tokens": False,
-        }
-        if self.sampling_seed is not None:
-            params["sampling_seed"] = self.sampling_seed
-        if self.return_top_p_token_ids:
-            params["custom_params"] = {"return_top_p_token_ids": True}
-        return params
-
-    @property
-    def truncates(self) -> bool:
-        """Whether sampling is truncated at all (else a server returns no kept ids)."""
-        return self.temperature == 0 or self.top_k > 0 or self.top_p < 1
 
 
 @dataclass
@@ -176,7 +129,9 @@ class PolicyClient:
                              routing_key: str | None) -> Generation:
         payload = {
             "input_ids": input_ids if isinstance(input_ids, list) else list(input_ids),
-            "sampling_params": params.to_sglang(),
+            # Special tokens and stop strings stay in the text, so text and token ids agree.
+            "sampling_params": {**params.to_sglang(), "skip_special_tokens": False, "no_stop_trim": True,
+                                "spaces_between_special_tokens": False},
             "return_logprob": True,
             "rid": rid,
         }

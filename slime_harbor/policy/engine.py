@@ -52,35 +52,7 @@ import torch
 
 # The decode loop's tensors (the running batch, truncated sampling) live in decode.py.
 from slime_harbor.policy.decode import _abort_reason, _Batch, _cache_tensors, _eos_token_ids, _sample_tokens, _Truncation
-
-
-@dataclass
-class SamplingParams:
-    """Per-request sampling settings (SGLang's names and defaults)."""
-
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0  # nucleus mass kept; 1 = off
-    top_k: int = -1  # tokens kept; <= 0 = off
-    max_new_tokens: int = 128
-    stop: list[str] = field(default_factory=list)  # stop when the output text contains one of these
-    stop_token_ids: list[int] = field(default_factory=list)  # extra stop tokens, besides eos
-    ignore_eos: bool = False  # do not stop on eos nor on stop_token_ids (benchmarks, fixed lengths)
-    no_stop_trim: bool = False  # keep the stop token / stop string in the returned text
-    skip_special_tokens: bool = True  # drop special tokens from the returned text
-    spaces_between_special_tokens: bool = True  # passed to the tokenizer's decode (fast tokenizers ignore it)
-    seed: int | None = None  # per-request RNG seed (SGLang's sampling_seed): same seed and prompt -> same sample
-    return_top_p_token_ids: bool = False  # report each token's kept ids; logprobs renormalised over them
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = [s for s in self.stop if s]
+from slime_harbor.policy.sampling import SamplingParams
 
 
 @dataclass
@@ -212,7 +184,7 @@ class SamplingEngine:
             raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
         stop_ids = frozenset() if params.ignore_eos else self.eos_token_ids | frozenset(params.stop_token_ids)
         with self._cond:  # also serialises draws from the shared seed generator
-            seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))
+            seed = params.sampling_seed if params.sampling_seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))
             request = _Request(
                 rid or uuid.uuid4().hex, prompt_ids, params, stop_ids, torch.Generator().manual_seed(seed), lora
             )

@@ -58,7 +58,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from slime_harbor.policy.engine import EngineConfig, SamplingEngine, SamplingParams
+from slime_harbor.policy.engine import EngineConfig, SamplingEngine
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.policy.tiny_model import ensure_tiny_model
 
 # SGLang sampling params we accept without implementing, with the value that makes them no-ops.
@@ -388,20 +389,10 @@ def sglang_sampling_params(raw: dict[str, Any]) -> SamplingParams:
     _check_neutral(raw)
     for key in _IGNORED_PARAMS:
         raw.pop(key, None)
-    custom = raw.pop("custom_params", None) or {}
-    if not isinstance(custom, dict):
-        raise BadRequest("custom_params must be an object")
-    # SLiME's SGLang patch reads custom_params["return_top_p_token_ids"]; other custom params only
-    # feed custom logit processors, which this server does not run.
-    if custom.get("return_top_p_token_ids"):
-        raw["return_top_p_token_ids"] = True
-    if "sampling_seed" in raw:
-        raw["seed"] = raw.pop("sampling_seed")
-    known = SamplingParams.__dataclass_fields__
-    unknown = sorted(set(raw) - set(known))
-    if unknown:
-        raise BadRequest(f"unsupported sampling params: {unknown}")
-    return _sampling_params({k: v for k, v in raw.items() if v is not None})
+    try:
+        return SamplingParams.from_sglang(raw)
+    except (TypeError, ValueError) as error:
+        raise BadRequest(str(error)) from error
 
 
 def encode_top_p_token_ids(rows: list[list[int]]) -> tuple[str, str]:
@@ -428,7 +419,7 @@ def openai_sampling_params(body: dict[str, Any], default_max_tokens: int) -> Sam
     params: dict[str, Any] = {"max_new_tokens": max_tokens}
     for key in ("temperature", "top_p", "top_k", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "seed"):
         if body.get(key) is not None:
-            params[key] = body[key]
+            params["sampling_seed" if key == "seed" else key] = body[key]
     return _sampling_params(params)
 
 

@@ -1,0 +1,88 @@
+"""How one model call samples: the one SamplingParams from SLiME's sampling dict (the hook), the
+rollout config and a gateway session, through the policy client's `/generate` request, to the
+policy server and its engine. Its names, defaults and wire form are SGLang's `sampling_params`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class SamplingParams:
+    """Per-call sampling settings (SGLang's names and defaults)."""
+
+    temperature: float = 1.0
+    """Softmax temperature; 0 = greedy. 1.0 samples from the policy itself, which GRPO's importance
+    ratio assumes."""
+    top_p: float = 1.0
+    """Nucleus mass kept; 1.0 disables it."""
+    top_k: int = -1
+    """Keep only the k most likely tokens; <= 0 disables it."""
+    max_new_tokens: int = 128
+    """Most tokens one call may generate."""
+    stop: list[str] = field(default_factory=list)
+    """Stop when the output text contains one of these (the chat template's end-of-turn token always stops)."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Extra stop token ids, besides the model's eos."""
+    ignore_eos: bool = False
+    """Stop neither on eos nor on stop_token_ids (benchmarks, fixed lengths)."""
+    no_stop_trim: bool = False
+    """Keep the stop token / stop string in the returned text."""
+    skip_special_tokens: bool = True
+    """Drop special tokens from the returned text."""
+    spaces_between_special_tokens: bool = True
+    """Passed to the tokenizer's decode (fast tokenizers ignore it)."""
+    sampling_seed: int | None = None
+    """Per-call seed (SLiME sends one under deterministic inference): same seed and prompt, same
+    sample; None = random."""
+    return_top_p_token_ids: bool = False
+    """Report the ids the top-k / top-p filter kept per token (SLiME's top-p replay, on the wire as
+    custom_params.return_top_p_token_ids); logprobs are then renormalised over them."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = [s for s in self.stop if s]
+
+    @property
+    def truncates(self) -> bool:
+        """Whether sampling is truncated at all (else a server returns no kept ids)."""
+        return self.temperature == 0 or self.top_k > 0 or self.top_p < 1
+
+    def to_sglang(self) -> dict[str, Any]:
+        """SGLang's `sampling_params` dict (what /generate takes)."""
+        params: dict[str, Any] = {
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+            "max_new_tokens": self.max_new_tokens, "stop": list(self.stop), "stop_token_ids": list(self.stop_token_ids),
+            "ignore_eos": self.ignore_eos, "no_stop_trim": self.no_stop_trim,
+            "skip_special_tokens": self.skip_special_tokens,
+            "spaces_between_special_tokens": self.spaces_between_special_tokens,
+        }  # fmt: skip
+        if self.sampling_seed is not None:
+            params["sampling_seed"] = self.sampling_seed
+        if self.return_top_p_token_ids:
+            params["custom_params"] = {"return_top_p_token_ids": True}
+        return params
+
+    @classmethod
+    def from_sglang(cls, raw: dict[str, Any]) -> SamplingParams:
+        """The inverse of to_sglang; raises ValueError (one line) on a field it does not know."""
+        raw = {k: v for k, v in raw.items() if v is not None}
+        custom = raw.pop("custom_params", None) or {}
+        if not isinstance(custom, dict):
+            raise ValueError("custom_params must be an object")
+        # SLiME's SGLang patch reads custom_params["return_top_p_token_ids"]; other custom params only
+        # feed custom logit processors, which no server of ours runs.
+        if custom.get("return_top_p_token_ids"):
+            raw["return_top_p_token_ids"] = True
+        unknown = sorted(set(raw) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unsupported sampling params: {unknown}")
+        return cls(**raw)
