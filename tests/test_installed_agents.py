@@ -248,6 +248,53 @@ def test_cline_gets_a_provider_colon_model_name_and_its_session_in_providers_jso
                                                                       "baseUrl": ENDPOINT.sandbox_url}  # fmt: skip
 
 
+def test_a_pypi_install_newer_than_debians_python_brings_its_own_and_uv_installs_when_asked(tmp_path):
+    """docker_script's choice: a recipe within what a Debian image's python3 gives (bookworm: 3.11)
+    falls back to the distribution's python3 and installs with pip (its layer script, and so its
+    hash, as before); above it, to Debian trixie's Python in <prefix>/python (debian_python.sh,
+    in a subshell), with uv from PyPI when the recipe asks."""
+    import subprocess
+
+    from slime_harbor.installed_agents.installs import DEBIAN_PYTHON_SCRIPT, DISTRO_PYTHON, PypiInstall
+
+    runtime = DEBIAN_PYTHON_SCRIPT.read_text()
+    old = PypiInstall("old", "pkg", "1.0", "pkg", min_python=DISTRO_PYTHON).docker_script()
+    assert "apt-get install -y -qq --no-install-recommends python3 python3-venv" in old
+    assert runtime not in old and "/python/bin/python3" not in old and " uv" not in old
+    new = PypiInstall("new", "pkg", "1.0", "pkg", min_python=(3, 12), installer="uv").docker_script()
+    assert "python3 python3-venv" not in new  # bookworm's python3 could not do
+    assert f"(\nPREFIX=/opt/slime-harbor/new/python\n{runtime}  )\n  py=/opt/slime-harbor/new/python/bin/python3\n" in new
+    assert new.index("usable \"$candidate\"") < new.index("PREFIX=")  # the image's own Python first
+    assert "-m pip install --no-cache-dir --disable-pip-version-check --no-input -q uv==" in new
+    assert "venv/bin/python -m uv pip install --no-cache --native-tls -q pkg==1.0\n" in new
+    assert new.index("-m uv pip install") < new.index("-m pip uninstall --disable-pip-version-check -y -q uv")
+    for script in (old, new):
+        (tmp_path / "layer.sh").write_text(script)
+        assert subprocess.run(["sh", "-n", str(tmp_path / "layer.sh")]).returncode == 0
+    assert "mini-swe-agent" in RECIPES and RECIPES["mini-swe-agent"].install.installer == "pip"
+    assert not RECIPES["mini-swe-agent"].install.own_python
+    for name in ("openhands-sdk", "kimi-cli", "vibe"):
+        assert RECIPES[name].install.own_python and RECIPES[name].install.installer == "uv"
+
+
+def test_an_install_with_links_outside_its_prefix_has_no_bubblewrap_install():
+    with pytest.raises(RuntimeError, match="/opt/openhands-sdk-venv.* run it with --env docker"):
+        RECIPES["openhands-sdk"].install.check_host()
+    script = RECIPES["openhands-sdk"].install.docker_script()
+    assert "ln -sfn /opt/slime-harbor/openhands-sdk/venv /opt/openhands-sdk-venv\n" in script
+    assert "ln -sfn /opt/slime-harbor/openhands-sdk/venv/bin/run_agent.py /installed-agent/run_agent.py\n" in script
+
+
+def test_kimi_cli_and_openhands_sdk_get_the_sessions_endpoint():
+    kimi = agent_config(RolloutConfig(agent="kimi-cli", step_limit=4), ENDPOINT)
+    config = json.loads(kimi.env["HARBOR_KIMI_CONFIG_JSON"])
+    assert config["providers"]["harbor"] == {"type": "openai_legacy", "base_url": ENDPOINT.sandbox_url, "api_key": ""}
+    assert config["models"]["model"]["model"] == "policy" and kimi.env["HARBOR_KIMI_API_KEY"] == ENDPOINT.api_key
+    openhands = agent_config(RolloutConfig(agent="openhands-sdk", step_limit=4), ENDPOINT)
+    assert openhands.env["LLM_BASE_URL"] == ENDPOINT.sandbox_url and openhands.env["LLM_API_KEY"] == ENDPOINT.api_key
+    assert openhands.model_name == "openai/policy"
+
+
 # ---- real trials in Docker --------------------------------------------------------------------------
 
 
@@ -337,5 +384,7 @@ def test_installed_agent_trains_through_the_gateway_in_docker(agent, tmp_path, p
     if recipe.gateway_step_limit:  # the gateway allowed step_limit calls, the agent had no other way
         assert stats["delivered"] <= cfg.step_limit, stats
     if recipe.exit_status is not None:  # the agent's own record says how it ended
-        assert sample.metadata.get("exit_status") in ("submitted", "step_limit"), sample.metadata
+        assert sample.metadata.get("exit_status") in ("submitted", "step_limit", "context_limit"), sample.metadata
+        if sample.metadata["exit_status"] == "context_limit":  # vibe: its last reply was cut at max_new_tokens
+            assert trained[-1]["finish_reason"] == "length", trained[-1]
     assert leftovers(cfg.out_dir) == ([], [])

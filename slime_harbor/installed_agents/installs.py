@@ -10,10 +10,12 @@ PATH, so the task's ``python`` and ``node`` stay first for everything the agent 
   package) in ``<prefix>/node``, so a CLI that needs Node 22 runs on a bookworm image whose Debian
   Node is 18. The package is installed with the image's npm, else with Debian's (apt), which is
   removed again afterwards so the image keeps the runtime it had.
-- PyPI: a venv of the image's Python when it is new enough, else Debian's ``python3``; the
-  launcher runs the venv's Python with ``-I`` (the task's PYTHONPATH / PYTHONHOME / working
-  directory cannot reach the agent's imports). In the bubblewrap sandbox, which shares the host's
-  /usr, the venv is built on the host once (:meth:`PypiInstall.host_dir`).
+- PyPI: a venv of the image's Python when it is new enough, else Debian's ``python3``; for an
+  agent that needs a newer Python than a Debian-family image's own (bookworm: 3.11), Debian
+  trixie's CPython with its own glibc in ``<prefix>/python`` (debian_python.sh). The launcher
+  runs the venv's Python with ``-I`` (the task's PYTHONPATH / PYTHONHOME / working directory
+  cannot reach the agent's imports). In the bubblewrap sandbox, which shares the host's /usr, the
+  venv is built on the host once (:meth:`PypiInstall.host_dir`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ from slime_harbor.installed_agents import SandboxInstall
 SANDBOX_ROOT = "/opt/slime-harbor"
 NODE_VERSION = "22.23.3"
 """The Node every npm agent runs on (npm's ``node-linux-<arch>`` packages)."""
+DISTRO_PYTHON = (3, 11)
+"""What a Debian-family image's own python3 gives (bookworm's, the tasks' usual base): a recipe
+whose ``min_python`` is above it brings its own Python when the image has none new enough."""
+DEBIAN_PYTHON_SCRIPT = Path(__file__).with_name("debian_python.sh")
+"""Debian trixie's CPython into a prefix, from the Debian archive only (see its header)."""
+UV_VERSION = "0.13.9"
+"""uv from PyPI, the installer of recipes with ``installer="uv"`` (its resolver, not its Python builds)."""
 
 # npm and pip trust their own CA lists; the image's trust store (with a cluster's TLS proxy CA) is the one.
 _TRUST_IMAGE_CA = """if [ -s /etc/ssl/certs/ca-certificates.crt ]; then
@@ -116,14 +125,25 @@ echo "{self.name}: node $($node_bin --version), $({self.launcher} --version 2>&1
 
 class PypiInstall(SandboxInstall):
     """A PyPI package in a venv under ``<prefix>/venv`` (Python >= ``min_python``), started by a
-    launcher that runs ``entry`` (``module:function``) or the package's console script."""
+    launcher that runs ``entry`` (``module:function``) or the package's console script (or a
+    script that ``files`` puts in ``venv/bin``).
+
+    ``installer``: ``pip`` (the default) or ``uv`` (uv from PyPI, used once and removed again: pip's
+    resolver backtracks for minutes through some dependency trees that uv resolves in seconds).
+    ``files``: paths inside the prefix -> content, written executable (Harbor's runner script, a
+    shim in ``bin``). ``links``: sandbox paths -> paths inside the prefix, made symlinks by the
+    Docker layer (for a Harbor class that runs fixed paths of its own install); the bubblewrap
+    sandbox binds the prefix alone, so it refuses an install with links."""
 
     def __init__(self, name: str, package: str, version: str, binary: str, *, entry: str | None = None,
                  min_python: tuple[int, int] = (3, 10), requirements: tuple[str, ...] = (), no_deps: bool = False,
-                 smoke: str = "--help"):  # fmt: skip
+                 smoke: str = "--help", installer: str = "pip", files: dict[str, str] | None = None,
+                 links: dict[str, str] | None = None):  # fmt: skip
+        if installer not in ("pip", "uv"):
+            raise ValueError(f"{name}: installer must be 'pip' or 'uv', got {installer!r}")
         self.name, self.package, self.version, self.binary = name, package, version, binary
         self.entry, self.min_python, self.requirements, self.no_deps = entry, min_python, requirements, no_deps
-        self.smoke = smoke
+        self.smoke, self.installer, self.files, self.links = smoke, installer, dict(files or {}), dict(links or {})
         self.sandbox_dir = f"{SANDBOX_ROOT}/{name}"
         self.builds = 0
         """Host venvs this process built (tests check that a second trial builds none)."""
@@ -133,12 +153,24 @@ class PypiInstall(SandboxInstall):
         return f"{self.sandbox_dir}/bin/{self.binary}"
 
     def pip_installs(self) -> list[list[str]]:
-        """pip's arguments, one install each: the package (alone with no_deps), then requirements."""
+        """The venv Python's arguments, one command each: the package (alone with no_deps), then
+        requirements; with uv, installing uv before and removing it after (``python -m uv`` installs
+        into the venv of the Python that runs it)."""
         pip = ["-m", "pip", "install", "--no-cache-dir", "--disable-pip-version-check", "--no-input", "-q"]
-        installs = [pip + (["--no-deps"] if self.no_deps else []) + [f"{self.package}=={self.version}"]]
+        install = pip if self.installer == "pip" else ["-m", "uv", "pip", "install", "--no-cache", "--native-tls", "-q"]
+        installs = [install + (["--no-deps"] if self.no_deps else []) + [f"{self.package}=={self.version}"]]
         if self.requirements:
-            installs.append(pip + list(self.requirements))
+            installs.append(install + list(self.requirements))
+        if self.installer == "uv":
+            installs = [[*pip, f"uv=={UV_VERSION}"], *installs,
+                        ["-m", "pip", "uninstall", "--disable-pip-version-check", "-y", "-q", "uv"]]  # fmt: skip
         return installs
+
+    @property
+    def own_python(self) -> bool:
+        """Whether the image may need the Python this install brings (debian_python.sh): it needs a
+        newer one than a Debian-family image's python3 gives."""
+        return tuple(self.min_python) > DISTRO_PYTHON
 
     def launcher_script(self, root: str) -> str:
         """The launcher, the venv at ``root``/venv: its Python, isolated (-I: no PYTHON* variables,
@@ -160,7 +192,19 @@ py=
 for candidate in /usr/bin/python3 /usr/local/bin/python3 "$(command -v python3 || true)"; do
   if [ -n "$candidate" ] && [ -x "$candidate" ] && usable "$candidate"; then py=$candidate; break; fi
 done
-if [ -z "$py" ]; then
+{self._own_python_script() if self.own_python else self._distro_python_script()}echo "{self.name} venv on $py ($("$py" --version 2>&1))"
+"$py" -m venv {prefix}/venv
+{pips}
+mkdir -p {prefix}/bin
+cat > {self.launcher} <<'LAUNCHER_EOF'
+{self.launcher_script(prefix)}LAUNCHER_EOF
+chmod 755 {self.launcher}
+{self._files_script()}MSWEA_CONFIGURED=true LITELLM_LOCAL_MODEL_COST_MAP=True {self.launcher} {self.smoke} >/dev/null
+"""
+
+    def _distro_python_script(self) -> str:
+        """Without a usable Python in the image: the distribution's python3 (apt or apk)."""
+        return f"""if [ -z "$py" ]; then
   if command -v apt-get >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq && apt-get install -y -qq --no-install-recommends python3 python3-venv ca-certificates >/dev/null
@@ -173,19 +217,44 @@ if [ -z "$py" ]; then
     exit 1
   fi
 fi
-echo "{self.name} venv on $py ($("$py" --version 2>&1))"
-"$py" -m venv {prefix}/venv
-{pips}
-mkdir -p {prefix}/bin
-cat > {self.launcher} <<'LAUNCHER_EOF'
-{self.launcher_script(prefix)}LAUNCHER_EOF
-chmod 755 {self.launcher}
-MSWEA_CONFIGURED=true LITELLM_LOCAL_MODEL_COST_MAP=True {self.launcher} {self.smoke} >/dev/null
 """
+
+    def _own_python_script(self) -> str:
+        """Without a usable Python in the image: newer than a Debian image's python3, so Debian
+        trixie's into ``<prefix>/python`` (debian_python.sh, in a subshell: its trap and variables
+        stay there), leaving the image's own Python and apt state as they were."""
+        runtime, version = f"{self.sandbox_dir}/python", ".".join(map(str, self.min_python))
+        return f"""if [ -z "$py" ]; then
+  if ! command -v apt-get >/dev/null 2>&1 || ! command -v dpkg >/dev/null 2>&1; then
+    echo "{self.name} needs Python >= {version} with venv: the image has none, nor apt-get and dpkg to bring Debian's" >&2
+    exit 1
+  fi
+  (
+PREFIX={runtime}
+{DEBIAN_PYTHON_SCRIPT.read_text()}  )
+  py={runtime}/bin/python3
+  if ! usable "$py"; then echo "{self.name}: Debian's Python in {runtime} is not >= {version} with venv" >&2; exit 1; fi
+fi
+"""
+
+    def _files_script(self) -> str:
+        """Writes ``files`` into the prefix and makes ``links`` (empty without either)."""
+        lines = []
+        for path, content in self.files.items():
+            target = f"{self.sandbox_dir}/{path}"
+            lines += [f"mkdir -p {shlex.quote(str(Path(target).parent))}",
+                      f"printf %s {shlex.quote(content)} > {shlex.quote(target)}", f"chmod 755 {shlex.quote(target)}"]
+        for link, path in self.links.items():
+            lines += [f"mkdir -p {shlex.quote(str(Path(link).parent))}",
+                      f"ln -sfn {shlex.quote(f'{self.sandbox_dir}/{path}')} {shlex.quote(link)}"]
+        return "".join(line + "\n" for line in lines)
 
     # --- the bubblewrap sandbox: a venv of the host's Python, built once per host -----------------
 
     def check_host(self) -> None:
+        if self.links:
+            raise RuntimeError(f"{self.name} has no bubblewrap install (it needs {', '.join(self.links)} outside "
+                               f"{self.sandbox_dir}): run it with --env docker")
         host_python(self.min_python, self.name)
 
     def host_dir(self) -> Path:
@@ -194,6 +263,7 @@ MSWEA_CONFIGURED=true LITELLM_LOCAL_MODEL_COST_MAP=True {self.launcher} {self.sm
         dir renamed into place)."""
         from slime_harbor.policy.tiny_model import cache_dir
 
+        self.check_host()
         python, key = self._host_key()
         root = cache_dir() / "agent-installs" / f"{self.name}-{self.version}-{key}"
         launcher = root / "bin" / self.binary
@@ -213,6 +283,10 @@ MSWEA_CONFIGURED=true LITELLM_LOCAL_MODEL_COST_MAP=True {self.launcher} {self.sm
                 (staging / "bin").mkdir()
                 (staging / "bin" / self.binary).write_text(self.launcher_script(self.sandbox_dir))
                 (staging / "bin" / self.binary).chmod(0o755)
+                for path, content in self.files.items():
+                    (staging / path).parent.mkdir(parents=True, exist_ok=True)
+                    (staging / path).write_text(content)
+                    (staging / path).chmod(0o755)
                 (staging / "build.json").write_text(json.dumps(
                     {"python": python, "seconds": round(time.monotonic() - started, 1), "version": self.version}))
                 shutil.rmtree(root, ignore_errors=True)  # a half-built dir from a killed build
@@ -228,7 +302,8 @@ MSWEA_CONFIGURED=true LITELLM_LOCAL_MODEL_COST_MAP=True {self.launcher} {self.sm
         python = host_python(self.min_python, self.name)
         version = subprocess.run([python, "-c", "import sys; print(sys.version)"], capture_output=True, text=True,
                                  check=True).stdout.strip()  # fmt: skip
-        recipe = "\n".join([python, version, *map(shlex.join, self.pip_installs()), self.launcher_script(self.sandbox_dir)])
+        recipe = "\n".join([python, version, *map(shlex.join, self.pip_installs()), self.launcher_script(self.sandbox_dir),
+                             *(json.dumps(self.files, sort_keys=True) for _ in [0] if self.files)])  # fmt: skip
         return python, hashlib.sha256(recipe.encode()).hexdigest()[:16]
 
     def _run_build(self, argv: list[str]) -> None:

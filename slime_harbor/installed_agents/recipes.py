@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import json
 import os
 import shlex
@@ -44,7 +45,7 @@ from harbor.models.agent.context import AgentContext
 
 from slime_harbor.gateway.session import STEP_LIMIT_CODE
 from slime_harbor.installed_agents import SandboxInstall, check_installed
-from slime_harbor.installed_agents.installs import NpmInstall, PypiInstall
+from slime_harbor.installed_agents.installs import SANDBOX_ROOT, NpmInstall, PypiInstall
 
 DIALECTS = ("chat", "anthropic", "responses", "gemini")
 """The gateway's wire formats: OpenAI chat completions, Anthropic Messages, OpenAI Responses,
@@ -280,6 +281,35 @@ def pi_exit(logs_dir: Path) -> dict[str, Any] | None:
     return None
 
 
+# How vibe's last turn stopped short (projection-state.json's latestTurn.stopReason) -> the converter's.
+VIBE_STOPS = {"limit": "step_limit", "length": "context_limit"}
+
+
+def vibe_exit(logs_dir: Path) -> dict[str, Any] | None:
+    """From vibe's own session store (VIBE_HOME is under the logs dir): the latest session's
+    current generation (CURRENT), its projection-state.json's last turn. ``--max-turns`` stops a
+    turn with stopReason ``limit``; a reply cut at the output-token cap (VIBE_OUTPUT_LIMIT_RETRIES=0)
+    with ``length`` (both exit 3); a finished turn has none (exit 0). Vibe writes these itself; the
+    model's text is inside the turn's entries, so a policy cannot forge one."""
+    stops = []
+    for current in (logs_dir / "vibe-home" / "logs" / "session" / "unified").glob("*/CURRENT"):
+        try:
+            generation = json.loads(current.read_text())["generation"]
+            state = json.loads((current.parent / "generations" / generation / "projection-state.json").read_text())
+            turn = state["snapshot"]["latestTurn"] or {}
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        stops.append((current.stat().st_mtime, turn.get("status"), turn.get("stopReason")))
+    if not stops:
+        return None
+    _, status, reason = max(stops)
+    if status != "completed":
+        return None
+    if reason is None:
+        return {"exit_status": "submitted"}
+    return {"exit_status": VIBE_STOPS.get(reason, reason), "agent_exit_status": reason}
+
+
 # mini-swe-agent's exit status -> the converter's (TRUNCATING_EXITS, "aborted" = transient).
 MINI_SWE_AGENT_EXITS = {
     "Submitted": "submitted",
@@ -353,6 +383,42 @@ CLINE_PROVIDERS = ('{"version": 1, "lastUsedProvider": "openai-compatible", "mod
                    '"updatedAt": "2026-01-01T00:00:00.000Z", "tokenSource": "manual"}}}\\n')
 CLINE_PROVIDERS_SETUP = (f'mkdir -p ~/.cline/data/settings && printf {shlex.quote(CLINE_PROVIDERS)} "$OPENAI_BASE_URL" '
                          "> ~/.cline/data/settings/providers.json")
+
+# openhands-sdk: Harbor's run() starts /opt/openhands-sdk-venv/bin/python /installed-agent/run_agent.py
+# (its install() makes that venv with uv's Python builds and uploads its runner there). The layer
+# puts Harbor's own runner in the venv's bin (the launcher, so the smoke test imports what it
+# imports) and links both paths to the prefix.
+OPENHANDS_SDK_RUNNER = Path(importlib.util.find_spec("harbor.agents.installed.openhands_sdk").origin).with_name(
+    "openhands_sdk_runner.py").read_text()
+
+# kimi-cli: Harbor's run() writes its config (and after the run its session index) with
+# `uv run --no-project python -c ...`, uv being what its install() fetched. The layer has no uv:
+# this shim runs that one form on the agent's venv Python.
+KIMI_CLI_UV_SHIM = f"""#!/bin/sh
+# Harbor's kimi-cli run() calls `uv run --no-project python -c CODE`: run CODE on kimi-cli's Python.
+if [ "$1" = run ] && [ "$2" = --no-project ] && [ "$3" = python ]; then
+  shift 3
+  exec {SANDBOX_ROOT}/kimi-cli/venv/bin/python -I "$@"
+fi
+echo "uv: this sandbox's uv runs only 'uv run --no-project python ...'" >&2
+exit 2
+"""
+
+
+def kimi_cli_config_env() -> str:
+    """The config Harbor's run() writes for kimi-cli (HARBOR_KIMI_CONFIG_JSON), naming the trial's
+    session: Harbor's names only its provider's default base URL (its kwarg base_url is fixed per
+    class, not per trial). An env template: JSON braces doubled, {url} and {model} filled in."""
+    # reserved_context_size: kimi-cli compacts (a summary call that rewrites the history) once the
+    # context plus this reserve reaches max_context_size; its default 50,000 is over the 32K
+    # declared here, so it would compact before every step. With 4,096 its 85% trigger decides.
+    config = {"default_model": "model", "default_yolo": True,
+              "providers": {"harbor": {"type": "openai_legacy", "base_url": "@URL@", "api_key": ""}},
+              "models": {"model": {"provider": "harbor", "model": "@MODEL@", "max_context_size": 32768}},
+              "loop_control": {"reserved_context_size": 4096}}  # fmt: skip
+    text = json.dumps(config).replace("{", "{{").replace("}", "}}")
+    return text.replace("@URL@", "{url}").replace("@MODEL@", "{model}")
+
 
 RECIPES: dict[str, AgentRecipe] = {r.name: r for r in (
     AgentRecipe(
@@ -501,6 +567,59 @@ RECIPES: dict[str, AgentRecipe] = {r.name: r for r in (
               "Not verified: after a reply cut at max_tokens it nudges, and from then on sends its first two user "
               "messages (the task, the reminder) as one message of two parts, so an episode whose first reply "
               "hits max_tokens trains as two samples (the first call alone, then the rest; both token-exact)",
+    ),
+    AgentRecipe(
+        name="openhands-sdk", harbor_class="harbor.agents.installed.openhands_sdk:OpenHandsSDK",
+        # Python >= 3.12: Debian trixie's in the prefix on a bookworm image; uv resolves in seconds
+        # what pip backtracks through for minutes (lmnr's opentelemetry / grpcio). Harbor's install
+        # adds fastapi, which LiteLLM imports on its tool-calling path.
+        install=PypiInstall("openhands-sdk", "openhands-sdk", "1.58.2", "run_agent.py", min_python=(3, 12),
+                            installer="uv", requirements=("openhands-tools==1.58.2", "fastapi==0.165.0"),
+                            files={"venv/bin/run_agent.py": OPENHANDS_SDK_RUNNER},
+                            links={"/opt/openhands-sdk-venv": "venv", "/installed-agent/run_agent.py": "venv/bin/run_agent.py"}),
+        # LiteLLM's openai/<served name> at LLM_BASE_URL (the session): chat completions
+        dialect="chat", provider="openai",
+        env={"LLM_BASE_URL": "{url}", "LLM_API_KEY": "{key}"},
+        # its own max_iterations ends the run with exit 0 and only a log line: the gateway's limit,
+        # whose 400 it does not retry (ConversationRunError: the runner exits 1, truncated)
+        side_calls="none seen",
+        notes="LiteLLM chat completions with its 5 tools (terminal, file_editor, task_tracker, finish, think); "
+              "Harbor's runner script comes from Harbor's package, baked into the layer",
+        verified_by="tests/test_installed_agents.py",
+    ),
+    AgentRecipe(
+        name="kimi-cli", harbor_class="harbor.agents.installed.kimi_cli:KimiCli",
+        # 1.51.0: 1.52.0, the last release, is a tombstone whose every entry point prints "no longer
+        # maintained" (and with no arguments runs Kimi Code's install script from its CDN)
+        install=PypiInstall("kimi-cli", "kimi-cli", "1.51.0", "kimi", min_python=(3, 12), installer="uv",
+                            files={"bin/uv": KIMI_CLI_UV_SHIM}, smoke="--version"),
+        # the openai provider is kimi-cli's openai_legacy type: chat completions at the config's base_url
+        dialect="chat", provider="openai",
+        env={"HARBOR_KIMI_CONFIG_JSON": kimi_cli_config_env(), "HARBOR_KIMI_API_KEY": "{key}"},
+        # no turn limit Harbor passes (max_steps_per_turn is config only): the gateway's, whose 400 it
+        # does not retry (429/5xx only); the wire prompt ends and Harbor's reader stops it
+        side_calls="none seen; its compaction summary (at 85% of the 32K declared) would be one",
+        notes="--wire mode; the uv shim (bin/uv) stands in for the `uv run --no-project python` Harbor's run() "
+              "uses to write its config and session index",
+        verified_by="tests/test_installed_agents.py",
+    ),
+    AgentRecipe(
+        name="vibe", harbor_class="harbor.agents.installed.vibe:Vibe",
+        # vibe is a Rust TUI (vibe-rs, in the wheel) driving vibe-app-server, the Python harness
+        # 3.0.2: 3.0.3 pins certifi==2026.10.19, which PyPI does not have
+        install=PypiInstall("vibe", "mistral-vibe", "3.0.2", "vibe", min_python=(3, 12), installer="uv",
+                            smoke="--version"),
+        # the generic backend: api_style openai (chat completions) at OPENAI_BASE_URL, key OPENAI_API_KEY
+        dialect="chat", provider="openai", kwargs={"backend": "generic"},
+        # A reply cut at the output-token cap ends the turn (exit 3, outcome length) rather than being
+        # discarded and asked again twice with a "shorter response" user turn (each a branch of its own)
+        env={"VIBE_OUTPUT_LIMIT_RETRIES": "0"},
+        # --max-turns: at the limit, or on a reply cut at the output-token cap, it exits 3 (vibe_exit)
+        step_limit_kwarg="max_turns", exit_status=vibe_exit,
+        side_calls="none seen",
+        notes="vibe-rs (the Rust CLI in the wheel, on the image's glibc) drives vibe-app-server (the Python "
+              "harness); telemetry and update checks off in Harbor's config.toml",
+        verified_by="tests/test_installed_agents.py",
     ),
 )}
 """Recipes by Harbor agent name."""
