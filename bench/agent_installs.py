@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> None:
         for name in a.agents:
             seconds, mb = layer(name, a.fresh)
             row = {"layer_mb": round(mb), "prompt_tokens": first_prompt_tokens(name, server.url, model_dir)}
-            # A cached layer keeps the build time measured when it was built.
-            row["build_s"] = round(seconds) if a.fresh or name not in measured else measured[name]["build_s"]
+            # A cached layer keeps the build time measured when it was built (none if never).
+            row["build_s"] = round(seconds) if a.fresh else measured.get(name, {}).get("build_s")
             measured[name] = row
             print(f"agent={name} build_s={row['build_s']} layer_mb={row['layer_mb']} first_prompt_tokens={row['prompt_tokens']}",
                   flush=True)

@@ -355,7 +355,7 @@ DOCKER_VERIFIED = sorted(name for name, recipe in RECIPES.items() if recipe.veri
 @pytest.mark.parametrize("agent", DOCKER_VERIFIED)
 def test_installed_agent_trains_through_the_gateway_in_docker(agent, tmp_path, policy_server, tiny_model_dir, model):
     """Plain `--agent NAME --env docker` on a bundled no-network task: the harness reaches the
-    gateway (and nothing else), its calls are recorded, and the sample trains token-exact."""
+    gateway (and nothing else), its calls are recorded, and its samples train token-exact."""
     from test_gateway_wiring import check_trains
     from test_rollout_e2e import config, leftovers
 
@@ -369,7 +369,11 @@ def test_installed_agent_trains_through_the_gateway_in_docker(agent, tmp_path, p
     summary = asyncio.run(run_rollouts(cfg))
     samples = read_jsonl(cfg.out_dir / "samples.jsonl")
     assert summary["status_counts"]["aborted"] == 0 and summary["status_counts"]["failed"] == 0, summary["errors"]
-    (sample,) = check_trains(samples, model)  # trained tokens = sampled, logprobs = a recomputation
+    # trained tokens = sampled, logprobs = a recomputation; one sample per gateway branch (an agent
+    # that re-sends its history differently, as cline-cli after a cut reply, starts a branch)
+    trained_samples = check_trains(samples, model)
+    sample = trained_samples[0]
+    assert len(trained_samples) == sample.metadata["n_branches"] and len({s.rollout_id for s in samples}) == 1
     assert sample.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED) and sample.reward == 0.0
     trial_dir = Path(sample.metadata["trial_dir"])
     stats = sample.metadata["gateway"]
@@ -380,7 +384,7 @@ def test_installed_agent_trains_through_the_gateway_in_docker(agent, tmp_path, p
     calls = [r for r in records if "event" not in r]
     trained = [r for r in calls if r["trained"] and r["call"] not in untrained]
     assert len(trained) == stats["trained"], stats
-    assert sum(sample.loss_mask) == sum(r["usage"]["completion_tokens"] for r in trained)
+    assert sum(sum(s.loss_mask) for s in trained_samples) == sum(r["usage"]["completion_tokens"] for r in trained)
     if recipe.gateway_step_limit:  # the gateway allowed step_limit calls, the agent had no other way
         assert stats["delivered"] <= cfg.step_limit, stats
     if recipe.exit_status is not None:  # the agent's own record says how it ended

@@ -564,9 +564,10 @@ RECIPES: dict[str, AgentRecipe] = {r.name: r for r in (
         side_calls="none seen",
         notes="headless it needs its submit_and_exit tool: a reply without it gets a [SYSTEM] reminder turn, so "
               "the episode runs to the gateway's step limit, whose 400 it does not retry (exit 1, truncated). "
-              "Not verified: after a reply cut at max_tokens it nudges, and from then on sends its first two user "
-              "messages (the task, the reminder) as one message of two parts, so an episode whose first reply "
-              "hits max_tokens trains as two samples (the first call alone, then the rest; both token-exact)",
+              "After a reply cut at max_tokens it nudges, and from then on sends its first two user messages (the "
+              "task, the reminder) as one message of two parts: a new gateway branch, so such an episode trains "
+              "as two samples (the first call alone, then the rest; both token-exact)",
+        verified_by="tests/test_installed_agents.py",
     ),
     AgentRecipe(
         name="openhands-sdk", harbor_class="harbor.agents.installed.openhands_sdk:OpenHandsSDK",
@@ -699,7 +700,7 @@ def agent_table(measured: dict[str, dict[str, Any]]) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for recipe in sorted(RECIPES.values(), key=lambda r: r.name):
         install, m = recipe.install, measured.get(recipe.name, {})
-        size = f"{m['layer_mb']} / {m['build_s']}" if "layer_mb" in m else "-"
+        size = f"{m['layer_mb']} / {m.get('build_s') or '-'}" if "layer_mb" in m else "-"
         prompt = f"{m['prompt_tokens']:,} of {TINY_CONTEXT:,}" if m.get("prompt_tokens") else "-"
         verified = f"yes, `{recipe.verified_by}`" if recipe.verified_by else "no"
         lines.append(f"| {recipe.name} | {registry.get(type(install), '?')} `{install.package}` {install.version} | "
