@@ -46,16 +46,18 @@ def layer(name: str, fresh: bool) -> tuple[float, float]:
 
 
 def first_prompt_tokens(name: str, server_url: str, model_dir: Path) -> int | None:
-    """The first recorded call's prompt tokens in one trial of the agent."""
+    """The prompt tokens of the first call of the agent's conversation (side calls, e.g. a session
+    title, skipped) in one trial of the agent."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = RolloutConfig(tasks_dir=DEFAULT_TASKS, task_names=[TASK], agent=name, env="docker", n_samples=1,
                             policy_url=server_url, model_dir=str(model_dir), out_dir=Path(tmp) / "out",
                             step_limit=2, max_new_tokens=32, progress=False)  # fmt: skip
         asyncio.run(run_rollouts(cfg))
         for calls in sorted((Path(tmp) / "out" / "trials").glob("*/agent/gateway/calls.jsonl")):
-            for line in calls.read_text().splitlines():
-                record = json.loads(line)
-                if "event" not in record:
+            records = [json.loads(line) for line in calls.read_text().splitlines()]
+            side = {r["call"] for r in records if r.get("event") == "side_call"}
+            for record in records:
+                if "event" not in record and record["call"] not in side:
                     return record["usage"]["prompt_tokens"]
     return None
 

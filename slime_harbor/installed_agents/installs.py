@@ -111,6 +111,7 @@ chmod 755 {self.launcher}
 rm -rf /root/.npm
 if [ "$added_npm" = apt ]; then  # the image keeps the runtime it had
   apt-get purge -y -qq --autoremove nodejs npm >/dev/null
+  apt-get clean  # the downloaded .debs (over 100 MB) would stay in the layer
   rm -rf /var/lib/apt/lists/*
 fi
 echo "{self.name}: node $($node_bin --version), $({self.launcher} --version 2>&1 | head -n 1)"
