@@ -1,7 +1,8 @@
-"""Anthropic Messages and OpenAI Responses through the gateway, on the SFT'd tiny tool-calling model
-behind the embedded policy server: the real `anthropic` and `openai` SDKs as host-side clients that
-speak only that dialect, raw httpx for the wire. Same rules as chat completions: the policy's
-template, one token-exact sample for an append-only conversation, a branch per compaction."""
+"""Anthropic Messages, OpenAI Responses and Google Gemini generateContent through the gateway, on
+the SFT'd tiny tool-calling model behind the embedded policy server: the real `anthropic` and
+`openai` SDKs as host-side clients that speak only that dialect, raw httpx for the wire (and for
+Gemini, in gemini-cli's shapes). Same rules as chat completions: the policy's template, one
+token-exact sample for an append-only conversation, a branch per compaction."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import websockets
 
 from slime_harbor.converter import trial_to_samples
 from slime_harbor.gateway.anthropic import anthropic_base_url
+from slime_harbor.gateway.gemini import gemini_base_url
 from slime_harbor.samples import SampleStatus
 from test_converter import make_result
 from test_gateway import (  # noqa: F401  (module fixtures: the SFT'd tool model and its server)
@@ -383,6 +385,237 @@ def test_responses_wire_errors_and_websocket_refusal(tool_server, tool_model_dir
     assert out["ws"].status_code == 426
     assert json.loads(out["ws"].body)["error"]["code"] == "websocket_not_supported"
     assert session.stats["calls"] == 2  # the refused requests sampled nothing
+
+
+# ---- Google Gemini generateContent ----------------------------------------------------------
+
+GEMINI_TOOLS = [{"functionDeclarations": [{"name": t["function"]["name"], "description": t["function"]["description"],
+                                           "parametersJsonSchema": t["function"]["parameters"]} for t in TOOLS]},
+                {"googleSearch": {}}]  # a Gemini-side tool nothing here runs: left out
+GEMINI_MODEL = "gemini-2.5-pro"
+
+
+def gemini_body(contents, **extra) -> dict:
+    """A request as gemini-cli 0.61 sends it: systemInstruction with a role, its own sampling."""
+    return {"contents": contents, "systemInstruction": {"role": "user", "parts": [{"text": SYSTEM}]},
+            "tools": GEMINI_TOOLS, "generationConfig": {"temperature": 1, "topP": 0.95, "topK": 64, "thinkingConfig": {
+                "includeThoughts": True, "thinkingBudget": 8192}, "maxOutputTokens": 1000}, **extra}
+
+
+def gemini_sse(lines: list[str]) -> list[dict]:
+    assert all(line.startswith("data: ") for line in lines), lines
+    return [json.loads(line[6:]) for line in lines]
+
+
+def gemini_merge(chunks: list[dict]) -> dict:
+    """The streamed chunks as one response (what the SDK's callers assemble): every chunk's parts,
+    the last chunk's finishReason and usage."""
+    parts = [p for c in chunks for p in c["candidates"][0]["content"]["parts"]]
+    last = chunks[-1]
+    return {**last, "candidates": [{**last["candidates"][0], "content": {"role": "model", "parts": parts}}]}
+
+
+async def gemini_turn(http, root: str, body: dict, k: int, **kwargs) -> dict:
+    """Turn k: streamed (alt=sse, as gemini-cli asks) on odd turns, generateContent on even ones."""
+    if k % 2:
+        url = f"{root}/v1beta/models/{GEMINI_MODEL}:streamGenerateContent"
+        kwargs["params"] = {"alt": "sse", **kwargs.get("params", {})}
+        async with http.stream("POST", url, json=body, **kwargs) as response:
+            assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+            return gemini_merge(gemini_sse([line async for line in response.aiter_lines() if line]))
+    response = await http.post(f"{root}/v1beta/models/{GEMINI_MODEL}:generateContent", json=body, **kwargs)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def gemini_echo(reply: dict, k: int) -> dict:
+    """The model turn as gemini-cli sends it back: thought parts dropped, a thoughtSignature on the
+    first functionCall, args re-serialised; the call ids kept on even turns, dropped on odd ones
+    (older Gemini formats carry none)."""
+    parts = []
+    for part in reply["candidates"][0]["content"]["parts"]:
+        if part.get("thought"):
+            continue
+        if "functionCall" in part:
+            call = part["functionCall"]
+            call = {"name": call["name"], "args": dict(reversed(list(call["args"].items())))} | (
+                {"id": call["id"]} if k % 2 == 0 else {})
+            part = {"functionCall": call, "thoughtSignature": "skip_thought_signature_validator"}
+        else:
+            part = {"text": part["text"].strip() + "\n"}
+        parts.append(part)
+    return {"role": "model", "parts": parts}
+
+
+def gemini_results(reply: dict, k: int) -> dict:
+    calls = [p["functionCall"] for p in reply["candidates"][0]["content"]["parts"] if "functionCall" in p]
+    if not calls:
+        return {"role": "user", "parts": [{"text": observation(k)}]}
+    return {"role": "user", "parts": [{"functionResponse": {"name": c["name"], "response": {"output": observation(k)}}
+                                       | ({"id": c["id"]} if k % 2 == 0 else {})} for c in calls]}
+
+
+def test_gemini_append_only_conversation_is_one_exact_sample(tool_server, tool_model_dir, tool_model, tokenizer,
+                                                             tmp_path):
+    """gemini-cli's turns, streamed and not, the session named by the URL root, x-goog-api-key or
+    ?key=: one token-exact sample, each prompt extending the previous prompt + completion."""
+    async def scenario(gateway):
+        session = gateway.open_session("gem", tmp_path / "gw", RUN)
+        root = gemini_base_url(session)
+        assert root == session_root(session)
+        contents, replies = [{"role": "user", "parts": [{"text": TASK}]}], []
+        keyed = [dict(), dict(headers={"x-goog-api-key": "gem"}), dict(params={"key": "gem"})]
+        async with httpx.AsyncClient(timeout=120) as http:
+            for k in range(TURNS):
+                how = keyed[k % 3]
+                reply = await gemini_turn(http, gateway.base_url if how else root, gemini_body(contents), k, **how)
+                replies.append(reply)
+                contents = contents + [gemini_echo(reply, k), gemini_results(reply, k)]
+        await gateway.close_session("gem")
+        return session, replies
+
+    (session, replies), _ = run_with_gateway(tool_server, tool_model_dir, scenario)
+    first = replies[0]
+    assert first["candidates"][0]["content"]["parts"] == [
+        {"text": "look first", "thought": True}, {"text": "I will list the files."},
+        {"functionCall": {"id": "call_0_0", "name": "bash", "args": {"command": "ls -la", "timeout": 10}}}]
+    assert first["candidates"][0]["finishReason"] == "STOP" and first["modelVersion"] == GEMINI_MODEL
+    assert sum(any("functionCall" in p for p in r["candidates"][0]["content"]["parts"]) for r in replies) >= TURNS - 1
+    usage = [(r["usageMetadata"]["promptTokenCount"], r["usageMetadata"]["candidatesTokenCount"]) for r in replies]
+    assert all(r["usageMetadata"]["totalTokenCount"] == sum(u) for r, u in zip(replies, usage))
+    check_one_exact_sample(session, tool_model, usage, tokenizer)
+    (detail,) = session.rollout_details()
+    prompts, completions = detail["prompt_token_ids"], detail["completion_token_ids"]
+    for k in range(1, TURNS):  # no drift: each prompt is the previous prompt + the sampled tokens + more
+        assert prompts[k][:len(prompts[k - 1]) + len(completions[k - 1])] == prompts[k - 1] + completions[k - 1]
+    assert [c.completion_ids for c in session.calls] == completions
+    # the tool results reached the prompt as their text
+    assert observation(TURNS - 2) in tokenizer.decode(prompts[-1])
+    assert '"output"' not in tokenizer.decode(prompts[-1])
+
+
+def test_gemini_count_tokens_models_wire_errors_and_step_limit(tool_server, tool_model_dir, tokenizer, tmp_path):
+    from slime_harbor.gateway.session import STEP_LIMIT_CODE
+
+    async def scenario(gateway):
+        session = gateway.open_session("gwire", tmp_path / "gw", RUN)
+        session.max_calls = 4
+        root = gemini_base_url(session)
+        method = f"{root}/v1beta/models/{GEMINI_MODEL}"
+        body = gemini_body([{"role": "user", "parts": [{"text": TASK}]}])
+        out: dict = {"count": []}
+        async with httpx.AsyncClient(timeout=120) as http:
+            async def count(payload):  # a side call: no session needed, nothing recorded, not a step
+                response = await http.post(f"{gateway.base_url}/v1beta/models/{GEMINI_MODEL}:countTokens",
+                                           json=payload, headers={"x-goog-api-key": "gwire"})
+                out["count"].append((response.status_code, response.json(), session.stats["calls"]))
+
+            await count({"contents": body["contents"]})
+            await count(body)
+            await count({"generateContentRequest": {"model": f"models/{GEMINI_MODEL}", **body}})
+            async with http.stream("POST", method + ":streamGenerateContent?alt=sse", json=body) as response:
+                out["stream_type"] = response.headers["content-type"]
+                out["lines"] = [line async for line in response.aiter_lines() if line]
+            out["array"] = (await http.post(method + ":streamGenerateContent", json=body)).json()
+            await count(body)
+            out["length"] = (await http.post(method + ":generateContent", json={
+                **body, "generationConfig": {"maxOutputTokens": 3}})).json()
+            out["stop"] = (await http.post(method + ":generateContent", json={
+                **body, "generationConfig": {"stopSequences": ["list"]}})).json()
+            await count(body)
+            out["models"] = (await http.get(root + "/v1beta/models")).json()
+            out["model"] = (await http.get(method)).json()
+            bad = {
+                "not json": dict(content=b"{nope"),
+                "no contents": dict(json={"contents": []}),
+                "image part": dict(json={"contents": [{"role": "user", "parts": [
+                    {"inlineData": {"mimeType": "image/png", "data": "AAAA"}}]}]}),
+                "bad role": dict(json={"contents": [{"role": "tool", "parts": [{"text": "hi"}]}]}),
+                "bad maxOutputTokens": dict(json={**body, "generationConfig": {"maxOutputTokens": 0}}),
+                "two candidates": dict(json={**body, "generationConfig": {"candidateCount": 2}}),
+            }
+            out["bad"] = {name: await http.post(method + ":generateContent", **kwargs) for name, kwargs in bad.items()}
+            out["bad"]["unknown method"] = await http.post(method + ":embedContent", json=body)
+            out["bad"]["unknown session"] = await http.post(
+                f"{gateway.base_url}/v1beta/models/{GEMINI_MODEL}:generateContent", json=body,
+                headers={"x-goog-api-key": "nobody"})
+            out["refused"] = await http.post(method + ":generateContent", json=body)  # the 5th step
+            async with http.stream("POST", method + ":streamGenerateContent?alt=sse", json=body) as response:
+                out["refused_stream"] = (response.status_code, json.loads(await response.aread()))
+            await count(body)  # still served after the limit
+        await gateway.close_session("gwire")
+        return session, out
+
+    (session, out), _ = run_with_gateway(tool_server, tool_model_dir, scenario)
+    n_prompt = len(chat_prompt(tokenizer))
+    bare = tokenizer.apply_chat_template([{"role": "user", "content": TASK}], add_generation_prompt=True,
+                                         tokenize=False)  # contents alone: no system, no tools
+    assert out["count"][0] == (200, {"totalTokens": len(tokenizer.encode(bare, add_special_tokens=False))}, 0)
+    assert [c[:2] for c in out["count"][1:]] == [(200, {"totalTokens": n_prompt})] * 5
+    assert [c[2] for c in out["count"]] == [0, 0, 0, 2, 4, 4]  # sampled calls only
+
+    assert out["stream_type"].startswith("text/event-stream")
+    chunks = gemini_sse(out["lines"])
+    assert [list(c["candidates"][0]["content"]["parts"][0]) for c in chunks] == [["text", "thought"], ["text"],
+                                                                                ["functionCall"]]
+    assert [c["candidates"][0].get("finishReason") for c in chunks] == [None, None, "STOP"]
+    assert "usageMetadata" not in chunks[0] and chunks[-1]["usageMetadata"]["promptTokenCount"] == n_prompt
+    assert chunks[-1]["usageMetadata"]["candidatesTokenCount"] == len(session.calls[0].completion_ids)
+    assert chunks[-1]["candidates"][0]["content"]["parts"][0]["functionCall"]["args"] == {"command": "ls -la",
+                                                                                        "timeout": 10}
+    assert isinstance(out["array"], list) and len(out["array"]) == 1
+    assert out["array"][0]["candidates"][0]["content"]["parts"][1] == {"text": "I will list the files."}
+    length = out["length"]
+    assert length["candidates"][0]["finishReason"] == "MAX_TOKENS"
+    assert length["usageMetadata"]["candidatesTokenCount"] == 3
+    stop = out["stop"]["candidates"][0]
+    assert stop["finishReason"] == "STOP" and stop["content"]["parts"][1] == {"text": "I will "}
+    assert out["models"]["models"][0]["name"] == "models/policy"
+    assert out["model"]["name"] == f"models/{GEMINI_MODEL}" and "generateContent" in out["model"][
+        "supportedGenerationMethods"]
+
+    for name, response in out["bad"].items():
+        status = 404 if name.startswith("unknown") else 400
+        assert response.status_code == status, (name, response.text)
+        error = response.json()["error"]
+        assert error["code"] == status and error["message"], name
+        assert error["status"] == ("NOT_FOUND" if status == 404 else "INVALID_ARGUMENT"), name
+
+    for status, payload in [(out["refused"].status_code, out["refused"].json()), out["refused_stream"]]:
+        assert status == 400 and payload["error"]["status"] == "INVALID_ARGUMENT"
+        assert STEP_LIMIT_CODE in payload["error"]["message"] and "step limit (4 model calls)" in payload["error"][
+            "message"]
+        assert payload["error"]["details"][0]["reason"] == STEP_LIMIT_CODE
+    assert session.exit_reason == "step_limit"
+    # the same request four times: identical retries, each superseding the last (one trained)
+    assert session.stats["calls"] == session.stats["delivered"] == 4 and session.stats["trained"] == 1
+    assert session.stats["superseded_retries"] == 3
+    lines = [json.loads(line) for line in (tmp_path / "gw" / "calls.jsonl").read_text().splitlines()]
+    assert [line["delivered"] for line in lines if "event" not in line] == [True] * 4
+
+
+def test_gemini_policy_down_is_unavailable_streamed_or_not(tiny_model_dir, tmp_path):
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+    async def scenario(gateway):
+        session = gateway.open_session("down-gem", tmp_path / "gw")
+        method = f"{gemini_base_url(session)}/v1beta/models/{GEMINI_MODEL}"
+        body = {"contents": [{"role": "user", "parts": [{"text": TASK}]}]}
+        async with httpx.AsyncClient(timeout=60) as http:
+            async with http.stream("POST", method + ":streamGenerateContent?alt=sse", json=body) as response:
+                streamed = (response.status_code, [line async for line in response.aiter_lines() if line])
+            plain = await http.post(method + ":generateContent", json=body)
+        return session, streamed, plain
+
+    (session, streamed, plain), _ = run_with_gateway(dead, tiny_model_dir, scenario)
+    assert streamed[0] == 200
+    (event,) = gemini_sse(streamed[1])
+    assert event["error"]["code"] == 503 and event["error"]["status"] == "UNAVAILABLE"
+    assert "unavailable" in event["error"]["message"]
+    assert plain.status_code == 503 and plain.json()["error"]["status"] == "UNAVAILABLE"
+    assert session.exit_reason == "policy_unavailable" and session.stats["trained"] == 0
 
 
 # ---- both: faults -----------------------------------------------------------------------------

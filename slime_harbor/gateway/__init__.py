@@ -10,9 +10,10 @@ Whose parts: rendering messages to token ids, bridging to the next turn and pars
 family; the upstream call is our PolicyClient (SGLang /generate, or vLLM-style /v1/completions);
 the session matching that keeps an append-only conversation ONE sample is ours.
 
-Other wire formats on the same sessions: Anthropic Messages (anthropic.py, Claude Code) and OpenAI
-Responses (responses.py, Codex), each translated into the chat turn server.py serves
-(`Gateway._complete(..., wire=...)`, wire.py), so rendering, branches and recording are shared.
+Other wire formats on the same sessions: Anthropic Messages (anthropic.py, Claude Code), OpenAI
+Responses (responses.py, Codex) and Google Gemini generateContent (gemini.py, gemini-cli), each
+translated into the chat turn server.py serves (`Gateway._complete(..., wire=...)`, wire.py), so
+rendering, branches and recording are shared.
 """
 
 from slime_harbor.gateway.server import RENDERER_FAMILIES, Gateway, GatewayError

@@ -117,10 +117,11 @@ class Gateway:
         for prefix in ("/s/{session_id}/v1", "/v1"):
             self.app.add_api_route(prefix + "/chat/completions", self.chat_completions, methods=["POST"])
             self.app.add_api_route(prefix + "/models", self.models, methods=["GET"])
-        from slime_harbor.gateway import anthropic, responses  # other APIs' wire formats on the same sessions
+        from slime_harbor.gateway import anthropic, gemini, responses  # other APIs' wire formats, same sessions
 
         anthropic.add_routes(self)
         responses.add_routes(self)
+        gemini.add_routes(self)
 
     @property
     def base_url(self) -> str:
@@ -215,7 +216,7 @@ class Gateway:
         return session
 
     async def _complete(self, request: Request, session: GatewaySession, body: dict[str, Any], wire=None):
-        """One chat-completions turn; `wire` (anthropic.py, responses.py) writes the reply in
+        """One chat-completions turn; `wire` (anthropic.py, responses.py, gemini.py) writes the reply in
         another API's format instead, from the same call."""
         stream = body.get("stream") or False
         if not isinstance(stream, bool):
