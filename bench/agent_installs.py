@@ -24,7 +24,8 @@ from slime_harbor.environments.docker_images import docker_client, ensure_layer_
 from slime_harbor.installed_agents.recipes import MEASURED, RECIPES, write_agent_table
 from slime_harbor.policy.server import EmbeddedPolicyServer
 from slime_harbor.policy.tiny_model import ensure_tiny_model
-from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig, run_rollouts
+from slime_harbor.rollout import run_rollouts
+from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig
 
 BASE_IMAGE = "python:3.11-slim"  # the bundled tasks' base image
 TASK = "count-errors"

@@ -27,7 +27,8 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
-from slime_harbor.rollout import RolloutConfig, run_rollouts
+from slime_harbor.rollout import run_rollouts
+from slime_harbor.trial_setup import RolloutConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 SWE_TASKS = ROOT / "examples" / "harbor" / "tasks-swe"

@@ -46,7 +46,8 @@ from slime_harbor.policy.tiny_model import build_tiny_model
 from slime_harbor.samples import read_jsonl
 from slime_harbor.tasks import families as task_families
 from slime_harbor.trainers.learning import LearningConfig, evaluate, sft_warm_start
-from slime_harbor.trainers.local import LocalTrainConfig, train
+from slime_harbor.trainers.local import train
+from slime_harbor.trainers.local_config import LocalTrainConfig
 
 
 @dataclasses.dataclass

@@ -29,8 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from slime_harbor.policy.server import policy_endpoint
-from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig, agent_config, discover_tasks, environment_config, run_rollouts
+from slime_harbor.trial_setup import policy_endpoint
+from slime_harbor.rollout import run_rollouts
+from slime_harbor.trial_setup import agent_config, DEFAULT_TASKS, discover_tasks, environment_config, RolloutConfig
 
 HARBOR_ENV = {"docker": "harbor-docker"}
 """Harbor's side of an --env whose two sides differ (else both use the same environment)."""

@@ -24,7 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
-from slime_harbor.rollout import DEFAULT_TASKS
+from slime_harbor.trial_setup import DEFAULT_TASKS
 
 
 def public_copy(task: str, root: Path) -> Path:
@@ -94,7 +94,7 @@ def main() -> None:
     p.add_argument("--n", type=int, default=200, help="sequential execs per environment")
     p.add_argument("--starts", type=int, default=3, help="timed start() calls per environment")
     a = p.parse_args()
-    from slime_harbor.environments.docker import check_docker
+    from slime_harbor.environments.docker_images import check_docker
 
     check_docker()
     with tempfile.TemporaryDirectory() as tmp:

@@ -30,7 +30,8 @@ import torch
 from slime_harbor.policy.engine import EngineConfig, SamplingEngine
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.grpo import grpo_loss
-from slime_harbor.trainers.local import LocalTrainConfig, Policy, make_batch, token_logprobs, update
+from slime_harbor.trainers.local_config import LocalTrainConfig
+from slime_harbor.trainers.learner import make_batch, Policy, token_logprobs, update
 from slime_harbor.samples import SampleStatus, TrainingSample
 
 PROMPT = "Write a shell command that counts the lines of every .py file, then submit.\n"

@@ -100,7 +100,8 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
                     concurrency: int = 4, attacks: dict[str, Path] | None = None) -> dict[str, Any]:
     """Run gold and empty K times per task, and each attack once (`attacks`: name -> script);
     write and return the manifest."""
-    from slime_harbor.rollout import RolloutConfig, run_rollouts
+    from slime_harbor.rollout import run_rollouts
+    from slime_harbor.trial_setup import RolloutConfig
 
     if repeats < 1:
         raise ConfigError(f"repeats must be at least 1, got {repeats}")
@@ -154,7 +155,7 @@ def _attack_tasks(tasks_dir: Path, attacks: dict[str, Path], root: Path) -> tupl
     """A copy of every task per attack, whose solution is the attack script (Harbor's oracle runs
     it), named TASK--ATTACK; and copy name -> (task, attack). The environment/ is copied as is, so
     Docker reuses the task's image."""
-    from slime_harbor.rollout import discover_tasks
+    from slime_harbor.trial_setup import discover_tasks
 
     root.mkdir(parents=True)
     origin = {}
@@ -171,7 +172,7 @@ def _attack_tasks(tasks_dir: Path, attacks: dict[str, Path], root: Path) -> tupl
 
 def main(tasks_dir: Path, env: str, repeats: int, out: Path | None, probe_hacks: bool = False,
          attacks_dirs: list[Path] = ()) -> dict:
-    from slime_harbor.rollout import check_environment_runs, discover_tasks
+    from slime_harbor.trial_setup import check_environment_runs, discover_tasks
 
     try:
         discover_tasks(tasks_dir)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from slime_harbor.policy.tiny_model import build_tiny_model, ensure_tiny_model
 from slime_harbor.exits import EXIT_USAGE, ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
-from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig
+from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig
 
 PROG = "slime-harbor"
 EXIT_ALL_FAILED = 1
@@ -69,7 +69,8 @@ def rollout_config(a: argparse.Namespace) -> RolloutConfig:
 def run_rollout_command(cfg: RolloutConfig, guard: SignalGuard) -> dict:
     """Check everything that can be checked before a trial starts, run, print the summary; a run
     in which no trial was scored ends with EXIT_ALL_FAILED and the most common reason."""
-    from slime_harbor.rollout import check_config, check_environment_runs, run_rollouts, samples_policy
+    from slime_harbor.rollout import run_rollouts
+    from slime_harbor.trial_setup import check_config, check_environment_runs, samples_policy
 
     if cfg.policy_url:
         if samples_policy(cfg.agent) and not cfg.model_dir:
@@ -78,7 +79,7 @@ def run_rollout_command(cfg: RolloutConfig, guard: SignalGuard) -> dict:
     check_config(dataclasses.replace(cfg, policy_url=cfg.policy_url or "embedded",
                                      model_dir=cfg.model_dir or "embedded"))  # before building a model
     check_environment_runs(cfg.env)
-    from slime_harbor.policy.server import policy_endpoint  # torch: imported once the flags are known good
+    from slime_harbor.trial_setup import policy_endpoint
 
     with policy_endpoint(cfg) as cfg:
         try:
@@ -175,7 +176,7 @@ def view(out: Path, host: str = "127.0.0.1", port: int = 0) -> None:
 
 def prepare_data(tasks_dir: Path, out: Path) -> int:
     """Rows for SLiME's --prompt-data: {"prompt", "label", "metadata"} per Harbor task."""
-    from slime_harbor.rollout import discover_tasks
+    from slime_harbor.trial_setup import discover_tasks
 
     tasks = discover_tasks(tasks_dir)
     with open(out, "w") as f:

@@ -35,7 +35,8 @@ from slime_harbor.samples import SampleStatus
 if TYPE_CHECKING:
     from harbor.models.trial.result import TrialResult
 
-    from slime_harbor.trial_setup import Episode, RolloutConfig
+    from slime_harbor.samples import Episode
+    from slime_harbor.trial_setup import RolloutConfig
 
 CONFIG_FILE = "config.json"
 RESULT_FILE = "result.json"
@@ -87,8 +88,8 @@ class HarborJob:
 
         from harbor.models.trial.config import TrialConfig
 
-        from slime_harbor.trial_setup import Episode, RolloutConfig
-        from slime_harbor.samples import read_jsonl
+        from slime_harbor.samples import Episode, read_jsonl
+        from slime_harbor.trial_setup import RolloutConfig
 
         out = Path(out)
         saved = json.loads((out / "summary.json").read_text())

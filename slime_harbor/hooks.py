@@ -107,7 +107,8 @@ from pathlib import Path
 
 from slime_harbor.filters import TrajectoryFilters, apply_limit_filters, mask_stale
 from slime_harbor.grpo import episode_advantages
-from slime_harbor.rollout import RolloutConfig, load_tokenizer, run_episode, start_gateway, uses_gateway
+from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
+from slime_harbor.trial_setup import RolloutConfig, uses_gateway
 from slime_harbor.samples import SampleStatus, TrainingSample
 
 DEFAULTS = {

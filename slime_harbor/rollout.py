@@ -39,15 +39,11 @@ from slime_harbor.converter import trial_to_samples
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.isolation import isolate_shared_verifier
-from slime_harbor.samples import SampleStatus, TrainingSample
+from slime_harbor.samples import Episode, SampleStatus, TrainingSample
 from slime_harbor.tasks.manifest import apply_manifest
-# What a trial is made of lives in trial_setup.py; its names stay importable from here.
-from slime_harbor.trial_setup import (  # noqa: F401
-    agent_class, agent_config, check_config, check_environment_runs, connect_host,
-    DEFAULT_TASKS, discover_tasks, DOCKER_SANDBOX, environment_config, Episode, gateway_step_limit, hard_timeout_sec,
-    HARD_TIMEOUT_SLACK_SEC, installed_agent_env, is_installed_agent, is_native, LOCAL_SANDBOX, ModelEndpoint,
-    NATIVE_AGENT, NO_MODEL_AGENTS, preflight_environment, RolloutConfig, samples_policy, SANDBOX_LOOPBACK,
-    UNBOUND_ENDPOINT, uses_gateway,
+from slime_harbor.trial_setup import (
+    agent_config, check_config, environment_config, gateway_step_limit, hard_timeout_sec, ModelEndpoint,
+    preflight_environment, RolloutConfig, uses_gateway,
 )
 
 log = logging.getLogger(__name__)

@@ -178,3 +178,18 @@ def write_jsonl(path, samples: list[TrainingSample]) -> None:
 def read_jsonl(path) -> list[TrainingSample]:
     with open(path) as f:
         return [TrainingSample.from_dict(json.loads(line)) for line in f if line.strip()]
+
+
+@dataclass
+class Episode:
+    """What one trial produced."""
+
+    task_name: str
+    group_index: int
+    index: int
+    status: SampleStatus
+    reward: float | None
+    samples: list[TrainingSample]
+    seconds: float
+    trial_dir: str | None = None
+    error: str | None = None

@@ -8,16 +8,18 @@ hook (hooks.py) and the local trainer build a RolloutConfig and call rollout.run
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import logging
 import os
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from slime_harbor.exits import ConfigError, one_line
-from slime_harbor.samples import SampleStatus, TrainingSample
 from slime_harbor.tasks.manifest import apply_manifest
 
 DEFAULT_TASKS = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks"
@@ -119,21 +121,6 @@ class RolloutConfig:
     gateway_host: str = "127.0.0.1"
     """Address the model gateway binds (gateway agents). Loopback: our sandboxes reach it through
     their forward; a sandbox elsewhere (Modal, Daytona, E2B) needs an address it can reach."""
-
-
-@dataclass
-class Episode:
-    """What one trial produced."""
-
-    task_name: str
-    group_index: int
-    index: int
-    status: SampleStatus
-    reward: float | None
-    samples: list[TrainingSample]
-    seconds: float
-    trial_dir: str | None = None
-    error: str | None = None
 
 
 def discover_tasks(tasks_dir: Path, names: list[str] | None = None) -> list[Path]:
@@ -350,7 +337,7 @@ def environment_config(env: str, gateway=None, agent=None):
 def preflight_environment(env: str) -> None:
     """One clear error before any trial starts when the environment cannot run here."""
     if env == "docker":
-        from slime_harbor.environments.docker import check_docker
+        from slime_harbor.environments.docker_images import check_docker
 
         check_docker()  # DockerUnavailableError: no daemon answers
 
@@ -469,3 +456,21 @@ def _max_context(model_dir: str | None) -> int:
     if model_dir and (Path(model_dir) / "config.json").exists():
         return int(json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings", 4096))
     return int(os.environ.get("SLIME_HARBOR_MAX_CONTEXT", 32768))
+
+
+@contextlib.contextmanager
+def policy_endpoint(cfg):
+    """Yield a RolloutConfig with policy_url/model_dir set: the given server, or an embedded one
+    on loopback serving cfg.model_dir (default: the tiny offline model)."""
+    if not samples_policy(cfg.agent) or cfg.policy_url:
+        if samples_policy(cfg.agent) and not cfg.model_dir:
+            raise SystemExit("--model (the policy's HF dir, for its tokenizer) is required with --policy-url")
+        yield cfg
+        return
+    from slime_harbor.policy.server import EmbeddedPolicyServer  # torch: only when one is embedded
+    from slime_harbor.policy.tiny_model import ensure_tiny_model
+
+    model_dir = cfg.model_dir or str(ensure_tiny_model())
+    with EmbeddedPolicyServer(model_dir, model_name=cfg.model_name) as server:
+        print(f"embedded policy server for {model_dir} at {server.url}", file=sys.stderr)
+        yield dataclasses.replace(cfg, policy_url=server.url, model_dir=model_dir)

@@ -19,7 +19,8 @@ from conftest import needs_gateway
 
 from slime_harbor.filters import mask_stale
 from slime_harbor.samples import SampleStatus, TrainingSample, read_jsonl
-from slime_harbor.trainers.local import LocalTrainConfig, train
+from slime_harbor.trainers.local import train
+from slime_harbor.trainers.local_config import LocalTrainConfig
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE_TASKS = REPO / "tests" / "fixtures" / "tasks"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from slime_harbor.rollout import DEFAULT_TASKS
+from slime_harbor.trial_setup import DEFAULT_TASKS
 from slime_harbor.samples import read_jsonl
 from test_rollout_e2e import leftovers
 
@@ -237,7 +237,7 @@ def test_train_local_bad_flag_is_one_line(extra, words):
 def test_train_local_config_check(flags, words):
     """The same check main() runs before loading a model (in-process: no torch import per case)."""
     from slime_harbor.exits import ConfigError
-    from slime_harbor.trainers.local import LocalTrainConfig, check_train_config
+    from slime_harbor.trainers.local_config import check_train_config, LocalTrainConfig
 
     check_train_config(LocalTrainConfig())
     with pytest.raises(ConfigError, match=words.replace(".", r"\.")):
@@ -256,7 +256,7 @@ def test_gateway_host_reaches_the_rollout_from_both_commands(tmp_path):
     import argparse
 
     from slime_harbor.cli import add_rollout_args, rollout_config
-    from slime_harbor.rollout import RolloutConfig
+    from slime_harbor.trial_setup import RolloutConfig
     from slime_harbor.trainers.local import config_from_args
 
     assert config_from_args(["--gateway-host", "0.0.0.0"]).rollout("http://x", "m", tmp_path).gateway_host == "0.0.0.0"

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig, run_rollouts
+from slime_harbor.rollout import run_rollouts
+from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig
 from slime_harbor.samples import SampleStatus, read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,7 +30,7 @@ def _docker_skip_reason() -> str | None:
     if os.environ.get("SLIME_HARBOR_NO_DOCKER"):
         return "SLIME_HARBOR_NO_DOCKER is set"
     try:
-        from slime_harbor.environments.docker import DockerUnavailableError, check_docker
+        from slime_harbor.environments.docker_images import check_docker, DockerUnavailableError
     except ImportError as exc:  # the Docker SDK is missing
         return f"cannot import the Docker environment: {exc}"
     try:
@@ -491,7 +492,7 @@ def test_concurrent_removals_of_one_container_are_not_an_error():
 
     import docker
 
-    from slime_harbor.environments.docker import docker_client, remove_container
+    from slime_harbor.environments.docker_images import docker_client, remove_container
 
     api = docker_client().api
 

@@ -152,7 +152,8 @@ def test_metric_names_follow_slime():
 def test_bad_settings_fail_before_the_model_loads(overrides, message, tmp_path):
     from pathlib import Path
 
-    from slime_harbor.trainers.local import LocalTrainConfig, train
+    from slime_harbor.trainers.local import train
+    from slime_harbor.trainers.local_config import LocalTrainConfig
 
     fixtures = Path(__file__).parent / "fixtures" / "tasks"
     overrides = {k: fixtures if v == "FIXTURES" else (Path(v) if k == "eval_tasks" else v) for k, v in overrides.items()}

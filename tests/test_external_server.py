@@ -17,7 +17,9 @@ import torch
 
 from conftest import free_port
 from slime_harbor.samples import read_jsonl
-from slime_harbor.trainers.local import LocalTrainConfig, config_from_args, make_batch, token_logprobs, train
+from slime_harbor.trainers.local import config_from_args, train
+from slime_harbor.trainers.local_config import LocalTrainConfig
+from slime_harbor.trainers.learner import make_batch, token_logprobs
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE_TASKS = REPO / "tests" / "fixtures" / "tasks"

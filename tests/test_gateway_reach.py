@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from slime_harbor.rollout import DEFAULT_TASKS, DOCKER_SANDBOX, agent_config
+from slime_harbor.trial_setup import agent_config, DEFAULT_TASKS, DOCKER_SANDBOX
 from test_docker_env import _SKIP as DOCKER_SKIP
 from test_docker_env import containers_labelled
 from test_rollout_e2e import (  # noqa: F401 (fixtures: the tiny model taught terminus-2's reply format)
@@ -253,7 +253,8 @@ def terminus2_trial(tmp_path: Path, cfg, environment_kwargs: dict):
     from harbor.models.trial.config import EnvironmentConfig, TaskConfig, TrialConfig
     from harbor.trial.trial import Trial
 
-    from slime_harbor.rollout import ModelEndpoint, serving_gateway, session_sampling
+    from slime_harbor.rollout import serving_gateway, session_sampling
+    from slime_harbor.trial_setup import ModelEndpoint
 
     async def run():
         async with serving_gateway(cfg) as gateway:

@@ -17,8 +17,10 @@ import pytest
 from conftest import needs_gateway, port_is_free
 
 from slime_harbor.converter import episode_end
-from slime_harbor.rollout import (ModelEndpoint, RolloutConfig, agent_config, environment_config, is_installed_agent,
-                                  run_rollouts, samples_policy, uses_gateway)
+from slime_harbor.rollout import run_rollouts
+from slime_harbor.trial_setup import (
+    agent_config, environment_config, is_installed_agent, ModelEndpoint, RolloutConfig, samples_policy, uses_gateway,
+)
 from slime_harbor.samples import SampleStatus, read_jsonl
 from test_rollout_e2e import (  # noqa: F401 (fixtures: the tiny model SFT'd to answer in each agent's format)
     check_sample_against_model, config, hf_model, leftovers, responsive_model_dir,

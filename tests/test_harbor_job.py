@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig, run_rollouts
+from slime_harbor.rollout import run_rollouts
+from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig
 from slime_harbor.samples import SampleStatus
 
 REPO = Path(__file__).resolve().parent.parent
@@ -76,7 +77,7 @@ def test_our_verdict_reaches_a_trial_harbor_saw_no_error_in(tmp_path):
     from harbor.models.trial.result import TrialResult
 
     from slime_harbor.harbor_job import mark_verdict
-    from slime_harbor.rollout import Episode
+    from slime_harbor.samples import Episode
 
     cfg = RolloutConfig(task_names=["dedupe-lines"], agent="oracle", n_samples=1, out_dir=tmp_path / "out",
                         progress=False)

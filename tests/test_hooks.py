@@ -19,7 +19,7 @@ from enum import Enum
 
 from slime_harbor import hooks
 from slime_harbor.cli import prepare_data
-from slime_harbor.rollout import DEFAULT_TASKS
+from slime_harbor.trial_setup import DEFAULT_TASKS
 from slime_harbor.hooks import HookConfigError, dynamic_sampling_filter, generate, reward_post_process
 from test_rollout_e2e import (  # noqa: F401 (fixtures: the tiny model SFT'd to answer in each agent's format)
     hf_model, recompute_logprobs, responsive_model_dir, responsive_server,
@@ -225,7 +225,8 @@ def test_a_slime_abort_stops_the_trial_and_tears_the_sandbox_down(tmp_path, poli
     import time
 
     from slime_harbor.hooks import run_unless_aborted
-    from slime_harbor.rollout import RolloutConfig, run_episode
+    from slime_harbor.rollout import run_episode
+    from slime_harbor.trial_setup import RolloutConfig
     from test_rollout_e2e import leftovers
 
     cfg = RolloutConfig(agent="native", policy_url=policy_server, model_dir=str(tiny_model_dir),
@@ -345,7 +346,7 @@ def drifted_episode(group_index, index):
     from test_converter import C0, OBS0, P0, linear_detail, make_result
 
     from slime_harbor.converter import trial_to_samples
-    from slime_harbor.rollout import Episode
+    from slime_harbor.samples import Episode
     from slime_harbor.samples import SampleStatus
 
     detail = linear_detail()
@@ -451,7 +452,8 @@ def test_slime_sampling_params_apply_to_every_agent(agent, Sample):
     reach every agent's sampling (the native agent's kwargs, else its gateway session), while a
     setting no agent can honour is still refused."""
     from slime_harbor.hooks import rollout_config
-    from slime_harbor.rollout import agent_config, session_sampling, uses_gateway
+    from slime_harbor.rollout import session_sampling
+    from slime_harbor.trial_setup import agent_config, uses_gateway
 
     args = SimpleNamespace(harbor_agent=agent)
     params = {"stop_token_ids": [7], "sampling_seed": 11, "custom_params": {"return_top_p_token_ids": True}}
@@ -470,7 +472,7 @@ def test_slime_sampling_params_apply_to_every_agent(agent, Sample):
 def test_sampling_params_reach_the_agent_config(Sample):
     """SLiME's per-request options become the agents' own kwargs (AgentConfig.kwargs)."""
     from slime_harbor.hooks import rollout_config
-    from slime_harbor.rollout import agent_config
+    from slime_harbor.trial_setup import agent_config
 
     sample = Sample(index=0, session_id="sess-1")
     params = {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 33, "stop": ["</x>"], "stop_token_ids": [7],
@@ -565,7 +567,8 @@ def test_environment_start_failures_are_retried_with_backoff(tmp_path, monkeypat
     monkeypatch.setattr(FlakyEnvironment, "FAILS", fails)
     monkeypatch.setattr(FlakyEnvironment, "PERMANENT", permanent)
     monkeypatch.setattr(FlakyEnvironment, "starts", 0)
-    from slime_harbor.rollout import RolloutConfig, run_episode
+    from slime_harbor.rollout import run_episode
+    from slime_harbor.trial_setup import RolloutConfig
 
     cfg = RolloutConfig(agent="oracle", env="test_hooks:FlakySandbox", env_start_retries=2, env_start_backoff_sec=0.05,
                         progress=False)

@@ -23,7 +23,7 @@ from harbor.models.agent.context import AgentContext
 
 from slime_harbor.installed_agents import environment_kwargs, resolve_installs
 from slime_harbor.installed_agents.recipes import RECIPES, ClaudeCode, Codex, OpenCode
-from slime_harbor.rollout import ModelEndpoint, RolloutConfig, agent_config, gateway_step_limit
+from slime_harbor.trial_setup import agent_config, gateway_step_limit, ModelEndpoint, RolloutConfig
 from slime_harbor.samples import SampleStatus
 from test_mini_swe_agent import needs_docker
 
@@ -70,7 +70,7 @@ def test_an_agent_that_cannot_train_here_is_refused_in_one_line_before_any_trial
     from harbor.models.agent.name import AgentName
 
     from slime_harbor.installed_agents.recipes import UNAVAILABLE
-    from slime_harbor.rollout import ConfigError, check_config
+    from slime_harbor.trial_setup import check_config, ConfigError
     from test_mini_swe_agent import DEFAULT_TASKS
 
     assert set(UNAVAILABLE) <= AgentName.values() and not set(UNAVAILABLE) & set(RECIPES)
@@ -189,6 +189,7 @@ def test_hermes_gets_its_host_key_check_passed_and_its_managed_config_before_it_
 
     subprocess.run(["sh", "-c", write_files_command({str(path): content})], check=True)
     assert path.read_text() == content
+
 
 def _pi_message(role: str, stop: str | None = None, text: str = "") -> dict:
     message = {"role": role, "content": [{"type": "text", "text": text}] if text else []}
@@ -312,7 +313,7 @@ def _build_layers(names: list[str]) -> dict[str, str | None]:
     from harbor.models.trial.paths import TrialPaths
 
     from slime_harbor.environments.docker import DockerEnvironment
-    from slime_harbor.rollout import DEFAULT_TASKS
+    from slime_harbor.trial_setup import DEFAULT_TASKS
 
     async def build(name: str, tmp: Path, gate: asyncio.Semaphore) -> tuple[str, str | None]:
         async with gate:

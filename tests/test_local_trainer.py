@@ -17,10 +17,9 @@ import pytest
 import torch
 from conftest import needs_gateway
 
-from slime_harbor.trainers.local import (
-    OPTIMIZER_STATE, LocalTrainConfig, Policy, config_from_args, find_checkpoint, make_batch, token_logprobs,
-    train, train_on_samples,
-)
+from slime_harbor.trainers.local import config_from_args, train
+from slime_harbor.trainers.learner import make_batch, OPTIMIZER_STATE, Policy, token_logprobs, train_on_samples
+from slime_harbor.trainers.local_config import find_checkpoint, LocalTrainConfig
 from slime_harbor.samples import SampleStatus, TrainingSample, read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
@@ -264,7 +263,7 @@ def test_full_model_training_keeps_a_frozen_reference(tiny_model_dir, tmp_path):
     assert all(torch.equal(ref[k], v) for k, v in base.state_dict().items())
     assert any(not torch.equal(p, base.state_dict()[k]) for k, p in policy.model.state_dict().items())
 
-    from slime_harbor.trainers.local import save_checkpoint
+    from slime_harbor.trainers.learner import save_checkpoint
 
     save_checkpoint(policy, tmp_path / "checkpoint_1", 1, [])
     again = Policy.load(policy.cfg, str(tiny_model_dir), "cpu", checkpoint=tmp_path / "checkpoint_1")

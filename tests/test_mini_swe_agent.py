@@ -33,7 +33,7 @@ from harbor.trial.trial import Trial
 from slime_harbor.converter import trial_to_samples
 from slime_harbor.installed_agents import environment_kwargs, resolve_installs
 from slime_harbor.installed_agents.recipes import RECIPES, MiniSweAgent, Codex
-from slime_harbor.rollout import DEFAULT_TASKS, DOCKER_SANDBOX, LOCAL_SANDBOX
+from slime_harbor.trial_setup import DEFAULT_TASKS, DOCKER_SANDBOX, LOCAL_SANDBOX
 from slime_harbor.samples import SampleStatus
 
 AGENT_IMPORT_PATH = "slime_harbor.installed_agents.recipes:MiniSweAgent"
@@ -45,7 +45,7 @@ def _docker_skip_reason() -> str | None:
     if os.environ.get("SLIME_HARBOR_NO_DOCKER"):
         return "SLIME_HARBOR_NO_DOCKER is set"
     try:
-        from slime_harbor.environments.docker import DockerUnavailableError, check_docker
+        from slime_harbor.environments.docker_images import check_docker, DockerUnavailableError
     except ImportError as exc:
         return f"cannot import the Docker environment: {exc}"
     try:
@@ -375,7 +375,7 @@ async def test_bubblewrap_install_is_read_only_and_leaves_the_task_python_alone(
 
 
 def _image(tag: str) -> dict:
-    from slime_harbor.environments.docker import docker_client
+    from slime_harbor.environments.docker_images import docker_client
 
     return docker_client().api.inspect_image(tag)
 
@@ -439,7 +439,7 @@ async def test_docker_layer_leaves_the_task_python_untouched(tmp_path):
     finally:
         await env.stop(delete=True)
     # The same probe in a container of the task's own image.
-    from slime_harbor.environments.docker import docker_client, ensure_image
+    from slime_harbor.environments.docker_images import docker_client, ensure_image
 
     await ensure_image(env.environment_dir, env.image, TASK, 600)
 
@@ -546,7 +546,7 @@ async def test_docker_install_is_built_once_for_tasks_that_share_a_base_image(tm
 
 
 def test_rollout_has_our_sandboxes_install_mini_swe_agent():
-    from slime_harbor.rollout import RolloutConfig, agent_config, environment_config
+    from slime_harbor.trial_setup import agent_config, environment_config, RolloutConfig
 
     gateway = SimpleNamespace(host="127.0.0.1", port=4321)  # where a started Gateway listens
     forward = {"gateway_port": 4321, "gateway_host": "127.0.0.1"}
@@ -603,7 +603,7 @@ def test_mini_swe_agent_trains_on_a_no_network_task(env, tmp_path, policy_server
 
 
 def test_no_usable_host_python_is_one_config_error_before_any_trial(monkeypatch, tmp_path):
-    from slime_harbor.rollout import ConfigError, RolloutConfig, check_config
+    from slime_harbor.trial_setup import check_config, ConfigError, RolloutConfig
 
     from slime_harbor.installed_agents import installs
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from slime_harbor.rollout import RolloutConfig, run_rollouts
+from slime_harbor.rollout import run_rollouts
+from slime_harbor.trial_setup import RolloutConfig
 from tests.test_verifier_isolation import TASK_TOML as SHARED_TASK_TOML, docker_available
 
 PROBES = Path(__file__).resolve().parent.parent / "slime_harbor" / "hack_probes"

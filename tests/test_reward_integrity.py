@@ -322,7 +322,7 @@ def test_no_future_history_in_the_image(tmp_path):
     assert "no fix found in the history" in agent_log, agent_log[-2000:]
     scored_minus_one(sample)
 
-    from slime_harbor.environments.docker import image_tag
+    from slime_harbor.environments.docker_images import image_tag
     from harbor.environments.base import environment_content_hash
 
     image = image_tag(task.name, environment_content_hash(task / "environment", docker_image=None))

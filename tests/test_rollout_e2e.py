@@ -12,7 +12,8 @@ import pytest
 import torch
 from conftest import needs_gateway
 
-from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig, run_episode, run_rollouts
+from slime_harbor.rollout import run_episode, run_rollouts
+from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig
 from slime_harbor.samples import SampleStatus, read_jsonl
 
 EASY_TASKS = ["dedupe-lines", "fix-sort-key"]
@@ -25,7 +26,7 @@ def trial_names(out_dir: Path) -> list[str]:
 def leftovers(out_dir: Path) -> tuple[list[str], list[str]]:
     """Processes and sandbox dirs that belong to this rollout's trials (named after them), so
     tests running beside this one cannot confuse the check."""
-    from slime_harbor.environments.bubblewrap import default_sandbox_root
+    from slime_harbor.environments.bubblewrap_host import default_sandbox_root
 
     names = trial_names(out_dir)
     assert names

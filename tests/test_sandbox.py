@@ -233,7 +233,7 @@ async def test_start_cancelled_at_any_point_leaves_nothing(tmp_path, base_dir):
     Whatever the moment, stop() must kill every process of the sandbox and remove its dir."""
     import random
 
-    from slime_harbor.environments.bubblewrap import _pids_with_marker
+    from slime_harbor.environments.bubblewrap_host import _pids_with_marker
 
     task_dir = write_task(tmp_path)
     task = Task(task_dir)

@@ -42,7 +42,7 @@ import pytest
 
 from slime_harbor import hooks
 from slime_harbor.cli import prepare_data
-from slime_harbor.rollout import DEFAULT_TASKS
+from slime_harbor.trial_setup import DEFAULT_TASKS
 
 try:
     HAVE_SLIME = importlib.util.find_spec("slime") is not None

@@ -261,7 +261,8 @@ def rollout(tasks_dir: Path, agent: str, out: Path, concurrency: int = 3) -> dic
     """One real Harbor trial per task (our DockerEnvironment, --reward-mapping pm1): task -> sample."""
     import asyncio
 
-    from slime_harbor.rollout import RolloutConfig, run_rollouts
+    from slime_harbor.rollout import run_rollouts
+    from slime_harbor.trial_setup import RolloutConfig
 
     cfg = RolloutConfig(tasks_dir=tasks_dir, agent=agent, n_samples=1, env="docker", concurrency=concurrency,
                         out_dir=out, reward_mapping="pm1", progress=False)

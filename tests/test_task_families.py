@@ -16,7 +16,8 @@ from harbor.models.task.task import Task
 
 from slime_harbor.tasks import families as tf
 from slime_harbor.agent import BASH_BLOCK, SUBMIT_COMMAND, format_observation, initial_prompt_ids, observation_ids
-from slime_harbor.rollout import RolloutConfig, run_rollouts
+from slime_harbor.rollout import run_rollouts
+from slime_harbor.trial_setup import RolloutConfig
 
 REPO = Path(__file__).resolve().parent.parent
 ALLOWED_DOCKERFILE_INSTRUCTIONS = {"FROM", "WORKDIR", "COPY", "ENV", "RUN"}

@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from slime_harbor.samples import read_jsonl
-from slime_harbor.trainers.local import LocalTrainConfig, train
+from slime_harbor.trainers.local import train
+from slime_harbor.trainers.local_config import LocalTrainConfig
 from slime_harbor.trainers.tracking import flatten, read_offline_history, wandb_key
 
 REPO = Path(__file__).resolve().parent.parent

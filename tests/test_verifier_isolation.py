@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from slime_harbor.rollout import RolloutConfig, run_rollouts
+from slime_harbor.rollout import run_rollouts
+from slime_harbor.trial_setup import RolloutConfig
 
 TASK_TOML = """schema_version = "1.4"
 {extra_top}
@@ -72,7 +73,7 @@ def docker_available() -> str | None:
     if os.environ.get("SLIME_HARBOR_NO_DOCKER"):
         return "SLIME_HARBOR_NO_DOCKER is set"
     try:
-        from slime_harbor.environments.docker import check_docker
+        from slime_harbor.environments.docker_images import check_docker
 
         check_docker()
     except Exception as e:
@@ -108,7 +109,7 @@ def test_agent_processes_and_files_do_not_reach_the_verifier(env, tmp_path):
 
 
 def test_hard_timeout_counts_the_separate_verifier_environment_start(tmp_path):
-    from slime_harbor.rollout import hard_timeout_sec
+    from slime_harbor.trial_setup import hard_timeout_sec
 
     shared = write_task(tmp_path, "shared", separate=False)
     separate = write_task(tmp_path, "separate", separate=True)
@@ -145,12 +146,12 @@ def test_separate_verifier_environment_is_torn_down_when_cancelled(env, tmp_path
     asyncio.run(cancel_during_verification())
     [trial_dir] = [p for p in trials.iterdir() if p.is_dir()]
     if env == "docker":
-        from slime_harbor.environments.docker import LABEL, docker_client
+        from slime_harbor.environments.docker_images import docker_client, LABEL
 
         left = docker_client().api.containers(all=True, filters={"label": f"{LABEL}.run"})
         assert not [c for c in left if c["Labels"].get(f"{LABEL}.trial", "").startswith(trial_dir.name)], left
     else:
-        from slime_harbor.environments.bubblewrap import default_sandbox_root
+        from slime_harbor.environments.bubblewrap_host import default_sandbox_root
 
         base = Path(default_sandbox_root())
         assert not [p for p in base.iterdir() if p.name.startswith(trial_dir.name)] if base.exists() else True

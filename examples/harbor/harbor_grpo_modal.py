@@ -42,7 +42,9 @@ class PolicyTrainer:
 
     @modal.enter()
     def start(self) -> None:
-        from slime_harbor.trainers.local import Learner, LocalTrainConfig, _resolve_model, resolve_device
+        from slime_harbor.trainers.local import _resolve_model
+        from slime_harbor.trainers.learner import Learner
+        from slime_harbor.trainers.local_config import LocalTrainConfig, resolve_device
 
         cfg = LocalTrainConfig(**json.loads(self.config_json))
         self.out = Path(self.run_dir)
@@ -109,7 +111,8 @@ FLAGS = {"num_rollouts": 50, "n_samples": 4, "agent": "native", "model_name": ""
 def main(test: bool = False, num_rollouts: int = 50, n_samples: int = 4, agent: str = "native",
          model_name: str = "", lr: float = 1e-6, kl_coef: float = 0.001, output_dir: str = "runs/grpo-modal",
          tasks: str = "", env: str = "local") -> dict:
-    from slime_harbor.trainers.local import TEST_PRESET, LocalTrainConfig, _jsonable, train
+    from slime_harbor.trainers.local import _jsonable, train
+    from slime_harbor.trainers.local_config import LocalTrainConfig, TEST_PRESET
 
     values = {k: v for k, v in locals().items() if k in FLAGS}
     given = {k: v for k, v in values.items() if v != FLAGS[k]}

@@ -77,7 +77,7 @@ from slime_harbor.environments.bubblewrap_files import SandboxFiles
 from slime_harbor.environments.gateway_reach import GatewayForward, gateway_port_kwarg
 
 # Host-side plumbing (trial dirs, sweeps, the /etc copy, archives, marked processes): bubblewrap_host.py.
-from slime_harbor.environments.bubblewrap_host import (  # noqa: F401
+from slime_harbor.environments.bubblewrap_host import (
     SANDBOX_TYPE, _ETC_TEMPLATE_MOUNT, _OVERLAY_MOUNT, _OVERLAID, _etc_templates, _HOST_TOOL_DIRS,
     default_sandbox_root, _host_tool, _signal, _read_until_eof, _new_owned_dir, _sweep_stale_sandboxes, MARKER_VAR,
     _pids_with_marker, _pids_in_namespace, _remove_tree, _populate_root, _etc_template,

@@ -60,7 +60,7 @@ from slime_harbor.environments.docker_exec import Completed, ExecServer, ExecSer
 from slime_harbor.environments.gateway_reach import GatewayForward, GatewayReachError, gateway_port_kwarg
 
 # The daemon side (client, sweeps of stale containers, task images, tool layers): docker_images.py.
-from slime_harbor.environments.docker_images import (  # noqa: F401
+from slime_harbor.environments.docker_images import (
     _API_TIMEOUT_SEC, _docker_host, DockerUnavailableError, LABEL, RUN_ID, TMUX_SCRIPT, _sweep_once,
     check_docker, docker_client, ensure_image, ensure_layer_image, image_tag, owner_labels, remove_container,
     task_image_on_tools,

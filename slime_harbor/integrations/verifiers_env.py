@@ -37,8 +37,8 @@ from verifiers.v1.envs.single_agent import SingleAgentEnv
 from verifiers.v1.trace import AgentInfo, TraceTask
 
 from slime_harbor.integrations.verifiers_trace import fill_trace
-from slime_harbor.rollout import (DEFAULT_TASKS, RolloutConfig, discover_tasks, load_tokenizer, run_episode,
-                                  start_gateway, uses_gateway)
+from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
+from slime_harbor.trial_setup import DEFAULT_TASKS, discover_tasks, RolloutConfig, uses_gateway
 
 
 class HarborTrialsConfig(vf.TasksetConfig):

@@ -45,10 +45,7 @@ from __future__ import annotations
 import array
 import asyncio
 import base64
-import contextlib
-import dataclasses
 import socket
-import sys
 import threading
 import time
 from functools import cache
@@ -60,7 +57,6 @@ from fastapi.responses import JSONResponse, Response
 
 from slime_harbor.policy.engine import EngineConfig, SamplingEngine
 from slime_harbor.policy.sampling import SamplingParams
-from slime_harbor.policy.tiny_model import ensure_tiny_model
 
 # SGLang sampling params we accept without implementing, with the value that makes them no-ops.
 # Any other value would change the distribution the logprobs are reported for, so it is refused.
@@ -559,20 +555,3 @@ def serve(
         pass
     finally:
         engine.close()
-
-
-@contextlib.contextmanager
-def policy_endpoint(cfg):
-    """Yield a RolloutConfig with policy_url/model_dir set: the given server, or an embedded one
-    on loopback serving cfg.model_dir (default: the tiny offline model)."""
-    from slime_harbor.rollout import samples_policy
-
-    if not samples_policy(cfg.agent) or cfg.policy_url:
-        if samples_policy(cfg.agent) and not cfg.model_dir:
-            raise SystemExit("--model (the policy's HF dir, for its tokenizer) is required with --policy-url")
-        yield cfg
-        return
-    model_dir = cfg.model_dir or str(ensure_tiny_model())
-    with EmbeddedPolicyServer(model_dir, model_name=cfg.model_name) as server:
-        print(f"embedded policy server for {model_dir} at {server.url}", file=sys.stderr)
-        yield dataclasses.replace(cfg, policy_url=server.url, model_dir=model_dir)

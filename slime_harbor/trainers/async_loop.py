@@ -36,7 +36,8 @@ from typing import Any
 
 from slime_harbor.filters import apply_limit_filters, drop_zero_std_groups, mask_stale, varying_groups
 from slime_harbor.harbor_job import HarborJob
-from slime_harbor.rollout import RolloutConfig, load_tokenizer, run_episode, serving_gateway
+from slime_harbor.rollout import load_tokenizer, run_episode, serving_gateway
+from slime_harbor.trial_setup import RolloutConfig
 from slime_harbor.samples import TrainingSample, write_jsonl
 from slime_harbor.trainers.evaluate import evaluation
 from slime_harbor.trainers.training_run import TaskStream, TrainingRun, eval_line, rollout_stats, truncated_ratio

@@ -27,9 +27,11 @@ import torch
 
 from slime_harbor.tasks import families as task_families
 from slime_harbor.policy.engine import EngineConfig
-from slime_harbor.trainers.local import LocalTrainConfig, check_train_config, train
+from slime_harbor.trainers.local import train
+from slime_harbor.trainers.local_config import check_train_config, LocalTrainConfig
 from slime_harbor.policy.server import EmbeddedPolicyServer
-from slime_harbor.rollout import RolloutConfig, run_rollouts
+from slime_harbor.rollout import run_rollouts
+from slime_harbor.trial_setup import RolloutConfig
 from slime_harbor.trainers.sft import SFTConfig, sequence_logprob, sft_model_dir
 from slime_harbor.policy.tiny_model import build_tiny_model
 from slime_harbor.trainers.tracking import plot_reward_curve

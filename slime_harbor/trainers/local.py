@@ -71,23 +71,18 @@ import torch
 from slime_harbor.exits import ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
 from slime_harbor.filters import apply_limit_filters, drop_zero_std_groups, varying_groups
 from slime_harbor.tasks.manifest import apply_manifest
-from slime_harbor.rollout import discover_tasks, run_rollouts
+from slime_harbor.rollout import run_rollouts
+from slime_harbor.trial_setup import discover_tasks
 from slime_harbor.trainers.async_loop import train_async
 from slime_harbor.trainers.evaluate import evaluation
 from slime_harbor.samples import TrainingSample, read_jsonl, write_jsonl
 from slime_harbor.trainers.training_run import (
     TaskStream, TrainingRun, eval_line, rollout_stats, run_summary, truncated_ratio,
 )
-# The run's config lives in local_config.py; its names stay importable from here.
-from slime_harbor.trainers.local_config import (  # noqa: F401
-    OBJECTIVES, TEST_TASKS, TEST_PRESET, TRAINER_STATE, LocalTrainConfig, resolve_device, find_checkpoint,
-    check_train_config,
+from slime_harbor.trainers.local_config import (
+    check_train_config, find_checkpoint, LocalTrainConfig, OBJECTIVES, resolve_device, TEST_PRESET, TRAINER_STATE,
 )
-# The learner (policy, update, weight sync) lives in learner.py; its names stay importable from here.
-from slime_harbor.trainers.learner import (  # noqa: F401
-    OPTIMIZER_STATE, RNG_STATE, Batch, make_batch, token_logprobs, trainable, Policy, update,
-    train_on_samples, save_checkpoint, restore_rng, server_logprob_gap, Learner,
-)
+from slime_harbor.trainers.learner import Learner, restore_rng
 
 
 # --------------------------------------------------------------------------------------------

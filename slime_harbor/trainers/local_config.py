@@ -16,7 +16,9 @@ import torch
 from slime_harbor.exits import ConfigError
 from slime_harbor.filters import TrajectoryFilters
 from slime_harbor.grpo import GRPOConfig
-from slime_harbor.rollout import DEFAULT_TASKS, RolloutConfig, check_config, check_environment_runs, samples_policy
+from slime_harbor.trial_setup import (
+    check_config, check_environment_runs, DEFAULT_TASKS, RolloutConfig, samples_policy,
+)
 
 
 # --test: five of the easy bundled tasks, short episodes, two steps, a checkpoint after each.
