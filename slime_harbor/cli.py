@@ -141,7 +141,7 @@ def print_summary(summary: dict, out: Path) -> None:
     print(f"trials: {summary['n_trials']} ({counts})")
     print(f"mean reward: {'n/a' if mean is None else f'{mean:.3f}'}   pass rate: {summary['pass_rate']}")
     print(f"samples: {summary['n_samples']} written, {summary['n_trainable_samples']} trainable, "
-          f"token drift points: {summary['drift_count']}")
+          f"episodes split into segments: {summary['split_episodes']} (token drift points: {summary['drift_count']})")
     print(f"wall time: {summary['wall_seconds']}s   output: {out}/samples.jsonl, {out}/summary.json, {out}/trials/")
     print(f"browse the trials: slime-harbor view {out}")
 

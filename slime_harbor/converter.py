@@ -1,8 +1,11 @@
 """Trajectory -> training samples.
 
-Input: a Harbor `TrialResult`. Its `agent_result.rollout_details[0]` (Harbor's `RolloutDetail`)
-holds, per model turn t, the full prompt token ids, the sampled completion ids and their
-logprobs. Both our native agent and Harbor's terminus-2 (`collect_rollout_details=True`) fill it.
+Input: a Harbor `TrialResult` and, for an agent that sampled through the model gateway, its
+session's recording. The episode's tokens come from one owner (`trial_to_samples`): the gateway's
+branches (one Harbor `RolloutDetail` each) where the agent's calls went through it, else the
+agent's own `agent_result.rollout_details[0]` (our native agent; an agent that samples the policy
+itself). A RolloutDetail holds, per model turn t, the full prompt token ids, the sampled
+completion ids and their logprobs.
 
 One episode becomes one sample when every turn's prompt extends the previous turn's prompt +
 completion token for token:
@@ -16,7 +19,7 @@ tokens): the policy did not sample it, so it is masked. Where turn t+1's prompt 
 what came before (an agent that re-renders text and re-tokenizes it differently, a summarised
 history), training on the concatenation would pair logprobs with tokens the policy never saw.
 We then start a new sample at that turn (its own prompt is the re-rendered history), give all
-pieces the same rollout_id, and count the drift.
+segments the same rollout_id, and count the drift.
 """
 
 from __future__ import annotations
@@ -49,9 +52,10 @@ PERMANENT_EXCEPTIONS = frozenset({"SandboxBuildFailedError", "DockerfileError"})
 REFUSED_VERIFICATION = "VerifierRefused"
 """isolation.VerifierRefused: the agent tampered with the verifier's runtime or plumbing."""
 TRUNCATING_EXITS = frozenset({"step_limit", "context_limit"})
-"""Exits at the agent's own limits (steps / turns, format errors, context): verified and scored as
-TRUNCATED. Agents report them in agent_result.metadata["exit_status"] (the native agent, our
-mini-swe-agent class); terminus-2 reports none, see agent_exit_status."""
+"""Exits at a limit (steps / turns, format errors, context): verified and scored as TRUNCATED.
+Agents report them in agent_result.metadata["exit_status"] (the native agent, the installed
+agents' recipes); terminus-2 reports none (see agent_exit_status); a limit the gateway enforced
+is its session's exit_reason (see episode_end)."""
 
 
 @dataclass
@@ -144,7 +148,7 @@ def split_into_segments(detail: dict[str, Any]) -> tuple[list[Segment], int]:
                 drift += 1
                 segments.append(current)
                 current = None
-        if current is None:  # every piece carries its own top-p data, from offset 0
+        if current is None:  # every segment carries its own top-p data, from offset 0
             current = Segment(prompt_ids=list(prompt))
             if top_p is not None:
                 current.top_p_ids, current.top_p_offsets = [], [0]
@@ -279,7 +283,7 @@ def trial_to_samples(
     Infra failures carry remove_sample=True and reward None; they are never trained.
     recorded: the model gateway's session of the trial (anything with rollout_details(),
     exit_reason and stats, e.g. a GatewaySession): its branches replace the agent's own
-    rollout_details, one sample piece (or more) per branch, all with the episode's rollout_id.
+    rollout_details, one segment (or more) per branch, all with the episode's rollout_id.
     """
     ended = episode_end(result, gateway_exit=recorded.exit_reason if recorded is not None else None)
     status, reward = ended.status, ended.reward
@@ -293,13 +297,13 @@ def trial_to_samples(
         details = ((agent_result.rollout_details if agent_result else None) or [])[:1]
     segments, drift, weight_versions = [], 0, []
     for detail in details:
-        pieces, pieces_drift = split_into_segments(detail)
+        branch_segments, branch_drift = split_into_segments(detail)
         versions = (detail.get("extra") or {}).get("weight_version")
-        segments += pieces
-        drift += pieces_drift
-        # one entry per model call of the piece, as SLiME's Sample.weight_versions (strings)
-        weight_versions += [[str(versions[t]) for t in piece.turns if versions[t] is not None] if versions else []
-                            for piece in pieces]
+        segments += branch_segments
+        drift += branch_drift
+        # one entry per model call of the segment, as SLiME's Sample.weight_versions (strings)
+        weight_versions += [[str(versions[t]) for t in seg.turns if versions[t] is not None] if versions else []
+                            for seg in branch_segments]
     if reward is not None and reward_mapping == "pm1":
         reward = 2.0 * reward - 1.0
     elif reward_mapping not in ("raw", "pm1"):
@@ -368,7 +372,7 @@ def trial_to_samples(
 def agent_tokenizer(result):
     """The tokenizer the trial's agent used (the native agent's tokenizer_path kwarg), or None.
 
-    Lets callers that pass no tokenizer (the SLiME hook) still get the prompt / response text."""
+    Lets callers that pass no tokenizer still get the prompt / response text."""
     config = getattr(result, "config", None)
     agent = getattr(config, "agent", None)
     path = (getattr(agent, "kwargs", None) or {}).get("tokenizer_path")

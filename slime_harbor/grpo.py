@@ -1,6 +1,6 @@
 """GRPO maths: group-relative advantages and the clipped policy loss with a KL penalty.
 
-Every trainer uses this file: the SLiME hooks compute advantages with `group_advantages`, and
+Every trainer uses this file: the SLiME hooks compute advantages with `episode_advantages`, and
 the local trainer computes its loss with `grpo_loss`. The two core formulas follow SLiME's
 `slime/utils/ppo_utils.py` exactly (same signatures, same semantics). They are written out
 here so the maths can be read and run without SLiME; where SLiME is importable its own
@@ -208,7 +208,7 @@ def episode_advantages(samples: Sequence, rewards: Sequence[float] | None = None
     """Group-relative advantage per sample, where each EPISODE counts once in its group's baseline.
 
     An episode is (group_index, rollout_id or index): the converter splits an episode whose
-    tokens drifted into several samples sharing one rollout_id, and those pieces must neither
+    tokens came as several segments sharing one rollout_id, and those segments must neither
     weigh their episode twice in the mean nor get different advantages. Pass only kept samples
     (not remove_sample); `rewards` defaults to each sample's `.reward`.
     """

@@ -1,4 +1,4 @@
-"""SLiME hooks: a thin adapter from SLiME's rollout to our rollout core.
+"""SLiME hooks: a thin adapter from SLiME's rollout to our rollout core (docs/slime.md).
 
     --custom-generate-function-path        slime_harbor.hooks.generate
     --custom-reward-post-process-path      slime_harbor.hooks.reward_post_process
@@ -7,55 +7,28 @@
     --rollout-function-path                slime_harbor.hooks.generate_rollout_fully_async
                                            (only with SLiME's fully-async training, train_async.py)
 
-`generate` runs ONE Harbor trial for the sample's task (`rollout.run_episode`, the same function
-the local trainer and `slime-harbor rollout` use) against SLiME's SGLang router, converts it
-(`converter.trial_to_samples`) and returns a LIST of Samples sharing `rollout_id` (the sample's
-index) on every path: one sample normally, several when the tokens drifted between turns, one
-removed placeholder for a failure. SLiME flattens a batch with `while isinstance(data[0], list)`,
-so a batch mixing bare Samples and lists crashes it; one shape everywhere is the fix (SLiME's
-examples/coding_agent_rl/generate.py returns lists too). Known and accepted: SLiME's contract test
-`test_custom_generate_function_path_supports_user_override` asserts a bare Sample for a sample
-with no task; it is narrower than SLiME's runtime (its own coding-agent example fails it too).
-That one assertion fails with this hook; every other plugin contract passes.
+`generate` runs one Harbor trial of the sample's task (`rollout.run_episode`, as the local trainer
+does) against SLiME's router and returns a list of Samples sharing `rollout_id`: one normally,
+several when the episode's tokens came as several segments, one removed placeholder for a
+failure. Always a list, because SLiME flattens a batch with `while isinstance(data[0], list)` and
+a batch mixing bare Samples and lists crashes it.
 
-Failures are never trained as a low reward: they come back `remove_sample=True` with status
-    ABORTED  transient infra failure (sandbox did not start, policy server unreachable,
-             cancellation, SLiME aborting the round): the hook runs the task again while the
-             task's retry budget (harbor_max_retries_per_task) lasts;
-    FAILED   permanent (no such task, task dir Harbor rejects, image that does not build,
-             verifier that wrote no reward, retry budget spent): never retried.
-An environment that fails to start is first retried inside run_episode (RolloutConfig.
-env_start_retries, with backoff). Counts: `sample.metadata["harbor_retries"]`, and
-`hook_metrics()` (module-level counters: episodes, statuses, retries, budget exhaustions).
-SLiME's fully-async rollout sends a group holding an ABORTED Sample back to its buffer, which is
-why only transient failures are ABORTED; its check looks at the group's items, which are our
-lists, so in practice nothing of ours is requeued and the hook's own budgeted reruns are the retry.
+Failures are never trained as a low reward (`remove_sample=True`):
+    ABORTED  transient (sandbox did not start, policy unreachable, SLiME ended the round): the
+             task runs again while its retry budget lasts (RetryBudget, per task per window)
+    FAILED   permanent (no such task, image that does not build, no reward): never retried
+When SLiME aborts a round (its GenerateState.aborted), `generate` cancels the trial, tears its
+sandbox down and returns an aborted placeholder. Every agent but native / oracle / nop samples
+through one recording gateway per process and event loop, in front of SLiME's router.
 
-Aborts: SLiME's rollout ends a round by aborting every SGLang request until the servers are idle
-and setting its GenerateState.aborted; then it waits for the pending generate calls. A trial whose
-agent was running a command at that moment would go on to its step limit, so `generate` watches
-that flag: it cancels the trial (the sandbox is torn down before the call returns) and returns an
-aborted, removed sample. Trials still queued behind harbor_concurrency do not start.
+SLiME's sampling params reach every agent (temperature, top_p, top_k, max_new_tokens, stop,
+stop_token_ids, sampling_seed, custom_params.return_top_p_token_ids; sample.session_id as
+X-SMG-Routing-Key; --rollout-max-context-len). What cannot apply is a one-line HookConfigError on
+the first call: --use-rollout-routing-replay and --partial-rollout.
 
-Every agent but native / oracle / nop (`harbor_agent: mini-swe-agent`, terminus-2, any Harbor
-agent, module:Class) samples through one recording gateway per process and event loop
-(slime_harbor/gateway), in front of SLiME's router, started on the first such call and closed at
-exit: one gateway session per trial, sample.session_id as its X-SMG-Routing-Key, and a SLiME abort
-cancels the trial and closes its session (its in-flight calls aborted).
-
-SLiME's sampling params reach every agent (the native agent's own client, or the gateway, which
-calls /generate itself): temperature/top_p/top_k/max_new_tokens, stop, stop_token_ids,
-skip_special_tokens, no_stop_trim, sampling_seed (deterministic inference),
-custom_params.return_top_p_token_ids (--rollout-top-p < 1: every sample, placeholders too,
-carries rollout_top_p_token_ids/offsets); sample.session_id is sent as X-SMG-Routing-Key;
---rollout-max-context-len bounds an episode's context. What cannot apply raises a one-line
-HookConfigError on the first generate call: --use-rollout-routing-replay (our agents cannot return
-routed experts) and --partial-rollout (a Harbor trial cannot resume).
-
-Plugin settings, read from `args` (set them with SLiME's --custom-config-path YAML):
+Plugin settings, read from `args` (SLiME's --custom-config-path YAML), with their defaults:
     harbor_agent                     native | mini-swe-agent | terminus-2 | <Harbor agent> | module:Class
-                                     (native)
-                                     (a prompt row's metadata.harbor_agent overrides it per sample)
+                                     (native; a prompt row's metadata.harbor_agent overrides it)
     harbor_env                       local | docker | <harbor env type> | module:Class  (local)
     harbor_tasks_dir                 where task dirs named by the sample's label live
     harbor_concurrency               trials running at once in this rollout worker (8)
@@ -67,28 +40,21 @@ Plugin settings, read from `args` (set them with SLiME's --custom-config-path YA
     harbor_retry_window_sec          the budget's sliding window: older reruns are forgotten (3600)
     harbor_retry_backoff_sec         wait before a rerun (2.0)
     harbor_env_start_retries         environment start retries inside one episode (2)
-    harbor_task_manifest             a `slime-harbor calibrate` manifest: samples of tasks it marks
-                                     broken or flaky are not run (a removed FAILED placeholder,
-                                     counted as skipped_by_manifest)                (none)
-    harbor_eval_trials_dir           where SLiME's evaluation trials (evaluation=True) are written,
-                                     apart from the training ones      (<harbor_trials_dir>/eval)
-    harbor_mask_timeouts             mask episodes Harbor ended at the agent's time limit  (false)
-    harbor_mask_step_limit           mask episodes that used every turn (harbor_step_limit) (false)
+    harbor_task_manifest             a `slime-harbor calibrate` manifest: its skipped tasks are not
+                                     run (a removed FAILED placeholder, skipped_by_manifest) (none)
+    harbor_eval_trials_dir           SLiME's evaluation trials' dir (<harbor_trials_dir>/eval)
+    harbor_mask_timeouts             mask episodes ended at the agent's time limit      (false)
+    harbor_mask_step_limit           mask episodes ended at the step limit              (false)
     harbor_mask_length_limit         mask episodes with a turn cut at the context or max-new-token
                                      limit (DAPO's overlong filter)                  (false)
-                                     The trajectory filters of train-local (slime_harbor/filters.py):
-                                     a masked episode is removed from the loss and from its group's
-                                     baseline, counted as masked/<reason>; never applied to
-                                     evaluation trials.
-    harbor_max_staleness             generate_rollout_fully_async only: an episode with a model call
-                                     sampled more than this many weight versions before the ones
-                                     the engines serve when its round is collected is masked
-                                     (masked/stale), as train-local --max-staleness   (none: no bound)
+                                     (filters.py: removed from the loss and the group's baseline,
+                                     counted as masked/<reason>; never on evaluation trials)
+    harbor_max_staleness             generate_rollout_fully_async only: mask an episode with a call
+                                     sampled more than this many weight versions before the
+                                     engines' (masked/stale)                     (none: no bound)
 
-Dynamic filtering: groups whose kept episodes all got the same reward carry no GRPO signal. Use
-    --dynamic-sampling-filter-path slime_harbor.hooks.dynamic_sampling_filter
-with --over-sampling-batch-size larger than --rollout-batch-size. (SLiME's check_reward_nonzero_std
-crashes on our list-shaped results and counts removed samples' 0.0 as rewards.)
+Dynamic filtering: with --over-sampling-batch-size above --rollout-batch-size, use
+dynamic_sampling_filter (SLiME's check_reward_nonzero_std counts removed samples' 0.0 as rewards).
 """
 
 from __future__ import annotations
@@ -422,11 +388,11 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
             # A transient infra failure: run the task again while its budget lasts.
             if not RETRY_BUDGET.try_spend(task_dir.name, budget, window):
                 METRICS["retry_budget_exhausted"] += 1
-                for piece in episode.samples:
-                    piece.status = SampleStatus.FAILED  # not retried (until the task's window clears)
-                    piece.metadata["status_reason"] = (
+                for segment in episode.samples:
+                    segment.status = SampleStatus.FAILED  # not retried (until the task's window clears)
+                    segment.metadata["status_reason"] = (
                         f"retry budget of {budget} per {window:g} s for {task_dir.name} spent; "
-                        f"last: {piece.metadata.get('status_reason')}")
+                        f"last: {segment.metadata.get('status_reason')}")
                 break
             METRICS["retries"] += 1
             retries += 1
@@ -438,10 +404,10 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
     return to_slime_samples(sample, episode.samples, top_p_ids=top_p_ids, harbor_retries=retries)
 
 
-def to_slime_samples(sample, pieces: list[TrainingSample], top_p_ids: bool = False, **metadata) -> list:
-    """Fill SLiME's sample with our result; extra pieces (token drift) become siblings of its class."""
+def to_slime_samples(sample, segments: list[TrainingSample], top_p_ids: bool = False, **metadata) -> list:
+    """Fill SLiME's sample with our result; an episode's further segments become new Samples of its class."""
     Sample = type(sample)
-    first = pieces[0]
+    first = segments[0]
     if first.response_length == 0:  # nothing the policy sampled (infra failure, agent crashed first)
         if first.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED):
             # The trial ran, but the agent sampled nothing (it crashed or quit before its first
@@ -453,15 +419,15 @@ def to_slime_samples(sample, pieces: list[TrainingSample], top_p_ids: bool = Fal
                             **{**first.metadata, **metadata})
     rollout_id = _rollout_id(sample)
     out = []
-    for k, piece in enumerate(pieces):
+    for k, segment in enumerate(segments):
         target = sample if k == 0 else Sample(prompt=sample.prompt, label=sample.label, group_index=sample.group_index,
                                               index=sample.index, session_id=sample.session_id,
                                               metadata=dict(sample.metadata or {}))
-        piece.rollout_id = rollout_id
-        piece.prompt = ""  # keep SLiME's own prompt (the task instruction)
-        piece.metadata.update(metadata)
+        segment.rollout_id = rollout_id
+        segment.prompt = ""  # keep SLiME's own prompt (the task instruction)
+        segment.metadata.update(metadata)
         target.rollout_top_p_token_ids = target.rollout_top_p_token_offsets = None  # none left from a reused sample
-        s = piece.to_slime(target)
+        s = segment.to_slime(target)
         if top_p_ids and (getattr(s, "rollout_top_p_token_ids", None) is None
                           or getattr(s, "rollout_top_p_token_offsets", None) is None):
             raise HookConfigError("--rollout-top-p < 1 but the policy server returned no top-p token ids "
@@ -495,7 +461,7 @@ def reward_post_process(args, samples):
 
     SLiME's default reshapes by n_samples_per_prompt, which breaks as soon as a sample is removed
     or a rollout fans out into several samples. Here a group is a group_index, each episode counts
-    once (siblings share rollout_id), and removed samples get 0 and no say in their group's mean.
+    once (its segments share rollout_id), and removed samples get 0 and no say in their group's mean.
     """
     flat = _flatten(samples)
     raw = [reward_value(args, s) for s in flat]
@@ -513,7 +479,7 @@ def dynamic_sampling_filter(args, samples, **kwargs):
 
     `samples` is one SLiME group: one generate result per prompt copy, each a list of Samples here
     (bare Samples are accepted too). An episode counts once however many samples it fanned out into
-    (its siblings share rollout_id); removed samples (infra failures) carry no reward and are
+    (its segments share rollout_id); removed samples (infra failures) carry no reward and are
     ignored. Fewer than two scored episodes, or all equal: no GRPO signal, drop.
     """
     episodes: dict = {}

@@ -307,6 +307,9 @@ def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, inter
         "per_task_rewards": dict(per_task),
         "n_samples": len(samples),
         "n_trainable_samples": sum(not s.remove_sample for s in samples),
+        # episodes that became several segments (samples sharing a rollout_id): a gateway agent's
+        # branches (its history re-sent differently) or the native agent's token drift
+        "split_episodes": sum(len([s for s in e.samples if s.response_length]) > 1 for e in episodes),
         "drift_count": sum(s.metadata.get("drift_count", 0) for e in episodes for s in e.samples[:1]),
         # episodes whose grader detected tampering (scored 0), by kind
         "tampering_counts": dict(Counter(k for e in episodes for k in (e.samples[0].metadata.get("tampering") or []))),

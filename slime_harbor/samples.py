@@ -1,4 +1,4 @@
-"""The training sample: what one trajectory (or one aligned piece of it) becomes.
+"""The training sample: what one trajectory (or one segment of it) becomes.
 
 Fields and meanings are SLiME's `slime.utils.types.Sample`, so the SLiME hook converts with
 `to_slime()` and the local trainer reads the same object. Kept as a plain dataclass here so the

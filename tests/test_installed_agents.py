@@ -375,6 +375,7 @@ def test_installed_agent_trains_through_the_gateway_in_docker(agent, tmp_path, p
     trained_samples = check_trains(samples, model)
     sample = trained_samples[0]
     assert len(trained_samples) == sample.metadata["n_branches"] and len({s.rollout_id for s in samples}) == 1
+    assert summary["split_episodes"] == int(len(trained_samples) > 1)  # branches count, not only token drift
     assert sample.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED) and sample.reward == 0.0
     trial_dir = Path(sample.metadata["trial_dir"])
     stats = sample.metadata["gateway"]

@@ -93,7 +93,7 @@ class _InLoopServer:
 
 
 class Gateway:
-    """A recording OpenAI-compatible gateway in front of an SGLang-protocol policy (see CONTRACT)."""
+    """A recording OpenAI-compatible gateway in front of an SGLang-protocol policy (see the module docstring)."""
 
     def __init__(self, upstream_url: str, model_dir: str | Path, host: str = "127.0.0.1", port: int = 0,
                  served_model_name: str = "policy", upstream_api: str = "sglang", lora_name: str | None = None,
@@ -233,6 +233,7 @@ class Gateway:
             raise PolicyUnavailable("the policy server is unavailable")
         if session.max_calls is not None and (session.steps_taken(tools) or 0) >= session.max_calls:
             # The agent has no turn limit of its own (Codex): the episode ends here, scored truncated.
+            # Its side calls neither count nor are refused.
             session.exit_reason = "step_limit"
             raise BadRequest(f"the episode's step limit ({session.max_calls} model calls) is reached",
                              code=STEP_LIMIT_CODE)
