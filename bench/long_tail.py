@@ -64,7 +64,7 @@ class LongTailConfig:
     heldout_instances: int = 16  # per family; x 2 episodes x 6 families = 192 held-out trials (SE <= 0.036)
     lr: float = 1e-3
     use_tis: bool = True  # every arm: SLiME's off-policy correction (with K = 0 its weights are 1)
-    updates_per_rollout: int = 2
+    updates_per_rollout: int = 1  # one step per update keeps a sampler one version behind near the learner
 
 
 def add_tail(task: Path, share: float, wait: tuple[float, float]) -> None:
