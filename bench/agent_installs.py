@@ -36,9 +36,12 @@ def layer(name: str, fresh: bool) -> tuple[float, float]:
     client = docker_client()
     script = RECIPES[name].install.docker_script()
     if fresh:  # remove the layer ensure_layer_image would reuse, so it builds now
-        tag = layer_image(BASE_IMAGE, name, script)[0]
-        if any(tag in (image.get("RepoTags") or ()) for image in client.api.images()):
-            client.api.remove_image(tag, force=True)
+        from docker.errors import ImageNotFound
+
+        try:
+            client.api.remove_image(layer_image(BASE_IMAGE, name, script)[0], force=True)
+        except ImageNotFound:
+            pass
     started = time.monotonic()
     tag = asyncio.run(ensure_layer_image(BASE_IMAGE, name, script, 3600))
     seconds = time.monotonic() - started

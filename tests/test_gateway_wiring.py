@@ -58,7 +58,7 @@ def test_host_side_agents_get_api_base_and_a_hosted_vllm_model_name():
 
 
 @pytest.mark.parametrize("agent, model_name", [("claude-code", "anthropic/policy"), ("codex", "openai/policy"),
-                                               ("aider", "hosted_vllm/policy")])
+                                               ("aider", "openai/policy")])
 def test_installed_agents_get_the_endpoint_variables_of_their_session(agent, model_name):
     installed = agent_config(RolloutConfig(agent=agent, model_name="policy"), ENDPOINT)
     assert is_installed_agent(installed) and installed.model_name == model_name

@@ -622,6 +622,20 @@ RECIPES: dict[str, AgentRecipe] = {r.name: r for r in (
               "harness); telemetry and update checks off in Harbor's config.toml",
         verified_by="tests/test_installed_agents.py",
     ),
+    AgentRecipe(
+        name="gemini-cli", harbor_class="harbor.agents.installed.gemini_cli:GeminiCli",
+        install=NpmInstall("gemini-cli", "@google/gemini-cli", "0.61.0", "gemini"),
+        # Gemini's generateContent, streamed (?alt=sse), at GOOGLE_GEMINI_BASE_URL (the session's root;
+        # the SDK appends /v1beta/models/<model>:...); the key in x-goog-api-key. Harbor's settings.json
+        # selects gemini-api-key auth (with only a base URL it picks one headless mode rejects).
+        dialect="gemini", provider="google",
+        env={"GOOGLE_GEMINI_BASE_URL": "{root}", "GEMINI_API_KEY": "{key}"},
+        side_calls="none seen (it sent no countTokens; a next-speaker or loop check would go without tools)",
+        notes="systemInstruction with role user, 16 functionDeclarations (parametersJsonSchema), its session "
+              "context and the prompt as two text parts; echoes a placeholder thoughtSignature and our call ids; "
+              "an empty reply is sent again (the gateway supersedes the first); a 400 ends the run (exit 1)",
+        verified_by="tests/test_installed_agents.py",
+    ),
 )}
 """Recipes by Harbor agent name."""
 
