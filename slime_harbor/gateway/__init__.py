@@ -12,7 +12,7 @@ the session matching that keeps an append-only conversation ONE sample is ours.
 
 Other wire formats on the same sessions: Anthropic Messages (anthropic.py, Claude Code), OpenAI
 Responses (responses.py, Codex) and Google Gemini generateContent (gemini.py, gemini-cli), each
-translated into the chat turn server.py serves (`Gateway._complete(..., wire=...)`, wire.py), so
+translated into the chat turn server.py serves (`Gateway.complete(..., wire=...)`, wire.py), so
 rendering, branches and recording are shared.
 """
 

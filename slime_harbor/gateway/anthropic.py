@@ -240,10 +240,10 @@ class MessagesAPI:
 
     async def messages(self, request: Request, session_id: str | None = None):
         try:
-            session = self.gateway._session(request, session_id)
+            session = self.gateway.session_of(request, session_id)
             body = chat_body(await json_object(request))
             wire = MessagesWire(self.gateway.tokenizer, body["stop"])
-            return await self.gateway._complete(request, session, body, wire=wire)
+            return await self.gateway.complete(request, session, body, wire=wire)
         except BadRequest as error:
             return error_response(400, str(error))
         except LookupError as error:

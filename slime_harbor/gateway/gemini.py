@@ -279,7 +279,7 @@ class GeminiAPI:
     def _session(self, request: Request, session_id: str | None):
         if session_id is None:  # the key names it: gemini-cli sends x-goog-api-key, REST clients ?key=
             session_id = request.headers.get("x-goog-api-key") or request.query_params.get("key")
-        return self.gateway._session(request, session_id)
+        return self.gateway.session_of(request, session_id)
 
     async def post(self, request: Request, model_action: str, session_id: str | None = None):
         model, _, action = model_action.rpartition(":")
@@ -293,7 +293,7 @@ class GeminiAPI:
             stream = action == "streamGenerateContent"
             sse = stream and request.query_params.get("alt") == "sse"
             body = chat_body(await json_object(request), model, sse)
-            return await self.gateway._complete(request, session, body,
+            return await self.gateway.complete(request, session, body,
                                                 wire=GenerateContentWire(array=stream and not sse))
         except (BadRequest, LookupError, PolicyUnavailable) as error:
             return error_for(error)

@@ -235,8 +235,8 @@ class ResponsesAPI:
 
     async def responses(self, request: Request, session_id: str | None = None):
         try:
-            session = self.gateway._session(request, session_id)
+            session = self.gateway.session_of(request, session_id)
             body = await json_object(request)
-            return await self.gateway._complete(request, session, chat_body(body), wire=ResponsesWire(body))
+            return await self.gateway.complete(request, session, chat_body(body), wire=ResponsesWire(body))
         except (BadRequest, LookupError, PolicyUnavailable) as error:
             return openai_error_for(error)

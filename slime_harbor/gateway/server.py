@@ -201,12 +201,12 @@ class Gateway:
 
     async def chat_completions(self, request: Request, session_id: str | None = None):
         try:
-            session = self._session(request, session_id)
-            return await self._complete(request, session, await json_object(request))
+            session = self.session_of(request, session_id)
+            return await self.complete(request, session, await json_object(request))
         except (BadRequest, LookupError, PolicyUnavailable) as error:
             return openai_error_for(error)
 
-    def _session(self, request: Request, session_id: str | None) -> GatewaySession:
+    def session_of(self, request: Request, session_id: str | None) -> GatewaySession:
         if session_id is None:  # no session in the path: the API key names it
             auth = request.headers.get("authorization", "")
             session_id = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
@@ -215,7 +215,7 @@ class Gateway:
             raise LookupError(f"no open gateway session {session_id!r}")
         return session
 
-    async def _complete(self, request: Request, session: GatewaySession, body: dict[str, Any], wire=None):
+    async def complete(self, request: Request, session: GatewaySession, body: dict[str, Any], wire=None):
         """One chat-completions turn; `wire` (anthropic.py, responses.py, gemini.py) writes the reply in
         another API's format instead, from the same call."""
         stream = body.get("stream") or False
@@ -267,7 +267,7 @@ class Gateway:
                                      media_type="text/event-stream")
         delivered = False
         try:
-            await self._generate(request, session, call, params, tools)
+            await self.generate_call(request, session, call, params, tools)
             if await request.is_disconnected():
                 raise PolicyUnavailable("the client went away")
             reply = wire.reply(call, model) if wire is not None else _completion(call, model)
@@ -295,7 +295,7 @@ class Gateway:
             stop=list(dict.fromkeys([*params.stop, *stop])),
         )
 
-    async def _generate(self, request: Request, session: GatewaySession, call: Call, params: SamplingParams,
+    async def generate_call(self, request: Request, session: GatewaySession, call: Call, params: SamplingParams,
                         tools: list | None) -> None:
         """Sample the call upstream, watching the client: if it goes away, the upstream request is
         aborted. Fills the call's completion and its OpenAI message."""
@@ -375,7 +375,7 @@ class Gateway:
         try:
             yield chunk({"role": "assistant", "content": ""})
             try:
-                await self._generate(request, session, call, params, tools)
+                await self.generate_call(request, session, call, params, tools)
             except (BadRequest, PolicyUnavailable) as error:  # headers are sent: the error goes in the stream
                 yield "data: " + json.dumps({"error": {"message": str(error), "type": type(error).__name__,
                                                        "param": None, "code": None}}) + "\n\n"

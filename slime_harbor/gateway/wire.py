@@ -1,7 +1,7 @@
 """What the gateway's other wire formats (anthropic.py, responses.py) share: one turn streamed.
 
 A dialect translates its request into the chat-completions body the gateway serves
-(`Gateway._complete(..., wire=...)`: the same rendering, branches, sampling and recording), and a
+(`Gateway.complete(..., wire=...)`: the same rendering, branches, sampling and recording), and a
 `Wire` writes the finished call back in the dialect's format: `reply()` for a JSON answer,
 `head()` / `events()` / `keepalive()` / `error()` for its SSE stream.
 """
@@ -52,7 +52,7 @@ class Wire:
         try:
             for event in self.head(call, model):
                 yield event
-            task = asyncio.get_running_loop().create_task(gateway._generate(request, session, call, params, tools))
+            task = asyncio.get_running_loop().create_task(gateway.generate_call(request, session, call, params, tools))
             while not (await asyncio.wait({task}, timeout=KEEPALIVE_S))[0]:
                 yield self.keepalive(call, model)
             try:
