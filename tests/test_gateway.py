@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 
 import httpx
 import openai
@@ -18,7 +17,7 @@ from slime_harbor.converter import trial_to_samples
 from slime_harbor.gateway import Gateway, GatewayError
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.samples import SampleStatus
-from conftest import port_is_free
+from conftest import free_port, port_is_free
 from test_converter import make_result
 from test_rollout_e2e import check_sample_against_model
 
@@ -458,9 +457,7 @@ def test_side_calls_neither_count_toward_the_step_limit_nor_are_refused(base_ser
 
 
 def test_policy_down_is_a_503_and_an_aborted_episode(tiny_model_dir, tmp_path):
-    with socket.socket() as probe:  # a port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    dead = f"http://127.0.0.1:{free_port()}"  # a port nobody listens on
 
     async def scenario(gateway):
         session = gateway.open_session("down", tmp_path / "gw")

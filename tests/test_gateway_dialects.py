@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import anthropic
 import httpx
 import openai
 import pytest
 import websockets
+from conftest import free_port
 
 from slime_harbor.converter import trial_to_samples
 from slime_harbor.gateway.anthropic import anthropic_base_url
@@ -595,9 +595,7 @@ def test_gemini_count_tokens_models_wire_errors_and_step_limit(tool_server, tool
 
 
 def test_gemini_policy_down_is_unavailable_streamed_or_not(tiny_model_dir, tmp_path):
-    with socket.socket() as probe:  # a port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    dead = f"http://127.0.0.1:{free_port()}"  # a port nobody listens on
 
     async def scenario(gateway):
         session = gateway.open_session("down-gem", tmp_path / "gw")
@@ -621,9 +619,7 @@ def test_gemini_policy_down_is_unavailable_streamed_or_not(tiny_model_dir, tmp_p
 # ---- both: faults -----------------------------------------------------------------------------
 
 def test_policy_down_is_each_dialects_error_streamed_or_not(tiny_model_dir, tmp_path):
-    with socket.socket() as probe:  # a port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    dead = f"http://127.0.0.1:{free_port()}"  # a port nobody listens on
 
     async def scenario(gateway):
         claude_session = gateway.open_session("down-claude", tmp_path / "claude")
