@@ -32,7 +32,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
 from slime_harbor.gateway.session import BadRequest, PolicyUnavailable, normalise_messages
-from slime_harbor.gateway.wire import Wire, function_tool, json_object, sse
+from slime_harbor.gateway.wire import Wire, function_tool, json_object, sse, tool_objects
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "api_error"}
@@ -141,11 +141,9 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 def chat_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     """Client tools as function tools; Anthropic's server tools (web search, ...) have no
     input_schema and nothing here could run them, so they are left out."""
-    tools = body.get("tools")
+    tools = tool_objects(body, "{name, description, input_schema}")
     if tools is None:
         return None
-    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-        raise BadRequest("tools must be a list of {name, description, input_schema}", param="tools")
     out = [function_tool(t.get("name"), t.get("description"), t.get("input_schema"), f"tools.{k}")
            for k, t in enumerate(tools) if t.get("type") in (None, "custom") or "input_schema" in t]
     return out or None

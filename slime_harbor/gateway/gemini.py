@@ -43,7 +43,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from slime_harbor.gateway.session import BadRequest, PolicyUnavailable, normalise_messages
-from slime_harbor.gateway.wire import Wire, function_tool, json_object
+from slime_harbor.gateway.wire import Wire, function_tool, json_object, tool_objects
 
 STATUSES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 503: "UNAVAILABLE"}
 ACTIONS = ("generateContent", "streamGenerateContent", "countTokens")
@@ -190,11 +190,9 @@ def _lower_types(schema: Any) -> Any:
 
 
 def chat_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
-    tools = body.get("tools")
+    tools = tool_objects(body, "Tool objects")
     if tools is None:
         return None
-    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-        raise BadRequest("tools must be a list of Tool objects", param="tools")
     out = []
     for i, tool in enumerate(tools):
         declarations = tool.get("functionDeclarations", tool.get("function_declarations")) or []

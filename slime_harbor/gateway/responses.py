@@ -31,7 +31,8 @@ from typing import Any
 from fastapi import Request, WebSocket
 
 from slime_harbor.gateway.session import BadRequest, PolicyUnavailable
-from slime_harbor.gateway.wire import Wire, function_tool, json_object, openai_error, openai_error_for, sse
+from slime_harbor.gateway.wire import (Wire, function_tool, json_object, openai_error, openai_error_for, sse,
+                                       tool_objects)
 
 ASSISTANT_ITEMS = ("reasoning", "function_call")
 
@@ -114,11 +115,9 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def chat_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
-    tools = body.get("tools")
+    tools = tool_objects(body, "{type: function, name, parameters}")
     if tools is None:
         return None
-    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-        raise BadRequest("tools must be a list of {type: function, name, parameters}", param="tools")
     out = [function_tool(t.get("name"), t.get("description"), t.get("parameters"), f"tools[{k}]")
            for k, t in enumerate(tools) if t.get("type") == "function"]
     return out or None

@@ -80,6 +80,15 @@ def sse(event: str | None, payload: dict[str, Any]) -> str:
     return (f"event: {event}\n" if event else "") + "data: " + json.dumps(payload, ensure_ascii=False) + "\n\n"
 
 
+def tool_objects(body: dict[str, Any], shape: str) -> list[dict[str, Any]] | None:
+    """A request's `tools`: None when it has none, else its list of objects (BadRequest naming the
+    dialect's tool `shape` when it is not one)."""
+    tools = body.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise BadRequest(f"tools must be a list of {shape}", param="tools")
+    return tools
+
+
 def function_tool(name: Any, description: Any, parameters: Any, where: str) -> dict[str, Any]:
     """A dialect's tool declaration as the chat-completions tool the renderer takes (key order as
     OpenAI clients send it, so the same tools render to the same tokens whichever API sent them)."""
