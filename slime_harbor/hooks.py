@@ -112,8 +112,10 @@ class RetryBudget:
     window), so a few blips early in a multi-day run do not disable a task's retries for good,
     while a task that keeps failing stops being rerun until its window clears."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, clock: Callable[[], float] = time.monotonic, window_sec: float = 3600.0):
         self.clock = clock
+        self.window_sec = window_sec
+        """The window reruns were last budgeted in (harbor_retry_window_sec), for metrics()."""
         self.spent: dict[str, collections.deque] = {}
 
     def recent(self, task: str, window_sec: float) -> int:
@@ -125,18 +127,20 @@ class RetryBudget:
 
     def try_spend(self, task: str, budget: int, window_sec: float) -> bool:
         """Spend one rerun of `task` if the window has room; False when it has none."""
+        self.window_sec = window_sec
         if self.recent(task, window_sec) >= budget:
             return False
         self.spent[task].append(self.clock())
         return True
 
-    def metrics(self, window_sec: float) -> dict[str, int]:
+    def metrics(self, window_sec: float | None = None) -> dict[str, int]:
+        """Each task's reruns in its window (the last budgeted one unless given)."""
+        window_sec = self.window_sec if window_sec is None else window_sec
         return {f"retries/{task}": self.recent(task, window_sec) for task in list(self.spent)}
 
 
 RETRY_BUDGET = RetryBudget()
 """The process's retry budget (the SLiME rollout workers run one hook process each)."""
-_retry_window_sec = 3600.0  # the window of the last generate call, for hook_metrics()
 
 
 class HookConfigError(ValueError):
@@ -145,7 +149,7 @@ class HookConfigError(ValueError):
 
 def hook_metrics() -> dict[str, int]:
     """The process's counts, with each task's reruns in its current retry window."""
-    return {**METRICS, **RETRY_BUDGET.metrics(_retry_window_sec)}
+    return {**METRICS, **RETRY_BUDGET.metrics()}
 
 
 @functools.lru_cache(maxsize=4)
@@ -365,9 +369,8 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
     gateway = await process_gateway(cfg) if uses_gateway(cfg.agent) else None
     loop_key = id(asyncio.get_running_loop())
     semaphore = _semaphores.setdefault(loop_key, asyncio.Semaphore(int(setting(args, "harbor_concurrency"))))
-    global _retry_window_sec
     budget = int(setting(args, "harbor_max_retries_per_task"))
-    _retry_window_sec = window = float(setting(args, "harbor_retry_window_sec"))
+    window = float(setting(args, "harbor_retry_window_sec"))
     retries = 0
     async with semaphore:
         while True:
