@@ -1,6 +1,6 @@
-"""A recording model gateway: any agent that speaks OpenAI Chat Completions, trained token-exact.
+"""A recording model gateway: any agent that speaks an LLM API, trained token-exact.
 
-    agent --OpenAI chat--> Gateway (server.py) --SGLang /generate, token ids--> policy
+    agent --its API--> a dialect (chat.py, ...) --TurnRequest--> Gateway (server.py) --SGLang /generate--> policy
                               |
                               +-- GatewaySession (session.py): branches of exact tokens, calls.jsonl,
                                   rollout_details() for the converter, an ATIF trajectory
@@ -10,10 +10,11 @@ Whose parts: rendering messages to token ids, bridging to the next turn and pars
 family; the upstream call is our PolicyClient (SGLang /generate, or vLLM-style /v1/completions);
 the session matching that keeps an append-only conversation ONE sample is ours.
 
-Other wire formats on the same sessions: Anthropic Messages (anthropic.py, Claude Code), OpenAI
-Responses (responses.py, Codex) and Google Gemini generateContent (gemini.py, gemini-cli), each
-translated into the chat turn server.py serves (`Gateway.complete(..., wire=...)`, wire.py), so
-rendering, branches and recording are shared.
+The dialects, on the same sessions: OpenAI Chat Completions (chat.py, most agents), Anthropic
+Messages (anthropic.py, Claude Code), OpenAI Responses (responses.py, Codex) and Google Gemini
+generateContent (gemini.py, gemini-cli). Each declares its routes and translates its request into
+one TurnRequest that server.py serves (`Gateway.complete(request, session, turn, wire)`, wire.py),
+so rendering, branches, sampling and recording are shared.
 """
 
 from slime_harbor.gateway.server import RENDERER_FAMILIES, Gateway, GatewayError

@@ -31,8 +31,9 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
-from slime_harbor.gateway.session import BadRequest, PolicyUnavailable, normalise_messages
-from slime_harbor.gateway.wire import Wire, function_tool, json_object, sse, tool_objects
+from slime_harbor.gateway.session import PolicyUnavailable, normalise_messages
+from slime_harbor.gateway.wire import TurnRequest, Wire, function_tool, sse, tool_objects
+from slime_harbor.http_api import BadRequest, json_object
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "api_error"}
@@ -149,15 +150,15 @@ def chat_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     return out or None
 
 
-def chat_body(body: dict[str, Any]) -> dict[str, Any]:
+def chat_turn(body: dict[str, Any]) -> TurnRequest:
     max_tokens = body.get("max_tokens")
     if max_tokens is None:
         raise BadRequest("max_tokens: field required", param="max_tokens")
     stop = body.get("stop_sequences") or []
     if not isinstance(stop, list):
         raise BadRequest("stop_sequences must be a list of strings", param="stop_sequences")
-    return {"messages": chat_messages(body), "tools": chat_tools(body), "max_tokens": max_tokens, "stop": stop,
-            "stream": body.get("stream", False), "model": body.get("model")}
+    return TurnRequest(messages=chat_messages(body), tools=chat_tools(body), max_tokens=max_tokens, stop=stop,
+                       stream=body.get("stream", False), model=body.get("model"))
 
 
 class MessagesWire(Wire):
@@ -239,9 +240,8 @@ class MessagesAPI:
     async def messages(self, request: Request, session_id: str | None = None):
         try:
             session = self.gateway.session_of(request, session_id)
-            body = chat_body(await json_object(request))
-            wire = MessagesWire(self.gateway.tokenizer, body["stop"])
-            return await self.gateway.complete(request, session, body, wire=wire)
+            turn = chat_turn(await json_object(request))
+            return await self.gateway.complete(request, session, turn, MessagesWire(self.gateway.tokenizer, turn.stop))
         except BadRequest as error:
             return error_response(400, str(error))
         except LookupError as error:

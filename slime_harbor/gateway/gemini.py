@@ -42,8 +42,9 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from slime_harbor.gateway.session import BadRequest, PolicyUnavailable, normalise_messages
-from slime_harbor.gateway.wire import Wire, function_tool, json_object, tool_objects
+from slime_harbor.gateway.session import PolicyUnavailable, normalise_messages
+from slime_harbor.gateway.wire import TurnRequest, Wire, function_tool, tool_objects
+from slime_harbor.http_api import BadRequest, json_object
 
 STATUSES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 503: "UNAVAILABLE"}
 ACTIONS = ("generateContent", "streamGenerateContent", "countTokens")
@@ -207,15 +208,17 @@ def chat_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     return out or None
 
 
-def chat_body(body: dict[str, Any], model: str, stream: bool) -> dict[str, Any]:
+def chat_turn(body: dict[str, Any], model: str, stream: bool) -> TurnRequest:
     config = body.get("generationConfig", body.get("generation_config")) or {}
     if not isinstance(config, dict):
         raise BadRequest("generationConfig must be an object", param="generationConfig")
     stop = config.get("stopSequences") or []
     if not isinstance(stop, list):
         raise BadRequest("generationConfig.stopSequences must be a list of strings", param="generationConfig")
-    return {"messages": chat_messages(body), "tools": chat_tools(body), "max_tokens": config.get("maxOutputTokens"),
-            "stop": stop, "n": config.get("candidateCount"), "stream": stream, "model": model}
+    if config.get("candidateCount") not in (None, 1):
+        raise BadRequest("only candidateCount=1 is supported", param="generationConfig.candidateCount")
+    return TurnRequest(messages=chat_messages(body), tools=chat_tools(body), max_tokens=config.get("maxOutputTokens"),
+                       stop=stop, stream=stream, model=model)
 
 
 class GenerateContentWire(Wire):
@@ -290,9 +293,8 @@ class GeminiAPI:
             session = self._session(request, session_id)
             stream = action == "streamGenerateContent"
             sse = stream and request.query_params.get("alt") == "sse"
-            body = chat_body(await json_object(request), model, sse)
-            return await self.gateway.complete(request, session, body,
-                                                wire=GenerateContentWire(array=stream and not sse))
+            turn = chat_turn(await json_object(request), model, sse)
+            return await self.gateway.complete(request, session, turn, GenerateContentWire(array=stream and not sse))
         except (BadRequest, LookupError, PolicyUnavailable) as error:
             return error_for(error)
 

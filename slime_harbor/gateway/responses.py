@@ -30,9 +30,9 @@ from typing import Any
 
 from fastapi import Request, WebSocket
 
-from slime_harbor.gateway.session import BadRequest, PolicyUnavailable
-from slime_harbor.gateway.wire import (Wire, function_tool, json_object, openai_error, openai_error_for, sse,
-                                       tool_objects)
+from slime_harbor.gateway.session import PolicyUnavailable
+from slime_harbor.gateway.wire import TurnRequest, Wire, function_tool, openai_error_for, sse, tool_objects
+from slime_harbor.http_api import BadRequest, json_object, openai_error
 
 ASSISTANT_ITEMS = ("reasoning", "function_call")
 
@@ -123,12 +123,12 @@ def chat_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     return out or None
 
 
-def chat_body(body: dict[str, Any]) -> dict[str, Any]:
+def chat_turn(body: dict[str, Any]) -> TurnRequest:
     if body.get("previous_response_id"):
         raise BadRequest("previous_response_id is not supported: send the whole conversation as input "
                          "(store=false)", param="previous_response_id")
-    return {"messages": chat_messages(body), "tools": chat_tools(body), "max_tokens": body.get("max_output_tokens"),
-            "stream": body.get("stream", False), "model": body.get("model")}
+    return TurnRequest(messages=chat_messages(body), tools=chat_tools(body), max_tokens=body.get("max_output_tokens"),
+                       stream=body.get("stream", False), model=body.get("model"))
 
 
 class ResponsesWire(Wire):
@@ -236,6 +236,6 @@ class ResponsesAPI:
         try:
             session = self.gateway.session_of(request, session_id)
             body = await json_object(request)
-            return await self.gateway.complete(request, session, chat_body(body), wire=ResponsesWire(body))
+            return await self.gateway.complete(request, session, chat_turn(body), ResponsesWire(body))
         except (BadRequest, LookupError, PolicyUnavailable) as error:
             return openai_error_for(error)

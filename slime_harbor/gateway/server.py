@@ -1,9 +1,11 @@
-"""The gateway's HTTP server: OpenAI Chat Completions in, SGLang `/generate` token ids out.
+"""The gateway's HTTP server: the agents' APIs in, SGLang `/generate` token ids out.
 
-Responsible for: the wire format (requests checked, replies and SSE streams built, OpenAI-style
-errors), sessions by URL path or API key, the run's sampling replacing the agent's, the context
-limit, and upstream faults. Not responsible for: which tokens a prompt is (session.py: branches
-and bridges) or how messages become tokens (PyPI `renderers`, one renderer per model family).
+Responsible for: serving one turn whichever dialect asked for it (`Gateway.complete`): sessions
+by URL path or API key, the run's sampling replacing the agent's, the step and context limits,
+the upstream call and its faults, the reply parsed into a chat message. Not responsible for: an
+API's wire format (the dialects: chat.py, anthropic.py, responses.py, gemini.py, over wire.py),
+which tokens a prompt is (session.py: branches and bridges) or how messages become tokens (PyPI
+`renderers`, one renderer per model family).
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from slime_harbor.agent import turn_seed
-from slime_harbor.gateway.session import (STEP_LIMIT_CODE, BadRequest, Call, GatewaySession, PolicyUnavailable,
-                                          canonical, normalise_messages)
-from slime_harbor.gateway.wire import json_object, openai_error_for
+from slime_harbor.gateway.session import (STEP_LIMIT_CODE, Call, GatewaySession, PolicyUnavailable, canonical,
+                                          normalise_messages)
+from slime_harbor.gateway.wire import TurnRequest, Wire
+from slime_harbor.http_api import BadRequest
 from slime_harbor.policy.client import PolicyClient, PolicyServerError
 from slime_harbor.policy.sampling import SamplingParams
 
@@ -114,14 +117,10 @@ class Gateway:
         self._server: _InLoopServer | None = None
         self._socket: socket.socket | None = None
         self.app = FastAPI(title="slime-harbor gateway", docs_url=None, redoc_url=None, openapi_url=None)
-        for prefix in ("/s/{session_id}/v1", "/v1"):
-            self.app.add_api_route(prefix + "/chat/completions", self.chat_completions, methods=["POST"])
-            self.app.add_api_route(prefix + "/models", self.models, methods=["GET"])
-        from slime_harbor.gateway import anthropic, gemini, responses  # other APIs' wire formats, same sessions
+        from slime_harbor.gateway import anthropic, chat, gemini, responses  # each declares its routes
 
-        anthropic.add_routes(self)
-        responses.add_routes(self)
-        gemini.add_routes(self)
+        for dialect in (chat, anthropic, responses, gemini):
+            dialect.add_routes(self)
 
     @property
     def base_url(self) -> str:
@@ -189,23 +188,7 @@ class Gateway:
             self._socket = None
         await self.upstream.aclose()
 
-    # ---- routes ---------------------------------------------------------------------------
-    async def models(self, request: Request, session_id: str | None = None) -> JSONResponse:
-        if "anthropic-version" in request.headers:  # an Anthropic SDK lists models in its own shape
-            from slime_harbor.gateway.anthropic import models_reply
-
-            return JSONResponse(models_reply(self.served_model_name))
-        return JSONResponse({"object": "list", "data": [{
-            "id": self.served_model_name, "object": "model", "created": 0, "owned_by": "slime-harbor",
-            "max_model_len": self.max_context_len}]})
-
-    async def chat_completions(self, request: Request, session_id: str | None = None):
-        try:
-            session = self.session_of(request, session_id)
-            return await self.complete(request, session, await json_object(request))
-        except (BadRequest, LookupError, PolicyUnavailable) as error:
-            return openai_error_for(error)
-
+    # ---- serving one turn -------------------------------------------------------------------
     def session_of(self, request: Request, session_id: str | None) -> GatewaySession:
         if session_id is None:  # no session in the path: the API key names it
             auth = request.headers.get("authorization", "")
@@ -215,20 +198,16 @@ class Gateway:
             raise LookupError(f"no open gateway session {session_id!r}")
         return session
 
-    async def complete(self, request: Request, session: GatewaySession, body: dict[str, Any], wire=None):
-        """One chat-completions turn; `wire` (anthropic.py, responses.py, gemini.py) writes the reply in
-        another API's format instead, from the same call."""
-        stream = body.get("stream") or False
-        if not isinstance(stream, bool):
+    async def complete(self, request: Request, session: GatewaySession, asked: TurnRequest, wire: Wire):
+        """One model call, whichever dialect asked for it: checked against the session's limits,
+        rendered (or bridged) to its branch's tokens, sampled under the run's sampling, parsed, and
+        answered by `wire` in the dialect's format (streamed or not). Recorded for training once
+        the reply is delivered."""
+        if not isinstance(asked.stream, bool):
             raise BadRequest("stream must be a boolean", param="stream")
-        if body.get("n") not in (None, 1):
-            raise BadRequest("only n=1 is supported", param="n")
-        messages = normalise_messages(body.get("messages"))
-        tools = body.get("tools") or None
-        if tools is not None and (not isinstance(tools, list) or not all(
-                isinstance(t, dict) and isinstance((t.get("function") or {}).get("name"), str) for t in tools)):
-            raise BadRequest("tools must be a list of {type: function, function: {name, ...}}", param="tools")
-        params = self._sampling(session, body)
+        messages = normalise_messages(asked.messages)
+        tools = asked.tools
+        params = self._sampling(session, asked)
         if session.exit_reason == "policy_unavailable":  # the trial is aborted: fail fast
             raise PolicyUnavailable("the policy server is unavailable")
         if session.max_calls is not None and (session.steps_taken(tools) or 0) >= session.max_calls:
@@ -256,21 +235,16 @@ class Gateway:
         seed = session.sampling_seed
         params = dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, room),
                                      sampling_seed=turn_seed(seed, call.index) if seed is not None else None)
-        model = body.get("model") if isinstance(body.get("model"), str) else self.served_model_name
-        if stream and wire is not None:
+        model = asked.model if isinstance(asked.model, str) else self.served_model_name
+        if asked.stream:
             return StreamingResponse(wire.stream(self, request, session, turn, call, params, tools, model),
-                                     media_type="text/event-stream")
-        if stream:
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if isinstance(
-                body.get("stream_options"), dict) else False
-            return StreamingResponse(self._stream(request, session, turn, call, params, tools, model, include_usage),
                                      media_type="text/event-stream")
         delivered = False
         try:
             await self.generate_call(request, session, call, params, tools)
             if await request.is_disconnected():
                 raise PolicyUnavailable("the client went away")
-            reply = wire.reply(call, model) if wire is not None else _completion(call, model)
+            reply = wire.reply(call, model)
             session.commit(turn, call, canonical(normalise_messages([call.message])[0]))
             delivered = True
             return JSONResponse(reply)
@@ -279,15 +253,14 @@ class Gateway:
                 call.delivered = False
             session.finished(call)
 
-    def _sampling(self, session: GatewaySession, body: dict[str, Any]) -> SamplingParams:
+    def _sampling(self, session: GatewaySession, asked: TurnRequest) -> SamplingParams:
         """The run's sampling, with the request's max_tokens (capped) and stop strings added. The
         request's temperature / top_p are ignored: the run's are what the policy is trained under."""
         params = session.sampling
-        requested = body.get("max_completion_tokens", body.get("max_tokens"))
+        requested = asked.max_tokens
         if requested is not None and (not isinstance(requested, int) or isinstance(requested, bool) or requested < 1):
             raise BadRequest("max_tokens must be a positive integer", param="max_tokens")
-        stop = body.get("stop")
-        stop = [stop] if isinstance(stop, str) else (stop or [])
+        stop = asked.stop or []
         if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
             raise BadRequest("stop must be a string or a list of strings", param="stop")
         return dataclasses.replace(
@@ -359,61 +332,6 @@ class Gateway:
             ]
             message["content"] = content or None  # OpenAI: null content beside tool calls
         return message
-
-    async def _stream(self, request: Request, session: GatewaySession, turn, call: Call, params: SamplingParams,
-                      tools: list | None, model: str, include_usage: bool):
-        """SSE: the role chunk at once, then (once sampled) content / reasoning / tool-call deltas,
-        the finish chunk, usage if asked, [DONE]. The reply counts as delivered once [DONE] is sent."""
-        head = {"id": f"chatcmpl-{call.rid}", "object": "chat.completion.chunk", "created": int(time.time()),
-                "model": model}
-
-        def chunk(delta: dict[str, Any], finish: str | None = None, **extra) -> str:
-            return "data: " + json.dumps({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
-                                                                "logprobs": None}], **extra}) + "\n\n"
-
-        delivered = False
-        try:
-            yield chunk({"role": "assistant", "content": ""})
-            try:
-                await self.generate_call(request, session, call, params, tools)
-            except (BadRequest, PolicyUnavailable) as error:  # headers are sent: the error goes in the stream
-                yield "data: " + json.dumps({"error": {"message": str(error), "type": type(error).__name__,
-                                                       "param": None, "code": None}}) + "\n\n"
-                return
-            message = call.message
-            if message.get("reasoning_content"):
-                yield chunk({"reasoning_content": message["reasoning_content"]})
-            if message.get("content"):
-                yield chunk({"content": message["content"]})
-            for k, tool_call in enumerate(message.get("tool_calls") or []):
-                yield chunk({"tool_calls": [{"index": k, "id": tool_call["id"], "type": "function",
-                                             "function": {"name": tool_call["function"]["name"], "arguments": ""}}]})
-                yield chunk({"tool_calls": [{"index": k, "function": {"arguments": tool_call["function"]["arguments"]}}]})
-            yield chunk({}, _finish_reason(call))
-            if include_usage:
-                yield "data: " + json.dumps({**head, "choices": [], "usage": call.usage()}) + "\n\n"
-            yield "data: [DONE]\n\n"
-            session.commit(turn, call, canonical(normalise_messages([message])[0]))
-            delivered = True
-        finally:
-            if not delivered:
-                call.delivered = False
-                call.error = call.error or "the client left before the reply was sent"
-            session.finished(call)
-
-
-def _finish_reason(call: Call) -> str:
-    if call.message and call.message.get("tool_calls"):
-        return "tool_calls"
-    return "length" if call.finish_reason == "length" else "stop"
-
-
-def _completion(call: Call, model: str) -> dict[str, Any]:
-    return {
-        "id": f"chatcmpl-{call.rid}", "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": call.message, "finish_reason": _finish_reason(call), "logprobs": None}],
-        "usage": call.usage(),
-    }
 
 
 def _new_messages(messages: list[dict], turn) -> list[dict]:

@@ -41,6 +41,7 @@ from typing import Any
 
 import orjson
 
+from slime_harbor.http_api import BadRequest
 from slime_harbor.policy.sampling import SamplingParams
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -48,14 +49,6 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 STEP_LIMIT_CODE = "step_limit_reached"
 """The error code of a call refused because its session used its step limit (max_calls)."""
-
-
-class BadRequest(ValueError):
-    """A request the gateway refuses with an OpenAI-style 400; `param` names the field at fault."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.param, self.code = param, code
 
 
 class PolicyUnavailable(Exception):

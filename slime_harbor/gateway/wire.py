@@ -1,27 +1,48 @@
-"""What the gateway's other wire formats (anthropic.py, responses.py) share: one turn streamed.
+"""What the gateway's dialects share: the turn they translate a request into, and one turn's reply streamed.
 
-A dialect translates its request into the chat-completions body the gateway serves
-(`Gateway.complete(..., wire=...)`: the same rendering, branches, sampling and recording), and a
-`Wire` writes the finished call back in the dialect's format: `reply()` for a JSON answer,
-`head()` / `events()` / `keepalive()` / `error()` for its SSE stream.
+A dialect (chat.py, anthropic.py, responses.py, gemini.py) declares its routes (`add_routes`),
+translates its request into one `TurnRequest` (chat-completions messages and function tools, the
+format the renderer takes) and serves it with `Gateway.complete(request, session, turn, wire)`:
+the same rendering, branches, sampling and recording for every API. Its `Wire` writes the
+finished call back in the dialect's format: `reply()` for a JSON answer, `head()` / `events()` /
+`keepalive()` / `error()` for its SSE stream, whose bookkeeping is `Wire.stream`, one for all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
-from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from slime_harbor.gateway.session import BadRequest, PolicyUnavailable, canonical, normalise_messages
+from slime_harbor.gateway.session import PolicyUnavailable, canonical, normalise_messages
+from slime_harbor.http_api import BadRequest, bad_request_reply, openai_error
 
 # While the policy samples, a stream sends the dialect's keepalive this often: clients with an
 # idle timer (Codex resets its own only on data events) must not give up on a long generation.
 KEEPALIVE_S = 10.0
+
+
+@dataclass
+class TurnRequest:
+    """One model call as every dialect asks for it. Fields are as the client sent them (after the
+    dialect's translation); `Gateway.complete` checks them."""
+
+    messages: Any
+    """Chat-completions messages (system, user, assistant with tool_calls / reasoning_content, tool)."""
+    tools: list[dict[str, Any]] | None = None
+    """Function tools: `{"type": "function", "function": {"name", "description"?, "parameters"}}`."""
+    max_tokens: Any = None
+    """The client's cap on new tokens (None: the run's); never above the run's."""
+    stop: Any = None
+    """The client's stop strings, added to the run's."""
+    stream: Any = False
+    model: str | None = None
+    """The model name the reply echoes (None: the served name)."""
+    include_usage: bool = False
+    """Chat's stream_options.include_usage: a usage chunk ends the stream."""
 
 
 class Wire:
@@ -45,8 +66,10 @@ class Wire:
         raise NotImplementedError
 
     async def stream(self, gateway, request, session, turn, call, params, tools, model: str):
-        """The chat stream's bookkeeping (server.Gateway._stream) with this dialect's events: the
-        reply counts as delivered once its last event is sent, and is trained only then."""
+        """Every dialect's SSE stream: the head at once, keepalives while the policy samples, the
+        dialect's events, or its error event once headers are sent. The reply counts as delivered
+        once its last event is sent, and is trained only then; a client that leaves mid-generation
+        has its upstream call aborted."""
         delivered = False
         task = None
         try:
@@ -101,34 +124,11 @@ def function_tool(name: Any, description: Any, parameters: Any, where: str) -> d
     return {"type": "function", "function": function}
 
 
-async def json_object(request: Request) -> dict[str, Any]:
-    """The request's body as a JSON object (every dialect's requests are one), else BadRequest."""
-    raw = await request.body()
-    try:
-        # orjson: an agent resends its whole history every call; 130 kB of it parses in ~0.2 ms
-        # here against ~0.7 ms with the stdlib, which stays the fallback for what orjson refuses
-        # and Python's json accepts (lone surrogates in strings, NaN).
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        try:
-            body = json.loads(raw)
-        except ValueError as error:
-            raise BadRequest(f"the body is not JSON: {error}") from None
-    if not isinstance(body, dict):
-        raise BadRequest("the body must be a JSON object")
-    return body
-
-
-def openai_error(status: int, message: str, kind: str, param: str | None = None, code: str | None = None) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "param": param,
-                                                               "code": code}})
-
-
 def openai_error_for(error: Exception) -> JSONResponse:
     """The OpenAI-shaped answer (chat completions, Responses) to a request the gateway refused:
     400 a malformed request, 404 an unknown session, 503 the policy cannot answer."""
     if isinstance(error, BadRequest):
-        return openai_error(400, str(error), "invalid_request_error", error.param, error.code)
+        return bad_request_reply(error)
     if isinstance(error, LookupError):
         return openai_error(404, str(error.args[0]), "not_found_error", None, "session_not_found")
     return openai_error(503, str(error), "service_unavailable", None, "policy_unavailable")

@@ -55,6 +55,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from slime_harbor.http_api import BadRequest, bad_request_reply, json_object, openai_error
 from slime_harbor.policy.engine import EngineConfig, SamplingEngine
 from slime_harbor.policy.sampling import SamplingParams
 
@@ -70,10 +71,6 @@ _NEUTRAL_PARAMS = {
 }
 # SGLang params accepted and ignored (SLiME sends none of them).
 _IGNORED_PARAMS = {"logit_bias"}
-
-
-class BadRequest(ValueError):
-    """A request the server refuses with HTTP 400."""
 
 
 class PolicyServer:
@@ -109,7 +106,7 @@ class PolicyServer:
     # ----- SGLang native ----------------------------------------------------------------------
 
     async def generate(self, request: Request) -> dict[str, Any]:
-        body = await _json(request)
+        body = await json_object(request)
         if body.get("stream"):
             raise BadRequest("streaming is not supported")
         if "input_ids" in body:
@@ -146,7 +143,7 @@ class PolicyServer:
         return {"text": generation.text, "output_ids": generation.output_ids, "meta_info": meta_info}
 
     async def abort_request(self, request: Request) -> dict[str, Any]:
-        body = await _json(request)
+        body = await json_object(request)
         if body.get("abort_all"):
             return {"aborted": self.engine.abort_all()}
         if not body.get("rid"):
@@ -156,7 +153,7 @@ class PolicyServer:
     # ----- OpenAI chat ------------------------------------------------------------------------
 
     async def chat_completions(self, request: Request) -> dict[str, Any]:
-        body = await _json(request)
+        body = await json_object(request)
         if body.get("stream"):
             raise BadRequest("streaming is not supported")
         messages = body.get("messages")
@@ -208,7 +205,7 @@ class PolicyServer:
         return reply
 
     async def completions(self, request: Request) -> dict[str, Any]:
-        body = await _json(request)
+        body = await json_object(request)
         if body.get("stream") or body.get("echo") or body.get("suffix"):
             raise BadRequest("stream, echo and suffix are not supported")
         prompt = body.get("prompt")
@@ -268,7 +265,7 @@ class PolicyServer:
     # ----- weights (SGLang's HTTP API) ---------------------------------------------------------
 
     async def update_weights_from_disk(self, request: Request) -> JSONResponse:
-        body = await _json(request)
+        body = await json_object(request)
         path = body.get("model_path")
         if not isinstance(path, str) or not path:
             raise BadRequest("give model_path (a HF checkpoint dir the server can read)")
@@ -290,7 +287,7 @@ class PolicyServer:
     async def pause_generation(self, request: Request) -> dict[str, Any]:
         """SGLang's pause_generation in its default mode, abort (the one SLiME's weight updates use):
         the requests in flight end with finish_reason abort; new ones wait until continue_generation."""
-        mode = (await _json(request)).get("mode", "abort")
+        mode = (await json_object(request)).get("mode", "abort")
         if mode != "abort":
             raise BadRequest(f"pause_generation mode {mode!r} is not served here; only abort")
         return {"success": True, "num_aborted_requests": self.engine.pause_generation()}
@@ -300,14 +297,14 @@ class PolicyServer:
         return {"success": True}
 
     async def load_lora_adapter(self, request: Request) -> JSONResponse:
-        body = await _json(request)
+        body = await json_object(request)
         name, path = body.get("lora_name"), body.get("lora_path")
         if not (isinstance(name, str) and name and isinstance(path, str) and path):
             raise BadRequest("give lora_name and lora_path (a peft adapter dir the server can read)")
         return await self._adapter_call(self.engine.load_lora_adapter, name, path)
 
     async def unload_lora_adapter(self, request: Request) -> JSONResponse:
-        name = (await _json(request)).get("lora_name")
+        name = (await json_object(request)).get("lora_name")
         if not isinstance(name, str) or not name:
             raise BadRequest("give lora_name")
         return await self._adapter_call(self.engine.unload_lora_adapter, name)
@@ -364,9 +361,9 @@ class PolicyServer:
         return {"num_running_reqs": running, "num_waiting_reqs": queued}
 
     async def _bad_request(self, request: Request, error: Exception) -> JSONResponse:
-        return JSONResponse(
-            status_code=400, content={"error": {"message": str(error), "type": "BadRequestError", "code": 400}}
-        )
+        if isinstance(error, BadRequest):
+            return bad_request_reply(error)
+        return openai_error(400, str(error), "invalid_request_error")
 
 
 def flatten_text_parts(message: Any) -> Any:
@@ -431,16 +428,6 @@ def _check_neutral(raw: dict[str, Any]) -> None:
         value = raw.pop(key, None)
         if value is not None and value != neutral:
             raise BadRequest(f"{key}={value!r} is not supported (only {neutral!r})")
-
-
-async def _json(request: Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except ValueError as error:
-        raise BadRequest(f"the body is not JSON: {error}") from error
-    if not isinstance(body, dict):
-        raise BadRequest("the body must be a JSON object")
-    return body
 
 
 @cache

@@ -1,0 +1,128 @@
+"""OpenAI Chat Completions on the gateway's sessions (what most agents speak: LiteLLM, aider,
+OpenHands, opencode, ...).
+
+Routes: `POST {api_base}/chat/completions` and `GET {api_base}/models`, where `{api_base}` is
+`/s/<session>/v1`, or `/v1` with the session as the API key (`Authorization: Bearer <session>`).
+`/models` lists the served model with its `max_model_len`, in Anthropic's shape when the request
+carries `anthropic-version` (Anthropic SDKs list models on the same path).
+
+Chat messages are the gateway's own turn format, so the request passes through nearly as sent:
+`messages`, function `tools`, `max_tokens` (or `max_completion_tokens`), `stop`, `stream`
+(`stream_options.include_usage` adds the usage chunk). `n` must be 1; `temperature`, `top_p` and
+the other sampling fields are ignored (the run's sampling is what the policy is trained under).
+Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from slime_harbor.gateway.session import PolicyUnavailable
+from slime_harbor.gateway.wire import TurnRequest, Wire, openai_error_for
+from slime_harbor.http_api import BadRequest, json_object
+
+
+def add_routes(gateway) -> None:
+    handler = ChatCompletionsAPI(gateway)
+    for prefix in ("/s/{session_id}/v1", "/v1"):
+        gateway.app.add_api_route(prefix + "/chat/completions", handler.chat_completions, methods=["POST"])
+        gateway.app.add_api_route(prefix + "/models", handler.models, methods=["GET"])
+
+
+def chat_turn(body: dict[str, Any]) -> TurnRequest:
+    if body.get("n") not in (None, 1):
+        raise BadRequest("only n=1 is supported", param="n")
+    tools = body.get("tools") or None
+    if tools is not None and (not isinstance(tools, list) or not all(
+            isinstance(t, dict) and isinstance((t.get("function") or {}).get("name"), str) for t in tools)):
+        raise BadRequest("tools must be a list of {type: function, function: {name, ...}}", param="tools")
+    options = body.get("stream_options")
+    stop = body.get("stop")
+    return TurnRequest(messages=body.get("messages"), tools=tools,
+                       max_tokens=body.get("max_completion_tokens", body.get("max_tokens")),
+                       stop=[stop] if isinstance(stop, str) else stop, stream=body.get("stream") or False,
+                       model=body.get("model"),
+                       include_usage=bool(options.get("include_usage")) if isinstance(options, dict) else False)
+
+
+def finish_reason(call) -> str:
+    if call.message and call.message.get("tool_calls"):
+        return "tool_calls"
+    return "length" if call.finish_reason == "length" else "stop"
+
+
+class ChatCompletionWire(Wire):
+    """A call's reply as a chat.completion, or its SSE stream of chat.completion.chunk: the role
+    chunk at once, then (once sampled) reasoning / content / tool-call deltas, the finish chunk,
+    the usage chunk if asked, [DONE]."""
+
+    def __init__(self, include_usage: bool = False):
+        self.include_usage = include_usage
+        self.created = int(time.time())
+
+    def _head(self, call, model: str) -> dict[str, Any]:
+        return {"id": f"chatcmpl-{call.rid}", "object": "chat.completion.chunk", "created": self.created,
+                "model": model}
+
+    def _chunk(self, call, model: str, delta: dict[str, Any], finish: str | None = None) -> str:
+        return "data: " + json.dumps({**self._head(call, model), "choices": [
+            {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}) + "\n\n"
+
+    def reply(self, call, model: str) -> dict[str, Any]:
+        return {"id": f"chatcmpl-{call.rid}", "object": "chat.completion", "created": self.created, "model": model,
+                "choices": [{"index": 0, "message": call.message, "finish_reason": finish_reason(call),
+                             "logprobs": None}],
+                "usage": call.usage()}
+
+    def head(self, call, model: str) -> list[str]:
+        return [self._chunk(call, model, {"role": "assistant", "content": ""})]
+
+    def events(self, call, model: str) -> list[str]:
+        message, out = call.message, []
+        if message.get("reasoning_content"):
+            out.append(self._chunk(call, model, {"reasoning_content": message["reasoning_content"]}))
+        if message.get("content"):
+            out.append(self._chunk(call, model, {"content": message["content"]}))
+        for k, tool_call in enumerate(message.get("tool_calls") or []):
+            function = tool_call["function"]
+            out.append(self._chunk(call, model, {"tool_calls": [{"index": k, "id": tool_call["id"], "type": "function",
+                                                                 "function": {"name": function["name"], "arguments": ""}}]}))
+            out.append(self._chunk(call, model, {"tool_calls": [{"index": k, "function": {"arguments": function["arguments"]}}]}))
+        out.append(self._chunk(call, model, {}, finish_reason(call)))
+        if self.include_usage:
+            out.append("data: " + json.dumps({**self._head(call, model), "choices": [], "usage": call.usage()}) + "\n\n")
+        out.append("data: [DONE]\n\n")
+        return out
+
+    def keepalive(self, call, model: str) -> str:
+        return ": keepalive\n\n"  # an SSE comment: OpenAI's SDKs read only data: lines
+
+    def error(self, message: str, kind: str) -> str:
+        return "data: " + json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}}) + "\n\n"
+
+
+class ChatCompletionsAPI:
+    def __init__(self, gateway):
+        self.gateway = gateway
+
+    async def chat_completions(self, request: Request, session_id: str | None = None):
+        try:
+            session = self.gateway.session_of(request, session_id)
+            turn = chat_turn(await json_object(request))
+            return await self.gateway.complete(request, session, turn, ChatCompletionWire(turn.include_usage))
+        except (BadRequest, LookupError, PolicyUnavailable) as error:
+            return openai_error_for(error)
+
+    async def models(self, request: Request, session_id: str | None = None) -> JSONResponse:
+        if "anthropic-version" in request.headers:  # an Anthropic SDK lists models in its own shape
+            from slime_harbor.gateway.anthropic import models_reply
+
+            return JSONResponse(models_reply(self.gateway.served_model_name))
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.gateway.served_model_name, "object": "model", "created": 0, "owned_by": "slime-harbor",
+            "max_model_len": self.gateway.max_context_len}]})
