@@ -391,11 +391,7 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
             # A transient infra failure: run the task again while its budget lasts.
             if not RETRY_BUDGET.try_spend(task_dir.name, budget, window):
                 METRICS["retry_budget_exhausted"] += 1
-                for segment in episode.samples:
-                    segment.status = SampleStatus.FAILED  # not retried (until the task's window clears)
-                    segment.metadata["status_reason"] = (
-                        f"retry budget of {budget} per {window:g} s for {task_dir.name} spent; "
-                        f"last: {segment.metadata.get('status_reason')}")
+                episode.retries_spent(f"retry budget of {budget} per {window:g} s for {task_dir.name} spent")
                 break
             METRICS["retries"] += 1
             retries += 1

@@ -506,7 +506,7 @@ def test_transient_failures_are_retried_within_the_task_budget(tmp_path, tiny_mo
     (s,) = asyncio.run(generate(args, Sample(index=0, label=task.name), {"max_new_tokens": 8}))
     assert s.status == Sample.Status.FAILED and s.remove_sample and s.reward == 0.0
     assert s.metadata["harbor_retries"] == 1 and "retry budget of 1" in s.metadata["status_reason"]
-    assert "unreachable" in s.metadata["status_reason"]
+    assert "unreachable" in s.metadata["status_reason"] and s.metadata["retry_budget_spent"]
     assert len(list((tmp_path / "trials").iterdir())) == 2  # the first run and one rerun
     m = hooks.hook_metrics()
     assert m["retries"] == 1 and m["retry_budget_exhausted"] == 1 and m["retries/dedupe-lines"] == 1
