@@ -21,7 +21,6 @@ Use from Harbor's CLI:
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 from datetime import datetime, timezone
@@ -32,6 +31,9 @@ from harbor.agents.base import BaseAgent
 from harbor.agents.options import AgentOptions
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
+from harbor.models.trajectories import (Agent, FinalMetrics, Metrics, Observation, ObservationResult, Step,
+                                        ToolCall, Trajectory)
+from harbor.utils.trajectory_utils import format_trajectory_json
 from pydantic import Field
 
 from slime_harbor.policy.client import PolicyClient
@@ -250,10 +252,9 @@ class NativeAgent(BaseAgent):
         context.rollout_details = [detail]
         context.metadata = {"exit_status": "running", "turns": 0, "format_errors": 0}
         context.n_input_tokens = context.n_output_tokens = 0
-        self._steps: list[dict[str, Any]] = [
-            self._step("system", SYSTEM_PROMPT),
-            self._step("user", INSTANCE_PROMPT.format(instruction=instruction)),
-        ]
+        self._steps: list[Step] = []
+        self._add_step("system", SYSTEM_PROMPT)
+        self._add_step("user", INSTANCE_PROMPT.format(instruction=instruction))
         client = PolicyClient(self.policy_url, lora_path=self.options.lora_path, api=self.options.policy_api,
                               reissue_aborted=self.options.reissue_aborted_calls,
                               model=self.model_name)
@@ -291,11 +292,11 @@ class NativeAgent(BaseAgent):
         context.metadata["turns"] += 1
         context.n_input_tokens += len(ids)
         context.n_output_tokens += len(gen.token_ids)
-        ids = ids + gen.token_ids
-
         text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-        step = self._step("agent", text, completion_token_ids=gen.token_ids, logprobs=gen.logprobs)
-        self._steps.append(step)
+        step = self._add_step("agent", text, model_name=self.model_name, metrics=Metrics(
+            prompt_tokens=len(ids), completion_tokens=len(gen.token_ids),
+            completion_token_ids=gen.token_ids, logprobs=gen.logprobs))
+        ids = ids + gen.token_ids
         if gen.finish_reason == "abort":
             raise _EpisodeEnd("aborted")
         if gen.finish_reason == "length" and len(ids) >= self.max_context_len:
@@ -307,11 +308,12 @@ class NativeAgent(BaseAgent):
             observation = FORMAT_ERROR.format(n_blocks=len(blocks))
         else:
             command = blocks[0].strip()
-            step["tool_calls"] = [{"tool_call_id": f"call_{len(self._steps)}", "function_name": "bash", "arguments": {"command": command}}]
+            step.tool_calls = [ToolCall(tool_call_id=f"call_{step.step_id}", function_name="bash",
+                                        arguments={"command": command})]
             if command == SUBMIT_COMMAND:
                 raise _EpisodeEnd("submitted")
             observation = await self._execute(command, environment)
-        step["observation"] = {"results": [{"content": observation}]}
+        step.observation = Observation(results=[ObservationResult(content=observation)])
         self._write_trajectory(context)
         return ids + self._observation_ids(observation, closed=bool(gen.token_ids) and gen.token_ids[-1] in self._eos_ids)
 
@@ -332,31 +334,25 @@ class NativeAgent(BaseAgent):
     def _observation_ids(self, observation: str, closed: bool) -> list[int]:
         return observation_ids(self.tokenizer, observation, closed)
 
-    # ---- ATIF trajectory ---------------------------------------------------------------------
-    def _step(self, source: str, message: str, **metrics) -> dict[str, Any]:
-        step: dict[str, Any] = {
-            "step_id": len(getattr(self, "_steps", [])) + 1,
-            "timestamp": datetime.now(timezone.utc).isoformat(),
-            "source": source,
-            "message": message,
-        }
-        if source == "agent":
-            step["model_name"] = self.model_name
-            step["metrics"] = {"completion_tokens": len(metrics["completion_token_ids"]), **metrics}
+    # ---- ATIF trajectory (Harbor's models: harbor.models.trajectories) -----------------------
+    def _add_step(self, source: str, message: str, **fields) -> Step:
+        step = Step(step_id=len(self._steps) + 1, timestamp=datetime.now(timezone.utc).isoformat(),
+                    source=source, message=message, **fields)
+        self._steps.append(step)
         return step
 
     def _write_trajectory(self, context: AgentContext) -> None:
-        trajectory = {
-            "schema_version": "ATIF-v1.8",
-            "session_id": self.session_id,
-            "agent": {"name": self.name(), "version": self.version(), "model_name": self.model_name},
-            "steps": self._steps,
-            "final_metrics": {
-                "total_prompt_tokens": context.n_input_tokens,
-                "total_completion_tokens": context.n_output_tokens,
-                "total_steps": len(self._steps),
-            },
-            "extra": {"exit_status": (context.metadata or {}).get("exit_status")},
-        }
+        trajectory = Trajectory(
+            session_id=self.session_id,
+            agent=Agent(name=self.name(), version=self.version(), model_name=self.model_name),
+            steps=self._steps,
+            final_metrics=FinalMetrics(
+                total_prompt_tokens=context.n_input_tokens,
+                total_completion_tokens=context.n_output_tokens,
+                total_steps=len(self._steps),
+            ),
+            # ATIF has no field for why the episode ended.
+            extra={"exit_status": (context.metadata or {}).get("exit_status")},
+        )
         self.logs_dir.mkdir(parents=True, exist_ok=True)
-        (self.logs_dir / "trajectory.json").write_text(json.dumps(trajectory, indent=1))
+        (self.logs_dir / "trajectory.json").write_text(format_trajectory_json(trajectory.to_json_dict()))

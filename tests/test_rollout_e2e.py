@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import needs_gateway
+from harbor.models.trajectories import Trajectory
 
 from slime_harbor.rollout import run_episode, run_rollouts
 from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig
@@ -147,6 +148,7 @@ def test_native_agent_samples_are_token_exact(tmp_path, responsive_server, respo
         # Every masked span is chat-template tokens wrapped around exactly the observation the
         # agent recorded in its ATIF trajectory.
         trajectory = json.loads((Path(s.metadata["trial_dir"]) / "agent" / "trajectory.json").read_text())
+        Trajectory.model_validate(trajectory)  # Harbor's own ATIF model accepts it
         observations = [st["observation"]["results"][0]["content"] for st in trajectory["steps"] if st.get("observation")]
         spans = [tokenizer.decode(span) for span in masked_spans(s)]
         # The last turn's observation has no next turn, so it is in no prompt and no sample.

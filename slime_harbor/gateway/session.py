@@ -40,6 +40,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from harbor.models.trajectories import (Agent, FinalMetrics, Metrics, Observation, ObservationResult, Step,
+                                        ToolCall, Trajectory)
+from harbor.utils.trajectory_utils import format_trajectory_json
 
 from slime_harbor.http_api import BadRequest
 from slime_harbor.policy.sampling import SamplingParams
@@ -422,60 +425,66 @@ class GatewaySession:
                        "superseded_by": c.superseded_by, "side_call": c.side_call} for c in self.calls],
         }
         (self.record_dir / "session.json").write_text(json.dumps(summary, indent=1) + "\n")
-        trajectory = self.record_dir.parent / "trajectory.json"
-        if self.calls and not trajectory.exists():
-            trajectory.write_text(json.dumps(self.trajectory(), indent=1))
+        path = self.record_dir.parent / "trajectory.json"
+        if not path.exists() and (trajectory := self.trajectory()) is not None:
+            path.write_text(format_trajectory_json(trajectory.to_json_dict()))
 
-    def trajectory(self) -> dict[str, Any]:
-        """The delivered turns as an ATIF-v1.8 trajectory (what `slime-harbor view` shows)."""
-        steps: list[dict[str, Any]] = []
+    def trajectory(self) -> Trajectory | None:
+        """The delivered turns as an ATIF-v1.8 trajectory (what `slime-harbor view` shows); None
+        when no call was delivered (ATIF wants at least one step)."""
+        delivered = [c for c in self.calls if c.delivered]
+        if not delivered:
+            return None
+        model = self.gateway.served_model_name
+        steps: list[Step] = []
         now = datetime.now(timezone.utc).isoformat()
 
-        def add(source: str, message: str, **fields) -> dict[str, Any]:
-            steps.append({"step_id": len(steps) + 1, "timestamp": now, "source": source, "message": message, **fields})
+        def add(source: str, message: str, **fields) -> Step:
+            steps.append(Step(step_id=len(steps) + 1, timestamp=now, source=source, message=message, **fields))
             return steps[-1]
 
-        last_agent: dict[str, Any] | None = None
-        delivered = [c for c in self.calls if c.delivered]
+        last_agent: Step | None = None
         for call in delivered:
             for message in call.new_messages:
                 if message["role"] == "tool" and last_agent is not None:
-                    results = last_agent.setdefault("observation", {"results": []})["results"]
-                    result = {"content": message["content"]}
-                    if message.get("tool_call_id"):
-                        result["source_call_id"] = message["tool_call_id"]
-                    results.append(result)
+                    if last_agent.observation is None:
+                        last_agent.observation = Observation(results=[])
+                    call_id = message.get("tool_call_id")
+                    if call_id and call_id in {tc.tool_call_id for tc in last_agent.tool_calls or []}:
+                        result = ObservationResult(source_call_id=call_id, content=message["content"])
+                    else:  # ATIF's source_call_id must name a tool call of this step: an id the agent
+                        # chose itself (the gateway ignores ids when it matches turns) goes in extra
+                        result = ObservationResult(content=message["content"],
+                                                   extra={"tool_call_id": call_id} if call_id else None)
+                    last_agent.observation.results.append(result)
                 elif message["role"] in ("system", "user"):
                     add(message["role"], message["content"])
             reply = call.message or {}
-            fields: dict[str, Any] = {
-                "model_name": self.gateway.served_model_name,
-                "metrics": {"prompt_tokens": len(call.prompt_ids), "completion_tokens": len(call.completion_ids),
-                            "completion_token_ids": call.completion_ids, "logprobs": call.logprobs,
-                            "extra": {"branch": call.branch, "trained": call.trained,
-                                      "weight_version": call.weight_version}},
-            }
-            if reply.get("reasoning_content"):
-                fields["reasoning_content"] = reply["reasoning_content"]
-            if reply.get("tool_calls"):
-                fields["tool_calls"] = [
-                    {"tool_call_id": tc["id"], "function_name": tc["function"]["name"],
-                     "arguments": _arguments_dict(tc["function"]["arguments"])}
-                    for tc in reply["tool_calls"]
-                ]
-            last_agent = add("agent", reply.get("content") or "", **fields)
-        return {
-            "schema_version": "ATIF-v1.8",
-            "session_id": self.session_id,
-            "agent": {"name": "slime-harbor-gateway", "version": "0.1.0", "model_name": self.gateway.served_model_name},
-            "steps": steps,
-            "final_metrics": {
-                "total_prompt_tokens": sum(len(c.prompt_ids) for c in delivered),
-                "total_completion_tokens": sum(len(c.completion_ids) for c in delivered),
-                "total_steps": len(steps),
-            },
-            "extra": {"exit_reason": self.exit_reason, "gateway": self.stats},
-        }
+            tool_calls = [ToolCall(tool_call_id=tc["id"], function_name=tc["function"]["name"],
+                                   arguments=_arguments_dict(tc["function"]["arguments"]))
+                          for tc in reply.get("tool_calls") or []]
+            last_agent = add(
+                "agent", reply.get("content") or "", model_name=model,
+                reasoning_content=reply.get("reasoning_content") or None, tool_calls=tool_calls or None,
+                metrics=Metrics(prompt_tokens=len(call.prompt_ids), completion_tokens=len(call.completion_ids),
+                                completion_token_ids=call.completion_ids, logprobs=call.logprobs,
+                                # ATIF has no fields for which sample the call is in, whether it is
+                                # trained, or which weights sampled it.
+                                extra={"branch": call.branch, "trained": call.trained,
+                                       "weight_version": call.weight_version}),
+            )
+        return Trajectory(
+            session_id=self.session_id,
+            agent=Agent(name="slime-harbor-gateway", version="0.1.0", model_name=model),
+            steps=steps,
+            final_metrics=FinalMetrics(
+                total_prompt_tokens=sum(len(c.prompt_ids) for c in delivered),
+                total_completion_tokens=sum(len(c.completion_ids) for c in delivered),
+                total_steps=len(steps),
+            ),
+            # ATIF has no field for why the session ended or for the gateway's call counts.
+            extra={"exit_reason": self.exit_reason, "gateway": self.stats},
+        )
 
 
 def _arguments_dict(arguments: str | dict) -> dict[str, Any]:
