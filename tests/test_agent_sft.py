@@ -26,8 +26,13 @@ def instance():
 
 
 @pytest.fixture(scope="module")
-def captured(instance, tmp_path_factory):
-    return agent_sft.capture_format("mini-swe-agent", "local", instance, tmp_path_factory.mktemp("fmt") / "w")
+def format_work(tmp_path_factory):
+    return tmp_path_factory.mktemp("fmt") / "w"
+
+
+@pytest.fixture(scope="module")
+def captured(instance, format_work, tiny_model_dir):
+    return agent_sft.capture_format("mini-swe-agent", "local", instance, format_work, model_dir=tiny_model_dir)
 
 
 def _renderer(model_dir):
@@ -88,8 +93,55 @@ def test_reply_is_a_bash_tool_call_in_the_qwen3_format():
     assert json.loads(text.split("\n")[1]) == {"name": "bash", "arguments": {"command": "mv a b"}}
 
 
+def test_the_scripted_policy_answers_through_the_gateway_with_bash_tool_calls(tiny_model_dir, tmp_path):
+    """A Gateway built around an upstream object (ScriptedPolicy) serves it like a policy server:
+    the scripted token ids come back as OpenAI tool calls, one command per call, then the last again."""
+    import openai
+    from transformers import AutoTokenizer
+
+    from slime_harbor.gateway.server import Gateway
+
+    with pytest.raises(ValueError, match="one upstream"):
+        Gateway(None, tiny_model_dir)
+    policy = agent_sft.ScriptedPolicy(["ls -la", agent_sft.SUBMIT], AutoTokenizer.from_pretrained(tiny_model_dir))
+    with pytest.raises(ValueError, match="one upstream"):
+        Gateway("http://127.0.0.1:1", tiny_model_dir, upstream=policy)
+    with pytest.raises(ValueError, match="lora_name"):
+        Gateway(None, tiny_model_dir, lora_name="adapter", upstream=policy)
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+    messages = [{"role": "user", "content": "list the files"}]
+
+    async def main():
+        gateway = agent_sft.RecordingGateway(None, tiny_model_dir, upstream=policy)
+        await gateway.start()
+        try:
+            session = gateway.open_session("s", record_dir=tmp_path / "gateway")
+            client = openai.AsyncOpenAI(base_url=session.openai_base_url(), api_key="k", max_retries=0)
+            commands = []
+            for _ in range(3):
+                reply = await client.chat.completions.create(model="policy", messages=messages, tools=tools)
+                (call,) = reply.choices[0].message.tool_calls
+                commands.append(json.loads(call.function.arguments)["command"])
+                assert call.function.name == "bash" and reply.choices[0].finish_reason == "tool_calls"
+                messages.extend([reply.choices[0].message.model_dump(exclude_none=True),
+                                 {"role": "tool", "tool_call_id": call.id, "content": "ok"}])
+            await client.close()
+            return commands, gateway.requests, session
+        finally:
+            await gateway.aclose()
+
+    commands, requests, session = asyncio.run(main())
+    assert commands == ["ls -la", agent_sft.SUBMIT, agent_sft.SUBMIT]
+    assert [r["messages"] for r in requests] == [messages[: 1 + 2 * k] for k in range(3)]  # as sent
+    assert requests[0]["tools"] == tools
+    assert session.stats["branches"] == 1 and [c.completion_ids for c in session.calls] == \
+        [policy.replies[0], policy.replies[1], policy.replies[1]]
+    assert policy.prompts == [c.prompt_ids for c in session.calls]
+
+
 @pytest.mark.slow
-def test_the_format_is_read_off_a_real_mini_swe_agent_trial(captured, instance, tmp_path):
+def test_the_format_is_read_off_a_real_mini_swe_agent_trial(captured, instance, format_work, tmp_path):
     roles = [m["role"] for m in captured.first_messages]
     assert roles == ["system", "user"] and instance.instruction in captured.first_messages[1]["content"]
     assert agent_sft.SUBMIT in captured.first_messages[1]["content"]  # its own instructions name it
@@ -99,6 +151,9 @@ def test_the_format_is_read_off_a_real_mini_swe_agent_trial(captured, instance, 
     other = task_families.instances("make-dirs", 1, 3, "train")[0]
     messages = captured.messages_for(other.instruction)
     assert other.instruction in messages[1]["content"] and instance.instruction not in messages[1]["content"]
+    recorded = format_work / "trials" / agent_sft.FORMAT_TRIAL / "agent" / "gateway" / "calls.jsonl"
+    calls = [json.loads(line) for line in recorded.read_text().splitlines()]  # it ran through the gateway
+    assert [(c["call"], c["branch"], c["delivered"]) for c in calls] == [(0, 0, True), (1, 0, True)]
     with pytest.raises(ValueError, match="no SFT format for agent 'terminus-2'"):
         agent_sft.capture_format("terminus-2", "local", instance, tmp_path / "w")
 

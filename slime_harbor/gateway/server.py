@@ -18,7 +18,7 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -28,7 +28,7 @@ from slime_harbor.gateway.session import (STEP_LIMIT_CODE, Call, GatewaySession,
                                           normalise_messages)
 from slime_harbor.gateway.wire import TurnRequest, Wire
 from slime_harbor.http_api import BadRequest
-from slime_harbor.policy.client import PolicyClient, PolicyServerError
+from slime_harbor.policy.client import Generation, PolicyClient, PolicyServerError
 from slime_harbor.policy.sampling import SamplingParams
 
 # config.json model_type -> the renderers config that speaks the family's chat format. Qwen2.5 and
@@ -95,14 +95,35 @@ class _InLoopServer:
         await self.task
 
 
-class Gateway:
-    """A recording OpenAI-compatible gateway in front of an SGLang-protocol policy (see the module docstring)."""
+class Upstream(Protocol):
+    """What the gateway calls for its samples: PolicyClient's methods (a policy server by URL), or
+    any object with them (agent_sft's ScriptedPolicy answers from a script)."""
 
-    def __init__(self, upstream_url: str, model_dir: str | Path, host: str = "127.0.0.1", port: int = 0,
+    async def generate(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
+                       routing_key: str | None = None) -> Generation: ...
+
+    async def abort(self, rid: str) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Gateway:
+    """A recording OpenAI-compatible gateway in front of an SGLang-protocol policy (see the module docstring).
+
+    The policy is `upstream_url` (a PolicyClient is built for it with `upstream_api`, `lora_name`
+    and `reissue_aborted`), or `upstream`: an Upstream already built, in place of the URL (pass
+    None as upstream_url); the gateway closes it in aclose()."""
+
+    def __init__(self, upstream_url: str | None, model_dir: str | Path, host: str = "127.0.0.1", port: int = 0,
                  served_model_name: str = "policy", upstream_api: str = "sglang", lora_name: str | None = None,
-                 reissue_aborted: bool = False):
+                 reissue_aborted: bool = False, *, upstream: Upstream | None = None):
         from transformers import AutoTokenizer
 
+        if (upstream is None) == (upstream_url is None):
+            raise ValueError("the gateway takes one upstream: upstream_url or upstream (an Upstream object)")
+        if upstream is not None and (upstream_api != "sglang" or lora_name is not None or reissue_aborted):
+            raise ValueError("upstream_api, lora_name and reissue_aborted configure the client built from "
+                             "upstream_url, not an Upstream object")
         self.model_dir = str(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.renderer = make_renderer(self.model_dir, self.tokenizer)
@@ -110,8 +131,9 @@ class Gateway:
         config = json.loads((Path(self.model_dir) / "config.json").read_text())
         self.max_context_len = int(config.get("max_position_embeddings") or self.tokenizer.model_max_length)
         self.served_model_name = served_model_name
-        self.upstream = PolicyClient(upstream_url, lora_path=lora_name, api=upstream_api, model=served_model_name,
-                                     reissue_aborted=reissue_aborted)  # see PolicyClient.generate
+        self.upstream: Upstream = upstream if upstream is not None else PolicyClient(
+            upstream_url, lora_path=lora_name, api=upstream_api, model=served_model_name,
+            reissue_aborted=reissue_aborted)  # see PolicyClient.generate
         self.host, self.port = host, port
         self.sessions: dict[str, GatewaySession] = {}
         self._server: _InLoopServer | None = None

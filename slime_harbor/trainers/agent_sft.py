@@ -4,37 +4,43 @@ warm-starts on.
 The native agent's episodes are ours to render (`tasks.families.oracle_episode`). Harbor's
 mini-swe-agent's are not: its system prompt, how it presents the task, its tools and how it
 reports a command's output are its own (its default tool-calling config), and the gateway renders
-them with the policy's chat template. So the format is read off the agent itself: one real trial
-of it, in the run's own sandbox, against a scripted endpoint in the gateway's place that answers a
-silent command, then the submit command, and records the two requests (`capture_format`). An
-oracle episode of any instance is then those messages with the instance's instruction in the
-task's place, rendered and bridged exactly as a gateway session renders them
-(`GatewaySession.resolve`: the first prompt rendered whole, every later one the earlier tokens
-bridged to the new messages), with the replies in the model family's tool-call format
-(`agent_episode`). Every family's command is silent and succeeds, so the captured observation of
-the silent command is the observation of every oracle command.
+them with the policy's chat template. So the format is read off the agent itself
+(`capture_format`): one real trial of it, in the run's own sandbox, through the gateway
+(slime_harbor.gateway) with a script in the policy's place (`ScriptedPolicy`: the token ids of a
+silent command's tool call, then the submit command's, which the gateway parses into the OpenAI
+tool calls the agent gets), and the two requests the agent sent, kept as it sent them. An oracle
+episode of any instance is then those messages with the instance's instruction in the task's
+place, rendered and bridged exactly as a gateway session renders them (`GatewaySession.resolve`:
+the first prompt rendered whole, every later one the earlier tokens bridged to the new messages),
+with the replies in the model family's tool-call format (`agent_episode`). Every family's
+command is silent and succeeds, so the captured observation of the silent command is the
+observation of every oracle command.
 """
 
 from __future__ import annotations
 
 import asyncio
-import http.server
+import copy
 import json
 import shutil
-import threading
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
+from slime_harbor.gateway.server import Gateway
+from slime_harbor.policy.client import Generation
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.tasks import families as task_families
 
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 """mini-swe-agent's submit command (its default config ends the episode on this output)."""
 SILENT_COMMAND = "true"
-"""What the scripted endpoint has the agent run first: silent and successful, like every oracle command."""
+"""What the scripted policy has the agent run first: silent and successful, like every oracle command."""
 SFT_AGENTS = ("mini-swe-agent",)
 """Agents whose format capture_format reads (a bash tool and a submit command)."""
+FORMAT_TRIAL = "format-capture"
+"""The name of capture_format's trial (its dir under `work`/trials) and of its gateway session."""
 
 
 @dataclass(frozen=True)
@@ -91,77 +97,68 @@ def oracle_agent_episode(fmt: AgentFormat, renderer, tokenizer, inst: task_famil
 # ---- reading the format off the agent -----------------------------------------------------------
 
 
-class ScriptedChat:
-    """An OpenAI chat-completions endpoint on loopback, in the gateway's place: it records each
-    request and answers with a bash tool call, `commands` in order."""
+class ScriptedPolicy:
+    """The gateway's upstream from a script (gateway.server.Upstream): call k's completion is the
+    token ids of a bash tool call of `commands[k]` (the last one repeats) in the model family's
+    format (`reply_text`, with `tokenizer`), logprob 0 per token. A script, not a sampler: the
+    run's max_new_tokens does not cut a reply. `prompts` holds the prompt ids of every call."""
 
-    def __init__(self, commands: list[str]):
+    def __init__(self, commands: list[str], tokenizer):
+        self.replies = [tokenizer.encode(reply_text(c), add_special_tokens=False) for c in commands]
+        self.texts = [reply_text(c) for c in commands]
+        self.prompts: list[list[int]] = []
+
+    async def generate(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
+                       routing_key: str | None = None) -> Generation:
+        self.prompts.append(list(input_ids))
+        k = min(len(self.prompts), len(self.replies)) - 1
+        ids = list(self.replies[k])
+        return Generation(token_ids=ids, logprobs=[0.0] * len(ids), text=self.texts[k], finish_reason="stop",
+                          rid=rid or uuid.uuid4().hex)
+
+    async def abort(self, rid: str) -> None:
+        pass  # every call is answered at once: nothing runs to abort
+
+    async def aclose(self) -> None:
+        pass
+
+
+class RecordingGateway(Gateway):
+    """The gateway, also keeping every turn's messages and tools exactly as the agent sent them
+    (`requests`, in arrival order): its calls keep the messages canonicalised (`Call.request`),
+    and an SFT episode is rendered from what the agent really sends."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.requests: list[dict[str, Any]] = []
-        scripted = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                scripted.requests.append(body)
-                n = len(scripted.requests)
-                command = commands[min(n, len(commands)) - 1]
-                reply = {
-                    "id": f"chatcmpl-{n}", "object": "chat.completion", "created": 0, "model": body.get("model"),
-                    "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
-                        "role": "assistant", "content": "",
-                        "tool_calls": [{"id": f"call_{n}", "type": "function", "function": {
-                            "name": "bash", "arguments": json.dumps({"command": command})}}]}}],
-                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-                }  # fmt: skip
-                data = json.dumps(reply).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    async def complete(self, request, session, asked, wire):
+        self.requests.append({"messages": copy.deepcopy(asked.messages), "tools": copy.deepcopy(asked.tools)})
+        return await super().complete(request, session, asked, wire)
 
 
 def capture_format(agent: str, env: str, inst: task_families.Instance, work: Path, model_name: str = "policy",
-                   max_new_tokens: int = 64) -> AgentFormat:
-    """Run `agent` once on `inst` in sandbox `env` against ScriptedChat (a silent command, then
-    submit) and read its format off the two requests it sent."""
-    from harbor.models.trial.config import TaskConfig, TrialConfig
-    from harbor.trial.trial import Trial
-
-    from slime_harbor.trial_setup import ModelEndpoint, RolloutConfig, agent_config, environment_config
-
+                   max_new_tokens: int = 64, model_dir: str | Path | None = None) -> AgentFormat:
+    """Run `agent` once on `inst` in sandbox `env` through the gateway serving `model_dir`'s
+    policy (default: the offline tiny model), a ScriptedPolicy in the policy's place (a silent
+    command, then submit), and read its format off the two requests it sent."""
     if agent not in SFT_AGENTS:
         raise ValueError(f"no SFT format for agent {agent!r}: one of {', '.join(SFT_AGENTS)}")
+    if model_dir is None:
+        from slime_harbor.policy.tiny_model import ensure_tiny_model
+
+        model_dir = ensure_tiny_model()
     if work.exists():
         shutil.rmtree(work)
     task_dir = task_families.write_task(inst, work / "tasks")
-    scripted = ScriptedChat([SILENT_COMMAND, SUBMIT])
-    try:
-        where = SimpleNamespace(host="127.0.0.1", port=scripted.port)  # what the sandbox forwards to
-        cfg = RolloutConfig(agent=agent, env=env, step_limit=3, model_name=model_name, max_new_tokens=max_new_tokens)
-        agent_cfg = agent_config(cfg, ModelEndpoint.of(where, "format-capture"))
-        config = TrialConfig(task=TaskConfig(path=task_dir), trials_dir=work / "trials", agent=agent_cfg,
-                             environment=environment_config(env, where, agent_cfg))
-        result = asyncio.run(_run_trial(config, Trial))
-    finally:
-        scripted.close()
-    requests = scripted.requests
-    if result.exception_info is not None or len(requests) != 2:
-        why = result.exception_info.exception_message if result.exception_info else f"{len(requests)} requests"
+    result, requests, stats = asyncio.run(_scripted_trial(agent, env, task_dir, work, Path(model_dir), model_name,
+                                                          max_new_tokens))
+    if result.exception_info is not None or len(requests) != 2 or stats["delivered"] != 2:
+        why = (result.exception_info.exception_message if result.exception_info
+               else f"{len(requests)} requests, {stats['delivered']} replies delivered")
         raise RuntimeError(f"could not read {agent}'s format off a trial in {work / 'trials'}: {why}")
     first, second = requests[0]["messages"], requests[1]["messages"]
-    if second[: len(first)] != first or second[len(first)]["role"] != "assistant":
+    if second[: len(first)] != first or second[len(first)]["role"] != "assistant" or stats["branches"] != 1:
         raise RuntimeError(f"{agent}'s second request does not extend its first: its format is not append-only")
     if sum(inst.instruction in str(m.get("content")) for m in first) != 1:
         raise RuntimeError(f"{agent}'s first request does not hold the task's instruction verbatim, once")
@@ -169,6 +166,30 @@ def capture_format(agent: str, env: str, inst: task_families.Instance, work: Pat
                        tools=requests[0].get("tools") or [], observation_messages=second[len(first) + 1:])
 
 
-async def _run_trial(config, trial_cls):
-    trial = await trial_cls.create(config)
-    return await trial.run()
+async def _scripted_trial(agent: str, env: str, task_dir: Path, work: Path, model_dir: Path, model_name: str,
+                          max_new_tokens: int):
+    """The trial of capture_format, wired as rollout.py wires a gateway agent's (one session, its
+    URL handed to the agent, the sandbox forwarding to the gateway): (its result, the requests as
+    the agent sent them, the session's stats)."""
+    from harbor.models.trial.config import TaskConfig, TrialConfig
+    from harbor.trial.trial import Trial
+    from transformers import AutoTokenizer
+
+    from slime_harbor.trial_setup import (ModelEndpoint, RolloutConfig, agent_config, environment_config,
+                                          gateway_step_limit)
+
+    policy = ScriptedPolicy([SILENT_COMMAND, SUBMIT], AutoTokenizer.from_pretrained(model_dir))
+    gateway = RecordingGateway(None, model_dir, served_model_name=model_name, upstream=policy)
+    await gateway.start()
+    try:
+        session = gateway.open_session(FORMAT_TRIAL, record_dir=work / "trials" / FORMAT_TRIAL / "agent" / "gateway",
+                                       sampling=SamplingParams(max_new_tokens=max_new_tokens))
+        cfg = RolloutConfig(agent=agent, env=env, step_limit=3, model_name=model_name, max_new_tokens=max_new_tokens)
+        agent_cfg = agent_config(cfg, ModelEndpoint.of(gateway, FORMAT_TRIAL))
+        session.max_calls = gateway_step_limit(agent_cfg, cfg.step_limit)
+        config = TrialConfig(task=TaskConfig(path=task_dir), trial_name=FORMAT_TRIAL, trials_dir=work / "trials",
+                             agent=agent_cfg, environment=environment_config(env, gateway, agent_cfg))
+        result = await (await Trial.create(config)).run()
+    finally:
+        await gateway.aclose()  # closes the session: calls.jsonl and session.json in its record dir
+    return result, gateway.requests, session.stats

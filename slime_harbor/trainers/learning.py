@@ -159,7 +159,7 @@ def sft_episodes(cfg: LearningConfig, base: Path, tokenizer, probe: list[task_fa
         from slime_harbor.gateway.server import make_renderer
         from slime_harbor.trainers.agent_sft import capture_format, oracle_agent_episode
 
-        fmt = capture_format(cfg.agent, cfg.env, probe[0], work, max_new_tokens=cfg.max_new_tokens)
+        fmt = capture_format(cfg.agent, cfg.env, probe[0], work, max_new_tokens=cfg.max_new_tokens, model_dir=base)
         renderer = make_renderer(base, tokenizer)
 
         def episode(inst, command=None):
