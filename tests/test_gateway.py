@@ -295,6 +295,33 @@ def test_reply_is_parsed_into_openai_fields_and_the_wire_is_sse(tool_server, too
     assert session.calls[0].superseded_by == 1 and session.rollout_details()[0]["extra"]["call_index"] == [1]
 
 
+def test_chat_requests_stop_and_max_tokens_reach_the_sampler(tool_server, tool_model_dir, tmp_path):
+    """A chat request's `stop` (a string or a list) ends the reply before the stop string with
+    finish_reason stop; its `max_tokens` ends it there with finish_reason length."""
+    asks = {"stop list": {"stop": ["list"]}, "stop string": {"stop": "list"}, "max_tokens": {"max_tokens": 3}}
+
+    async def scenario(gateway):
+        out = {}
+        for k, (name, extra) in enumerate(asks.items()):
+            session = gateway.open_session(f"ask{k}", tmp_path / f"gw{k}", RUN)
+            client = sdk(session)
+            out[name] = await client.chat.completions.create(model="m", messages=first_messages(), tools=TOOLS,
+                                                             **extra), session.calls[0]
+            await client.close()
+        return out
+
+    out, _ = run_with_gateway(tool_server, tool_model_dir, scenario)
+    for name in ("stop list", "stop string"):
+        reply, call = out[name]
+        message = reply.choices[0].message
+        assert reply.choices[0].finish_reason == "stop" and not message.tool_calls, name
+        assert message.content == "I will " and message.reasoning_content == "look first", name
+        assert reply.usage.completion_tokens == len(call.completion_ids)  # the tokens keep the stop string
+    reply, call = out["max_tokens"]
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == len(call.completion_ids) == 3
+
+
 def test_compaction_makes_a_second_sample_of_the_same_episode(tool_server, tool_model_dir, tool_model, tmp_path):
     async def scenario(gateway):
         session = gateway.open_session("compact", tmp_path / "gw", RUN)

@@ -1,5 +1,6 @@
-"""The policy server over real HTTP: SGLang's /generate as SLiME reads it, OpenAI chat as Harbor's
-LiteLLM client reads it, aborts, concurrency, and clean start/stop."""
+"""The policy server over real HTTP: SGLang's /generate as SLiME reads it, aborts, the client,
+concurrency, and clean start/stop. (It serves no chat completions: those are the gateway's,
+tests/test_gateway.py.)"""
 
 import array
 import asyncio
@@ -307,93 +308,6 @@ def test_status_endpoints(policy_server, tiny_model_dir):
     assert [m["id"] for m in models] == [tiny_model_dir.name]
     assert models[0]["max_model_len"] == 32768
     assert httpx.get(policy_server + "/v1/loads").json() == {"num_running_reqs": 0, "num_waiting_reqs": 0}
-
-
-def test_chat_completions_through_litellm_carry_token_ids_and_logprobs(policy_server, tokenizer, model):
-    import litellm
-
-    messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Count the files."}]
-    response = asyncio.run(
-        litellm.acompletion(
-            model="hosted_vllm/tiny",
-            api_base=policy_server + "/v1",
-            messages=messages,
-            logprobs=True,
-            extra_body={"return_token_ids": True},
-            temperature=0.7,
-            top_p=0.95,
-            max_tokens=16,
-        )
-    )
-    prompt_ids = response.prompt_token_ids
-    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert prompt_ids == tokenizer.encode(rendered, add_special_tokens=False)
-    choice = response.choices[0]
-    token_ids = choice.provider_specific_fields["token_ids"]
-    logprobs = [entry.logprob for entry in choice.logprobs.content]
-    assert len(token_ids) == len(logprobs) == response.usage.completion_tokens > 0
-    assert response.usage.prompt_tokens == len(prompt_ids)
-    assert (recomputed(model, prompt_ids, token_ids, 0.7) - torch.tensor(logprobs)).abs().mean() < 1e-4
-    # Each entry's bytes are exactly its token's bytes: together they spell the output.
-    raw = b"".join(bytes(entry.bytes) for entry in choice.logprobs.content)
-    assert raw.decode("utf-8", errors="replace") == tokenizer.decode(token_ids, skip_special_tokens=False)
-    if choice.finish_reason == "length":
-        assert len(token_ids) == 16
-
-
-def test_chat_honours_stop_max_tokens_and_context_limit(policy_server, tokenizer):
-    chat = {
-        "model": "tiny",
-        "messages": [{"role": "user", "content": "hi"}],
-        "temperature": 0,
-        "return_token_ids": True,
-    }
-    full = post(policy_server, "/v1/chat/completions", {**chat, "max_tokens": 10, "ignore_eos": True}).json()
-    assert full["choices"][0]["finish_reason"] == "length"
-    assert len(full["choices"][0]["token_ids"]) == full["usage"]["completion_tokens"] == 10
-    assert full["choices"][0]["logprobs"] is None  # not asked for
-    text = full["choices"][0]["message"]["content"]
-    stop = text[5:8]
-    stopped = post(policy_server, "/v1/chat/completions", {**chat, "max_tokens": 10, "stop": [stop]}).json()
-    assert stopped["choices"][0]["finish_reason"] == "stop"
-    assert stopped["choices"][0]["message"]["content"] == text[: text.index(stop)]
-    huge = post(
-        policy_server, "/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": "ls " * 40000}]}
-    )
-    assert huge.status_code == 400
-    assert "maximum context length" in huge.json()["error"]["message"]
-
-
-def test_harbor_litellm_collects_rollout_details(policy_server, tokenizer):
-    from harbor.llms.lite_llm import LiteLLM
-
-    # Stop at the first greedy token so the call ends with "stop" (Harbor raises on "length").
-    first = post(
-        policy_server,
-        "/v1/chat/completions",
-        {"messages": [{"role": "user", "content": "go"}], "temperature": 0, "max_tokens": 1, "return_token_ids": True},
-    )
-    stop_id = first.json()["choices"][0]["token_ids"][0]
-    llm = LiteLLM(
-        model_name="hosted_vllm/tiny-policy",
-        api_base=policy_server + "/v1",
-        temperature=0.0,
-        collect_rollout_details=True,
-        model_info={
-            "max_input_tokens": 32768,
-            "max_output_tokens": 1024,
-            "input_cost_per_token": 0.0,
-            "output_cost_per_token": 0.0,
-        },
-        extra_body={"stop_token_ids": [stop_id]},
-    )
-    response = asyncio.run(llm.call(prompt="go", message_history=[]))
-    assert response.completion_token_ids == [stop_id]
-    assert len(response.logprobs) == 1 and response.logprobs[0] <= 0
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "go"}], add_generation_prompt=True, tokenize=False
-    )
-    assert response.prompt_token_ids == tokenizer.encode(rendered, add_special_tokens=False)
 
 
 async def _concurrent_generates(url, n, max_new_tokens):

@@ -15,9 +15,6 @@ Endpoints:
                                 SGLang patch sends them, and logprobs renormalised over the kept ids).
                                 The X-SMG-Routing-Key header (SLiME under consistent hashing) is
                                 accepted and means nothing to a single server.
-    POST /v1/chat/completions   OpenAI chat, with vLLM's token fields (top-level prompt_token_ids,
-                                per-choice token_ids when return_token_ids) and logprobs.content,
-                                which is what Harbor's LiteLLM client reads for rollout details
     POST /v1/completions        OpenAI completions as vLLM serves them: the prompt as text or token
                                 ids; with return_token_ids, per-choice prompt_token_ids and token_ids;
                                 logprobs.token_logprobs for the sampled tokens (token in, token out
@@ -85,7 +82,6 @@ class PolicyServer:
         self.app.exception_handler(ValueError)(self._bad_request)  # e.g. the engine refusing a prompt
         routes = [
             ("POST", "/generate", self.generate),
-            ("POST", "/v1/chat/completions", self.chat_completions),
             ("POST", "/v1/completions", self.completions),
             ("POST", "/abort_request", self.abort_request),
             ("POST", "/update_weights_from_disk", self.update_weights_from_disk),
@@ -150,59 +146,7 @@ class PolicyServer:
             raise BadRequest('give "rid" or "abort_all": true')
         return {"aborted": int(self.engine.abort(str(body["rid"])))}
 
-    # ----- OpenAI chat ------------------------------------------------------------------------
-
-    async def chat_completions(self, request: Request) -> dict[str, Any]:
-        body = await json_object(request)
-        if body.get("stream"):
-            raise BadRequest("streaming is not supported")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("messages must be a non-empty list")
-        tokenizer = self.engine.tokenizer
-        # Qwen3's template renders string content only: OpenAI text parts are joined first, as vLLM does.
-        messages = [flatten_text_parts(m) for m in messages]
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                               tools=body.get("tools") or None)
-        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-        context = self.engine.context_length
-        if len(prompt_ids) >= context:
-            # vLLM's wording: Harbor (LiteLLM) recognises it as a context-length error.
-            raise BadRequest(
-                f"This model's maximum context length is {context} tokens. However, your request has "
-                f"{len(prompt_ids)} input tokens. Please reduce the length of the input messages."
-            )
-        params = openai_sampling_params(body, default_max_tokens=context - len(prompt_ids))
-        generation = await self.engine.agenerate(prompt_ids, params, lora=self._lora_for_model(body.get("model")))
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": generation.text},
-            "finish_reason": generation.finish_reason["type"],
-            "stop_reason": generation.finish_reason.get("matched"),
-            "logprobs": None,
-        }
-        if body.get("logprobs"):
-            choice["logprobs"] = {
-                "content": [
-                    self._logprob_entry(t, lp) for t, lp in zip(generation.output_ids, generation.logprobs, strict=True)
-                ]
-            }
-        reply: dict[str, Any] = {
-            "id": f"chatcmpl-{generation.rid}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": [choice],
-            "usage": {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": len(generation.output_ids),
-                "total_tokens": len(prompt_ids) + len(generation.output_ids),
-            },
-        }
-        if body.get("return_token_ids"):
-            reply["prompt_token_ids"] = generation.prompt_ids
-            choice["token_ids"] = generation.output_ids
-        return reply
+    # ----- OpenAI completions (vLLM's) --------------------------------------------------------
 
     async def completions(self, request: Request) -> dict[str, Any]:
         body = await json_object(request)
@@ -324,15 +268,6 @@ class PolicyServer:
     async def weight_version(self) -> dict[str, Any]:
         return {"weight_version": str(self.engine.weight_version)}
 
-    def _logprob_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
-        raw = _token_bytes(self.engine.tokenizer, token_id)
-        return {
-            "token": raw.decode("utf-8", errors="replace"),
-            "logprob": logprob,
-            "bytes": list(raw),
-            "top_logprobs": [],
-        }
-
     # ----- status -----------------------------------------------------------------------------
 
     async def health(self) -> Response:
@@ -366,16 +301,6 @@ class PolicyServer:
         return openai_error(400, str(error), "invalid_request_error")
 
 
-def flatten_text_parts(message: Any) -> Any:
-    """A message whose content is a list of OpenAI text parts, with that content as one string."""
-    if not isinstance(message, dict) or not isinstance(message.get("content"), list):
-        return message
-    parts = message["content"]
-    if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in parts):
-        raise BadRequest("only text content parts are supported")
-    return {**message, "content": "".join(p["text"] for p in parts)}
-
-
 def sglang_sampling_params(raw: dict[str, Any]) -> SamplingParams:
     """SGLang's `sampling_params` dict -> SamplingParams (400 on anything not supported)."""
     raw = dict(raw)
@@ -404,7 +329,7 @@ def _b64_int32(values: list[int]) -> str:
 
 
 def openai_sampling_params(body: dict[str, Any], default_max_tokens: int) -> SamplingParams:
-    """An OpenAI chat request (plus vLLM's extras: top_k, ignore_eos, ...) -> SamplingParams."""
+    """An OpenAI completions request (plus vLLM's extras: top_k, ignore_eos, ...) -> SamplingParams."""
     _check_neutral(body)
     if body.get("top_logprobs"):
         raise BadRequest("top_logprobs is not supported")
