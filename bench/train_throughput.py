@@ -44,8 +44,8 @@ def sample_batch(policy: Policy, batch_size: int, completion_tokens: int) -> lis
     with SamplingEngine(policy.model, policy.tokenizer, EngineConfig(seed=0)) as engine:
         generations = [f.result() for f in [engine.submit(prompt, params) for _ in range(batch_size)]]
     return [
-        TrainingSample(tokens=g.prompt_ids + g.output_ids, response_length=len(g.output_ids),
-                       loss_mask=[1] * len(g.output_ids), rollout_log_probs=g.logprobs, reward=float(i),
+        TrainingSample(tokens=g.prompt_ids + g.token_ids, response_length=len(g.token_ids),
+                       loss_mask=[1] * len(g.token_ids), rollout_log_probs=g.logprobs, reward=float(i),
                        status=SampleStatus.COMPLETED, group_index=0, index=i, rollout_id=i)
         for i, g in enumerate(generations)
     ]

@@ -14,8 +14,7 @@ from harbor.models.trajectories import Trajectory
 import slime_harbor.agent as agent_module
 from slime_harbor.agent import NativeAgent
 from slime_harbor.gateway.session import Call, GatewaySession
-from slime_harbor.policy.client import Generation
-from slime_harbor.policy.sampling import SamplingParams
+from slime_harbor.policy.sampling import Generation, SamplingParams
 
 
 def load(path) -> Trajectory:

@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 from slime_harbor.policy.engine import EngineConfig, SamplingEngine
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.policy.tiny_model import IM_END, TinyModelConfig, build_tiny_model
+from slime_harbor.samples import top_p_offsets_ok
 
 
 @pytest.fixture
@@ -32,12 +33,12 @@ def wait_for(condition, timeout=10.0):
 
 def recomputed_logprobs(model, generation, temperature):
     """What the trainer computes: log_softmax(model(tokens).logits / T), one forward pass, no padding."""
-    tokens = torch.tensor([generation.prompt_ids + generation.output_ids])
+    tokens = torch.tensor([generation.prompt_ids + generation.token_ids])
     with torch.no_grad():
         logits = model(tokens).logits[0].float()
     logprobs = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
     start = len(generation.prompt_ids) - 1
-    targets = torch.tensor(generation.output_ids)
+    targets = torch.tensor(generation.token_ids)
     return logprobs[start : start + len(targets)], targets
 
 
@@ -52,7 +53,7 @@ def test_batched_logprobs_match_one_forward_pass(engine, model, tokenizer):
     assert engine.stats.prefills == 2
     assert engine.stats.rows_per_decode_step[5] > 0
     for generation in generations:
-        assert len(generation.output_ids) == len(generation.logprobs) == 40
+        assert len(generation.token_ids) == len(generation.logprobs) == 40
         full, targets = recomputed_logprobs(model, generation, params.temperature)
         recomputed = full.gather(-1, targets[:, None])[:, 0]
         assert (recomputed - torch.tensor(generation.logprobs)).abs().mean() < 1e-4
@@ -93,24 +94,24 @@ def test_seed_fixes_the_sample_whatever_shares_the_batch(engine, tokenizer):
     alone = engine.generate(prompt, seeded)
     crowd = [engine.submit(p, SamplingParams(max_new_tokens=30, ignore_eos=True)) for p in prompts(tokenizer)]
     batched = engine.submit(prompt, seeded)
-    assert batched.result(timeout=60).output_ids == alone.output_ids
-    unseeded = [f.result(timeout=60).output_ids for f in crowd]
+    assert batched.result(timeout=60).token_ids == alone.token_ids
+    unseeded = [f.result(timeout=60).token_ids for f in crowd]
     assert (
-        engine.generate(prompt, SamplingParams(max_new_tokens=30, ignore_eos=True, sampling_seed=99)).output_ids
-        != alone.output_ids
+        engine.generate(prompt, SamplingParams(max_new_tokens=30, ignore_eos=True, sampling_seed=99)).token_ids
+        != alone.token_ids
     )
     assert len({tuple(ids) for ids in unseeded}) == len(unseeded)
 
 
 def test_stop_token_is_kept_in_ids_and_trimmed_from_text(engine, tokenizer):
     prompt = prompts(tokenizer)[2]
-    greedy = engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True)).output_ids
+    greedy = engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True)).token_ids
     stop_id = greedy[3]
     cut = greedy.index(stop_id) + 1
     params = SamplingParams(temperature=0, max_new_tokens=10, stop_token_ids=[stop_id])
     generation = engine.generate(prompt, params)
-    assert generation.output_ids == greedy[:cut]
-    assert generation.finish_reason == {"type": "stop", "matched": stop_id}
+    assert generation.token_ids == greedy[:cut]
+    assert (generation.finish_reason, generation.matched_stop) == ("stop", stop_id)
     assert generation.text == tokenizer.decode(greedy[: cut - 1])
     kept = engine.generate(
         prompt, SamplingParams(temperature=0, max_new_tokens=10, stop_token_ids=[stop_id], no_stop_trim=True)
@@ -119,7 +120,7 @@ def test_stop_token_is_kept_in_ids_and_trimmed_from_text(engine, tokenizer):
     ignored = engine.generate(
         prompt, SamplingParams(temperature=0, max_new_tokens=10, stop_token_ids=[stop_id], ignore_eos=True)
     )
-    assert ignored.output_ids == greedy and ignored.finish_reason["type"] == "length"
+    assert ignored.token_ids == greedy and ignored.finish_reason == "length"
 
 
 def test_eos_ends_the_turn(tiny_model_dir, tokenizer):
@@ -134,46 +135,46 @@ def test_eos_ends_the_turn(tiny_model_dir, tokenizer):
         model.lm_head.weight = torch.nn.Parameter(head)  # untied from the input embeddings
     with SamplingEngine(model, tokenizer) as engine:
         generation = engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=8))
-        assert generation.output_ids == [tokenizer.eos_token_id]
-        assert generation.finish_reason == {"type": "stop", "matched": tokenizer.eos_token_id}
+        assert generation.token_ids == [tokenizer.eos_token_id]
+        assert (generation.finish_reason, generation.matched_stop) == ("stop", tokenizer.eos_token_id)
         assert generation.text == ""
         raw = engine.generate(
             prompt, SamplingParams(temperature=0, max_new_tokens=8, no_stop_trim=True, skip_special_tokens=False)
         )
         assert raw.text == IM_END
         ignored = engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True))
-        assert ignored.finish_reason["type"] == "length" and len(ignored.output_ids) == 8
+        assert ignored.finish_reason == "length" and len(ignored.token_ids) == 8
 
 
 def test_stop_string_ends_generation(engine, tokenizer):
     prompt = prompts(tokenizer)[0]
     greedy = dict(temperature=0, max_new_tokens=16, ignore_eos=True, skip_special_tokens=False)
     full = engine.generate(prompt, SamplingParams(**greedy))
-    text = tokenizer.decode(full.output_ids)
+    text = tokenizer.decode(full.token_ids)
     # A stop string made of the text of tokens 6 and 7 (checked not to occur earlier).
-    stop = tokenizer.decode(full.output_ids[6:8])
-    assert stop and stop not in tokenizer.decode(full.output_ids[:6]) + stop[:-1]
+    stop = tokenizer.decode(full.token_ids[6:8])
+    assert stop and stop not in tokenizer.decode(full.token_ids[:6]) + stop[:-1]
     generation = engine.generate(prompt, SamplingParams(**greedy, stop=[stop]))
-    assert generation.finish_reason == {"type": "stop", "matched": stop}
-    assert generation.output_ids == full.output_ids[: len(generation.output_ids)]
-    assert len(generation.output_ids) <= 8
+    assert (generation.finish_reason, generation.matched_stop) == ("stop", stop)
+    assert generation.token_ids == full.token_ids[: len(generation.token_ids)]
+    assert len(generation.token_ids) <= 8
     assert generation.text == text[: text.index(stop)]
     kept = engine.generate(prompt, SamplingParams(**greedy, stop=stop, no_stop_trim=True))
-    assert kept.text == tokenizer.decode(generation.output_ids) and kept.text.endswith(stop)
+    assert kept.text == tokenizer.decode(generation.token_ids) and kept.text.endswith(stop)
 
 
 def test_length_limits(tiny_model_dir, tokenizer):
     prompt = prompts(tokenizer)[1]
     with SamplingEngine.from_pretrained(tiny_model_dir, EngineConfig(context_length=len(prompt) + 5)) as engine:
         generation = engine.generate(prompt, SamplingParams(max_new_tokens=100, ignore_eos=True))
-        assert len(generation.output_ids) == 5
-        assert generation.finish_reason == {"type": "length", "length": 5}
+        assert len(generation.token_ids) == 5
+        assert (generation.finish_reason, generation.matched_stop) == ("length", None)
         with pytest.raises(ValueError, match="maximum context length"):
             engine.submit(prompt + [1] * 5)
         capped = engine.generate(prompt, SamplingParams(max_new_tokens=3, ignore_eos=True))
-        assert len(capped.output_ids) == 3 and capped.finish_reason["type"] == "length"
+        assert len(capped.token_ids) == 3 and capped.finish_reason == "length"
         nothing = engine.generate(prompt, SamplingParams(max_new_tokens=0))
-        assert nothing.output_ids == [] and nothing.finish_reason["type"] == "length"
+        assert nothing.token_ids == [] and nothing.finish_reason == "length"
         with pytest.raises(ValueError):
             engine.submit([])
 
@@ -187,15 +188,15 @@ def test_abort_running_and_queued_requests(tiny_model_dir, tokenizer):
         assert engine.num_pending() == (1, 1)
         assert engine.abort("queued")
         aborted = queued.result(timeout=5)
-        assert aborted.finish_reason["type"] == "abort" and aborted.output_ids == []
+        assert aborted.finish_reason == "abort" and aborted.token_ids == []
         assert engine.abort("running")
         partial = running.result(timeout=5)
-        assert partial.finish_reason["type"] == "abort"
-        assert len(partial.output_ids) == len(partial.logprobs) > 0
+        assert partial.finish_reason == "abort"
+        assert len(partial.token_ids) == len(partial.logprobs) > 0
         assert not engine.abort("running")  # already gone
         futures = [engine.submit(p, endless) for p in prompts(tokenizer)]
         assert engine.abort_all() == len(futures)
-        assert all(f.result(timeout=5).finish_reason["type"] == "abort" for f in futures)
+        assert all(f.result(timeout=5).finish_reason == "abort" for f in futures)
         assert engine.num_pending() == (0, 0)
 
 
@@ -212,11 +213,11 @@ def test_update_model_swaps_weights_between_steps(engine, tmp_path, tokenizer):
     before = engine.generate(prompt, greedy)
     other = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path, seed=7), dtype=torch.float32)
     with SamplingEngine(other, tokenizer) as reference:
-        expected = reference.generate(prompt, greedy).output_ids
+        expected = reference.generate(prompt, greedy).token_ids
     assert engine.update_model(other) == 1
     after = engine.generate(prompt, greedy)
-    assert after.output_ids == expected != before.output_ids
-    assert (before.weight_version, after.weight_version) == (0, 1)
+    assert after.token_ids == expected != before.token_ids
+    assert (before.weight_version, after.weight_version) == ("0", "1")
 
 
 def test_a_weight_update_waits_for_the_calls_running_and_each_call_has_one_version(engine, model, tmp_path, tokenizer):
@@ -236,7 +237,7 @@ def test_a_weight_update_waits_for_the_calls_running_and_each_call_has_one_versi
     updater.join(timeout=60)
     second = waiting.result(timeout=60)
     assert updated == [5] and engine.weight_version == 5
-    assert (first.weight_version, second.weight_version) == (0, 5) and len(first.output_ids) == 150
+    assert (first.weight_version, second.weight_version) == ("0", "5") and len(first.token_ids) == 150
     for generation, sampler in ((first, model), (second, other)):  # each call, every token, by one model
         full, targets = recomputed_logprobs(sampler, generation, 1.0)
         assert (full.gather(-1, targets[:, None])[:, 0] - torch.tensor(generation.logprobs)).abs().max() < 1e-4
@@ -248,14 +249,14 @@ def test_pause_generation_aborts_the_calls_in_flight_and_holds_new_ones(engine, 
     running = engine.submit(prompts(tokenizer)[0], SamplingParams(max_new_tokens=10**6, ignore_eos=True))
     wait_for(lambda: engine.stats.decode_steps >= 2)
     assert engine.pause_generation() == 1
-    assert running.result(timeout=10).finish_reason["type"] == "abort"
+    assert running.result(timeout=10).finish_reason == "abort"
     held = engine.submit(prompts(tokenizer)[1], SamplingParams(max_new_tokens=5, ignore_eos=True))
     time.sleep(0.3)
     assert not held.done() and engine.num_pending() == (0, 1)
     engine.update_model(engine.model)  # nothing running: the update does not wait for the held call
     engine.continue_generation()
     generation = held.result(timeout=10)
-    assert len(generation.output_ids) == 5 and generation.weight_version == 1
+    assert len(generation.token_ids) == 5 and generation.weight_version == "1"
 
 
 def test_paused_engine_makes_no_progress(engine, tokenizer):
@@ -263,7 +264,7 @@ def test_paused_engine_makes_no_progress(engine, tokenizer):
         future = engine.submit(prompts(tokenizer)[0], SamplingParams(max_new_tokens=5))
         time.sleep(0.2)
         assert not future.done()
-    assert len(future.result(timeout=10).output_ids) > 0
+    assert len(future.result(timeout=10).token_ids) > 0
 
 
 def test_close_aborts_pending_work_and_stops_the_thread(tiny_model_dir, tokenizer):
@@ -272,7 +273,7 @@ def test_close_aborts_pending_work_and_stops_the_thread(tiny_model_dir, tokenize
     future = engine.submit(prompts(tokenizer)[0], SamplingParams(max_new_tokens=10**6, ignore_eos=True))
     wait_for(lambda: engine.stats.decode_steps >= 2)
     engine.close()
-    assert future.result(timeout=1).finish_reason["type"] == "abort"
+    assert future.result(timeout=1).finish_reason == "abort"
     assert set(threading.enumerate()) <= before
     with pytest.raises(RuntimeError):
         engine.submit(prompts(tokenizer)[0])
@@ -288,7 +289,7 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(engine, tmp_pa
     with pytest.raises(RuntimeError):
         running.result(timeout=10)
     assert engine.num_pending() == (0, 0)
-    assert len(engine.generate(prompts(tokenizer)[1], SamplingParams(max_new_tokens=4), timeout=10).output_ids) > 0
+    assert len(engine.generate(prompts(tokenizer)[1], SamplingParams(max_new_tokens=4), timeout=10).token_ids) > 0
 
 
 def nucleus(logprobs_row: torch.Tensor, top_p: float) -> set[int]:
@@ -299,14 +300,21 @@ def nucleus(logprobs_row: torch.Tensor, top_p: float) -> set[int]:
     return set(order[before < top_p].tolist())
 
 
+def kept_per_token(generation) -> list[list[int]]:
+    """A Generation's flat kept ids, split per token by their offsets (checked as SLiME checks them)."""
+    ids, offsets = generation.top_p_token_ids, generation.top_p_token_offsets
+    assert ids is not None and top_p_offsets_ok(ids, offsets, len(generation.token_ids))
+    return [ids[a:b] for a, b in zip(offsets, offsets[1:])]
+
+
 def test_top_p_replay_reports_the_kept_ids_and_renormalised_logprobs(engine, model, tokenizer):
     params = SamplingParams(temperature=1.0, top_p=0.5, max_new_tokens=30, ignore_eos=True, return_top_p_token_ids=True)
     generation = engine.generate(prompts(tokenizer)[1], params)
-    kept = generation.top_p_token_ids
-    assert kept is not None and len(kept) == len(generation.output_ids) == 30
+    kept = kept_per_token(generation)
+    assert len(kept) == len(generation.token_ids) == 30
     full, targets = recomputed_logprobs(model, generation, 1.0)
     vocab = full.shape[-1]
-    for i, (token, ids) in enumerate(zip(generation.output_ids, kept)):
+    for i, (token, ids) in enumerate(zip(generation.token_ids, kept)):
         assert token in ids and len(set(ids)) == len(ids)
         assert 0 < len(ids) < vocab
         assert set(ids) == nucleus(full[i], 0.5)  # exactly the set the sampler drew from
@@ -322,12 +330,13 @@ def test_top_p_replay_with_top_k_greedy_and_no_filter(engine, model, tokenizer):
     top_k = engine.generate(
         prompt, SamplingParams(top_k=5, max_new_tokens=10, ignore_eos=True, return_top_p_token_ids=True)
     )
-    assert all(len(ids) == 5 and t in ids for t, ids in zip(top_k.output_ids, top_k.top_p_token_ids))
+    assert all(len(ids) == 5 and t in ids for t, ids in zip(top_k.token_ids, kept_per_token(top_k)))
     greedy = engine.generate(
         prompt, SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True, return_top_p_token_ids=True)
     )
-    assert greedy.top_p_token_ids == [[t] for t in greedy.output_ids]
+    assert greedy.top_p_token_ids == greedy.token_ids and greedy.top_p_token_offsets == list(range(11))
     unfiltered = engine.generate(prompt, SamplingParams(max_new_tokens=5, ignore_eos=True, return_top_p_token_ids=True))
-    assert unfiltered.top_p_token_ids is None  # nothing truncated: no kept sets, like patched SGLang
+    # Nothing truncated: no kept sets, like the patched SGLang.
+    assert unfiltered.top_p_token_ids is unfiltered.top_p_token_offsets is None
     not_asked = engine.generate(prompt, SamplingParams(top_p=0.5, max_new_tokens=5, ignore_eos=True))
-    assert not_asked.top_p_token_ids is None
+    assert not_asked.top_p_token_ids is not_asked.top_p_token_offsets is None

@@ -28,8 +28,8 @@ from slime_harbor.gateway.session import (STEP_LIMIT_CODE, Call, GatewaySession,
                                           normalise_messages)
 from slime_harbor.gateway.wire import TurnRequest, Wire
 from slime_harbor.http_api import BadRequest
-from slime_harbor.policy.client import Generation, PolicyClient, PolicyServerError
-from slime_harbor.policy.sampling import SamplingParams
+from slime_harbor.policy.client import PolicyClient, PolicyServerError
+from slime_harbor.policy.sampling import Generation, SamplingParams
 
 # config.json model_type -> the renderers config that speaks the family's chat format. Qwen2.5 and
 # Qwen3 (dense and MoE) share ChatML with Hermes-style <tool_call> JSON; Qwen3's renderer also

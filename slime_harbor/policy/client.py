@@ -3,7 +3,8 @@ servers (vLLM, verifiers / prime-rl's inference server) through `/v1/completions
 prompts and token ids + logprobs back (`api="openai"`).
 
 The same client talks to SGLang's router in production and to our embedded policy server here:
-both speak the protocol below, so nothing else in the chain knows which one it is using.
+both speak the protocol below, so nothing else in the chain knows which one it is using. Either
+way a call returns a `sampling.Generation`, the same one our engine produces.
 
     POST {base_url}/generate
       {"input_ids": [...], "sampling_params": {...}, "return_logprob": true, "rid": "..."}
@@ -18,12 +19,11 @@ import array
 import asyncio
 import base64
 import uuid
-from dataclasses import dataclass
 
 import aiohttp
 import orjson
 
-from slime_harbor.policy.sampling import SamplingParams
+from slime_harbor.policy.sampling import Generation, SamplingParams
 from slime_harbor.samples import top_p_offsets_ok
 
 
@@ -35,25 +35,6 @@ class PolicyServerError(RuntimeError):
     def __init__(self, message: str, status_code: int | None = None):
         super().__init__(message)
         self.status_code = status_code
-
-
-@dataclass
-class Generation:
-    """One sampled completion, exactly as the sampler produced it."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str  # "stop" | "length" | "abort"
-    rid: str
-    top_p_token_ids: list[int] | None = None
-    """Top-p replay, flat: token i kept top_p_token_ids[offsets[i]:offsets[i + 1]]. None unless asked."""
-    top_p_token_offsets: list[int] | None = None
-    """len(token_ids) + 1 offsets into top_p_token_ids, from 0."""
-    weight_version: str | None = None
-    """The server's meta_info.weight_version (which weights sampled it); None when not reported."""
-    reissued: int = 0
-    """How often the server aborted this call on its own (a weight update) and it was sampled again."""
 
 
 API_KINDS = ("sglang", "openai")
@@ -144,13 +125,15 @@ class PolicyClient:
         if pairs is None:
             raise PolicyServerError(f"{self.base_url}/generate returned no meta_info.output_token_logprobs")
         finish = meta.get("finish_reason") or {}
-        finish_type = finish.get("type", "stop") if isinstance(finish, dict) else str(finish)
+        if not isinstance(finish, dict):
+            finish = {"type": str(finish)}
         generation = Generation(
             token_ids=[int(p[1]) for p in pairs],
             logprobs=[float(p[0]) for p in pairs],
             text=reply.get("text", ""),
-            finish_reason=finish_type,
+            finish_reason=finish.get("type", "stop"),
             rid=rid,
+            matched_stop=finish.get("matched"),
             weight_version=None if meta.get("weight_version") is None else str(meta["weight_version"]),
         )
         if params.return_top_p_token_ids and params.truncates and generation.token_ids:
@@ -203,7 +186,9 @@ class PolicyClient:
             ) from exc
         if len(token_ids) != len(logprobs):
             raise PolicyServerError(f"{len(token_ids)} token ids but {len(logprobs)} logprobs")
-        return Generation(token_ids, logprobs, choice.get("text", ""), choice.get("finish_reason") or "stop", rid)
+        return Generation(token_ids=token_ids, logprobs=logprobs, text=choice.get("text", ""),
+                          finish_reason=choice.get("finish_reason") or "stop", rid=rid,
+                          matched_stop=choice.get("stop_reason"))
 
     async def abort(self, rid: str) -> None:
         """Ask the server to stop a running request (best effort: the trial is ending anyway)."""

@@ -5,8 +5,6 @@ sampling under top-k / top-p truncation with the kept ids SLiME's top-p replay n
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 
@@ -106,10 +104,6 @@ def _eos_token_ids(model, tokenizer) -> frozenset[int]:
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return frozenset(ids)
-
-
-def _abort_reason() -> dict[str, Any]:
-    return {"type": "abort", "message": "aborted by request"}
 
 
 def _cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:

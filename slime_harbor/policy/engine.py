@@ -46,30 +46,12 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 # The decode loop's tensors (the running batch, truncated sampling) live in decode.py.
-from slime_harbor.policy.decode import _abort_reason, _Batch, _cache_tensors, _eos_token_ids, _sample_tokens, _Truncation
-from slime_harbor.policy.sampling import SamplingParams
-
-
-@dataclass
-class Generation:
-    """What one request produced."""
-
-    rid: str
-    prompt_ids: list[int]
-    output_ids: list[int]  # sampled tokens, a matched stop token included (as SGLang does)
-    logprobs: list[float]  # one per output id: log_softmax(logits / T) before top-k/top-p
-    finish_reason: dict[str, Any]  # {"type": "stop"|"length"|"abort", "matched"?: token id | str}
-    text: str  # decoded output; the stop token / string trimmed unless no_stop_trim
-    weight_version: int  # the weights that sampled it: the engine's version when it was admitted
-    latency_s: float  # from submit to finish
-    # Per output id, the ids the top-k / top-p filter kept (most likely first), when the request
-    # asked for them (return_top_p_token_ids) and had a filter; None otherwise.
-    top_p_token_ids: list[list[int]] | None = None
+from slime_harbor.policy.decode import _Batch, _cache_tensors, _eos_token_ids, _sample_tokens, _Truncation
+from slime_harbor.policy.sampling import Generation, SamplingParams
 
 
 @dataclass
@@ -110,12 +92,15 @@ class _Request:
         self.stop_token_ids: frozenset[int] = stop_token_ids
         self.generator: torch.Generator = generator
         self.future: concurrent.futures.Future[Generation] = concurrent.futures.Future()
-        self.output_ids: list[int] = []
+        self.token_ids: list[int] = []
         self.logprobs: list[float] = []
-        # Kept ids per output token, for requests that asked and whose sampling truncates at all.
-        truncates = params.temperature == 0 or params.top_k > 0 or params.top_p < 1
-        self.top_p_token_ids: list[list[int]] | None = [] if params.return_top_p_token_ids and truncates else None
-        self.finish_reason: dict[str, Any] | None = None
+        # Kept ids per token, flat with offsets (Generation's layout), for requests that asked and
+        # whose sampling truncates at all.
+        top_p = params.return_top_p_token_ids and params.truncates
+        self.top_p_token_ids: list[int] | None = [] if top_p else None
+        self.top_p_token_offsets: list[int] | None = [0] if top_p else None
+        self.finish_reason: str | None = None  # stop | length | abort, once finished
+        self.matched_stop: int | str | None = None  # the stop token id / string that ended it
         self.abort_requested = False
         self.weight_version: int | None = None  # set when admitted: the weights that sample it
         self.submitted_at = time.monotonic()
@@ -197,7 +182,7 @@ class SamplingEngine:
             self._active[request.rid] = request
             self.stats.requests += 1
             if params.max_new_tokens == 0:
-                self._finish_unstarted(request, {"type": "length", "length": 0})
+                self._finish_unstarted(request, "length")
             else:
                 self._queue.append(request)
                 self._cond.notify_all()
@@ -423,7 +408,7 @@ class SamplingEngine:
         batch = self._batch
         rows = len(batch.rows)
         mask = torch.cat([batch.mask, torch.ones((rows, 1), dtype=torch.long)], dim=1)
-        last = torch.tensor([r.output_ids[-1] for r in batch.rows], dtype=torch.long)[:, None]
+        last = torch.tensor([r.token_ids[-1] for r in batch.rows], dtype=torch.long)[:, None]
         logits, cache = self._forward(last, mask, batch.next_pos[:, None], batch.cache, batch.rows)
         batch.cache, batch.mask, batch.next_pos = cache, mask, batch.next_pos + 1
         self.stats.decode_steps += 1
@@ -472,27 +457,29 @@ class SamplingEngine:
                     kept_ids = truncation.kept(i)
                     kept = kept_ids.tolist()
                     token_logprobs[i] -= float(torch.logsumexp(logprobs[i, kept_ids], dim=-1))
-                request.top_p_token_ids.append(kept)
-            request.output_ids.append(token)
+                request.top_p_token_ids.extend(kept)
+                request.top_p_token_offsets.append(len(request.top_p_token_ids))
+            request.token_ids.append(token)
             request.logprobs.append(token_logprobs[i])
-            request.finish_reason = self._finish_check(request)
+            self._check_finished(request)
         self.stats.generated_tokens += len(rows)
 
-    def _finish_check(self, request: _Request) -> dict[str, Any] | None:
-        token = request.output_ids[-1]
+    def _check_finished(self, request: _Request) -> None:
+        """Set the request's finish_reason (and matched_stop) if its last token ends it."""
+        token = request.token_ids[-1]
         # A stop token at the last allowed position still ends the turn: report stop, not length.
         if token in request.stop_token_ids:
-            return {"type": "stop", "matched": token}
+            request.finish_reason, request.matched_stop = "stop", token
+            return
         if request.params.stop:
-            tail = self.tokenizer.decode(request.output_ids[-request.stop_window :], skip_special_tokens=False)
+            tail = self.tokenizer.decode(request.token_ids[-request.stop_window :], skip_special_tokens=False)
             for stop in request.params.stop:
                 if stop in tail:
-                    return {"type": "stop", "matched": stop}
-        if len(request.output_ids) >= request.params.max_new_tokens:
-            return {"type": "length", "length": len(request.output_ids)}
-        if len(request.prompt_ids) + len(request.output_ids) >= self.context_length:
-            return {"type": "length", "length": len(request.output_ids)}
-        return None
+                    request.finish_reason, request.matched_stop = "stop", stop
+                    return
+        if (len(request.token_ids) >= request.params.max_new_tokens
+                or len(request.prompt_ids) + len(request.token_ids) >= self.context_length):
+            request.finish_reason = "length"
 
     def _retire(self) -> None:
         """Resolve finished or aborted rows and drop them from the batch."""
@@ -500,7 +487,7 @@ class SamplingEngine:
         with self._cond:
             for request in batch.rows:
                 if request.abort_requested and request.finish_reason is None:
-                    request.finish_reason = _abort_reason()
+                    request.finish_reason = "abort"
         keep = [i for i, r in enumerate(batch.rows) if r.finish_reason is None]
         if len(keep) == len(batch.rows):
             return
@@ -510,35 +497,41 @@ class SamplingEngine:
         self._batch = batch.select(keep)
 
     def _resolve(self, request: _Request) -> None:
-        generation = Generation(
-            rid=request.rid,
-            prompt_ids=request.prompt_ids,
-            output_ids=list(request.output_ids),
-            logprobs=list(request.logprobs),
-            finish_reason=request.finish_reason,
-            text=self._text(request),
-            weight_version=self.weight_version if request.weight_version is None else request.weight_version,
-            latency_s=time.monotonic() - request.submitted_at,
-            top_p_token_ids=[list(kept) for kept in request.top_p_token_ids]
-            if request.top_p_token_ids is not None
-            else None,
-        )
+        generation = self._generation(request, self._text(request), time.monotonic() - request.submitted_at)
         with self._cond:
             self._active.pop(request.rid, None)
         if not request.future.done():
             request.future.set_result(generation)
 
+    def _generation(self, request: _Request, text: str, latency_s: float) -> Generation:
+        """The finished request as a Generation (its own copies of the lists)."""
+        top_p = request.top_p_token_ids is not None
+        return Generation(
+            token_ids=list(request.token_ids),
+            logprobs=list(request.logprobs),
+            text=text,
+            finish_reason=request.finish_reason,
+            rid=request.rid,
+            matched_stop=request.matched_stop,
+            # The weights that sampled it: the engine's version when it was admitted.
+            weight_version=str(self.weight_version if request.weight_version is None else request.weight_version),
+            top_p_token_ids=list(request.top_p_token_ids) if top_p else None,
+            top_p_token_offsets=list(request.top_p_token_offsets) if top_p else None,
+            prompt_ids=request.prompt_ids,
+            latency_s=latency_s,
+        )
+
     def _text(self, request: _Request) -> str:
-        params, reason, ids = request.params, request.finish_reason, request.output_ids
-        matched = reason.get("matched")
-        if reason["type"] == "stop" and isinstance(matched, int) and not params.no_stop_trim:
+        params, matched, ids = request.params, request.matched_stop, request.token_ids
+        stopped = request.finish_reason == "stop" and not params.no_stop_trim
+        if stopped and isinstance(matched, int):
             ids = ids[:-1]
         text = self.tokenizer.decode(
             ids,
             skip_special_tokens=params.skip_special_tokens,
             spaces_between_special_tokens=params.spaces_between_special_tokens,
         )
-        if reason["type"] == "stop" and isinstance(matched, str) and not params.no_stop_trim:
+        if stopped and isinstance(matched, str):
             cut = text.find(matched)
             text = text[:cut] if cut >= 0 else text
         return text
@@ -547,16 +540,14 @@ class SamplingEngine:
         """Abort under self._cond: a queued request ends now, a running one at the next step."""
         if request in self._queue:
             self._queue.remove(request)
-            self._finish_unstarted(request, _abort_reason())
+            self._finish_unstarted(request, "abort")
         else:
             request.abort_requested = True
 
-    def _finish_unstarted(self, request: _Request, reason: dict[str, Any]) -> None:
+    def _finish_unstarted(self, request: _Request, reason: str) -> None:
         request.finish_reason = reason
         self._active.pop(request.rid, None)
-        request.future.set_result(
-            Generation(request.rid, request.prompt_ids, [], [], reason, "", self.weight_version, 0.0)
-        )
+        request.future.set_result(self._generation(request, "", 0.0))
 
     def _fail_running(self, error: Exception) -> None:
         failed = self._batch.rows + self._batch.rows_pending_prefill

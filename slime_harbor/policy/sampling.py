@@ -1,6 +1,11 @@
-"""How one model call samples: the one SamplingParams from SLiME's sampling dict (the hook), the
-rollout config and a gateway session, through the policy client's `/generate` request, to the
-policy server and its engine. Its names, defaults and wire form are SGLang's `sampling_params`."""
+"""How one model call samples, and what it sampled.
+
+SamplingParams: what is asked for, the one settings object from SLiME's sampling dict (the hook),
+the rollout config and a gateway session, through the policy client's `/generate` request, to the
+policy server and its engine. Its names, defaults and wire form are SGLang's `sampling_params`.
+
+Generation: what came back, one sampled completion, as the engine produces it and as the policy
+client reads it off the wire (SGLang's `meta_info`, which the policy server builds from it)."""
 
 from __future__ import annotations
 
@@ -86,3 +91,40 @@ class SamplingParams:
         if unknown:
             raise ValueError(f"unsupported sampling params: {unknown}")
         return cls(**raw)
+
+
+@dataclass
+class Generation:
+    """One sampled completion, exactly as the sampler produced it (the engine's, or the policy
+    client's reading of a server's reply)."""
+
+    token_ids: list[int]
+    """The sampled tokens (not the prompt); a matched stop token included, as SGLang does."""
+    logprobs: list[float]
+    """One per token: log_softmax(logits / T) before top-k / top-p (with top-p replay:
+    renormalised over the kept ids)."""
+    text: str
+    """The decoded tokens (the server's; what it trims depends on the request)."""
+    finish_reason: str
+    """One of stop, length, abort (SGLang's meta_info finish_reason.type, OpenAI's finish_reason)."""
+    rid: str
+    """The request id it ran under (SGLang's rid)."""
+    matched_stop: int | str | None = None
+    """With finish_reason stop: the stop token id or stop string that ended it (SGLang's
+    finish_reason.matched, vLLM's stop_reason); None otherwise or when not reported."""
+    weight_version: str | None = None
+    """The weights that sampled it (SGLang's meta_info.weight_version, a string on the wire and in
+    the samples); None when not reported."""
+    top_p_token_ids: list[int] | None = None
+    """Top-p replay, flat as SLiME's samples carry it: token i kept
+    top_p_token_ids[top_p_token_offsets[i]:top_p_token_offsets[i + 1]] (most likely first, the
+    sampled token among them). None unless asked for and the sampling truncates."""
+    top_p_token_offsets: list[int] | None = None
+    """len(token_ids) + 1 offsets into top_p_token_ids, from 0."""
+    prompt_ids: list[int] | None = None
+    """The prompt it continues (the engine's; the client leaves it to the caller, who sent it)."""
+    latency_s: float | None = None
+    """The engine's time from submit to finish; None when not measured."""
+    reissued: int = 0
+    """How often the server aborted this call on its own (a weight update) and the client had it
+    sampled again."""

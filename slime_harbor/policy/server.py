@@ -54,7 +54,7 @@ from fastapi.responses import JSONResponse, Response
 
 from slime_harbor.http_api import BadRequest, bad_request_reply, json_object, openai_error
 from slime_harbor.policy.engine import EngineConfig, SamplingEngine
-from slime_harbor.policy.sampling import SamplingParams
+from slime_harbor.policy.sampling import Generation, SamplingParams
 
 # SGLang sampling params we accept without implementing, with the value that makes them no-ops.
 # Any other value would change the distribution the logprobs are reported for, so it is refused.
@@ -120,23 +120,23 @@ class PolicyServer:
         generation = await self.engine.agenerate(prompt_ids, params, rid=body.get("rid"), lora=lora)
         meta_info: dict[str, Any] = {
             "id": generation.rid,
-            "finish_reason": generation.finish_reason,
+            "finish_reason": sglang_finish_reason(generation),
             "prompt_tokens": len(generation.prompt_ids),
-            "completion_tokens": len(generation.output_ids),
+            "completion_tokens": len(generation.token_ids),
             "cached_tokens": 0,
-            "weight_version": str(generation.weight_version),
+            "weight_version": generation.weight_version,
             "e2e_latency": generation.latency_s,
         }
         if body.get("return_logprob"):
             meta_info["output_token_logprobs"] = [
                 [logprob, token, None]
-                for logprob, token in zip(generation.logprobs, generation.output_ids, strict=True)
+                for logprob, token in zip(generation.logprobs, generation.token_ids, strict=True)
             ]
             if generation.top_p_token_ids:  # like the patched SGLang: only when there are some
                 meta_info["top_p_token_ids"], meta_info["top_p_token_offsets"] = encode_top_p_token_ids(
-                    generation.top_p_token_ids
+                    generation.top_p_token_ids, generation.top_p_token_offsets
                 )
-        return {"text": generation.text, "output_ids": generation.output_ids, "meta_info": meta_info}
+        return {"text": generation.text, "output_ids": generation.token_ids, "meta_info": meta_info}
 
     async def abort_request(self, request: Request) -> dict[str, Any]:
         body = await json_object(request)
@@ -173,12 +173,12 @@ class PolicyServer:
             "index": 0,
             "text": generation.text,
             "logprobs": None,
-            "finish_reason": generation.finish_reason["type"],
-            "stop_reason": generation.finish_reason.get("matched"),
+            "finish_reason": generation.finish_reason,
+            "stop_reason": generation.matched_stop,
         }
         if body.get("logprobs") is not None:
             tokens = [_token_bytes(self.engine.tokenizer, t).decode("utf-8", errors="replace")
-                      for t in generation.output_ids]
+                      for t in generation.token_ids]
             choice["logprobs"] = {
                 "tokens": tokens,
                 "token_logprobs": generation.logprobs,
@@ -187,8 +187,8 @@ class PolicyServer:
             }
         if body.get("return_token_ids"):
             choice["prompt_token_ids"] = generation.prompt_ids
-            choice["token_ids"] = generation.output_ids
-        n_prompt, n_out = len(generation.prompt_ids), len(generation.output_ids)
+            choice["token_ids"] = generation.token_ids
+        n_prompt, n_out = len(generation.prompt_ids), len(generation.token_ids)
         return {
             "id": f"cmpl-{generation.rid}",
             "object": "text_completion",
@@ -313,14 +313,22 @@ def sglang_sampling_params(raw: dict[str, Any]) -> SamplingParams:
         raise BadRequest(str(error)) from error
 
 
-def encode_top_p_token_ids(rows: list[list[int]]) -> tuple[str, str]:
-    """Kept ids per token -> (ids, offsets) as base64 of native int32, the way SLiME's SGLang patch
-    encodes them: token i kept ids[offsets[i]:offsets[i + 1]], len(offsets) = tokens + 1."""
-    ids: list[int] = []
-    offsets = [0]
-    for row in rows:
-        ids.extend(row)
-        offsets.append(len(ids))
+def sglang_finish_reason(generation: Generation) -> dict[str, Any]:
+    """SGLang's meta_info finish_reason: {"type": "stop", "matched": token id | string},
+    {"type": "length", "length": tokens} or {"type": "abort", "message": ...}."""
+    reason: dict[str, Any] = {"type": generation.finish_reason}
+    if generation.finish_reason == "stop" and generation.matched_stop is not None:
+        reason["matched"] = generation.matched_stop
+    elif generation.finish_reason == "length":
+        reason["length"] = len(generation.token_ids)
+    elif generation.finish_reason == "abort":
+        reason["message"] = "aborted by request"
+    return reason
+
+
+def encode_top_p_token_ids(ids: list[int], offsets: list[int]) -> tuple[str, str]:
+    """Generation's flat kept ids and their offsets (token i kept ids[offsets[i]:offsets[i + 1]],
+    len(offsets) = tokens + 1) as base64 of native int32, the way SLiME's SGLang patch sends them."""
     return _b64_int32(ids), _b64_int32(offsets)
 
 

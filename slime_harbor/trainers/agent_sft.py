@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_harbor.gateway.server import Gateway
-from slime_harbor.policy.client import Generation
-from slime_harbor.policy.sampling import SamplingParams
+from slime_harbor.policy.sampling import Generation, SamplingParams
 from slime_harbor.tasks import families as task_families
 
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
