@@ -395,10 +395,10 @@ async def test_docker_trial_runs_mini_swe_agent_on_a_layer_built_once(tmp_path, 
     assert not proxy.requests, proxy.requests
     environment = trial.agent_environment
     # The install is a layer on the image the task's Dockerfile starts FROM, under its own instructions.
-    from slime_harbor.environments.docker_images import single_base_image
+    from slime_harbor.environments.dockerfile import single_base_image
 
     layer = _image(environment.run_image)
-    base = _image(single_base_image((task / "environment" / "Dockerfile").read_text())[0])
+    base = _image(single_base_image((task / "environment" / "Dockerfile").read_text()))
     assert environment.run_image != environment.image and layer["Id"] != base["Id"]
     assert layer["RootFS"]["Layers"][: len(base["RootFS"]["Layers"])] == base["RootFS"]["Layers"]
     assert layer["Config"]["User"] == base["Config"]["User"] and layer["Config"]["WorkingDir"] == "/app"
@@ -464,14 +464,16 @@ async def test_docker_layer_leaves_the_task_python_untouched(tmp_path):
     ("ARG BASE=python:3.11-slim\nFROM $BASE\n", None, None),  # a variable
     ("FROM ${BASE}\n", None, None),
     ("LABEL x=y \\\nFROM python:3.11-slim\n", None, None),  # continued from the line before: not an instruction
+    ("FROM \\\n  python:3.11-slim AS b\nRUN true\n", "python:3.11-slim", "FROM tools/x:1 AS b\nRUN true\n"),  # continued
+    ("FROM debian:12\nRUN <<EOF\nFROM x\nEOF\n", "debian:12", "FROM tools/x:1\nRUN <<EOF\nFROM x\nEOF\n"),  # a heredoc's line
+    ("FROM debian:12\nFROBNICATE\n", None, None),  # BuildKit cannot parse it: the task's own build says why
 ])
 def test_only_a_plain_single_stage_dockerfile_is_rebased_under_the_tools(dockerfile, base, rebased):
-    from slime_harbor.environments.docker_images import rebased_dockerfile, single_base_image
+    from slime_harbor.environments.dockerfile import rebased_dockerfile, single_base_image
 
-    found = single_base_image(dockerfile)
-    assert (found[0] if found else None) == base
-    if found:
-        assert rebased_dockerfile(dockerfile, found[1], "tools/x:1") == rebased
+    assert single_base_image(dockerfile) == base
+    if base:
+        assert rebased_dockerfile(dockerfile, "tools/x:1") == rebased
 
 
 @needs_docker

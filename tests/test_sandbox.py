@@ -353,6 +353,41 @@ def test_recipe_follows_docker_variable_and_path_rules(tmp_path):
     assert "UNSET" not in shell_form.env
 
 
+def test_recipe_reads_the_dockerfile_as_buildkit_does(tmp_path):
+    """What the hand-written reader got wrong: a global ARG built from an earlier one, BuildKit's
+    other ${} modifiers and nested defaults, an escaped backslash at the end of a line (no
+    continuation), the escape directive, and a syntax error named by its line."""
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(
+        "ARG REG=docker.io\n"
+        "ARG IMAGE=$REG/library/ubuntu\n"
+        "FROM ${IMAGE}:24.04\n"
+        "ENV ARCHIVE=tool.tar.gz\n"
+        "ENV NAME=${ARCHIVE%.tar.gz} \\\n"
+        "\n"
+        "    # a comment inside the continuation\n"
+        "    ALT=${MISSING:-${ARCHIVE}} SWAPPED=${ARCHIVE/tool/lib}\n"
+        "RUN echo done \\\\\n"
+        "WORKDIR /x\n"
+    )
+    recipe = parse_dockerfile(dockerfile)
+    assert recipe.base_image == "docker.io/library/ubuntu:24.04"
+    assert (recipe.env["NAME"], recipe.env["ALT"], recipe.env["SWAPPED"]) == ("tool", "tool.tar.gz", "lib.tar.gz")
+    run, workdir = recipe.steps
+    assert run.argv == ("/bin/sh", "-c", "echo done \\\\") and run.instruction.line == 9
+    assert workdir.path == "/x"
+
+    dockerfile.write_text("# escape=`\nFROM ubuntu:24.04\nENV DIR=C:\\tools\nRUN echo one && `\n    echo two\n")
+    recipe = parse_dockerfile(dockerfile)
+    assert recipe.env["DIR"] == "C:\\tools"
+    assert recipe.steps[0].argv == ("/bin/sh", "-c", "echo one &&     echo two")
+
+    dockerfile.write_text("FROM ubuntu:24.04\nRUN <<EOF\necho\n")
+    with pytest.raises(DockerfileError) as error:
+        parse_dockerfile(dockerfile)
+    assert str(error.value) == f"{dockerfile}:2: RUN <<EOF\n  unterminated heredoc"
+
+
 @pytest.mark.asyncio
 async def test_failing_run_fails_start_with_its_output(tmp_path, base_dir):
     dockerfile = "FROM ubuntu:24.04\nRUN echo installing && apt-get install -y cowsay\n"

@@ -130,6 +130,31 @@ def test_bad_record_one_line_error(tmp_path, case, mutate, field):
     assert not (tmp_path / "out").exists()  # every record is checked before anything is written
 
 
+def test_grader_goes_after_the_last_from_instruction_as_buildkit_parses_it(tmp_path):
+    """A FROM continued over two lines, and a heredoc line that reads FROM: the grader follows the
+    instruction, not the first line that matches; a Dockerfile BuildKit cannot parse is a one-line
+    error naming its line."""
+    env = tmp_path / "env"
+    env.mkdir()
+    (env / "Dockerfile").write_text(
+        "FROM python:3.11-slim AS build\nRUN true\nFROM \\\n  python:3.11-slim\n"
+        "COPY <<EOF /notes.txt\nFROM here on\nEOF\nWORKDIR /testbed\n"
+    )
+    row = {**records()[0], "environment_dir": str(env)}
+    [task] = convert(write_jsonl(tmp_path / "i.jsonl", [row]), tmp_path / "out")
+    text = (task / "environment" / "Dockerfile").read_text()
+    head, grader = "FROM python:3.11-slim AS build\nRUN true\nFROM \\\n  python:3.11-slim\n", "# slime-harbor: swebench's grader"
+    assert text.startswith(head + grader)
+    assert "\nCOPY <<EOF /notes.txt\nFROM here on\nEOF\nWORKDIR /testbed\n# slime-harbor: /testbed's git" in text
+
+    (env / "Dockerfile").write_text("FROM python:3.11-slim\nRUN <<EOF\necho\n")
+    with pytest.raises(SystemExit) as e:
+        cli_main(["swebench-tasks", "--instances", str(write_jsonl(tmp_path / "j.jsonl", [row])),
+                  "--out", str(tmp_path / "out2")])
+    message = str(e.value.code)
+    assert "\n" not in message and f"{env / 'Dockerfile'}:2: RUN <<EOF; unterminated heredoc" in message
+
+
 def test_bad_record_from_the_command_line_has_no_traceback(tmp_path):
     rows = [absolute_env(r) for r in records()]
     rows[0]["FAIL_TO_PASS"] = "not json"

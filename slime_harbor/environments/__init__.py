@@ -5,6 +5,8 @@
     docker.py       DockerEnvironment: one container per trial on the Docker Engine API; images
                     built once per task; execs through an in-container shell server (docker_exec.py)
     common.py       what both share: exec timeout error, owner stamps, tar archives, network rule
+    dockerfile.py   the one Dockerfile reader: the recipe bubblewrap replays, and the FROM line
+                    that docker_images.py rebuilds on and tasks/swebench.py inserts its grader after
     gateway_reach.py  what both use to let a no-network sandbox reach the model gateway (and only
                     it) at 127.0.0.1:<gateway_port>
 """

@@ -31,6 +31,7 @@ from pathlib import Path
 from harbor.environments.base import SandboxBuildFailedError
 
 from slime_harbor.environments.common import owner_stamp, tail
+from slime_harbor.environments.dockerfile import rebased_dockerfile, single_base_image
 
 _API_TIMEOUT_SEC = 120
 
@@ -235,26 +236,6 @@ async def ensure_image(context: Path, tag: str, task_name: str, timeout_sec: flo
     await asyncio.shield(waiting)
 
 
-_FROM_LINE = re.compile(r"^[ \t]*FROM[ \t]+([^\s$-][^\s$]*)([ \t]+AS[ \t]+\S+)?[ \t]*$", re.IGNORECASE | re.MULTILINE)
-
-
-def single_base_image(dockerfile_text: str) -> tuple[str, tuple[int, int]] | None:
-    """The image a single-stage Dockerfile's FROM names, and where that line is; None for several
-    FROMs (a multi-stage build), a FROM with flags or variables, or one continued from the line
-    before: such a Dockerfile cannot safely be built on another base."""
-    froms = re.findall(r"^[ \t]*FROM\b", dockerfile_text, re.IGNORECASE | re.MULTILINE)
-    match = _FROM_LINE.search(dockerfile_text)
-    if len(froms) != 1 or match is None or dockerfile_text[:match.start()].rstrip("\n").endswith("\\"):
-        return None
-    return match.group(1), (match.start(), match.end())
-
-
-def rebased_dockerfile(dockerfile_text: str, span: tuple[int, int], base_image: str) -> str:
-    """The Dockerfile with its FROM line (at ``span``, from single_base_image) naming ``base_image``."""
-    alias = _FROM_LINE.match(dockerfile_text, span[0]).group(2) or ""
-    return dockerfile_text[:span[0]] + f"FROM {base_image}{alias}" + dockerfile_text[span[1]:]
-
-
 def tools_dockerfile_path(digest: str) -> Path:
     """Where a task's Dockerfile rebased on a tool layer is kept (outside the task's dir: the build
     sends it with the task's context)."""
@@ -333,16 +314,15 @@ async def task_image_on_tools(environment_dir: Path, environment_name: str, envi
     if not layers or not dockerfile.is_file():
         return None
     text = dockerfile.read_text()
-    found = single_base_image(text)
-    if found is None:
+    base = single_base_image(text)
+    if base is None:
         return None
-    base, span = found
     try:
         for name, script in layers:
             base = await ensure_layer_image(base, name, script, timeout_sec)
     except docker.errors.ImageNotFound:
         return None  # the task's own build says what is missing
-    rebased = rebased_dockerfile(text, span, base)
+    rebased = rebased_dockerfile(text, base)
     digest = hashlib.sha256(f"{environment_id}\0{rebased}".encode()).hexdigest()
     path = tools_dockerfile_path(digest)
     if not path.is_file():  # written whole, then renamed: a concurrent build never reads half of it

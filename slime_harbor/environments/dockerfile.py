@@ -1,4 +1,12 @@
-"""Read a task's ``environment/Dockerfile`` into steps that a sandbox without images can replay.
+"""The package's one Dockerfile reader: a task's ``environment/Dockerfile`` as steps that a sandbox
+without images can replay (:func:`parse_dockerfile`), and the FROM line that the Docker side builds
+on (:func:`single_base_image`, :func:`rebased_dockerfile`, :func:`last_from_end`).
+
+The syntax (parser directives, comments, continuations, JSON/exec forms, builder flags, heredocs)
+and the word expansion (quotes, escapes, ``$VAR``, ``${VAR:-default}`` and BuildKit's other
+modifiers) are ``e2b_dockerfile_utils``, a port of BuildKit's parser and shell lexer. Kept here is
+what no parser on PyPI does right: which variables each instruction sees (ARG before FROM, ARG
+re-declared in the stage, ENV), and what each instruction means for the sandbox.
 
 The local sandbox (:mod:`slime_harbor.environments.bubblewrap`) has no image builder: it runs the host's own
 tools read-only and gives every trial a private writable root. What a Dockerfile adds on top of
@@ -31,15 +39,15 @@ Instruction               What happens
 
 Errors (:class:`DockerfileError`, naming file, line and instruction): ``USER`` other than root,
 ``COPY --from`` and other stage references, ``ADD`` of URLs or git repositories, ``RUN`` flags
-(``--mount`` ...), heredocs, a parser ``escape`` other than backslash, sources outside the build
-context or missing. ``.dockerignore`` is not read. Note that ``RUN apt-get install ...`` and
-anything else needing a package registry fails at start: the host's tools are what there is.
+(``--mount`` ...), heredocs, sources outside the build context or missing, and what BuildKit's
+parser rejects (an unknown instruction, an unterminated quote or heredoc). ``.dockerignore`` is
+not read. Note that ``RUN apt-get install ...`` and anything else needing a package registry fails
+at start: the host's tools are what there is.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 import platform
 import posixpath
@@ -47,6 +55,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from e2b_dockerfile_utils import DockerfileInstruction, DockerfileSyntaxError, ShellLex, parse_dockerfile_ast
 from harbor.environments.base import SandboxBuildFailedError
 
 # What `docker run` puts on PATH when an image sets none; base images set the same value.
@@ -57,7 +66,6 @@ _IGNORED_KEYWORDS = frozenset(
     {"CMD", "ENTRYPOINT", "EXPOSE", "LABEL", "HEALTHCHECK", "STOPSIGNAL", "MAINTAINER", "ONBUILD"}
 )
 _ROOT_USERS = frozenset({"root", "0"})
-_HEREDOC = re.compile(r"(?<!<)<<-?\s*([\"']?)[A-Za-z_][A-Za-z0-9_]*\1")
 _URL = re.compile(r"^(https?|git|ssh)://|^git@")
 
 
@@ -75,7 +83,10 @@ class Instruction:
     keyword: str
     """Upper-cased instruction name, e.g. ``COPY``."""
     args: str
-    """Everything after the keyword, continuations joined."""
+    """Everything after the keyword (flags included), continuations joined."""
+    node: DockerfileInstruction = field(repr=False, compare=False)
+    """The parser's view of it: flags, args (the JSON form decoded, ENV as key/value/delimiter
+    triples), heredocs."""
 
     def error(self, reason: str) -> DockerfileError:
         text = f"{self.keyword} {self.args}"
@@ -152,59 +163,37 @@ def parse_dockerfile(dockerfile: Path, context_dir: Path | None = None) -> Build
     """
     dockerfile = Path(dockerfile)
     context_dir = (context_dir or dockerfile.parent).resolve()
-    return _RecipeBuilder(dockerfile, context_dir).build(_read_instructions(dockerfile))
+    instructions, escape = read_instructions(dockerfile)
+    return _RecipeBuilder(dockerfile, context_dir, escape).build(instructions)
 
 
-def _read_instructions(dockerfile: Path) -> list[Instruction]:
-    lines = dockerfile.read_text().splitlines()
-    index = _check_parser_directives(dockerfile, lines)
-    instructions: list[Instruction] = []
-    while index < len(lines):
-        raw = lines[index]
-        index += 1
-        if not raw.strip() or raw.lstrip().startswith("#"):
-            continue
-        start = index
-        text = raw
-        # A trailing backslash joins the next line; comment and blank lines inside the
-        # instruction are dropped, as Docker does.
-        while _continues(text) and index < len(lines):
-            nxt = lines[index]
-            index += 1
-            if not nxt.lstrip().startswith("#") and nxt.strip():
-                text = text.rstrip()[:-1] + nxt
-        if _continues(text):
-            text = text.rstrip()[:-1]
-        keyword, *args = text.strip().split(None, 1)
-        instructions.append(Instruction(dockerfile, start, keyword.upper(), "".join(args).strip()))
-    return instructions
-
-
-def _continues(text: str) -> bool:
-    return text.rstrip().endswith("\\")
-
-
-def _check_parser_directives(dockerfile: Path, lines: list[str]) -> int:
-    """Skip the leading ``# directive=value`` lines; only the default escape is supported."""
-    index = 0
-    for index, line in enumerate(lines):
-        match = re.match(r"^#\s*([a-zA-Z]+)\s*=\s*(\S+)\s*$", line)
-        if not match:
-            return index
-        if match.group(1).lower() == "escape" and match.group(2) != "\\":
-            raise DockerfileError(
-                f"{dockerfile}:{index + 1}: {line}\n  only the default escape character "
-                "(backslash) is supported"
-            )
-    return len(lines)
+def read_instructions(dockerfile: Path, text: str | None = None) -> tuple[list[Instruction], str]:
+    """The Dockerfile's instructions (continuations joined, comments dropped) and its escape
+    character. :class:`DockerfileError` where BuildKit's parser stops, naming the line."""
+    dockerfile = Path(dockerfile)
+    text = dockerfile.read_text() if text is None else text
+    try:
+        ast = parse_dockerfile_ast(text)
+    except DockerfileSyntaxError as e:
+        reason = re.sub(r"^Dockerfile parse error( on line \d+)?: ", "", str(e))
+        lines = text.split("\n")
+        if e.line is None or not 0 < e.line <= len(lines):
+            raise DockerfileError(f"{dockerfile}: {reason}") from None
+        raise DockerfileError(f"{dockerfile}:{e.line}: {lines[e.line - 1].strip()}\n  {reason}") from None
+    instructions = []
+    for node in ast.instructions:
+        after_keyword = "".join(node.original.strip().split(None, 1)[1:])
+        instructions.append(Instruction(dockerfile, node.start_line, node.name, after_keyword, node))
+    return instructions, ast.escape_token
 
 
 class _RecipeBuilder:
     """Walks the instructions once, tracking ARG/ENV/WORKDIR/SHELL as Docker does."""
 
-    def __init__(self, dockerfile: Path, context_dir: Path):
+    def __init__(self, dockerfile: Path, context_dir: Path, escape: str = "\\"):
         self.dockerfile = dockerfile
         self.context_dir = context_dir
+        self.escape = escape
         self.base_image: str | None = None
         self.global_args: dict[str, str] = {}  # ARGs before FROM: visible to FROM only
         self.args: dict[str, str] = {}
@@ -237,20 +226,27 @@ class _RecipeBuilder:
 
     @property
     def variables(self) -> dict[str, str]:
-        """What ``$VAR`` expands to in an instruction: build args, overridden by ENV."""
+        """What ``$VAR`` expands to in an instruction: build args, overridden by ENV (before FROM:
+        the ARGs declared so far)."""
+        if self.base_image is None:
+            return dict(self.global_args)
         return {**self.args, **self.env}
 
-    def _words(self, instruction: Instruction, text: str) -> list[str]:
+    def _word(self, instruction: Instruction, text: str, variables: dict[str, str] | None = None) -> str:
+        """``text`` with quotes and escapes removed and variables substituted (unset: empty)."""
+        lexer = ShellLex(self.escape, env=self.variables if variables is None else variables, skip_unset_env=False)
         try:
-            return expand_words(text, self.variables)
+            return lexer.process_word(text)
         except ValueError as e:
             raise instruction.error(str(e)) from None
 
-    def _word(self, instruction: Instruction, text: str) -> str:
-        try:
-            return expand_word(text, self.variables)
-        except ValueError as e:
-            raise instruction.error(str(e)) from None
+    def _flags(self, instruction: Instruction) -> dict[str, str]:
+        """The builder flags (``--name[=value]``), values expanded."""
+        flags = {}
+        for flag in instruction.node.flags:
+            name, _, value = flag.removeprefix("--").partition("=")
+            flags[name] = self._word(instruction, value)
+        return flags
 
     def _do_from(self, instruction: Instruction) -> None:
         if self.base_image is not None:
@@ -258,20 +254,18 @@ class _RecipeBuilder:
                 "multi-stage builds are not supported (the sandbox has no images to build "
                 "stages into)"
             )
-        try:
-            flags, words = _split_flags(expand_words(instruction.args, self.global_args))
-        except ValueError as e:
-            raise instruction.error(str(e)) from None
+        words = [self._word(instruction, w, self.global_args) for w in instruction.node.args]
         if not words or len(words) not in (1, 3) or (len(words) == 3 and words[1].upper() != "AS"):
             raise instruction.error("expected FROM image [AS name]")
-        unknown = set(flags) - {"platform"}
+        unknown = set(self._flags(instruction)) - {"platform"}
         if unknown:
             raise instruction.error(f"unsupported FROM flag(s): {', '.join(sorted(unknown))}")
         self.base_image = words[0]
 
     def _do_arg(self, instruction: Instruction) -> None:
-        for word in self._words(instruction, instruction.args):
+        for word in instruction.node.args:
             name, has_default, default = word.partition("=")
+            name, default = self._word(instruction, name), self._word(instruction, default)
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                 raise instruction.error(f"invalid ARG name {name!r}")
             if self.base_image is None:
@@ -285,32 +279,31 @@ class _RecipeBuilder:
             # else: declared without a value and no build args exist, so it stays unset
 
     def _do_env(self, instruction: Instruction) -> None:
-        first, *rest = instruction.args.split(None, 1) or [""]
-        if "=" not in first:
-            # Legacy form `ENV KEY value with spaces`.
-            if not first or not rest:
-                raise instruction.error("expected ENV KEY=VALUE ... or ENV KEY VALUE")
-            self.env[first] = self._word(instruction, rest[0])
-            return
-        # Each pair sees the values set before this instruction, as in Docker.
-        pairs = self._words(instruction, instruction.args)
-        for pair in pairs:
-            name, has_value, value = pair.partition("=")
-            if not has_value or not name:
-                raise instruction.error(f"expected KEY=VALUE, got {pair!r}")
-            self.env[name] = value
+        # The parser gives (key, value, delimiter) triples; the legacy form `ENV KEY value with
+        # spaces` is one triple with an empty delimiter. Each value sees the variables as they
+        # were before this instruction, as in Docker.
+        args = instruction.node.args
+        if not args:
+            raise instruction.error("expected ENV KEY=VALUE ... or ENV KEY VALUE")
+        values = {}
+        for i in range(0, len(args) - 2, 3):
+            name = self._word(instruction, args[i])
+            if not name:
+                raise instruction.error(f"expected KEY=VALUE, got {args[i] + args[i + 2] + args[i + 1]!r}")
+            values[name] = self._word(instruction, args[i + 1])
+        self.env.update(values)
 
     def _do_workdir(self, instruction: Instruction) -> None:
-        path = self._word(instruction, instruction.args)
+        path = self._word(instruction, instruction.node.args[0]) if instruction.node.args else ""
         if not path:
             raise instruction.error("WORKDIR needs a path")
         self.workdir = posixpath.normpath(posixpath.join(self.workdir, path))
         self.steps.append(MakeDir(self.workdir, instruction))
 
     def _do_volume(self, instruction: Instruction) -> None:
-        words = _json_list(instruction.args)
-        if words is None:
-            words = self._words(instruction, instruction.args)
+        words = instruction.node.args
+        if not instruction.node.json:
+            words = [self._word(instruction, w) for w in words]
         for path in words:
             self.steps.append(MakeDir(posixpath.join(self.workdir, path), instruction))
 
@@ -322,20 +315,20 @@ class _RecipeBuilder:
             )
 
     def _do_shell(self, instruction: Instruction) -> None:
-        shell = _json_list(instruction.args)
+        shell = instruction.node.args if instruction.node.json else None
         if not shell:
             raise instruction.error('SHELL needs the JSON form, e.g. SHELL ["/bin/bash", "-c"]')
         self.shell = tuple(shell)
 
     def _do_run(self, instruction: Instruction) -> None:
-        if _HEREDOC.search(instruction.args):
+        node = instruction.node
+        if node.heredocs:
             raise instruction.error("heredocs are not supported; put the script in a file and COPY it")
-        if instruction.args.startswith("--"):
+        if node.flags:
             raise instruction.error("RUN flags (--mount, --network, ...) are not supported")
-        exec_form = _json_list(instruction.args)
-        argv = tuple(exec_form) if exec_form is not None else (*self.shell, instruction.args)
-        if not instruction.args.strip():
+        if not node.args or not any(a.strip() for a in node.args):
             raise instruction.error("RUN needs a command")
+        argv = tuple(node.args) if node.json else (*self.shell, node.args[0])
         self.steps.append(RunCommand(argv, self.variables, self.workdir, instruction))
 
     def _do_copy(self, instruction: Instruction) -> None:
@@ -345,15 +338,10 @@ class _RecipeBuilder:
         self._copy(instruction, extract=True)
 
     def _copy(self, instruction: Instruction, *, extract: bool) -> None:
-        if _HEREDOC.search(instruction.args):
+        if instruction.node.heredocs:
             raise instruction.error("heredocs are not supported")
-        words = _json_list(instruction.args)
-        if words is not None:
-            words = [self._word(instruction, w) for w in words]
-        else:
-            words = self._words(instruction, instruction.args)
-        flags, words = _split_flags(words)
-        mode = self._copy_flags(instruction, flags)
+        words = [self._word(instruction, w) for w in instruction.node.args]
+        mode = self._copy_flags(instruction, self._flags(instruction))
         if len(words) < 2:
             raise instruction.error(f"{instruction.keyword} needs a source and a destination")
         *patterns, dest = words
@@ -429,29 +417,6 @@ def _matching_names(directory: Path, part: str) -> list[str]:
     return sorted(n for n in names if fnmatch.fnmatchcase(n, part))
 
 
-def _split_flags(words: list[str]) -> tuple[dict[str, str], list[str]]:
-    """Leading ``--name[=value]`` words become flags."""
-    flags: dict[str, str] = {}
-    while words and words[0].startswith("--"):
-        name, _, value = words[0][2:].partition("=")
-        flags[name] = value
-        words = words[1:]
-    return flags, words
-
-
-def _json_list(text: str) -> list[str] | None:
-    """The exec (JSON array) form of an instruction's arguments, if that is what it is."""
-    if not text.lstrip().startswith("["):
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return value
-    return None
-
-
 def _is_tar_archive(path: Path) -> bool:
     import tarfile
 
@@ -469,91 +434,48 @@ def _platform_args() -> dict[str, str]:
     return {f"{side}{key}": value for side in ("TARGET", "BUILD") for key, value in values.items()}
 
 
-# --- Docker's word expansion: quotes, backslash escapes and $VAR / ${VAR...} ------------------
+# --- The FROM line, for the Docker side (docker_images.py, tasks/swebench.py) ---------------------
 
 
-def expand_word(text: str, variables: dict[str, str]) -> str:
-    """Expand ``text`` as one word (quotes removed, variables substituted, no splitting)."""
-    return "".join(_lex(text, variables, split=False)[0])
+def _plain_single_from(text: str) -> DockerfileInstruction | None:
+    """The FROM of a single-stage Dockerfile naming its image literally, without flags."""
+    try:
+        froms = [node for node in parse_dockerfile_ast(text).instructions if node.name == "FROM"]
+    except DockerfileSyntaxError:
+        return None  # the build says what is wrong
+    if len(froms) != 1:
+        return None
+    node = froms[0]
+    if node.flags or len(node.args) not in (1, 3) or (len(node.args) == 3 and node.args[1].upper() != "AS"):
+        return None
+    if any(c in node.args[0] for c in "$\"'\\`") or node.args[0].startswith("-"):
+        return None  # a variable, a quote or an escape: the image is not the word as written
+    return node
 
 
-def expand_words(text: str, variables: dict[str, str]) -> list[str]:
-    """Split ``text`` on unquoted whitespace, expanding each word as Docker does."""
-    return ["".join(word) for word in _lex(text, variables, split=True)]
+def single_base_image(text: str) -> str | None:
+    """The image a single-stage Dockerfile's FROM names; None for several FROMs (a multi-stage
+    build), a FROM with flags or variables, or text BuildKit cannot parse: such a Dockerfile
+    cannot safely be built on another base."""
+    node = _plain_single_from(text)
+    return node.args[0] if node else None
 
 
-def _lex(text: str, variables: dict[str, str], *, split: bool) -> list[list[str]]:
-    words: list[list[str]] = []
-    current: list[str] = []
-    started = False
-    i = 0
-    quote: str | None = None
-    while i < len(text):
-        c = text[i]
-        if quote == "'":
-            if c == "'":
-                quote = None
-            else:
-                current.append(c)
-            i += 1
-        elif c == "\\" and i + 1 < len(text):
-            nxt = text[i + 1]
-            # Inside double quotes a backslash only escapes these, as in the shell.
-            if quote == '"' and nxt not in '"\\$':
-                current.append(c)
-            current.append(nxt)
-            started = True
-            i += 2
-        elif c == "$":
-            value, i = _expand_variable(text, i, variables)
-            current.append(value)
-            started = True
-        elif c in "'\"" and quote is None:
-            quote = c
-            started = True
-            i += 1
-        elif c == '"' and quote == '"':
-            quote = None
-            i += 1
-        elif split and quote is None and c.isspace():
-            if started:
-                words.append(current)
-            current, started = [], False
-            i += 1
-        else:
-            current.append(c)
-            started = True
-            i += 1
-    if quote is not None:
-        raise ValueError(f"unterminated {quote} quote")
-    if started or not split:
-        words.append(current)
-    return words
+def rebased_dockerfile(text: str, base_image: str) -> str:
+    """The Dockerfile (one :func:`single_base_image` accepts) with its FROM naming ``base_image``,
+    its stage name kept; the other lines are left as they are."""
+    node = _plain_single_from(text)
+    if node is None:
+        raise ValueError("not a single-stage Dockerfile with a plain FROM")
+    alias = f" {node.args[1]} {node.args[2]}" if len(node.args) == 3 else ""
+    lines = text.split("\n")  # the parser's lines: split at \n only
+    lines[node.start_line - 1 : node.end_line] = [f"FROM {base_image}{alias}"]
+    return "\n".join(lines)
 
 
-def _expand_variable(text: str, i: int, variables: dict[str, str]) -> tuple[str, int]:
-    """Expand the ``$`` at ``text[i]``; return the value and the index after it."""
-    if i + 1 < len(text) and text[i + 1] == "{":
-        end = text.find("}", i + 2)
-        if end < 0:
-            raise ValueError("unterminated ${")
-        body = text[i + 2 : end]
-        match = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-+?])(.*))?", body, re.S)
-        if not match:
-            raise ValueError(f"bad substitution ${{{body}}}")
-        name, op, word = match.group(1), match.group(2), match.group(3) or ""
-        value = variables.get(name)
-        word = expand_word(word, variables) if op else ""
-        unset = value is None or (op is not None and op.startswith(":") and value == "")
-        if op in ("-", ":-"):
-            return (word if unset else value), end + 1
-        if op in ("+", ":+"):
-            return ("" if unset else word), end + 1
-        if op in ("?", ":?"):
-            if unset:
-                raise ValueError(f"{name}: {word or 'parameter not set'}")
-        return value or "", end + 1
-    match = re.match(r"[A-Za-z_][A-Za-z0-9_]*", text[i + 1 :])
-    if not match:
-        return "$", i + 1
-    return variables.get(match.group(0), ""), i + 1 + match.end()
+def last_from_end(dockerfile: Path) -> int | None:
+    """How many lines of ``dockerfile`` run up to the end of its last FROM instruction (the last
+    stage's instructions follow); None without a FROM. :class:`DockerfileError` where BuildKit's
+    parser would stop."""
+    froms = [i.node for i in read_instructions(dockerfile)[0] if i.keyword == "FROM"]
+    return froms[-1].end_line if froms else None

@@ -41,6 +41,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from slime_harbor.environments.dockerfile import DockerfileError, last_from_end
+
 GRADER_VENV = "/opt/swebench-grader"
 """Where the task image holds swebench's grader venv, apart from the repo's own environment."""
 GRADER_REQUIREMENT = "swebench==5.0.2"
@@ -187,7 +189,11 @@ def parse_record(record: dict, base_dir: Path, where: str, options: SwebenchTask
         env_dir = (base_dir / optional["environment_dir"]).resolve()
         if not (env_dir / "Dockerfile").is_file():
             raise bad("environment_dir", f"{env_dir} has no Dockerfile")
-        if last_from_line(env_dir / "Dockerfile") is None:
+        try:
+            has_from = last_from_end(env_dir / "Dockerfile") is not None
+        except DockerfileError as e:
+            raise bad("environment_dir", "; ".join(line.strip() for line in str(e).splitlines())) from None
+        if not has_from:
             raise bad("environment_dir", f"{env_dir}/Dockerfile has no FROM line")
     if optional["eval_script"] and not all(m in optional["eval_script"] for m in eval_markers()):
         raise bad("eval_script", "lacks swebench's start/end test output markers")
@@ -376,23 +382,17 @@ def seal_block(inst: Instance) -> str:
     )
 
 
-def last_from_line(dockerfile: Path) -> int | None:
-    lines = dockerfile.read_text().splitlines()
-    hits = [i for i, line in enumerate(lines) if re.match(r"\s*FROM\s", line, flags=re.I)]
-    return hits[-1] if hits else None
-
-
 def dockerfile(inst: Instance, options: SwebenchTaskOptions) -> str:
     """The task's Dockerfile: the instance's own (or swebench's image), the grader after its FROM."""
     if inst.environment_dir is None:
         return f"FROM {inst.image}\n{grader_block(options)}{seal_block(inst)}"
     # environment_dir wins over image: its Dockerfile builds the repo
     path = inst.environment_dir / "Dockerfile"
-    lines = path.read_text().splitlines(keepends=True)
-    at = last_from_line(path) + 1
-    rest = "".join(lines[at:])
+    lines = path.read_text().split("\n")  # the parser's lines
+    at = last_from_end(path)
+    rest = "\n".join(lines[at:])
     rest = rest if not rest or rest.endswith("\n") else rest + "\n"
-    return "".join(lines[:at]) + grader_block(options) + rest + seal_block(inst)
+    return "\n".join(lines[:at]) + "\n" + grader_block(options) + rest + seal_block(inst)
 
 
 def test_sh(inst: Instance, options: SwebenchTaskOptions) -> str:
