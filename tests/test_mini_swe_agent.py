@@ -1,12 +1,12 @@
 """Harbor's mini-swe-agent (its recipe in slime_harbor.installed_agents.recipes) installed from the
 registries only, in our bubblewrap and Docker sandboxes, through real Harbor trials against a real
-model endpoint (the embedded policy server's OpenAI API on the tiny model).
+model endpoint (the recording gateway in front of the embedded policy server on the tiny model).
 
-The trials that talk to a model directly (no gateway) run on a public-network copy of a bundled
-task, so the sandbox shares the host's loopback where the endpoint listens: the embedded server's
-/v1/chat/completions (it ignores tools, so every reply of the tiny model is a format error and the
-episode ends at mini-swe-agent's own step or format-error limit, verified and scored truncated),
-or a stub that records mini-swe-agent's requests. The last test is the production path: plain
+The trials that are handed a model URL themselves (no rollout wiring) run on a public-network
+copy of a bundled task, so the sandbox shares the host's loopback where the endpoint listens: a
+gateway session's chat completions (the tiny model calls no tool, so every reply is a format
+error and the episode ends at mini-swe-agent's own step or format-error limit, verified and
+scored truncated), or a stub that records mini-swe-agent's requests. The last test is the production path: plain
 `--agent mini-swe-agent --env docker` on the bundled no-network task, through the recording
 gateway and the sandbox's forward to it, and the samples train.
 
@@ -17,6 +17,7 @@ SLIME_HARBOR_NO_DOCKER set."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import json
 import os
@@ -103,6 +104,20 @@ def public_task_copy(dest_root: Path) -> Path:
     toml = dest / "task.toml"
     toml.write_text(re.sub(r'network_mode = "no-network"', 'network_mode = "public"', toml.read_text()))
     return dest
+
+
+@contextlib.asynccontextmanager
+async def gateway_sessions(policy_url: str, model_dir: str, record_dir: Path):
+    """The recording gateway in front of the policy, in this test's event loop; yields a function
+    that opens a session and returns its root URL (agent_config appends /v1)."""
+    from slime_harbor.gateway import Gateway
+
+    gateway = Gateway(policy_url, model_dir)
+    await gateway.start()
+    try:
+        yield lambda name: gateway.open_session(name, record_dir / name).openai_base_url().removesuffix("/v1")
+    finally:
+        await gateway.aclose()
 
 
 def agent_config(policy_url: str, served_name: str, proxy_url: str, step_limit: int) -> AgentConfig:
@@ -212,23 +227,25 @@ def test_exit_status_is_reported_in_the_converters_words(tmp_path, exit_status, 
 async def test_bubblewrap_trial_runs_mini_swe_agent_to_the_verifier(tmp_path, policy_server, tiny_model_dir, proxy):
     task = public_task_copy(tmp_path / "tasks")
     step_limit = 5  # above the format-error limit (3): the episode ends at RepeatedFormatError
-    agent = agent_config(policy_server, Path(tiny_model_dir).name, proxy.url, step_limit)
     env_kwargs = {"base_dir": str(tmp_path / "sandboxes")}
     host_dir = await asyncio.to_thread(INSTALL.host_dir)  # built here at most once
     builds = INSTALL.builds
     stamp = (host_dir / "build.json").stat().st_mtime_ns
 
-    trial, result = await run_trial(task, tmp_path / "one", agent, LOCAL_SANDBOX, env_kwargs)
-    check_scored_truncated(result, "RepeatedFormatError", step_limit)
-    replies = check_requests_to_model(trial.paths.trial_dir, step_limit)
-    assert len(replies) == 3  # mini-swe-agent's max_consecutive_format_errors
-    assert not proxy.requests, proxy.requests  # no cost map, update check or telemetry
-    assert not trial.agent_environment.sandbox_dir.exists()
+    async with gateway_sessions(policy_server, tiny_model_dir, tmp_path / "gateway") as session_root:
+        agent = agent_config(session_root("one"), Path(tiny_model_dir).name, proxy.url, step_limit)
+        trial, result = await run_trial(task, tmp_path / "one", agent, LOCAL_SANDBOX, env_kwargs)
+        check_scored_truncated(result, "RepeatedFormatError", step_limit)
+        replies = check_requests_to_model(trial.paths.trial_dir, step_limit)
+        assert len(replies) == 3  # mini-swe-agent's max_consecutive_format_errors
+        assert not proxy.requests, proxy.requests  # no cost map, update check or telemetry
+        assert not trial.agent_environment.sandbox_dir.exists()
 
-    # A second trial reuses the host install: no build, the same directory.
-    trial, result = await run_trial(task, tmp_path / "two", agent, LOCAL_SANDBOX, env_kwargs)
-    check_scored_truncated(result, "RepeatedFormatError", step_limit)
-    assert INSTALL.builds == builds and (host_dir / "build.json").stat().st_mtime_ns == stamp
+        # A second trial reuses the host install: no build, the same directory.
+        agent = agent_config(session_root("two"), Path(tiny_model_dir).name, proxy.url, step_limit)
+        trial, result = await run_trial(task, tmp_path / "two", agent, LOCAL_SANDBOX, env_kwargs)
+        check_scored_truncated(result, "RepeatedFormatError", step_limit)
+        assert INSTALL.builds == builds and (host_dir / "build.json").stat().st_mtime_ns == stamp
 
 
 class ToolCallingStub:
@@ -386,29 +403,30 @@ def _image(tag: str) -> dict:
 async def test_docker_trial_runs_mini_swe_agent_on_a_layer_built_once(tmp_path, policy_server, tiny_model_dir, proxy):
     task = public_task_copy(tmp_path / "tasks")
     step_limit = 2  # below the format-error limit: the episode ends at LimitsExceeded
-    agent = agent_config(policy_server, Path(tiny_model_dir).name, proxy.url, step_limit)
-
-    trial, result = await run_trial(task, tmp_path / "one", agent, DOCKER_SANDBOX, {})
-    check_scored_truncated(result, "LimitsExceeded", step_limit)
-    replies = check_requests_to_model(trial.paths.trial_dir, step_limit)
-    assert len(replies) == step_limit
-    assert not proxy.requests, proxy.requests
-    environment = trial.agent_environment
     # The install is a layer on the image the task's Dockerfile starts FROM, under its own instructions.
     from slime_harbor.environments.dockerfile import single_base_image
 
-    layer = _image(environment.run_image)
-    base = _image(single_base_image((task / "environment" / "Dockerfile").read_text()))
-    assert environment.run_image != environment.image and layer["Id"] != base["Id"]
-    assert layer["RootFS"]["Layers"][: len(base["RootFS"]["Layers"])] == base["RootFS"]["Layers"]
-    assert layer["Config"]["User"] == base["Config"]["User"] and layer["Config"]["WorkingDir"] == "/app"
+    async with gateway_sessions(policy_server, tiny_model_dir, tmp_path / "gateway") as session_root:
+        agent = agent_config(session_root("one"), Path(tiny_model_dir).name, proxy.url, step_limit)
+        trial, result = await run_trial(task, tmp_path / "one", agent, DOCKER_SANDBOX, {})
+        check_scored_truncated(result, "LimitsExceeded", step_limit)
+        replies = check_requests_to_model(trial.paths.trial_dir, step_limit)
+        assert len(replies) == step_limit
+        assert not proxy.requests, proxy.requests
+        environment = trial.agent_environment
+        layer = _image(environment.run_image)
+        base = _image(single_base_image((task / "environment" / "Dockerfile").read_text()))
+        assert environment.run_image != environment.image and layer["Id"] != base["Id"]
+        assert layer["RootFS"]["Layers"][: len(base["RootFS"]["Layers"])] == base["RootFS"]["Layers"]
+        assert layer["Config"]["User"] == base["Config"]["User"] and layer["Config"]["WorkingDir"] == "/app"
 
-    # A second trial starts from the same layer image: not rebuilt.
-    trial, result = await run_trial(task, tmp_path / "two", agent, DOCKER_SANDBOX, {})
-    check_scored_truncated(result, "LimitsExceeded", step_limit)
-    assert trial.agent_environment.run_image == environment.run_image
-    again = _image(environment.run_image)
-    assert again["Id"] == layer["Id"] and again["Created"] == layer["Created"]
+        # A second trial starts from the same layer image: not rebuilt.
+        agent = agent_config(session_root("two"), Path(tiny_model_dir).name, proxy.url, step_limit)
+        trial, result = await run_trial(task, tmp_path / "two", agent, DOCKER_SANDBOX, {})
+        check_scored_truncated(result, "LimitsExceeded", step_limit)
+        assert trial.agent_environment.run_image == environment.run_image
+        again = _image(environment.run_image)
+        assert again["Id"] == layer["Id"] and again["Created"] == layer["Created"]
 
 
 @needs_docker
