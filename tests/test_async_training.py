@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import needs_gateway
 
-from slime_harbor.filters import mask_stale
+from slime_harbor.filters import mask_stale, staleness
 from slime_harbor.samples import SampleStatus, TrainingSample, read_jsonl
 from slime_harbor.trainers.local import train
 from slime_harbor.trainers.local_config import LocalTrainConfig
@@ -119,6 +119,18 @@ def test_an_episode_with_a_call_older_than_the_bound_is_masked_whole():
     assert all(s.remove_sample and s.metadata["masked_by"] == "stale" for s in old)
     assert not any(s.remove_sample for s in fresh + unknown)
     assert mask_stale(episode(0, 0, ["1", "3"]), trained_version=3, max_staleness=2) == 0
+
+
+def test_an_episodes_staleness_is_that_of_its_oldest_call():
+    """One sample holding calls of versions 3, 1 and 3 (a trial whose calls span updates): its
+    oldest call is 2 versions behind version 3, beyond K = 1, so it is masked, though its newest
+    call is current."""
+    spanning = TrainingSample(tokens=[1, 2, 3], response_length=2, loss_mask=[1, 1], rollout_log_probs=[-1.0, -1.0],
+                              reward=1.0, status=SampleStatus.COMPLETED, group_index=0, index=0, rollout_id=0,
+                              weight_versions=["3", "1", "3"])
+    assert staleness(spanning, trained_version=3) == 2
+    assert mask_stale([spanning], trained_version=3, max_staleness=1) == 1
+    assert spanning.remove_sample and spanning.metadata["masked_by"] == "stale"
 
 
 # --- asynchronous runs ------------------------------------------------------------------------------

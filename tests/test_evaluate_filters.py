@@ -90,6 +90,18 @@ def test_each_filter_masks_its_episodes_and_nothing_else(flag, masked):
     assert episode_advantages(kept) == pytest.approx([r - mean for r in rewards])
 
 
+def test_filters_count_each_masked_episode_once_under_its_own_reason():
+    """All three filters on, and the step-limit episode drifted into two samples (one rollout_id):
+    metrics.json's "filters" counts episodes, each under the limit it hit."""
+    samples = limited_group() + [sample(0, 3, 0.0, SampleStatus.TRUNCATED, exit_status="step_limit")]
+    counts = apply_limit_filters(samples, TrajectoryFilters(mask_timeouts=True, mask_step_limit=True,
+                                                            mask_length_limit=True))
+    assert counts == {"timeout": 1, "step_limit": 1, "length_limit": 2}
+    assert [(s.index, s.metadata.get("masked_by")) for s in samples] == [
+        (0, None), (1, None), (2, "timeout"), (3, "step_limit"), (4, "length_limit"), (5, "length_limit"),
+        (3, "step_limit")]
+
+
 def test_no_filter_by_default_and_infra_failures_stay_aborted():
     samples = limited_group() + [sample(0, 6, None, SampleStatus.ABORTED)]
     samples[-1].remove_sample = True

@@ -18,7 +18,7 @@ from slime_harbor.gateway import Gateway, GatewayError
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.samples import SampleStatus
 from conftest import free_port, port_is_free
-from test_converter import make_result
+from test_converter import linear_detail, make_result
 from test_rollout_e2e import check_sample_against_model
 
 TOOLS = [{"type": "function", "function": {
@@ -433,6 +433,27 @@ def test_a_session_without_tools_has_no_side_calls(base_server, tiny_model_dir, 
     assert len(session.rollout_details()) == 2
 
 
+def test_the_requests_temperature_and_top_p_are_not_the_policys(base_server, tiny_model_dir, model, tmp_path):
+    """A client asking for temperature 0 and top_p 0.5 still gets the run's sampling (temperature
+    0.7, no top-p filter): a session recording top-p replay gets no kept sets, and the logprobs are
+    the model's at 0.7 over the whole vocabulary, not greedy's nor renormalised over a nucleus."""
+    run = SamplingParams(temperature=0.7, max_new_tokens=8, return_top_p_token_ids=True)
+
+    async def scenario(gateway):
+        session = gateway.open_session("sampling", tmp_path / "gw", run)
+        client = sdk(session)
+        await client.chat.completions.create(model="m", messages=first_messages(), temperature=0.0, top_p=0.5)
+        await client.close()
+        return session
+
+    session, _ = run_with_gateway(base_server, tiny_model_dir, scenario)
+    (detail,) = session.rollout_details()
+    assert detail["extra"]["top_p_token_ids"] == [None] and detail["extra"]["top_p_token_offsets"] == [None]
+    (sample,) = trial_to_samples(make_result(rewards={"reward": 1.0}), recorded=session)
+    assert sample.rollout_top_p_token_ids is None
+    assert check_sample_against_model(sample, model, temperature=0.7) < 1e-4
+
+
 def test_the_sessions_step_limit_refuses_the_next_call_and_truncates(base_server, tiny_model_dir, tmp_path):
     """An agent without a turn limit of its own (Codex): the gateway refuses the call after
     max_calls delivered ones with a 400 coded step_limit_reached; the episode is scored truncated."""
@@ -499,6 +520,11 @@ def test_policy_down_is_a_503_and_an_aborted_episode(tiny_model_dir, tmp_path):
     assert session.exit_reason == "policy_unavailable" and session.stats["trained"] == 0
     (sample,) = trial_to_samples(make_result(rewards={"reward": 0.0}), recorded=session)
     assert sample.status == SampleStatus.ABORTED and sample.remove_sample and sample.reward is None
+    # The agent's calls went through the gateway (one, refused): the session owns the episode's
+    # tokens, so a record the agent kept of its own is not trained in their place.
+    assert session.stats["calls"] == 1
+    (own,) = trial_to_samples(make_result(linear_detail(), {"reward": 0.0}), recorded=session)
+    assert own.tokens == [] and own.metadata["no_tokens"] and own.remove_sample
     assert port_is_free(port)
 
 

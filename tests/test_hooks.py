@@ -527,6 +527,22 @@ def test_a_tasks_retry_budget_recovers_as_its_window_slides():
     assert budget.try_spend("a", 2, 100.0)
 
 
+def test_a_tasks_reruns_leave_its_window_one_at_a_time():
+    """Reruns spent at different times leave the window each at its own time, oldest first: not
+    all at once when the newest does, nor all at once when the oldest does."""
+    now = [0.0]
+    budget = hooks.RetryBudget(clock=lambda: now[0])
+    assert budget.try_spend("a", 2, 100.0)
+    now[0] = 50.0
+    assert budget.try_spend("a", 2, 100.0) and not budget.try_spend("a", 2, 100.0)
+    now[0] = 100.5  # the rerun at 0 left the window; the one at 50 is still in it
+    assert budget.metrics(100.0) == {"retries/a": 1}
+    assert budget.try_spend("a", 2, 100.0) and not budget.try_spend("a", 2, 100.0)
+    now[0] = 150.5  # the one at 50 left too; the one at 100.5 has not
+    assert budget.metrics(100.0) == {"retries/a": 1}
+    assert budget.try_spend("a", 2, 100.0) and not budget.try_spend("a", 2, 100.0)
+
+
 class FlakyEnvironment:
     """The bubblewrap sandbox, failing its first FAILS starts (a transient start failure) or raising
     a build failure (permanent). Harbor loads it by import path like any environment."""
