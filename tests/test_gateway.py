@@ -263,6 +263,7 @@ def test_reply_is_parsed_into_openai_fields_and_the_wire_is_sse(tool_server, too
             async with http.stream("POST", gateway.base_url + "/v1/chat/completions", json=body,
                                    headers={"Authorization": "Bearer wire"}) as response:
                 assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+                assert response.headers["cache-control"] == "no-cache" and response.headers["x-accel-buffering"] == "no"
                 lines = [line async for line in response.aiter_lines() if line]
         return session, reply, models, lines
 

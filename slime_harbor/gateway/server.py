@@ -259,8 +259,10 @@ class Gateway:
                                      sampling_seed=turn_seed(seed, call.index) if seed is not None else None)
         model = asked.model if isinstance(asked.model, str) else self.served_model_name
         if asked.stream:
+            # No cache or proxy buffering between the agent and a stream (as OpenAI's and Anthropic's APIs send).
             return StreamingResponse(wire.stream(self, request, session, turn, call, params, tools, model),
-                                     media_type="text/event-stream")
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         delivered = False
         try:
             await self.generate_call(request, session, call, params, tools)
