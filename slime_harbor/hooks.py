@@ -118,25 +118,24 @@ class RetryBudget:
         """The window reruns were last budgeted in (harbor_retry_window_sec), for metrics()."""
         self.spent: dict[str, collections.deque] = {}
 
-    def recent(self, task: str, window_sec: float) -> int:
-        """Reruns of `task` within the last window_sec (older ones forgotten)."""
+    def recent(self, task: str) -> int:
+        """Reruns of `task` within the window (older ones forgotten)."""
         times = self.spent.setdefault(task, collections.deque())
-        while times and times[0] <= self.clock() - window_sec:
+        while times and times[0] <= self.clock() - self.window_sec:
             times.popleft()
         return len(times)
 
     def try_spend(self, task: str, budget: int, window_sec: float) -> bool:
-        """Spend one rerun of `task` if the window has room; False when it has none."""
+        """Spend one rerun of `task` if the window (now `window_sec`) has room; False when it has none."""
         self.window_sec = window_sec
-        if self.recent(task, window_sec) >= budget:
+        if self.recent(task) >= budget:
             return False
         self.spent[task].append(self.clock())
         return True
 
-    def metrics(self, window_sec: float | None = None) -> dict[str, int]:
-        """Each task's reruns in its window (the last budgeted one unless given)."""
-        window_sec = self.window_sec if window_sec is None else window_sec
-        return {f"retries/{task}": self.recent(task, window_sec) for task in list(self.spent)}
+    def metrics(self) -> dict[str, int]:
+        """Each task's reruns in the window."""
+        return {f"retries/{task}": self.recent(task) for task in list(self.spent)}
 
 
 RETRY_BUDGET = RetryBudget()
