@@ -15,7 +15,6 @@ Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -23,7 +22,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from slime_harbor.gateway.session import PolicyUnavailable
-from slime_harbor.gateway.wire import TurnRequest, Wire, openai_error_for
+from slime_harbor.gateway.wire import TurnRequest, Wire, openai_error_for, sse
 from slime_harbor.http_api import BadRequest, json_object
 
 
@@ -70,8 +69,8 @@ class ChatCompletionWire(Wire):
                 "model": model}
 
     def _chunk(self, call, model: str, delta: dict[str, Any], finish: str | None = None) -> str:
-        return "data: " + json.dumps({**self._head(call, model), "choices": [
-            {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}) + "\n\n"
+        return sse(None, {**self._head(call, model), "choices": [
+            {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
 
     def reply(self, call, model: str) -> dict[str, Any]:
         return {"id": f"chatcmpl-{call.rid}", "object": "chat.completion", "created": self.created, "model": model,
@@ -95,7 +94,7 @@ class ChatCompletionWire(Wire):
             out.append(self._chunk(call, model, {"tool_calls": [{"index": k, "function": {"arguments": function["arguments"]}}]}))
         out.append(self._chunk(call, model, {}, finish_reason(call)))
         if self.include_usage:
-            out.append("data: " + json.dumps({**self._head(call, model), "choices": [], "usage": call.usage()}) + "\n\n")
+            out.append(sse(None, {**self._head(call, model), "choices": [], "usage": call.usage()}))
         out.append("data: [DONE]\n\n")
         return out
 
@@ -103,7 +102,7 @@ class ChatCompletionWire(Wire):
         return ": keepalive\n\n"  # an SSE comment: OpenAI's SDKs read only data: lines
 
     def error(self, message: str, kind: str) -> str:
-        return "data: " + json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}}) + "\n\n"
+        return sse(None, {"error": {"message": message, "type": kind, "param": None, "code": None}})
 
 
 class ChatCompletionsAPI:
