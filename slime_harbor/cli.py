@@ -41,7 +41,10 @@ def add_rollout_args(p: argparse.ArgumentParser, defaults: RolloutConfig) -> Non
     p.add_argument("--top-k", type=int, default=defaults.top_k)
     p.add_argument("--step-limit", type=int, default=defaults.step_limit, help="agent turns per episode")
     p.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help="tokens per turn")
-    p.add_argument("--timeout-multiplier", type=float, default=defaults.timeout_multiplier)
+    p.add_argument("--timeout-multiplier", type=float, default=defaults.timeout_multiplier,
+                   help="scales the task's timeouts and the agent's setup budget")
+    p.add_argument("--agent-setup-timeout", type=float, default=defaults.agent_setup_timeout_sec, metavar="SEC",
+                   help="the agent's setup budget, its install included (default: Harbor's for the agent, 360 s for most)")
     p.add_argument("--gateway-host", default=defaults.gateway_host,
                    help="address the model gateway binds (gateway agents); sandboxes off this host need a reachable one")
     add_reward_mapping_arg(p, defaults.reward_mapping)
@@ -61,6 +64,7 @@ def rollout_config(a: argparse.Namespace) -> RolloutConfig:
         policy_url=a.policy_url, model_dir=a.model, env=a.env, concurrency=a.concurrency, out_dir=a.out,
         temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, step_limit=a.step_limit,
         max_new_tokens=a.max_new_tokens, timeout_multiplier=a.timeout_multiplier,
+        agent_setup_timeout_sec=a.agent_setup_timeout,
         reward_mapping=a.reward_mapping, progress=not a.no_progress, task_manifest=a.task_manifest,
         gateway_host=a.gateway_host,
     )

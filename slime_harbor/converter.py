@@ -41,6 +41,8 @@ TRANSIENT_EXCEPTIONS = frozenset(
         "SandboxError",
         "HealthcheckError",
         "AgentSetupTimeoutError",
+        "AgentInstallError",
+        "AgentInstallTimeoutError",
         "ConnectError",
         "DockerError",
     }
@@ -181,15 +183,20 @@ def tampering_kinds(rewards: dict | None) -> list[str]:
                   if k.startswith(TAMPERING_PREFIX) and v)
 
 
+AGENT_INSTALL_EXCEPTIONS = frozenset({"AgentInstallError", "AgentInstallTimeoutError"})
+"""installed_agents' install failures, raised before the environment starts (trial_setup.install_agents_first)."""
+
+
 def environment_start_failed(result) -> bool:
-    """The trial raised while its environment was starting (or failing its healthcheck): the agent
-    was never set up. Build failures are excluded: they are permanent, not worth a retry."""
+    """The trial raised while its environment was starting (or failing its healthcheck, or while
+    the agent's install that comes first was built): the agent was never set up. Build failures
+    are excluded: they are permanent, not worth a retry."""
     exc = result.exception_info
     return (
         exc is not None
         and exc.exception_type not in PERMANENT_EXCEPTIONS
         and exc.exception_type != "CancelledError"
-        and result.environment_setup is not None
+        and (result.environment_setup is not None or exc.exception_type in AGENT_INSTALL_EXCEPTIONS)
         and result.agent_setup is None
     )
 

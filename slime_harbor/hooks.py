@@ -32,7 +32,8 @@ Plugin settings, read from `args` (SLiME's --custom-config-path YAML), with thei
     harbor_env                       local | docker | <harbor env type> | module:Class  (local)
     harbor_tasks_dir                 where task dirs named by the sample's label live
     harbor_concurrency               trials running at once in this rollout worker (8)
-    harbor_trial_timeout_multiplier  scales task.toml timeouts (1.0)
+    harbor_trial_timeout_multiplier  scales task.toml timeouts and the agent's setup budget (1.0)
+    harbor_agent_setup_timeout_sec   the agent's setup budget, its install included (None: Harbor's)
     harbor_reward_mapping            raw | pm1 (2r-1)                               (raw)
     harbor_step_limit                agent turns per episode (30)
     harbor_trials_dir                where Harbor writes trial dirs (runs/slime-trials)
@@ -83,6 +84,7 @@ DEFAULTS = {
     "harbor_tasks_dir": "examples/harbor/tasks",
     "harbor_concurrency": 8,
     "harbor_trial_timeout_multiplier": 1.0,
+    "harbor_agent_setup_timeout_sec": None,
     "harbor_reward_mapping": "raw",
     "harbor_step_limit": 30,
     "harbor_trials_dir": "runs/slime-trials",
@@ -266,6 +268,8 @@ def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
         routing_key=getattr(sample, "session_id", None),
         step_limit=int(setting(args, "harbor_step_limit")),
         timeout_multiplier=float(setting(args, "harbor_trial_timeout_multiplier")),
+        agent_setup_timeout_sec=(None if (budget := setting(args, "harbor_agent_setup_timeout_sec")) is None
+                                 else float(budget)),
         reward_mapping=setting(args, "harbor_reward_mapping"),
         progress=False,
         env_start_retries=int(setting(args, "harbor_env_start_retries")),

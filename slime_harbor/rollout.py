@@ -42,8 +42,8 @@ from slime_harbor.isolation import isolate_shared_verifier
 from slime_harbor.samples import Episode, SampleStatus, TrainingSample
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.trial_setup import (
-    agent_config, check_config, environment_config, gateway_step_limit, hard_timeout_sec, ModelEndpoint,
-    preflight_environment, RolloutConfig, uses_gateway,
+    agent_config, check_config, environment_config, gateway_step_limit, hard_timeout_sec, install_agents_first,
+    ModelEndpoint, preflight_environment, RolloutConfig, uses_gateway,
 )
 
 log = logging.getLogger(__name__)
@@ -156,11 +156,14 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
             if session is not None:
                 session.max_calls = gateway_step_limit(agent, cfg.step_limit)
             trial = await Trial.create(config)
+            install_agents_first(trial)  # within the agent's setup budget, not the task's build timeout
             isolate_shared_verifier(trial)  # no agent process or reward file survives into the verifier
             if session is not None:  # the agent is done: its session's files (the ATIF trajectory of
                 # an agent that writes none) must be there before the verifier and the log upload
                 trial.add_hook(TrialEvent.AGENT_END, lambda event: _close_session(gateway, trial_name))
-            result = await asyncio.wait_for(trial.run(), hard_timeout_sec(task_path, cfg.timeout_multiplier, cfg.verifier_timeout_sec))
+            hard_timeout = hard_timeout_sec(task_path, cfg.timeout_multiplier, cfg.verifier_timeout_sec,
+                                            trial.agent_setup_timeout_sec)
+            result = await asyncio.wait_for(trial.run(), hard_timeout)
         except asyncio.CancelledError:
             await _finish_environment_stop(trial)
             raise

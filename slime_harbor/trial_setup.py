@@ -90,7 +90,11 @@ class RolloutConfig:
     routing_key: str | None = None
     """X-SMG-Routing-Key sent with every turn (the SLiME hook: sample.session_id); None = none."""
     timeout_multiplier: float = 1.0
-    """Scales the task.toml agent/verifier/build timeouts."""
+    """Scales the task.toml agent/verifier/build timeouts and the agent's setup budget."""
+    agent_setup_timeout_sec: float | None = None
+    """The agent's setup budget in seconds (Harbor's override_setup_timeout_sec): it bounds the
+    agent's install (a Docker layer, a host venv) and Harbor's agent setup. None = Harbor's
+    default for the agent (BaseAgent's 360 s, some agents more), times timeout_multiplier."""
     policy_api: str = "sglang"
     """How agents reach policy_url: sglang (its root; /generate, and /v1 for terminus-2) | openai
     (an OpenAI-compatible base URL ending in /v1, e.g. vLLM's: the native agent sends token ids to
@@ -208,6 +212,12 @@ def agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None = None):
     """The trial's AgentConfig. Gateway agents get `endpoint` (their session; a placeholder when
     the config is only checked) as Harbor's conventions pass it: `api_base` + `model_name` kwargs
     to host-side agents, environment variables to installed agents."""
+    config = _agent_config(cfg, endpoint)
+    config.override_setup_timeout_sec = cfg.agent_setup_timeout_sec
+    return config
+
+
+def _agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None):
     from harbor.models.trial.config import AgentConfig
 
     if is_native(cfg.agent):
@@ -350,8 +360,11 @@ def check_environment_runs(env: str) -> None:
         raise ConfigError(f"env {env!r} cannot run here: {one_line(exc)}") from None
 
 
-def hard_timeout_sec(task_path: Path, multiplier: float, verifier_timeout_sec: float | None = None) -> float:
-    """Upper bound on one trial's wall time, from the task's own timeouts (Harbor's defaults if unset)."""
+def hard_timeout_sec(task_path: Path, multiplier: float, verifier_timeout_sec: float | None = None,
+                     agent_setup_sec: float = 0.0) -> float:
+    """Upper bound on one trial's wall time, from the task's own timeouts (Harbor's defaults if unset)
+    and the agent's setup budget (`agent_setup_sec`, Harbor's resolved one: it bounds the agent's
+    install before the environment starts and Harbor's agent setup after)."""
     config = tomllib.loads((Path(task_path) / "task.toml").read_text())
     agent = config.get("agent", {}).get("timeout_sec", 600.0)
     verifier = verifier_timeout_sec or config.get("verifier", {}).get("timeout_sec", 600.0)
@@ -361,7 +374,28 @@ def hard_timeout_sec(task_path: Path, multiplier: float, verifier_timeout_sec: f
         "environment" in verifier_config and verifier_config.get("environment_mode") != "shared"
     ):  # a separate verifier starts an environment of its own, under the same build timeout
         build *= 2
-    return multiplier * (agent + verifier + build) + HARD_TIMEOUT_SLACK_SEC
+    return multiplier * (agent + verifier + build) + 2 * agent_setup_sec + HARD_TIMEOUT_SLACK_SEC
+
+
+def install_agents_first(trial) -> None:
+    """Install the trial's agent (the tool layers or host venvs our sandboxes build from the
+    registries) before Harbor starts its environment, within the agent's setup budget: Harbor's
+    ``trial.agent_setup_timeout_sec`` (the agent class's default, ``override_setup_timeout_sec``
+    and the multipliers), not the task's build timeout, which Harbor puts around the start. A hook
+    on the trial's ENVIRONMENT_START event, which Harbor awaits before that bound; an install that
+    fails or runs out of budget ends the trial with AgentInstallError (an infrastructure failure,
+    retried like an environment that did not start). Environments without installs: nothing."""
+    from harbor.trial.hooks import TrialEvent
+
+    environment = trial.agent_environment
+    if not hasattr(environment, "install_agents"):
+        return
+    environment.agent_setup_timeout_sec = trial.agent_setup_timeout_sec
+
+    async def install(event) -> None:
+        await environment.install_agents(trial.config.environment.force_build)
+
+    trial.add_hook(TrialEvent.ENVIRONMENT_START, install)
 
 
 def check_config(cfg: RolloutConfig) -> list[Path]:
@@ -377,6 +411,8 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
         (0 < cfg.top_p <= 1, f"top_p must be in (0, 1], got {cfg.top_p}"),
         (cfg.top_k == -1 or cfg.top_k >= 1, f"top_k must be -1 (off) or at least 1, got {cfg.top_k}"),
         (cfg.timeout_multiplier > 0, f"timeout_multiplier must be > 0, got {cfg.timeout_multiplier}"),
+        (cfg.agent_setup_timeout_sec is None or cfg.agent_setup_timeout_sec > 0,
+         f"agent_setup_timeout_sec must be > 0, got {cfg.agent_setup_timeout_sec}"),
         (cfg.reward_mapping in ("raw", "pm1"), f"reward_mapping must be raw or pm1, got {cfg.reward_mapping!r}"),
     ]
     for ok, message in checks:

@@ -149,9 +149,12 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         agent_installs: str | list[str] | None = None,
         **kwargs,
     ):
-        from slime_harbor.installed_agents import resolve_installs
+        from slime_harbor.installed_agents import DEFAULT_SETUP_TIMEOUT_SEC, resolve_installs
 
         self._agent_installs = resolve_installs(agent_installs)
+        self._install_dirs: dict[str, Path] | None = None
+        self.agent_setup_timeout_sec = DEFAULT_SETUP_TIMEOUT_SEC
+        """The budget of the agent's host install (install_agents); the trial runner sets the agent's."""
         self._gateway_port = gateway_port_kwarg(gateway_port)
         self._gateway_host = gateway_host
         self._provide_tmux = flag_kwarg(provide_tmux)
@@ -247,6 +250,28 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
 
     # --- lifecycle --------------------------------------------------------------------------
 
+    async def install_agents(self, force_build: bool = False) -> None:
+        """Build (or find) the host installs of this trial's agent, each within
+        ``agent_setup_timeout_sec`` (the agent's setup budget, which the trial runner sets from
+        Harbor's: trial_setup.install_agents_first), not the task's build timeout. The trial runner
+        calls it before Harbor starts the environment; ``start()`` calls it too (a no-op once
+        done). A build that fails raises AgentInstallError (an infrastructure failure, retried)."""
+        from slime_harbor.installed_agents import AgentInstallError, within_install_budget
+
+        if self._install_dirs is not None:
+            return
+        dirs = {}
+        for install in self._agent_installs:
+            build = asyncio.to_thread(install.host_dir)
+            try:
+                dirs[install.name] = await within_install_budget(
+                    build, name=install.name, where="a venv on this host", budget_sec=self.agent_setup_timeout_sec)
+            except AgentInstallError:
+                raise
+            except RuntimeError as exc:  # pip failed, no usable host Python: one line, retried
+                raise AgentInstallError(str(exc)) from None
+        self._install_dirs = dirs
+
     async def start(self, force_build: bool) -> None:
         if self.sandbox_dir is not None:
             raise RuntimeError("the sandbox was already started")
@@ -264,10 +289,10 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         _live_sandboxes[self.sandbox_dir] = self
         self._etc_template = await asyncio.to_thread(_etc_template, self._base_dir)
         await asyncio.to_thread(_populate_root, self._rootfs)
+        await self.install_agents()
         for install in self._agent_installs:  # bound like Harbor's read-only mounts
-            host_dir = await asyncio.to_thread(install.host_dir)
-            self._mounts.append({"type": "bind", "source": str(host_dir), "target": install.sandbox_dir,
-                                 "read_only": True})  # fmt: skip
+            self._mounts.append({"type": "bind", "source": str(self._install_dirs[install.name]),
+                                 "target": install.sandbox_dir, "read_only": True})  # fmt: skip
         await self._start_init()
         await self._open_gateway_forward()
         for step in self._recipe.steps:

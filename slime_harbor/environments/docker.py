@@ -58,12 +58,13 @@ from slime_harbor.environments.agent_changes import ContainerChanges
 from slime_harbor.environments.common import ExecTimeoutError, flag_kwarg, shares_host_network, tar_excludes, write_dir_archive
 from slime_harbor.environments.docker_exec import Completed, ExecServer, ExecServerError, ExecServerUnavailable
 from slime_harbor.environments.gateway_reach import GatewayForward, GatewayReachError, gateway_port_kwarg
+from slime_harbor.installed_agents import DEFAULT_SETUP_TIMEOUT_SEC, resolve_installs
 
 # The daemon side (client, sweeps of stale containers, task images, tool layers): docker_images.py.
 from slime_harbor.environments.docker_images import (
     _API_TIMEOUT_SEC, _docker_host, DockerUnavailableError, LABEL, RUN_ID, TMUX_SCRIPT, _sweep_once,
     check_docker, docker_client, ensure_image, ensure_layer_image, image_tag, owner_labels, remove_container,
-    task_image_on_tools,
+    task_image_on_tools, tools_base_image,
 )
 
 ENV_TYPE = "slime-docker"
@@ -107,8 +108,6 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
         agent_installs: str | list[str] | None = None,
         **kwargs,
     ):
-        from slime_harbor.installed_agents import resolve_installs
-
         self._gateway_port = gateway_port_kwarg(gateway_port)
         self._gateway_host = gateway_host
         self._provide_tmux = flag_kwarg(provide_tmux)
@@ -135,6 +134,10 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
         self._gateway_forward: GatewayForward | None = None
         self._has_bash = False  # until start() knows: commands run with bash if the image has it
         self._stop_task: asyncio.Future | None = None
+        self.agent_setup_timeout_sec = DEFAULT_SETUP_TIMEOUT_SEC
+        """The budget of each tool layer (install_agents); the trial runner sets the agent's."""
+        self._tools_image: str | None = None
+        self._tools_on_task_image = False
 
     @staticmethod
     def type() -> str:
@@ -184,22 +187,66 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
 
     # --- lifecycle --------------------------------------------------------------------------
 
+    async def install_agents(self, force_build: bool = False) -> None:
+        """Build the tool layers this trial's agent needs (tmux, its registry install), each within
+        ``agent_setup_timeout_sec`` (the agent's setup budget, which the trial runner sets from
+        Harbor's: trial_setup.install_agents_first), not the task's build timeout. The trial
+        runner calls it before Harbor starts the environment, so Harbor's build timeout bounds the
+        task's image alone; ``start()`` calls it too (a no-op once done). Where the layers go on the
+        task's own image (no single base image here), that image is built first, within the task's
+        build timeout."""
+        layers = self._tool_layers()
+        if self._tools_image is not None or not layers:
+            return
+        prebuilt = self.task_env_config.docker_image
+        base = prebuilt or await asyncio.to_thread(tools_base_image, self.environment_dir)
+        on_task_image = base is None
+        if on_task_image:
+            await self._ensure_task_image(force_build)
+            base = self.image
+        for name, script in layers:  # one layer each, on top of the previous one
+            base = await ensure_layer_image(base, name, script, self.agent_setup_timeout_sec)
+        self._tools_image, self._tools_on_task_image = base, on_task_image or bool(prebuilt)
+
+    def _tool_layers(self) -> list[tuple[str, str]]:
+        return ([("tmux", TMUX_SCRIPT)] if self._provide_tmux else []) + [(i.name, i.docker_script()) for i in self._agent_installs]
+
+    async def _ensure_task_image(self, force_build: bool) -> None:
+        """The task's own image: docker_image as is (present, never pulled), else its Dockerfile built
+        within the task's build timeout."""
+        if self.task_env_config.docker_image:
+            await asyncio.to_thread(self._check_prebuilt_image)
+            return
+        build = ensure_image(self.environment_dir, self.image, self.environment_name,
+                             self.task_env_config.build_timeout_sec, force_build)  # fmt: skip
+        await self._within_build_timeout(build)
+
+    async def _within_build_timeout(self, build) -> None:
+        """A task image build, within the task's build_timeout_sec (Harbor's own bound when
+        start() runs under it; ours when install_agents runs before it)."""
+        timeout = self.task_env_config.build_timeout_sec
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.ensure_future(build)), timeout)
+        except TimeoutError:
+            raise SandboxBuildFailedError(
+                f"building the image of task {self.environment_name} did not finish within the task's build_timeout_sec "
+                f"({timeout:.0f} s)"
+            ) from None
+
     async def start(self, force_build: bool) -> None:
         if self.container_id is not None or self._stop_task is not None:
             raise RuntimeError("the container was already started")
         await asyncio.to_thread(_sweep_once)
-        layers = ([("tmux", TMUX_SCRIPT)] if self._provide_tmux else []) + [(i.name, i.docker_script()) for i in self._agent_installs]
-        timeout, prebuilt = self.task_env_config.build_timeout_sec, self.task_env_config.docker_image
-        self.run_image = None if prebuilt else await task_image_on_tools(
-            self.environment_dir, self.environment_name, self.environment_id, layers, timeout, force_build)
-        if self.run_image is None:  # no layers, or they go on top of the task's own image
-            if prebuilt:
-                await asyncio.to_thread(self._check_prebuilt_image)
-            else:
-                await ensure_image(self.environment_dir, self.image, self.environment_name, timeout, force_build)
+        await self.install_agents(force_build)
+        if self._tools_image is None:  # no layers
+            await self._ensure_task_image(force_build)
             self.run_image = self.image
-            for name, script in layers:  # one layer each, on top of the previous one
-                self.run_image = await ensure_layer_image(self.run_image, name, script, timeout)
+        elif self._tools_on_task_image:
+            self.run_image = self._tools_image
+        else:  # the task's own instructions on its base image plus the layers
+            self.run_image = await task_image_on_tools(
+                self.environment_dir, self.environment_name, self.environment_id, self._tools_image,
+                self.task_env_config.build_timeout_sec, force_build)  # fmt: skip
         # Recorded as soon as it exists, so a stop() racing this start() removes it.
         await asyncio.to_thread(self._create_container)
         await self._open_gateway_forward()

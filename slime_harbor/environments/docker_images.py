@@ -283,7 +283,10 @@ def layer_image(base_image: str, name: str, script: str) -> tuple[str, str, str]
 async def ensure_layer_image(base_image: str, name: str, script: str, timeout_sec: float) -> str:
     """``base_image`` plus one layer that runs ``script`` (sh, as root, with the host's network, at
     build time), built once per base image id and script and reused after; returns its tag. The
-    base image's user is kept."""
+    base image's user is kept. ``timeout_sec`` is the layer's own budget (an agent's install: its
+    setup timeout, never the task's build timeout): past it, AgentInstallTimeoutError naming it."""
+    from slime_harbor.installed_agents import within_install_budget
+
     tag, digest, dockerfile = await asyncio.to_thread(layer_image, base_image, name, script)
     # Kept as long as the tag may be built (a cancelled waiter must not delete it under the build).
     context = _lock_dir() / "contexts" / digest
@@ -295,34 +298,35 @@ async def ensure_layer_image(base_image: str, name: str, script: str, timeout_se
         with contextlib.suppress(OSError):  # another process put the same files there first
             os.rename(staging, context)
         shutil.rmtree(staging, ignore_errors=True)
-    await ensure_image(context, tag, f"{base_image} + {name}", timeout_sec)
+    build = ensure_image(context, tag, f"{base_image} + {name}", timeout_sec)
+    await within_install_budget(build, name=name, where=f"a Docker layer on {base_image}", budget_sec=timeout_sec)
     return tag
 
 
-async def task_image_on_tools(environment_dir: Path, environment_name: str, environment_id: str,
-                              layers: list[tuple[str, str]], timeout_sec: float, force: bool = False) -> str | None:
-    """The task's Dockerfile built on its base image plus the tool ``layers`` ((name, script) each,
-    as ensure_layer_image takes them); its tag, or None with no layers or where it is not a
-    single-stage Dockerfile on an image present here (then the layers go on top of the task's own
-    image). Tools under the
-    task's own instructions are built once per base image, not once per task: procedural tasks
-    share a base and differ in the files they copy, and an agent's install (a venv with LiteLLM, an
-    npm package) takes longer than a task's build timeout."""
+def tools_base_image(environment_dir: Path) -> str | None:
+    """The image the tool layers of a task built from ``environment_dir`` go on, when it is the
+    task's base image (its Dockerfile is single-stage and the base is present here), so the layers
+    are built once per base image, not once per task: procedural tasks share a base and differ in
+    the files they copy. None: the layers go on top of the task's own image."""
     import docker
 
     dockerfile = environment_dir / "Dockerfile"
-    if not layers or not dockerfile.is_file():
-        return None
-    text = dockerfile.read_text()
-    base = single_base_image(text)
+    base = single_base_image(dockerfile.read_text()) if dockerfile.is_file() else None
     if base is None:
         return None
     try:
-        for name, script in layers:
-            base = await ensure_layer_image(base, name, script, timeout_sec)
+        docker_client().api.inspect_image(base)
     except docker.errors.ImageNotFound:
         return None  # the task's own build says what is missing
-    rebased = rebased_dockerfile(text, base)
+    return base
+
+
+async def task_image_on_tools(environment_dir: Path, environment_name: str, environment_id: str, tools_image: str,
+                              timeout_sec: float, force: bool = False) -> str:
+    """The task's Dockerfile built on ``tools_image`` (its base image plus the tool layers,
+    :func:`tools_base_image`) instead of its base image; its tag."""
+    dockerfile = environment_dir / "Dockerfile"
+    rebased = rebased_dockerfile(dockerfile.read_text(), tools_image)
     digest = hashlib.sha256(f"{environment_id}\0{rebased}".encode()).hexdigest()
     path = tools_dockerfile_path(digest)
     if not path.is_file():  # written whole, then renamed: a concurrent build never reads half of it

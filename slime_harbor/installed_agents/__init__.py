@@ -24,11 +24,61 @@ how to get it when it is not.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import sys
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
 ENVIRONMENT_KWARG = "agent_installs"
+
+DEFAULT_SETUP_TIMEOUT_SEC = 360.0
+"""An environment's install budget when no trial set one (Harbor's BaseAgent default)."""
+PROGRESS_EVERY_SEC = 30.0
+"""How often a running install says how long it has been going."""
+
+
+class AgentInstallError(RuntimeError):
+    """An agent's install could not be built (a registry that did not answer, a failed pip or npm):
+    an infrastructure failure, retried like an environment that did not start."""
+
+
+class AgentInstallTimeoutError(AgentInstallError):
+    """An agent's install ran past its budget, the agent's setup timeout (Harbor's
+    ``agent_setup_timeout_sec``: its per-agent default, ``override_setup_timeout_sec`` and the
+    multipliers), never the task's ``build_timeout_sec``."""
+
+
+async def within_install_budget(install, *, name: str, where: str, budget_sec: float):
+    """Await ``install`` (an awaitable building agent ``name``'s install ``where``: a Docker layer,
+    a host venv) for at most ``budget_sec``; past it, :class:`AgentInstallTimeoutError` in one line
+    that names the agent, the budget and how to raise it. The build itself is shielded, not
+    cancelled: it is shared, and the retry or the next trial joins it. An install that takes more
+    than a moment prints its progress on stderr (which agent, elapsed) every PROGRESS_EVERY_SEC."""
+    build = asyncio.ensure_future(install)
+    build.add_done_callback(lambda f: f.cancelled() or f.exception())  # a waiter that left never reads it
+    started = time.monotonic()
+    announced = False
+    while True:
+        elapsed = time.monotonic() - started
+        left = budget_sec - elapsed
+        if left <= 0:
+            raise AgentInstallTimeoutError(
+                f"installing agent {name} ({where}) did not finish within its {budget_sec:.0f} s budget, the "
+                "agent's setup timeout (Harbor's default for the agent x the timeout multiplier); raise it "
+                "with --agent-setup-timeout SEC or --timeout-multiplier"
+            )
+        wait = min(left, 2.0 if not announced else PROGRESS_EVERY_SEC)
+        done, _ = await asyncio.wait({build}, timeout=wait)
+        if done:
+            result = build.result()
+            if announced:
+                print(f"[install] {name} ({where}) ready after {time.monotonic() - started:.0f} s", file=sys.stderr)
+            return result
+        announced = True
+        print(f"[install] {name} ({where}): {time.monotonic() - started:.0f} s of its {budget_sec:.0f} s budget",
+              file=sys.stderr)
 
 
 class SandboxInstall(ABC):

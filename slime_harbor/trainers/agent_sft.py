@@ -23,13 +23,16 @@ import asyncio
 import copy
 import json
 import shutil
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slime_harbor.converter import episode_end
 from slime_harbor.gateway.server import Gateway
 from slime_harbor.policy.sampling import Generation, SamplingParams
+from slime_harbor.samples import SampleStatus
 from slime_harbor.tasks import families as task_families
 
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -40,6 +43,9 @@ SFT_AGENTS = ("mini-swe-agent",)
 """Agents whose format capture_format reads (a bash tool and a submit command)."""
 FORMAT_TRIAL = "format-capture"
 """The name of capture_format's trial (its dir under `work`/trials) and of its gateway session."""
+FORMAT_TRIAL_ATTEMPTS = 3
+"""Tries of that trial when it ends in an infrastructure failure (an environment that did not
+start, an install that ran out of budget: rollout's env_start_retries + 1)."""
 
 
 @dataclass(frozen=True)
@@ -150,8 +156,15 @@ def capture_format(agent: str, env: str, inst: task_families.Instance, work: Pat
     if work.exists():
         shutil.rmtree(work)
     task_dir = task_families.write_task(inst, work / "tasks")
-    result, requests, stats = asyncio.run(_scripted_trial(agent, env, task_dir, work, Path(model_dir), model_name,
-                                                          max_new_tokens))
+    for attempt in range(1, FORMAT_TRIAL_ATTEMPTS + 1):  # an infrastructure failure is retried, as in a rollout
+        shutil.rmtree(work / "trials", ignore_errors=True)
+        result, requests, stats = asyncio.run(_scripted_trial(agent, env, task_dir, work, Path(model_dir), model_name,
+                                                              max_new_tokens))
+        ended = episode_end(result)
+        if ended.status != SampleStatus.ABORTED or attempt == FORMAT_TRIAL_ATTEMPTS:
+            break
+        print(f"  reading {agent}'s format: the trial hit an infrastructure failure ({ended.why}); "
+              f"trying again ({attempt + 1} of {FORMAT_TRIAL_ATTEMPTS})", file=sys.stderr)
     if result.exception_info is not None or len(requests) != 2 or stats["delivered"] != 2:
         why = (result.exception_info.exception_message if result.exception_info
                else f"{len(requests)} requests, {stats['delivered']} replies delivered")
@@ -175,7 +188,7 @@ async def _scripted_trial(agent: str, env: str, task_dir: Path, work: Path, mode
     from transformers import AutoTokenizer
 
     from slime_harbor.trial_setup import (ModelEndpoint, RolloutConfig, agent_config, environment_config,
-                                          gateway_step_limit)
+                                          gateway_step_limit, install_agents_first)
 
     policy = ScriptedPolicy([SILENT_COMMAND, SUBMIT], AutoTokenizer.from_pretrained(model_dir))
     gateway = RecordingGateway(None, model_dir, served_model_name=model_name, upstream=policy)
@@ -188,7 +201,9 @@ async def _scripted_trial(agent: str, env: str, task_dir: Path, work: Path, mode
         session.max_calls = gateway_step_limit(agent_cfg, cfg.step_limit)
         config = TrialConfig(task=TaskConfig(path=task_dir), trial_name=FORMAT_TRIAL, trials_dir=work / "trials",
                              agent=agent_cfg, environment=environment_config(env, gateway, agent_cfg))
-        result = await (await Trial.create(config)).run()
+        trial = await Trial.create(config)
+        install_agents_first(trial)
+        result = await trial.run()
     finally:
         await gateway.aclose()  # closes the session: calls.jsonl and session.json in its record dir
     return result, gateway.requests, session.stats
