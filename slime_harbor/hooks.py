@@ -75,7 +75,7 @@ from pathlib import Path
 from slime_harbor.filters import TrajectoryFilters, apply_limit_filters, mask_stale
 from slime_harbor.grpo import episode_advantages
 from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
-from slime_harbor.trial_setup import RolloutConfig, uses_gateway
+from slime_harbor.trial_setup import RolloutConfig, uses_gateway, with_engine
 from slime_harbor.samples import SampleStatus, TrainingSample
 
 DEFAULTS = {
@@ -251,7 +251,7 @@ def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
     skip_special_tokens and no_stop_trim change only the text SGLang returns, never the token ids;
     the native agent and the gateway decode the ids themselves, so they need nothing from them."""
     router = f"http://{getattr(args, 'sglang_router_ip', None)}:{getattr(args, 'sglang_router_port', None)}"
-    return RolloutConfig(
+    return with_engine(RolloutConfig(
         agent=agent_for(args, sample),
         env=setting(args, "harbor_env"),
         policy_url=router,
@@ -276,7 +276,7 @@ def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
         # SLiME's fully-async rollout updates weights under running trials (pause_generation aborts
         # their calls); elsewhere an abort ends the round and the episode.
         reissue_aborted_calls=str(getattr(args, "rollout_function_path", "")).endswith("generate_rollout_fully_async"),
-    )
+    ))
 
 
 @functools.lru_cache(maxsize=4)
@@ -551,14 +551,12 @@ def generate_rollout_fully_async(args, rollout_id, data_source, evaluation: bool
 
 
 def served_weight_version(args) -> int:
-    """The weight version SLiME's engines serve now: the router's /get_weight_version, else the
-    highest of its workers' (SGLang's endpoint; the router lists them at /workers)."""
-    import httpx
+    """The weight version SLiME's engines serve now (the highest of the router's workers'; SGLang
+    0.5.23 keeps it in /model_info and has no /get_weight_version): policy/engines.weight_version."""
+    from slime_harbor.policy.engines import weight_version
 
-    base = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
-    with httpx.Client(timeout=30) as client:
-        reply = client.get(f"{base}/get_weight_version")
-        if reply.status_code == 200:
-            return int(reply.json()["weight_version"])
-        workers = [w["url"] for w in client.get(f"{base}/workers").json()["workers"]]
-        return max(int(client.get(f"{url}/get_weight_version").json()["weight_version"]) for url in workers)
+    version = weight_version(f"http://{args.sglang_router_ip}:{args.sglang_router_port}")
+    if version is None or not version.isdigit():
+        raise HookConfigError(f"the engines serve weight version {version!r}: harbor_max_staleness needs SLiME's "
+                              "update count (\"0\", \"1\", ...)")
+    return int(version)

@@ -43,7 +43,7 @@ from slime_harbor.samples import Episode, SampleStatus, TrainingSample
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.trial_setup import (
     agent_config, check_config, environment_config, gateway_step_limit, hard_timeout_sec, install_agents_first,
-    ModelEndpoint, preflight_environment, RolloutConfig, uses_gateway,
+    ModelEndpoint, preflight_environment, RolloutConfig, uses_gateway, with_engine,
 )
 
 log = logging.getLogger(__name__)
@@ -242,6 +242,7 @@ def load_tokenizer(model_dir: str | None):
 
 async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
     """Run n_samples trials per task; stream samples to OUT/samples.jsonl; return the summary."""
+    cfg = await asyncio.to_thread(with_engine, cfg)
     tasks = check_config(cfg)
     tasks, skipped_tasks = apply_manifest(tasks, cfg.task_manifest)
     preflight_environment(cfg.env)

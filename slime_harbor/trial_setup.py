@@ -208,6 +208,34 @@ def is_installed_agent(config) -> bool:
     return issubclass(agent_class(config), BaseInstalledAgent)
 
 
+def with_engine(cfg: RolloutConfig) -> RolloutConfig:
+    """cfg as the engine at cfg.policy_url needs it, found out from the server itself
+    (policy/engines.probe), so `--policy-url` takes any engine's root with no other flag:
+
+    - a vLLM (or other OpenAI-compatible) root: sampled through its /v1/completions with token ids
+      (policy_api openai), under the name it serves (the gateway accepts any model string);
+    - SGLang, its router or our engine: /generate, as before;
+    - max_context_len, when unset: the server's limit (vLLM's --max-model-len, SGLang's KV pool)
+      where it is below the model's, so no call is sent that the engine would refuse.
+    A URL that already names the OpenAI base (ends in /v1, policy_api openai) is taken as given."""
+    if not cfg.policy_url or cfg.policy_url == "embedded":
+        return cfg
+    from slime_harbor.policy.engines import probe
+
+    root = cfg.policy_url.rstrip("/").removesuffix("/v1")
+    info = probe(root)
+    changes: dict[str, Any] = {}
+    if cfg.policy_api == "sglang" and info.api == "openai":
+        changes.update(policy_url=root + "/v1", policy_api="openai")
+        if cfg.model_name == RolloutConfig.model_name and info.served_model:
+            changes["model_name"] = info.served_model
+    if cfg.max_context_len is None and info.context_len:
+        model_limit = _max_context(cfg.model_dir) if cfg.model_dir and Path(cfg.model_dir, "config.json").is_file() else None
+        if model_limit is None or info.context_len < model_limit:
+            changes["max_context_len"] = info.context_len
+    return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
 def agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None = None):
     """The trial's AgentConfig. Gateway agents get `endpoint` (their session; a placeholder when
     the config is only checked) as Harbor's conventions pass it: `api_base` + `model_name` kwargs

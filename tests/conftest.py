@@ -111,12 +111,13 @@ def sglang_router(worker_urls):
         deadline = time.monotonic() + 60
         while True:
             assert router.poll() is None, "sglang-router exited while starting"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+            try:  # healthy, and every worker registered (the router adds them a moment after it starts)
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200 and \
+                        len(httpx.get(f"{url}/workers", timeout=2).json()["workers"]) == len(worker_urls):
                     break
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError, KeyError):
                 pass
-            assert time.monotonic() < deadline, "sglang-router did not become healthy in 60 s"
+            assert time.monotonic() < deadline, "sglang-router did not become healthy with its workers in 60 s"
             time.sleep(0.5)
         yield url
     finally:

@@ -116,7 +116,7 @@ def test_asynchronous_training_labels_each_call_with_the_version_the_server_held
     ))
     metrics = json.loads((out / "metrics.json").read_text())
     assert [m["weight_version"] for m in metrics] == [1, 2, 3] and all(m["weights_pushed"] for m in metrics)
-    assert httpx.get(serve_process + "/get_weight_version").json() == {"weight_version": "3"}
+    assert httpx.get(serve_process + "/model_info").json()["weight_version"] == "3"
     versions = set()
     for m in metrics:
         for s in read_jsonl(out / "rollouts" / f"step_{m['step']}" / "samples.jsonl"):

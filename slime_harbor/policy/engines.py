@@ -74,8 +74,9 @@ def engine_command(engine: str, model: str | Path, host: str, port: int, *, gpu:
 
     On a GPU: the engine's defaults. On a CPU (both engines run there, slowly, on a small model):
     float32 as the checkpoint is (else SGLang runs a float32 model in float16), torch's own
-    attention and sampling, no CUDA graphs or overlap scheduler, a small KV cache, and SGLang's
-    --sleep-on-idle (its idle scheduler otherwise keeps a core busy)."""
+    attention and sampling, no CUDA graphs or overlap scheduler, a KV pool of 32768 tokens
+    (SGLang) or 1 GiB (vLLM; the tiny model's context fits either), and SGLang's --sleep-on-idle
+    (its idle scheduler otherwise keeps a core busy). --engine-args adds to or overrides them."""
     gpu = has_gpu() if gpu is None else gpu
     python = str(engine_python(engine))
     env = dict(os.environ)
@@ -84,7 +85,7 @@ def engine_command(engine: str, model: str | Path, host: str, port: int, *, gpu:
                 "--weight-version", INITIAL_WEIGHT_VERSION]
         if not gpu:
             argv += ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
-                     "--disable-overlap-schedule", "--disable-cuda-graph", "--max-total-tokens", "4096",
+                     "--disable-overlap-schedule", "--disable-cuda-graph", "--max-total-tokens", "32768",
                      "--max-running-requests", "8", "--chunked-prefill-size", "1024", "--skip-server-warmup",
                      "--dtype", "float32", "--sleep-on-idle"]
             env["SGLANG_USE_CPU_ENGINE"] = "1"
@@ -96,7 +97,7 @@ def engine_command(engine: str, model: str | Path, host: str, port: int, *, gpu:
                 "--port", str(port)]
         env["VLLM_SERVER_DEV_MODE"] = "1"  # /pause, /resume, /collective_rpc (weight reloads)
         if not gpu:
-            argv += ["--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", "8", "--enforce-eager"]
+            argv += ["--dtype", "float32", "--max-num-seqs", "8", "--enforce-eager"]
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     else:
         raise ValueError(f"engine must be one of sglang, vllm to start a real one, got {engine!r}")
@@ -165,10 +166,10 @@ class EngineProcess:
             except ProcessLookupError:
                 break
             deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and _group_alive(process.pid):
+            while time.monotonic() < deadline and process_group_alive(process.pid):
                 process.poll()
                 time.sleep(0.2)
-            if not _group_alive(process.pid):
+            if not process_group_alive(process.pid):
                 break
         process.poll()
         self.process = None
@@ -180,7 +181,7 @@ class EngineProcess:
         self.stop()
 
 
-def _group_alive(pgid: int) -> bool:
+def process_group_alive(pgid: int) -> bool:
     """Whether any process of the group is still there (zombies of ours are reaped first)."""
     try:
         os.killpg(pgid, 0)
@@ -208,6 +209,10 @@ class EngineInfo:
     """sglang | sglang-router | vllm | embedded | openai (another OpenAI-compatible server)."""
     context_len: int | None
     """Prompt + completion tokens one request may hold on this server (None: it does not say)."""
+    served_model: str | None = None
+    """The first model name its /v1/models lists (the OpenAI API's model field)."""
+    serves_lora: bool = False
+    """Whether it loads LoRA adapters by name (ours always; SGLang started with --enable-lora)."""
 
     @property
     def api(self) -> str:
@@ -236,20 +241,24 @@ def probe(url: str, timeout: float = 10.0) -> EngineInfo:
             return body if isinstance(body, dict) else None
 
         models = get("/v1/models") or {}
-        limits = [m.get("max_model_len") for m in models.get("data") or [] if isinstance(m, dict)]
-        context = min((int(n) for n in limits if n), default=None)
+        listed = [m for m in models.get("data") or [] if isinstance(m, dict)]
+        context = min((int(m["max_model_len"]) for m in listed if m.get("max_model_len")), default=None)
+        served = str(listed[0]["id"]) if listed and listed[0].get("id") else None
         info = get("/server_info")
         if info is not None:
             kind = "embedded" if info.get("engine") == "slime-harbor-embedded" else "sglang"
             pool = info.get("max_total_num_tokens")
             if pool:
                 context = min(context or int(pool), int(pool))
-            return EngineInfo(kind, context)
-        if get("/workers") is not None:
-            return EngineInfo("sglang-router", context)
+            return EngineInfo(kind, context, served, kind == "embedded" or bool(info.get("enable_lora")))
+        workers = get("/workers")
+        if workers is not None:  # SGLang's router: its workers' limit (its own /v1/models has none)
+            limits = [probe(w["url"], timeout).context_len for w in workers.get("workers") or [] if w.get("url")]
+            context = min((n for n in limits if n), default=context)
+            return EngineInfo("sglang-router", context, served)
         if (get("/version") or {}).get("version"):
-            return EngineInfo("vllm", context)
-        return EngineInfo("openai" if models else "sglang", context)
+            return EngineInfo("vllm", context, served)
+        return EngineInfo("openai" if models else "sglang", context, served)
 
 
 def weight_version(url: str, kind: str | None = None) -> str | None:

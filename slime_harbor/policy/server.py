@@ -29,8 +29,11 @@ Endpoints:
                                 (/generate "lora_path", or the OpenAI "model" field as vLLM does)
     POST /unload_lora_adapter   SGLang's: {"lora_name"}
     POST /continue_generation   SGLang's: admit requests again
-    GET  /get_model_info        {"model_path", "weight_version", "lora_adapters"}
-    GET  /get_weight_version    SGLang's: {"weight_version"}
+    POST /update_weight_version SGLang's and vLLM's: {"new_version": "N"} labels the weights served now
+    GET  /model_info, /get_model_info   SGLang 0.5.23's: {"model_path", "weight_version", "lora_adapters"}
+                                (it has no /get_weight_version: the version is here)
+    GET  /server_info           SGLang's (what engines.probe reads): {"engine": "slime-harbor-embedded",
+                                "version", "max_total_num_tokens", "weight_version"}
     GET  /health, /health_generate, /v1/models, /v1/loads
 
 Run it with `serve(model_dir)` (blocking, the CLI's `slime-harbor serve`) or in-process with
@@ -89,8 +92,10 @@ class PolicyServer:
             ("POST", "/unload_lora_adapter", self.unload_lora_adapter),
             ("POST", "/pause_generation", self.pause_generation),
             ("POST", "/continue_generation", self.continue_generation),
+            ("POST", "/update_weight_version", self.update_weight_version),
+            ("GET", "/model_info", self.model_info),
             ("GET", "/get_model_info", self.model_info),
-            ("GET", "/get_weight_version", self.weight_version),
+            ("GET", "/server_info", self.server_info),
             ("GET", "/health", self.health),
             ("GET", "/health_generate", self.health_generate),
             ("GET", "/v1/models", self.models),
@@ -265,8 +270,19 @@ class PolicyServer:
         return {"model_path": self.model_path, "weight_version": str(self.engine.weight_version),
                 "lora_adapters": dict(self.engine.lora_adapters)}
 
-    async def weight_version(self) -> dict[str, Any]:
-        return {"weight_version": str(self.engine.weight_version)}
+    async def server_info(self) -> dict[str, Any]:
+        from slime_harbor import __version__
+
+        return {"engine": "slime-harbor-embedded", "version": __version__,
+                "max_total_num_tokens": self.engine.context_length,
+                "weight_version": str(self.engine.weight_version)}
+
+    async def update_weight_version(self, request: Request) -> dict[str, Any]:
+        version = (await json_object(request)).get("new_version")
+        if not isinstance(version, str) or not version.isdigit():
+            raise BadRequest(f"new_version must be a non-negative integer as a string here, got {version!r}")
+        self.engine.weight_version = int(version)
+        return {"success": True, "new_version": version}
 
     # ----- status -----------------------------------------------------------------------------
 

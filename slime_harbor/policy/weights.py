@@ -3,9 +3,15 @@
     lora   the adapter is saved to weights_dir/step_N and loaded under a new name with
            POST /load_lora_adapter {"lora_name", "lora_path"}; the previous one is then unloaded
            (POST /unload_lora_adapter). Rollouts name the adapter they sample from (lora_name).
-    disk   the full weights (LoRA merged in) are saved to weights_dir/step_N and loaded with
-           POST /update_weights_from_disk {"model_path", "weight_version": "N"}, so the server labels
-           every call it samples from them with version N (as SLiME's updates do).
+    disk   the full weights (LoRA merged in) are saved to weights_dir/step_N and loaded, labelled
+           with version "N", so the server labels every call it samples from them with N (as
+           SLiME's updates do). Calls in flight are aborted first (the clients sample them again,
+           whole, from the new weights; PolicyClient's reissue_aborted) and new ones wait:
+           SGLang (and ours): POST /pause_generation {"mode": "abort"},
+             /update_weights_from_disk {"model_path", "weight_version"}, /continue_generation;
+           vLLM: POST /pause?mode=abort, /collective_rpc reload_weights {"weights_path"},
+             /reset_prefix_cache (no KV of the old weights serves the new version),
+             /update_weight_version {"new_version"}, /resume.
     none   nothing is pushed: the server keeps the weights it has (a vLLM server without these
            endpoints); the trainer recomputes old logprobs instead.
 
@@ -37,7 +43,8 @@ class WeightSync:
     base_url: str
     """The policy server (SGLang, or `slime-harbor serve`)."""
     mode: str
-    """auto (lora for a LoRA policy, else disk; none when the server has no such endpoint) | lora | disk | none."""
+    """auto (lora for a LoRA policy on a server that loads adapters, else disk; none when the server has
+    no such endpoint) | lora | disk | none."""
     weights_dir: Path
     """Where pushed weights are written (step_N/); only the latest push is kept."""
     lora_prefix: str = "policy"
@@ -48,6 +55,7 @@ class WeightSync:
     version: int = field(default=0, init=False)
     """The weight version the server holds: the step of the last push that succeeded (0: its own)."""
     _last_dir: Path | None = field(default=None, init=False)
+    _engine: str | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -61,7 +69,9 @@ class WeightSync:
         from peft import PeftModel
 
         lora = isinstance(model, PeftModel)
-        mode = self.mode if self.mode != "auto" else ("lora" if lora else "disk")
+        # auto: a LoRA policy goes over as its adapter where the server loads adapters (ours;
+        # SGLang with --enable-lora), else merged, from disk.
+        mode = self.mode if self.mode != "auto" else ("lora" if lora and self._serves_lora() else "disk")
         if mode == "none":
             return False
         if mode == "lora" and not lora:
@@ -80,13 +90,46 @@ class WeightSync:
             full = copy.deepcopy(model).merge_and_unload() if lora else model
             full.save_pretrained(out)
             tokenizer.save_pretrained(out)
-            if not self._post("/update_weights_from_disk", {"model_path": str(out), "weight_version": str(step)}):
+            if not self._load_from_disk(out, str(step)):
                 return False
         if self._last_dir and self._last_dir != out:
             shutil.rmtree(self._last_dir, ignore_errors=True)
         self._last_dir = out
         self.version = step
         return True
+
+    @property
+    def engine(self) -> str:
+        """What serves base_url (policy/engines.probe): sglang, sglang-router, vllm, embedded."""
+        if self._engine is None:
+            from slime_harbor.policy.engines import probe
+
+            self._engine = probe(self.base_url).kind
+        return self._engine
+
+    def _serves_lora(self) -> bool:
+        from slime_harbor.policy.engines import probe
+
+        return probe(self.base_url).serves_lora
+
+    def _load_from_disk(self, path: Path, version: str) -> bool:
+        """Pause (aborting the calls in flight), load the weights at `path` labelled `version`, resume."""
+        if self.engine in ("vllm", "openai"):
+            if not self._post("/pause?mode=abort", {}):
+                return False
+            try:
+                self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
+                self._post("/reset_prefix_cache", {})
+                self._post("/update_weight_version", {"new_version": version})
+            finally:
+                self._post("/resume", {}, check=False)
+            return True
+        if not self._post("/pause_generation", {"mode": "abort"}):
+            return False
+        try:
+            return self._post("/update_weights_from_disk", {"model_path": str(path), "weight_version": version})
+        finally:
+            self._post("/continue_generation", {}, check=False)
 
     def _post(self, path: str, payload: dict, check: bool = True) -> bool:
         url = self.base_url + path

@@ -71,10 +71,10 @@ class LocalTrainConfig:
     """Address the model gateway binds (agents other than native); a sandbox off this host needs
     an address it can reach."""
     weight_sync: str = "auto"
-    """With --policy-url: lora (/load_lora_adapter + /unload_lora_adapter) | disk
-    (/update_weights_from_disk with the full, merged weights) | none (the server keeps its weights;
-    old logprobs are recomputed by the trainer) | auto (lora with LoRA, else disk; none when the
-    server has no such endpoint)."""
+    """With --policy-url: lora (/load_lora_adapter + /unload_lora_adapter) | disk (the full, merged
+    weights: SGLang's /update_weights_from_disk, vLLM's reload_weights) | none (the server keeps its
+    weights; old logprobs are recomputed by the trainer) | auto (lora with LoRA on a server that
+    loads adapters, else disk; none when the server has no such endpoint)."""
 
     max_staleness: int = 0
     """0: synchronous (each step's rollout, then its update). K >= 1: asynchronous: rollouts never

@@ -1,0 +1,247 @@
+"""The policy side against the engines our users run: the real SGLang (0.5.23, SLiME's sampler)
+and the real vLLM (the CPU build of 0.32.0, Prime-RL's and the external-server trainer's), each
+serving the tiny model from its own venv (scripts/setup-sglang.sh, scripts/setup-vllm.sh; the
+test command runs them). Without an engine installed its tests skip with the setup script's name.
+
+What is checked against each: rollouts token-exact (every token an engine sampled is trained once,
+with the engine's own logprobs, and those are within 1e-3 on average of the trainer's float32
+recomputation), weight updates labelled with the update count, calls in flight across an update
+aborted by the engine and sampled again whole from the new weights, and train-local's
+asynchronous loop judging staleness on the versions the engine reports. On a CPU, SGLang runs with
+slime-harbor's stand-in for its CUDA-only kernel package: no function of it may be called.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from conftest import free_port
+from test_rollout_e2e import recompute_logprobs
+
+from slime_harbor.policy.engines import EngineMissing, EngineProcess, process_group_alive, probe, weight_version
+from slime_harbor.rollout import run_rollouts
+from slime_harbor.samples import SampleStatus, read_jsonl
+from slime_harbor.trial_setup import RolloutConfig
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURE_TASKS = REPO / "tests" / "fixtures" / "tasks"
+CHAT_TOOLS_AGENT = "chat_tools_agent:ChatToolsAgent"
+GAP_LIMIT = 1e-3
+"""Mean |engine logprob - trainer's float32 recomputation| allowed on this CPU."""
+
+
+def start_engine(engine: str, model_dir, log_dir: Path) -> EngineProcess:
+    try:
+        return EngineProcess(engine, model_dir, port=free_port(), log_path=log_dir / f"{engine}.log").start()
+    except EngineMissing as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def sgl_kernel_calls(tmp_path_factory):
+    """The file SGLang's kernel stand-in writes every call of it to (it must stay empty)."""
+    from slime_harbor.policy.cpu_shims.sgl_kernel import CALLS_FILE_VARIABLE
+
+    path = tmp_path_factory.mktemp("sgl_kernel") / "calls.txt"
+    path.write_text("")
+    previous = os.environ.get(CALLS_FILE_VARIABLE)
+    os.environ[CALLS_FILE_VARIABLE] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop(CALLS_FILE_VARIABLE, None)
+    else:
+        os.environ[CALLS_FILE_VARIABLE] = previous
+
+
+@pytest.fixture(scope="module")
+def sglang(tiny_model_dir, tmp_path_factory, sgl_kernel_calls):
+    """A real SGLang on the tiny model, for the module (its weights are the base model's until the
+    last tests, which update them)."""
+    server = start_engine("sglang", tiny_model_dir, tmp_path_factory.mktemp("sglang"))
+    try:
+        yield server
+    finally:
+        pid = server.process.pid if server.process else None
+        server.stop()
+        if pid is not None:  # no process of the engine outlives stop()
+            assert not process_group_alive(pid), "an SGLang process was left"
+        assert sgl_kernel_calls.read_text() == "", f"SGLang called the kernel stand-in: {sgl_kernel_calls.read_text()}"
+
+
+@pytest.fixture(scope="module")
+def vllm(tiny_model_dir, tmp_path_factory):
+    server = start_engine("vllm", tiny_model_dir, tmp_path_factory.mktemp("vllm"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def rollout(url: str, model_dir, out: Path, agent: str = "native", **overrides) -> list:
+    settings = dict(n_samples=2, step_limit=2, max_new_tokens=32, concurrency=2) | overrides
+    cfg = RolloutConfig(tasks_dir=FIXTURE_TASKS, agent=agent, policy_url=url, model_dir=str(model_dir), out_dir=out,
+                        progress=False, **settings)
+    summary = asyncio.run(run_rollouts(cfg))
+    assert summary["status_counts"]["aborted"] == 0 and summary["status_counts"]["failed"] == 0, summary["errors"]
+    return read_jsonl(out / "samples.jsonl")
+
+
+def logprob_gap(samples, model) -> tuple[float, float]:
+    """(mean, max) |rollout logprob - float32 recomputation| over every trained token."""
+    gaps = []
+    for s in samples:
+        s.check()
+        n = s.response_length
+        assert s.tokens[:-n] == s.prompt_ids
+        recomputed = recompute_logprobs(model, s.tokens, 1.0)[-n:]
+        mask = torch.tensor(s.loss_mask, dtype=torch.bool)
+        gaps.append((recomputed[mask] - torch.tensor(s.rollout_log_probs)[mask]).abs())
+    every = torch.cat(gaps)
+    return every.mean().item(), every.max().item()
+
+
+def check_recorded_calls_trained_once(samples) -> int:
+    """Every call the gateway got from the engine and delivered is in the samples once: its tokens
+    are the loss-masked tokens, in order, with the engine's logprobs as they came. Returns the calls."""
+    n_calls = 0
+    for trial_dir in {s.metadata["trial_dir"] for s in samples}:
+        calls = [json.loads(line) for line in (Path(trial_dir) / "agent" / "gateway" / "calls.jsonl").open()]
+        calls = [c for c in calls if c["delivered"] and c["trained"]]
+        episode = sorted((s for s in samples if s.metadata["trial_dir"] == trial_dir), key=lambda s: s.metadata.get("segment", 0))
+        trained = [(t, lp) for s in episode for t, lp, m in zip(s.response_ids, s.rollout_log_probs, s.loss_mask) if m]
+        sampled = [(t, lp) for c in calls for t, lp in zip(c["completion_ids"], c["logprobs"])]
+        assert trained == sampled
+        n_calls += len(calls)
+    return n_calls
+
+
+# --- SGLang ------------------------------------------------------------------------------------
+
+
+def test_sglang_is_found_at_its_root_with_its_context_limit_and_version_0(sglang):
+    info = probe(sglang.url)
+    assert (info.kind, info.api, info.context_len) == ("sglang", "sglang", 32768)
+    assert weight_version(sglang.url) == "0"
+    assert httpx.get(sglang.url + "/get_weight_version").status_code == 404  # 0.5.23: the version is in /model_info
+
+
+def test_native_agent_trains_the_tokens_sglang_sampled(sglang, tiny_model_dir, model, tmp_path):
+    samples = [s for s in rollout(sglang.url, tiny_model_dir, tmp_path / "out") if not s.remove_sample]
+    assert len(samples) == 2 and all(s.weight_versions and set(s.weight_versions) == {"0"} for s in samples)
+    mean, worst = logprob_gap(samples, model)
+    print(f"\nSGLang native agent: {sum(map(sum, (s.loss_mask for s in samples)))} tokens, "
+          f"logprob gap to float32 recomputation mean {mean:.2e} max {worst:.2e}")
+    assert mean < GAP_LIMIT
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("agent", ["terminus-2", CHAT_TOOLS_AGENT])
+def test_gateway_agents_train_the_tokens_sglang_sampled(agent, sglang, tiny_model_dir, model, tmp_path):
+    overrides = {"agent_kwargs": {"max_turns": 2}} if agent == CHAT_TOOLS_AGENT else {}
+    samples = [s for s in rollout(sglang.url, tiny_model_dir, tmp_path / "out", agent=agent, **overrides)
+               if not s.remove_sample]
+    assert samples and check_recorded_calls_trained_once(samples) >= 2
+    mean, worst = logprob_gap(samples, model)
+    print(f"\nSGLang {agent}: logprob gap mean {mean:.2e} max {worst:.2e}")
+    assert mean < GAP_LIMIT
+
+
+@pytest.mark.slow
+def test_the_real_router_in_front_of_two_sglang_servers(sglang, tiny_model_dir, model, tmp_path):
+    from conftest import sglang_router
+
+    with start_engine("sglang", tiny_model_dir, tmp_path) as second, sglang_router([sglang.url, second.url]) as router:
+        assert probe(router).kind == "sglang-router" and weight_version(router) == "0"
+        samples = [s for s in rollout(router, tiny_model_dir, tmp_path / "out", n_samples=4) if not s.remove_sample]
+    assert len(samples) == 4
+    assert logprob_gap(samples, model)[0] < GAP_LIMIT
+
+
+# Below, the module's SGLang takes new weights: these tests come last.
+
+
+def trained_copy(tiny_model_dir, scale: float = 0.05, seed: int = 0):
+    """The tiny model with its weights moved, as a training step would move them."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * scale * p.std().clamp(min=1e-3))
+    return model.eval(), AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.mark.slow
+def test_an_update_aborts_the_call_in_flight_and_it_is_sampled_again_from_the_new_weights(sglang, tiny_model_dir,
+                                                                                         tmp_path):
+    """WeightSync pauses SGLang with mode abort: the long call running is aborted by SGLang itself,
+    the client samples it again, whole, once /continue_generation lets it in, and all of it comes
+    from the new weights, labelled with the update count."""
+    from slime_harbor.policy.client import PolicyClient
+    from slime_harbor.policy.sampling import SamplingParams
+    from slime_harbor.policy.weights import WeightSync
+
+    moved, tokenizer = trained_copy(tiny_model_dir)
+    sync = WeightSync(sglang.url, "disk", tmp_path / "weights")
+    prompt = tokenizer.encode("Write a long story.")
+
+    async def call_across_an_update():
+        client = PolicyClient(sglang.url, reissue_aborted=True)
+        try:
+            call = asyncio.ensure_future(client.generate(prompt, SamplingParams(max_new_tokens=1500, ignore_eos=True)))
+            await asyncio.sleep(3.0)  # it is decoding now (1500 tokens take SGLang half a minute here)
+            assert not call.done()
+            await asyncio.to_thread(sync.push, moved, tokenizer, 1)
+            return await call
+        finally:
+            await client.aclose()
+
+    generation = asyncio.run(call_across_an_update())
+    assert generation.reissued >= 1 and generation.finish_reason == "length"
+    assert generation.weight_version == "1" and weight_version(sglang.url) == "1"
+    recomputed = recompute_logprobs(moved, prompt + generation.token_ids, 1.0)[-len(generation.token_ids):]
+    assert (recomputed - torch.tensor(generation.logprobs)).abs().mean().item() < GAP_LIMIT
+
+
+@pytest.mark.slow
+def test_asynchronous_training_against_sglang_judges_staleness_on_its_versions(sglang, tiny_model_dir, tmp_path):
+    """train-local --policy-url <SGLang> --weight-sync disk --max-staleness 1 --use-tis: every update
+    goes over as merged weights labelled with its count, each call carries the version SGLang
+    sampled it with, its logprobs are those of that version's weights, and TIS weighs a real gap."""
+    from test_async_training import call_runs, model_at
+
+    from slime_harbor.trainers.local import train
+    from slime_harbor.trainers.local_config import LocalTrainConfig
+
+    out = tmp_path / "run"
+    train(LocalTrainConfig(
+        tasks_dir=FIXTURE_TASKS, model=str(tiny_model_dir), n_samples=4, num_rollouts=3, lr=1e-2,
+        updates_per_rollout=1, step_limit=1, max_new_tokens=24, save_every=1, output_dir=out, device="cpu",
+        kl_coef=0.0, policy_url=sglang.url, weight_sync="disk", max_staleness=1, concurrency=4, use_tis=True,
+    ))
+    metrics = json.loads((out / "metrics.json").read_text())
+    steps = [m for m in metrics if m["step"] > 0]
+    assert [m["weight_version"] for m in steps] == [1, 2, 3] and all(m["weights_pushed"] for m in steps)
+    assert weight_version(sglang.url) == "3"
+    seen, models = set(), {}
+    for m in steps:
+        for s in read_jsonl(out / "rollouts" / f"step_{m['step']}" / "samples.jsonl"):
+            (version,) = s.weight_versions  # one call per episode (step_limit 1)
+            seen.add(version)
+            assert m["step"] - 1 - int(version) <= 1 and s.status != SampleStatus.ABORTED
+            model = models.setdefault(version, model_at(out, int(version), tiny_model_dir))
+            (run,) = call_runs(s)
+            recomputed = recompute_logprobs(model, s.tokens, 1.0)[-s.response_length:]
+            gap = (recomputed[run] - torch.tensor(s.rollout_log_probs)[run]).abs().mean().item()
+            assert gap < GAP_LIMIT, (m["step"], version, gap)
+    assert len(seen) > 1
+    tis = [{k: m.get(k) for k in ("tis", "tis_abs", "tis_clipfrac", "ois")} for m in steps]
+    print(f"\nTIS metrics against SGLang, per step: {tis}")
+    assert all(t["tis_abs"] and t["tis_abs"] > 0 for t in tis)  # a real rollout/trainer gap, not a zero one
