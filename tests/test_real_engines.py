@@ -22,7 +22,7 @@ import httpx
 import pytest
 import torch
 from conftest import free_port
-from test_rollout_e2e import recompute_logprobs
+from test_rollout_e2e import hf_model, recompute_logprobs, responsive_model_dir  # noqa: F401 (fixtures)
 
 from slime_harbor.policy.engines import EngineMissing, EngineProcess, process_group_alive, probe, weight_version
 from slime_harbor.rollout import run_rollouts
@@ -36,9 +36,10 @@ GAP_LIMIT = 1e-3
 """Mean |engine logprob - trainer's float32 recomputation| allowed on this CPU."""
 
 
-def start_engine(engine: str, model_dir, log_dir: Path) -> EngineProcess:
+def start_engine(engine: str, model_dir, log_dir: Path, extra_args: list[str] = ()) -> EngineProcess:
     try:
-        return EngineProcess(engine, model_dir, port=free_port(), log_path=log_dir / f"{engine}.log").start()
+        return EngineProcess(engine, model_dir, port=free_port(), log_path=log_dir / f"{engine}.log",
+                             extra_args=extra_args).start()
     except EngineMissing as exc:
         pytest.skip(str(exc))
 
@@ -72,15 +73,6 @@ def sglang(tiny_model_dir, tmp_path_factory, sgl_kernel_calls):
         if pid is not None:  # no process of the engine outlives stop()
             assert not process_group_alive(pid), "an SGLang process was left"
         assert sgl_kernel_calls.read_text() == "", f"SGLang called the kernel stand-in: {sgl_kernel_calls.read_text()}"
-
-
-@pytest.fixture(scope="module")
-def vllm(tiny_model_dir, tmp_path_factory):
-    server = start_engine("vllm", tiny_model_dir, tmp_path_factory.mktemp("vllm"))
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def rollout(url: str, model_dir, out: Path, agent: str = "native", **overrides) -> list:
@@ -245,3 +237,101 @@ def test_asynchronous_training_against_sglang_judges_staleness_on_its_versions(s
     tis = [{k: m.get(k) for k in ("tis", "tis_abs", "tis_clipfrac", "ois")} for m in steps]
     print(f"\nTIS metrics against SGLang, per step: {tis}")
     assert all(t["tis_abs"] and t["tis_abs"] > 0 for t in tis)  # a real rollout/trainer gap, not a zero one
+
+
+# --- vLLM ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vllm(responsive_model_dir, tmp_path_factory):
+    """A real vLLM (CPU build) on the tiny model after a few SFT steps (so the native agent's turns
+    parse in the verifiers test), served as "policy" as Prime-RL names it."""
+    server = start_engine("vllm", responsive_model_dir, tmp_path_factory.mktemp("vllm"), ["--served-model-name", "policy"])
+    try:
+        yield server
+    finally:
+        pid = server.process.pid if server.process else None
+        server.stop()
+        if pid is not None:
+            assert not process_group_alive(pid), "a vLLM process was left"
+
+
+def test_vllm_is_found_at_its_root_and_serves_version_0(vllm):
+    info = probe(vllm.url)
+    assert (info.kind, info.api, info.served_model, info.context_len) == ("vllm", "openai", "policy", 32768)
+    assert weight_version(vllm.url) == "0"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("agent", ["native", CHAT_TOOLS_AGENT])
+def test_agents_train_the_tokens_vllm_sampled_from_its_root_url(agent, vllm, responsive_model_dir, hf_model, tmp_path):
+    """--policy-url <vLLM's root>, no other flag: the agents sample through its /v1/completions with
+    token ids, each call labelled with the version vLLM served while it ran."""
+    overrides = {"agent_kwargs": {"max_turns": 2}} if agent == CHAT_TOOLS_AGENT else {}
+    samples = [s for s in rollout(vllm.url, responsive_model_dir, tmp_path / "out", agent=agent, **overrides)
+               if not s.remove_sample]
+    assert samples and all(s.weight_versions and set(s.weight_versions) == {"0"} for s in samples)
+    if agent != "native":
+        assert check_recorded_calls_trained_once(samples) >= 2
+    mean, worst = logprob_gap(samples, hf_model)
+    print(f"\nvLLM {agent}: logprob gap to float32 recomputation mean {mean:.2e} max {worst:.2e}")
+    assert mean < GAP_LIMIT
+
+
+@pytest.mark.slow
+def test_verifiers_eval_samples_from_vllm(vllm, responsive_model_dir, hf_model, tmp_path):
+    """The verifiers plugin (what Prime-RL loads) run by verifiers' own vf-eval against vLLM."""
+    import subprocess
+    import sys
+
+    vf = pytest.importorskip("verifiers.v1")
+    from test_rollout_e2e import EASY_TASKS
+    from test_verifiers_env import PLUGIN, branch_sample
+
+    out = tmp_path / "vf"
+    cmd = [str(Path(sys.executable).parent / "vf-eval"), PLUGIN, "-m", "policy", "--env.taskset.tokenizer",
+           str(responsive_model_dir), "--client.base-url", vllm.url + "/v1", "--client.api-key-var",
+           "SLIME_HARBOR_NO_KEY", "-r", "1", "--env.taskset.agent", "native", "--env.taskset.max-turns", "2",
+           "--env.taskset.max-new-tokens", "64", "--env.taskset.trials-dir", str(tmp_path / "trials"),
+           "--select.include.names", *EASY_TASKS, "--no-push", "--rich", "None", "-o", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [traces_file] = out.glob("*/traces.jsonl")
+    episodes = [vf.WireEpisode.model_validate(json.loads(line)) for line in traces_file.read_text().splitlines()]
+    branches = [b for e in episodes for t in e.traces for b in t.branches]
+    assert len(episodes) == len(EASY_TASKS) and branches
+    assert logprob_gap([branch_sample(b) for b in branches], hf_model)[0] < GAP_LIMIT
+
+
+@pytest.mark.slow
+def test_asynchronous_training_against_vllm_reloads_and_labels_each_update(vllm, responsive_model_dir, tmp_path):
+    """train-local --vllm-url <root> --weight-sync disk --max-staleness 1: each update goes over
+    with reload_weights (calls in flight aborted and sampled again), labelled with its count, and
+    every call's logprobs are those of the version it is labelled with."""
+    from test_async_training import call_runs, model_at
+
+    from slime_harbor.trainers.local import train
+    from slime_harbor.trainers.local_config import LocalTrainConfig
+
+    out = tmp_path / "run"
+    train(LocalTrainConfig(
+        tasks_dir=FIXTURE_TASKS, model=str(responsive_model_dir), n_samples=4, num_rollouts=3, lr=1e-2,
+        updates_per_rollout=1, step_limit=1, max_new_tokens=24, save_every=1, output_dir=out, device="cpu",
+        kl_coef=0.0, policy_url=vllm.url, weight_sync="disk", max_staleness=1, concurrency=4,
+    ))
+    steps = [m for m in json.loads((out / "metrics.json").read_text()) if m["step"] > 0]
+    assert [m["weight_version"] for m in steps] == [1, 2, 3] and all(m["weights_pushed"] for m in steps)
+    assert weight_version(vllm.url) == "3"
+    seen, models = set(), {}
+    for m in steps:
+        for s in read_jsonl(out / "rollouts" / f"step_{m['step']}" / "samples.jsonl"):
+            (version,) = s.weight_versions
+            seen.add(version)
+            assert m["step"] - 1 - int(version) <= 1 and s.status != SampleStatus.ABORTED
+            model = models.setdefault(version, model_at(out, int(version), responsive_model_dir))
+            (run,) = call_runs(s)
+            recomputed = recompute_logprobs(model, s.tokens, 1.0)[-s.response_length:]
+            gap = (recomputed[run] - torch.tensor(s.rollout_log_probs)[run]).abs().mean().item()
+            assert gap < GAP_LIMIT, (m["step"], version, gap)
+    assert len(seen) > 1

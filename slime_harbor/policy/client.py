@@ -60,6 +60,7 @@ class PolicyClient:
         self._aborting: set[str] = set()  # those of them this client asked the server to abort
         self.reissue_aborted = reissue_aborted
         self.api, self.model = api, model
+        self._version_url: str | bool | None = None  # openai: where the served version is read (False: nowhere)
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_sec, connect=10.0)
         # aiohttp, not httpx: about 1 ms less per request (1.8 -> 0.9 ms for a 1k-token prompt,
         # bench/gateway_overhead.py's stub), which the gateway adds to every agent call. A session
@@ -84,19 +85,20 @@ class PolicyClient:
         consistent hashing, every turn of an episode then lands on the same engine (prefix cache).
 
         With reissue_aborted, a call the server aborts on its own is sampled again, whole, with the
-        same rid: SGLang's pause_generation (SLiME's weight update) aborts the requests in flight
-        and holds new ones until the new weights are in, so the caller gets one completion sampled
-        by one version, as if the update had come before it. A call this client aborted (abort())
-        comes back aborted."""
+        same rid: SGLang's pause_generation (SLiME's weight update) and vLLM's /pause?mode=abort
+        abort the requests in flight and hold new ones until the new weights are in, so the caller
+        gets one completion sampled by one version, as if the update had come before it. A call
+        this client aborted (abort()) comes back aborted."""
         rid = rid or uuid.uuid4().hex
-        if self.api == "openai":
-            return await self._complete(input_ids, params, rid)
         reissues = MAX_REISSUES if self.reissue_aborted else 0
         self._in_flight.add(rid)
         try:
             attempt = 0
             while True:
-                generation = await self._generate_once(input_ids, params, rid, routing_key)
+                if self.api == "openai":
+                    generation = await self._complete(input_ids, params, rid)
+                else:
+                    generation = await self._generate_once(input_ids, params, rid, routing_key)
                 if generation.finish_reason != "abort" or rid in self._aborting or attempt == reissues:
                     generation.reissued = attempt
                     return generation
@@ -174,7 +176,9 @@ class PolicyClient:
             "skip_special_tokens": False,
             "include_stop_str_in_output": True,
         }
+        before = await self._served_version()
         reply = await self._post("/completions", payload)
+        after = await self._served_version()
         try:
             choice = reply["choices"][0]
             token_ids = [int(t) for t in choice["token_ids"]]
@@ -186,9 +190,34 @@ class PolicyClient:
             ) from exc
         if len(token_ids) != len(logprobs):
             raise PolicyServerError(f"{len(token_ids)} token ids but {len(logprobs)} logprobs")
+        finish = choice.get("finish_reason") or "stop"
+        if before != after and finish != "abort":
+            # An update finished while the call ran: which weights sampled it is not known. vLLM
+            # aborts the calls in flight when it pauses for an update, so this is a call that
+            # ended just before the pause; it is sampled again (or, not reissuing, unlabelled).
+            finish, before = ("abort" if self.reissue_aborted else finish), None
         return Generation(token_ids=token_ids, logprobs=logprobs, text=choice.get("text", ""),
-                          finish_reason=choice.get("finish_reason") or "stop", rid=rid,
-                          matched_stop=choice.get("stop_reason"))
+                          finish_reason=finish, rid=rid, matched_stop=choice.get("stop_reason"),
+                          weight_version=before)
+
+    async def _served_version(self) -> str | None:
+        """The weight version an OpenAI-compatible server serves now, where it says (vLLM's
+        /weight_info, at the root above /v1), read before and after each call: its completions
+        carry none, and a call sampled between two equal reads was sampled by that version."""
+        if self._version_url is False:
+            return None
+        url = self._version_url or self.base_url.removesuffix("/v1") + "/weight_info"
+        try:
+            async with self._http().get(url, timeout=aiohttp.ClientTimeout(total=10.0)) as response:
+                body = await response.json(content_type=None) if response.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            body = None
+        version = body.get("weight_version") if isinstance(body, dict) else None
+        if version is None:
+            self._version_url = False  # this server does not say (not vLLM): calls are unlabelled
+            return None
+        self._version_url = url
+        return str(version)
 
     async def abort(self, rid: str) -> None:
         """Ask the server to stop a running request (best effort: the trial is ending anyway)."""

@@ -222,8 +222,8 @@ class EngineInfo:
 
 @functools.lru_cache(maxsize=32)
 def probe(url: str, timeout: float = 10.0) -> EngineInfo:
-    """What ``url`` (a server's root) serves, from its own answers: SGLang's /server_info (a
-    router has /workers), vLLM's /version, our engine's /server_info; its context limit from
+    """What ``url`` (a server's root) serves, from its own answers: vLLM's /version, SGLang's
+    /server_info (a router has /workers), our engine's /server_info; its context limit from
     /v1/models (max_model_len) and, for SGLang, the KV pool (max_total_num_tokens)."""
     url = url.rstrip("/")
     with httpx.Client(timeout=timeout) as client:
@@ -244,6 +244,8 @@ def probe(url: str, timeout: float = 10.0) -> EngineInfo:
         listed = [m for m in models.get("data") or [] if isinstance(m, dict)]
         context = min((int(m["max_model_len"]) for m in listed if m.get("max_model_len")), default=None)
         served = str(listed[0]["id"]) if listed and listed[0].get("id") else None
+        if (get("/version") or {}).get("version"):  # vLLM (in dev mode it has a /server_info too)
+            return EngineInfo("vllm", context, served)
         info = get("/server_info")
         if info is not None:
             kind = "embedded" if info.get("engine") == "slime-harbor-embedded" else "sglang"
@@ -256,8 +258,6 @@ def probe(url: str, timeout: float = 10.0) -> EngineInfo:
             limits = [probe(w["url"], timeout).context_len for w in workers.get("workers") or [] if w.get("url")]
             context = min((n for n in limits if n), default=context)
             return EngineInfo("sglang-router", context, served)
-        if (get("/version") or {}).get("version"):
-            return EngineInfo("vllm", context, served)
         return EngineInfo("openai" if models else "sglang", context, served)
 
 

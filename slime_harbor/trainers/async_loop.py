@@ -37,7 +37,7 @@ from typing import Any
 from slime_harbor.filters import apply_limit_filters, drop_zero_std_groups, mask_stale, varying_groups
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.rollout import load_tokenizer, run_episode, serving_gateway
-from slime_harbor.trial_setup import RolloutConfig
+from slime_harbor.trial_setup import RolloutConfig, with_engine
 from slime_harbor.samples import TrainingSample, write_jsonl
 from slime_harbor.trainers.evaluate import evaluation
 from slime_harbor.trainers.training_run import TaskStream, TrainingRun, eval_line, rollout_stats, truncated_ratio
@@ -202,6 +202,7 @@ async def train_async(run: TrainingRun, tasks: dict[str, Path], stream: TaskStre
     evaluations: list[asyncio.Task] = []
     rollout = dataclasses.replace(cfg.rollout(learner.url, run.base_model, run.out / "rollouts",
                                               lora_name=learner.lora_name), reissue_aborted_calls=True)
+    rollout = await asyncio.to_thread(with_engine, rollout)  # as run_rollouts does: what serves learner.url
     async with serving_gateway(rollout) as gateway:
         producer = GroupProducer(run, rollout, tasks, stream, wanted, gateway, load_tokenizer(run.base_model))
         producing = asyncio.create_task(producer.run_forever())
