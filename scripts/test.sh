@@ -12,6 +12,16 @@ else
     export SLIME_HARBOR_NO_DOCKER="${docker_line:-scripts/setup-docker.sh failed without a reason}"
     echo "[test] skipping Docker tests: $SLIME_HARBOR_NO_DOCKER" >&2
 fi
+# The real inference engines (tests/test_real_engines.py): SGLang and vLLM in venvs of their own in
+# the cache, installed from the registries once per machine (minutes and about 17 GB the first
+# time, seconds after). An engine that cannot be installed is skipped by its tests, with the reason.
+for engine in sglang vllm; do
+    if line=$(bash scripts/setup-$engine.sh); then
+        echo "[test] $engine: $line" >&2
+    else
+        echo "[test] $engine tests will skip: $line" >&2
+    fi
+done
 # The viewer test drives a real headless Chromium (Debian's package); without it that test skips.
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "[test] installing chromium for the viewer test" >&2
