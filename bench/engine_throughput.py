@@ -122,19 +122,6 @@ async def measure(target: Target, prompt_ids: list[int], concurrency: int, round
     return statistics.median(single), statistics.median(batched)
 
 
-def wait_healthy(url: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=5, trust_env=False).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{url}/health did not answer 200 in {timeout_s:.0f} s")
-        time.sleep(0.05)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -143,12 +130,13 @@ def free_port() -> int:
 
 def run_embedded(model_dir: Path, prompt_ids: list[int], args) -> Result:
     from slime_harbor.policy.engine import EngineConfig
+    from slime_harbor.policy.engines import wait_healthy
     from slime_harbor.policy.server import EmbeddedPolicyServer
 
     started = time.perf_counter()
     server = EmbeddedPolicyServer(model_dir, engine_config=EngineConfig(max_batch_size=max(32, args.concurrency)))
     try:
-        wait_healthy(server.url)
+        wait_healthy(server.url, 120.0)
         start_s = time.perf_counter() - started
         log(f"embedded serves {model_dir} at {server.url}, started in {start_s:.1f} s")
         single, batched = asyncio.run(measure(Target(server.url, "generate"), prompt_ids, args.concurrency,

@@ -133,7 +133,7 @@ class EngineProcess:
             if log is not None:
                 log.close()
         try:
-            self._wait_healthy(started + timeout_sec)
+            wait_healthy(self.url, started + timeout_sec - time.monotonic(), self.process, self.engine, self.log_path)
             if self.engine == "vllm":  # vLLM has no start-up flag for it
                 set_weight_version(self.url, "vllm", INITIAL_WEIGHT_VERSION)
         except BaseException:
@@ -141,20 +141,6 @@ class EngineProcess:
             raise
         self.started_in_sec = time.monotonic() - started
         return self
-
-    def _wait_healthy(self, deadline: float) -> None:
-        while True:
-            if self.process.poll() is not None:
-                where = f" (its log: {self.log_path})" if self.log_path else ""
-                raise RuntimeError(f"{self.engine} exited with code {self.process.returncode} while starting{where}")
-            try:
-                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.engine} did not answer {self.url}/health in time")
-            time.sleep(1.0)
 
     def stop(self, timeout_sec: float = STOP_TIMEOUT_SEC) -> None:
         process = self.process
@@ -179,6 +165,25 @@ class EngineProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def wait_healthy(url: str, timeout_sec: float, process: subprocess.Popen | None = None, name: str = "the server",
+                 log_path: Path | None = None) -> None:
+    """Return once ``url``/health answers 200; RuntimeError (one line) when ``process`` exits first
+    or ``timeout_sec`` runs out."""
+    deadline = time.monotonic() + timeout_sec
+    while True:
+        if process is not None and process.poll() is not None:
+            where = f" (its log: {log_path})" if log_path else ""
+            raise RuntimeError(f"{name} exited with code {process.returncode} while starting{where}")
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} did not answer {url}/health within {timeout_sec:.0f} s")
+        time.sleep(0.2)
 
 
 def process_group_alive(pgid: int) -> bool:
@@ -230,7 +235,7 @@ def probe(url: str, timeout: float = 10.0) -> EngineInfo:
         def get(path: str) -> dict | None:
             try:
                 reply = client.get(url + path)
-            except httpx.HTTPError:
+            except (httpx.HTTPError, httpx.InvalidURL):  # nothing there (yet): the callers' requests will say
                 return None
             if reply.status_code != 200:
                 return None
