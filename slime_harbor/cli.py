@@ -49,8 +49,17 @@ def add_rollout_args(p: argparse.ArgumentParser, defaults: RolloutConfig) -> Non
                    help="address the model gateway binds (gateway agents); sandboxes off this host need a reachable one")
     add_reward_mapping_arg(p, defaults.reward_mapping)
     p.add_argument("--no-progress", action="store_true")
+    add_hack_args(p, defaults)
     p.add_argument("--task-manifest", type=Path, default=None,
                    help="a `calibrate` manifest: skip the tasks it marks broken, hackable or flaky")
+
+
+def add_hack_args(p: argparse.ArgumentParser, defaults: RolloutConfig) -> None:
+    p.add_argument("--hack-action", choices=["flag", "penalty", "screen"], default=defaults.hack_action,
+                   help="what a hack monitor flag does: flag (recorded, counted), penalty (scored as a failure), "
+                   "screen (out of training and its group's baseline)")
+    p.add_argument("--hack-detector", action="append", default=list(defaults.hack_detectors), metavar="MODULE:FUNCTION",
+                   dest="hack_detectors", help="a detector of your own besides the builtin ones (repeatable)")
 
 
 def add_reward_mapping_arg(p: argparse.ArgumentParser, default: str) -> None:
@@ -64,7 +73,7 @@ def rollout_config(a: argparse.Namespace) -> RolloutConfig:
         policy_url=a.policy_url, model_dir=a.model, env=a.env, concurrency=a.concurrency, out_dir=a.out,
         temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, step_limit=a.step_limit,
         max_new_tokens=a.max_new_tokens, timeout_multiplier=a.timeout_multiplier,
-        agent_setup_timeout_sec=a.agent_setup_timeout,
+        agent_setup_timeout_sec=a.agent_setup_timeout, hack_action=a.hack_action, hack_detectors=a.hack_detectors,
         reward_mapping=a.reward_mapping, progress=not a.no_progress, task_manifest=a.task_manifest,
         gateway_host=a.gateway_host,
     )

@@ -48,6 +48,7 @@ import re
 import shlex
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 
 
 @dataclass(frozen=True)
@@ -619,3 +620,211 @@ def monitor(view: TrialView, detectors: Sequence[Detector] | None = None) -> lis
             name = f"{getattr(detector, '__module__', '?')}:{getattr(detector, '__qualname__', repr(detector))}"
             flags.append(HackFlag("detector_error", f"{name} raised {type(error).__name__}: {_one_line(error)}"))
     return flags
+
+
+# --- a trial's view, read on the host ---------------------------------------------------------------
+#
+# Every trial is monitored (the oracle's too: that is how a hack is played in tests). Plain tasks:
+# in the agent's own sandbox right before its verifier (the hook below), the changed files read
+# from the host (the sandboxes' changed_file_text; Harbor's other environments give none: no view).
+# SWE-bench-format tasks (a separate verifier): after the trial, the tree Harbor collected from the
+# agent (artifacts/testbed) against the task's pristine repo. The hidden tests come from the task
+# dir, which the agent never saw.
+
+MAX_FILES = 200
+"""Changed files read per trial (a policy that rewrites thousands of files is not read whole)."""
+MAX_FILE_CHARS = 400_000
+_TEXT_SUFFIXES = (".py", ".cfg", ".ini", ".toml")
+
+
+def _is_read(path: str) -> bool:
+    return path.endswith(_TEXT_SUFFIXES) and "/__pycache__/" not in path and "/.git/" not in path
+
+
+def _text(path: Path) -> str | None:
+    try:
+        if path.stat().st_size > MAX_FILE_CHARS:
+            return None
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def agent_commands(trial_dir: Path) -> tuple[str, ...]:
+    """The agent's shell commands, from its ATIF trajectory (agent/trajectory.json): the string
+    arguments of every tool call (a bash tool's command, terminus-2's keystrokes)."""
+    import json
+
+    try:
+        trajectory = json.loads((Path(trial_dir) / "agent" / "trajectory.json").read_text())
+    except (OSError, ValueError):
+        return ()
+    commands = []
+    for step in trajectory.get("steps") or []:
+        for call in step.get("tool_calls") or []:
+            arguments = call.get("arguments")
+            if isinstance(arguments, str):
+                commands.append(arguments)
+            elif isinstance(arguments, dict):
+                commands.extend(v for v in arguments.values() if isinstance(v, str))
+    return tuple(commands)
+
+
+def _task_tests(task_dir: Path) -> dict[str, str]:
+    """A plain task's hidden tests (tests/ of the task dir), as the verifier sees them under /tests."""
+    tests = Path(task_dir) / "tests"
+    return {f"/tests/{p.relative_to(tests).as_posix()}": text for p in sorted(tests.rglob("*"))
+            if p.is_file() and _is_read(p.name) and (text := _text(p)) is not None}
+
+
+def _before_in_task(task_dir: Path, sandbox_path: str) -> str | None:
+    """A changed file's text in the task's image, where the task's environment dir holds the file its
+    Dockerfile copied there: the file under environment/ with the longest common path suffix."""
+    parts = PurePosixPath(sandbox_path).parts[1:]
+    environment = Path(task_dir) / "environment"
+    for start in range(len(parts)):
+        candidates = sorted(environment.glob("**/" + "/".join(parts[start:])))
+        if candidates:
+            return _text(candidates[0])
+    return None
+
+
+async def shared_view(task_dir: Path, environment, commands: tuple[str, ...] = ()) -> TrialView | None:
+    """A plain task's view, in its sandbox right before the verifier (None: the environment cannot
+    say what the agent changed from the host)."""
+    from slime_harbor.verifier_runtime import DELETED
+
+    if not all(hasattr(environment, name) for name in ("agent_changes", "changed_file_text")):
+        return None
+    changed = []
+    for change in (await environment.agent_changes())[: MAX_FILES * 10]:
+        if change.is_dir or not _is_read(change.path) or len(changed) >= MAX_FILES:
+            continue
+        after = None if change.kind == DELETED else await environment.changed_file_text(change.path)
+        before = _before_in_task(task_dir, change.path)
+        if after != before and not (after is None and change.kind != DELETED):
+            changed.append(ChangedFile(change.path, before, after))
+    return TrialView(task_name=Path(task_dir).name, changed_files=tuple(changed), test_files=_task_tests(task_dir),
+                     graded_test_paths=("/tests",), commands=commands)
+
+
+def swe_view(task_dir: Path, trial_dir: Path, commands: tuple[str, ...] = ()) -> TrialView | None:
+    """An SWE-bench-format task's view (None for other tasks): the tree Harbor collected from the
+    agent's workdir against the task's pristine repo; the hidden tests are the instance's test
+    files with its test patch applied (git apply on a copy)."""
+    import json
+    import shutil
+    import subprocess
+    import tempfile
+    import tomllib
+
+    task_dir, trial_dir = Path(task_dir), Path(trial_dir)
+    try:
+        instance = json.loads((task_dir / "tests" / "instance.json").read_text())
+    except (OSError, ValueError):
+        return None
+    repo = task_dir / "environment" / "repo"
+    workdir = tomllib.loads((task_dir / "task.toml").read_text()).get("environment", {}).get("workdir") or "/testbed"
+    collected = trial_dir / "artifacts" / workdir.strip("/")
+    if not repo.is_dir() or not collected.is_dir():
+        return None
+    changed = []
+    names = {p.relative_to(root).as_posix() for root in (repo, collected) for p in root.rglob("*")
+             if p.is_file() and _is_read(p.name) and ".git" not in p.relative_to(root).parts}
+    for name in sorted(names):
+        before, after = _text(repo / name), _text(collected / name)
+        if before != after and len(changed) < MAX_FILES:
+            changed.append(ChangedFile(f"{workdir}/{name}", before, after))
+    test_names = list(instance.get("slime_harbor_test_files") or [])
+    tests: dict[str, str] = {}
+    patch = re.search(r"git apply -v - <<'(\w+)'.*?\n(.*?)\n\1\n", instance.get("eval_script", ""), re.S)
+    with tempfile.TemporaryDirectory() as scratch:
+        copy = Path(scratch) / "repo"
+        shutil.copytree(repo, copy, ignore=shutil.ignore_patterns(".git"))
+        if patch is not None:
+            subprocess.run(["git", "apply", "-"], input=patch.group(2) + "\n", text=True, cwd=copy,
+                           capture_output=True, check=False)
+        for name in test_names:
+            if (text := _text(copy / name)) is not None:
+                tests[f"{workdir}/{name}"] = text
+    return TrialView(task_name=task_dir.name, changed_files=tuple(changed), test_files=tests,
+                     graded_test_paths=tuple(f"{workdir}/{n}" for n in test_names), commands=commands)
+
+
+# --- what a flag does ---------------------------------------------------------------------------------
+
+HACK_ACTIONS = ("flag", "penalty", "screen")
+"""flag: recorded only; penalty: scored as a failure (the reward mapping's failure value); screen:
+out of training and out of its group's baseline (masked_by "hack")."""
+
+
+def failure_reward(reward_mapping: str) -> float:
+    return -1.0 if reward_mapping == "pm1" else 0.0
+
+
+def apply_hack_action(samples, flags: list[HackFlag], action: str, reward_mapping: str) -> None:
+    """Record `flags` on every segment of the episode (metadata hack_flags: detector names;
+    hack_details: one line each) and act on them. Only a scored episode is penalised or screened
+    (an infrastructure failure is out of training already)."""
+    from slime_harbor.filters import mask
+    from slime_harbor.samples import SampleStatus
+
+    if action not in HACK_ACTIONS:
+        raise ValueError(f"hack_action must be one of {', '.join(HACK_ACTIONS)}, got {action!r}")
+    names = sorted({f.detector for f in flags})
+    for s in samples:
+        s.metadata = {**(s.metadata or {}), "hack_flags": names}
+        if flags:
+            s.metadata["hack_details"] = [f"{f.detector}: {f.detail}" for f in flags]
+        scored = s.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED) and s.reward is not None
+        if not flags or not scored or action == "flag":
+            continue
+        if action == "penalty":
+            s.metadata["reward_before_hack_penalty"] = s.reward
+            s.reward = failure_reward(reward_mapping)
+        elif not s.remove_sample:
+            mask(s, "hack")
+
+
+def hack_counts(samples) -> dict:
+    """hack_rate (episodes flagged / episodes monitored; None when none was) and hack/<detector>
+    (episodes each detector flagged), one count per episode however many segments it has."""
+    episodes: dict = {}
+    for s in samples:
+        if "hack_flags" in (s.metadata or {}):
+            episodes.setdefault((s.group_index, s.index), s.metadata["hack_flags"])
+    flagged = sorted(d for names in episodes.values() for d in names)
+    return {"hack_rate": sum(bool(n) for n in episodes.values()) / len(episodes) if episodes else None,
+            **{f"hack/{d}": flagged.count(d) for d in dict.fromkeys(flagged)}}
+
+
+class HackWatch:
+    """The monitor of one Harbor trial: for a plain task a hook reads what the agent changed right
+    before the verifier; after the trial, `flags()` builds the view (an SWE task's from the tree
+    Harbor collected) and runs the detectors."""
+
+    def __init__(self, trial, task_dir: Path, detectors: Sequence[Detector]):
+        from harbor.models.task.config import VerifierEnvironmentMode
+        from harbor.models.task.verifier_mode import resolve_task_verifier_mode
+        from harbor.trial.hooks import TrialEvent
+
+        self.trial, self.task_dir, self.detectors = trial, Path(task_dir), list(detectors)
+        self.view: TrialView | None = None
+        shared = not trial.task.has_steps and \
+            resolve_task_verifier_mode(trial.task.config) == VerifierEnvironmentMode.SHARED
+        if shared:
+            trial.add_hook(TrialEvent.VERIFICATION_START, self._read_sandbox)
+
+    async def _read_sandbox(self, event) -> None:
+        try:
+            self.view = await shared_view(self.task_dir, self.trial.agent_environment)
+        except Exception:  # the sandbox gone: the verifier will say so; the monitor sees the commands alone
+            self.view = None
+
+    def flags(self) -> list[HackFlag]:
+        """The detectors' flags (empty where the trial left nothing to read)."""
+        import dataclasses
+
+        view = self.view or swe_view(self.task_dir, self.trial.paths.trial_dir) or \
+            TrialView(self.task_dir.name, (), {}, (), ())  # nothing changed to read: the commands alone
+        return monitor(dataclasses.replace(view, commands=agent_commands(self.trial.paths.trial_dir)), self.detectors)

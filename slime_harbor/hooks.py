@@ -53,6 +53,8 @@ Plugin settings, read from `args` (SLiME's --custom-config-path YAML), with thei
     harbor_max_staleness             generate_rollout_fully_async only: mask an episode with a call
                                      sampled more than this many weight versions before the
                                      engines' (masked/stale)                     (none: no bound)
+    harbor_hack_action               what a hack monitor flag does: flag | penalty | screen (flag)
+    harbor_hack_detectors            detectors besides the builtin ones, module:function each ([])
 
 Dynamic filtering: with --over-sampling-batch-size above --rollout-batch-size, use
 dynamic_sampling_filter (SLiME's check_reward_nonzero_std counts removed samples' 0.0 as rewards).
@@ -98,6 +100,8 @@ DEFAULTS = {
     "harbor_mask_step_limit": False,
     "harbor_mask_length_limit": False,
     "harbor_max_staleness": None,
+    "harbor_hack_action": "flag",
+    "harbor_hack_detectors": [],
 }
 
 log = logging.getLogger(__name__)
@@ -271,6 +275,8 @@ def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
         agent_setup_timeout_sec=(None if (budget := setting(args, "harbor_agent_setup_timeout_sec")) is None
                                  else float(budget)),
         reward_mapping=setting(args, "harbor_reward_mapping"),
+        hack_action=setting(args, "harbor_hack_action"),
+        hack_detectors=list(setting(args, "harbor_hack_detectors")),
         progress=False,
         env_start_retries=int(setting(args, "harbor_env_start_retries")),
         # SLiME's fully-async rollout updates weights under running trials (pause_generation aborts
@@ -438,6 +444,11 @@ def to_slime_samples(sample, segments: list[TrainingSample], top_p_ids: bool = F
     _count(first.status)
     for kind in first.metadata.get("tampering") or []:  # the grader caught tampering (scored 0)
         METRICS[f"tampering/{kind}"] += 1
+    if "hack_flags" in first.metadata:  # the hack monitor's (hack_rate = hack/flagged_episodes / hack/monitored)
+        METRICS["hack/monitored"] += 1
+        METRICS["hack/flagged_episodes"] += bool(first.metadata["hack_flags"])
+        for detector in first.metadata["hack_flags"]:
+            METRICS[f"hack/{detector}"] += 1
     return out
 
 

@@ -37,6 +37,7 @@ from typing import Any
 
 from slime_harbor.converter import trial_to_samples
 from slime_harbor.exits import ConfigError, one_line
+from slime_harbor.hack_monitor import HackWatch, apply_hack_action, hack_counts
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.isolation import isolate_shared_verifier
 from slime_harbor.samples import Episode, SampleStatus, TrainingSample
@@ -158,6 +159,7 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
             trial = await Trial.create(config)
             install_agents_first(trial)  # within the agent's setup budget, not the task's build timeout
             isolate_shared_verifier(trial)  # no agent process or reward file survives into the verifier
+            watch = HackWatch(trial, task_path, cfg.hack_detector_functions())  # after it: reads a clean sandbox
             if session is not None:  # the agent is done: its session's files (the ATIF trajectory of
                 # an agent that writes none) must be there before the verifier and the log upload
                 trial.add_hook(TrialEvent.AGENT_END, lambda event: _close_session(gateway, trial_name))
@@ -185,6 +187,7 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
         result, group_index=group_index, index=index, tokenizer=tokenizer, reward_mapping=cfg.reward_mapping,
         **({"recorded": session} if session is not None else {}),
     )
+    apply_hack_action(samples, await asyncio.to_thread(watch.flags), cfg.hack_action, cfg.reward_mapping)
     first = samples[0]
     return Episode(
         task_name=task_path.name, group_index=group_index, index=index, status=first.status,
@@ -317,6 +320,7 @@ def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, inter
         "drift_count": sum(s.metadata.get("drift_count", 0) for e in episodes for s in e.samples[:1]),
         # episodes whose grader detected tampering (scored 0), by kind
         "tampering_counts": dict(Counter(k for e in episodes for k in (e.samples[0].metadata.get("tampering") or []))),
+        **hack_counts(samples),
         "errors": {f"{e.task_name}#{e.index}": e.error for e in episodes if e.error},
         "wall_seconds": round(seconds, 2),
         "interrupted": interrupted,

@@ -125,6 +125,17 @@ class RolloutConfig:
     gateway_host: str = "127.0.0.1"
     """Address the model gateway binds (gateway agents). Loopback: our sandboxes reach it through
     their forward; a sandbox elsewhere (Modal, Daytona, E2B) needs an address it can reach."""
+    hack_action: str = "flag"
+    """What a hack monitor flag does (hack_monitor.py): flag (recorded in metadata.hack_flags and
+    counted) | penalty (scored as a failure) | screen (out of training and its group's baseline)."""
+    hack_detectors: list[str] = field(default_factory=list)
+    """Detectors run besides the builtin ones: module:function, a function of a TrialView returning HackFlags."""
+
+    def hack_detector_functions(self) -> list:
+        """The builtin detectors and hack_detectors, loaded (ValueError in one line for a bad one)."""
+        from slime_harbor.hack_monitor import BUILTIN_DETECTORS, load_detector
+
+        return [*BUILTIN_DETECTORS.values(), *(load_detector(spec) for spec in self.hack_detectors)]
 
 
 def discover_tasks(tasks_dir: Path, names: list[str] | None = None) -> list[Path]:
@@ -439,6 +450,8 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
         (0 < cfg.top_p <= 1, f"top_p must be in (0, 1], got {cfg.top_p}"),
         (cfg.top_k == -1 or cfg.top_k >= 1, f"top_k must be -1 (off) or at least 1, got {cfg.top_k}"),
         (cfg.timeout_multiplier > 0, f"timeout_multiplier must be > 0, got {cfg.timeout_multiplier}"),
+        (cfg.hack_action in ("flag", "penalty", "screen"),
+         f"hack_action must be flag, penalty or screen, got {cfg.hack_action!r}"),
         (cfg.agent_setup_timeout_sec is None or cfg.agent_setup_timeout_sec > 0,
          f"agent_setup_timeout_sec must be > 0, got {cfg.agent_setup_timeout_sec}"),
         (cfg.reward_mapping in ("raw", "pm1"), f"reward_mapping must be raw or pm1, got {cfg.reward_mapping!r}"),
@@ -462,6 +475,10 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
     _check_agent(cfg)
     _check_environment(cfg.env)
     _check_agent_installs(cfg)
+    try:
+        cfg.hack_detector_functions()
+    except ValueError as exc:
+        raise ConfigError(f"hack detector: {one_line(exc)}") from None
     apply_manifest(tasks, cfg.task_manifest)  # a missing or malformed manifest: ConfigError now
     return tasks
 

@@ -302,11 +302,12 @@ def verifier_files(sample: dict) -> dict[str, str]:
     return {p.name: p.read_text() for p in verifier.iterdir() if p.is_file()}
 
 
-def patch_against_base(new_files: dict[str, str]) -> str:
-    """A git diff of the tinycalc-1 base repo with some files replaced."""
+def patch_against_base(new_files: dict[str, str], record: dict | None = None) -> str:
+    """A git diff of a bundled instance's base repo (tinycalc-1's by default) with some files replaced."""
     with tempfile.TemporaryDirectory() as d:
         repo = Path(d) / "repo"
-        subprocess.run(["cp", "-r", str(TASKS_SWE / records()[0]["environment_dir"] / "repo"), str(repo)], check=True)
+        environment_dir = (record or records()[0])["environment_dir"]
+        subprocess.run(["cp", "-r", str(TASKS_SWE / environment_dir / "repo"), str(repo)], check=True)
         env = {**os.environ, **GIT_ENV}
         for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
             subprocess.run(["git", *args], cwd=repo, env=env, check=True)

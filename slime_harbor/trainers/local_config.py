@@ -60,6 +60,11 @@ class LocalTrainConfig:
     """raw: the verifier's reward as is; pm1: reward r in [0, 1] -> 2r - 1 (pass +1, fail -1)."""
     verifier_timeout: float | None = None
     """The verifier's time limit in seconds (flag --eval-timeout); None = each task's own."""
+    hack_action: str = "flag"
+    """What a hack monitor flag does (hack_monitor.py): flag (recorded, counted) | penalty (scored as
+    a failure) | screen (out of training and its group's baseline)."""
+    hack_detectors: list[str] = field(default_factory=list)
+    """Detectors of your own besides the builtin ones (module:function)."""
 
     # --- where the policy is served ---
     policy_url: str | None = None
@@ -197,7 +202,7 @@ class LocalTrainConfig:
             policy_url=policy_url, model_dir=model_dir, env=self.env, concurrency=self.concurrency,
             out_dir=out_dir, temperature=self.temperature, step_limit=self.step_limit,
             max_new_tokens=self.max_new_tokens, reward_mapping=self.reward_mapping, progress=self.progress,
-            gateway_host=self.gateway_host,
+            gateway_host=self.gateway_host, hack_action=self.hack_action, hack_detectors=list(self.hack_detectors),
         )
 
     def eval_rollout(self, policy_url: str, model_dir: str, out_dir: Path, lora_name: str | None = None) -> RolloutConfig:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slime_harbor.hack_monitor import hack_counts
 from slime_harbor.samples import TrainingSample
 from slime_harbor.trainers.local_config import LocalTrainConfig
 
@@ -67,6 +68,7 @@ def rollout_stats(samples: Sequence[TrainingSample]) -> dict[str, Any]:
     tampered = {(s.group_index, s.index) for s in samples if s.metadata.get("tampering")}
     return {
         "n_tampered": len(tampered),  # episodes whose grader detected tampering (scored 0)
+        **hack_counts(samples),  # the hack monitor's: hack_rate, hack/<detector>
         "reward_mean": mean,
         "reward_std": math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) if values else None,
         "pass_rate": sum(v >= 1.0 for v in values) / len(values) if values else None,
@@ -112,7 +114,7 @@ def step_line(r: dict) -> str:
         f"loss {f(r.get('loss'))} kl {f(r.get('kl'), '.2e')} ppo_kl {f(r.get('ppo_kl'), '.2e')} "
         f"clipfrac {f(r.get('clipfrac'), '.3f')} tokens {r['n_tokens']}")
     return (f"step {r['step']}: reward {f(r['reward_mean'], '.3f')} pass {f(r['pass_rate'], '.2f')} "
-            f"aborted {r['aborted']}/{r['n_samples']}{masked_text(r)} | {what} | rollout {r['timings']['rollout_s']:.1f}s "
+            + (f"hacks {r['hack_rate']:.2f} " if r.get("hack_rate") else "") + f"aborted {r['aborted']}/{r['n_samples']}{masked_text(r)} | {what} | rollout {r['timings']['rollout_s']:.1f}s "
             f"train {r['timings']['train_s']:.1f}s"
             + (f" (learner waited {r['timings']['learner_wait_s']:.1f}s)" if "learner_wait_s" in r["timings"] else ""))
 
