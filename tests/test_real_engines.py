@@ -24,7 +24,9 @@ import torch
 from conftest import free_port
 from test_rollout_e2e import hf_model, recompute_logprobs, responsive_model_dir  # noqa: F401 (fixtures)
 
-from slime_harbor.policy.engines import EngineMissing, EngineProcess, process_group_alive, probe, weight_version
+from slime_harbor.policy.engines import (
+    EngineMissing, EngineProcess, probe, process_group_alive, wait_healthy, weight_version,
+)
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.samples import SampleStatus, read_jsonl
 from slime_harbor.trial_setup import RolloutConfig
@@ -113,6 +115,52 @@ def check_recorded_calls_trained_once(samples) -> int:
     return n_calls
 
 
+# --- without an engine running ------------------------------------------------------------------
+
+
+def test_serving_an_engine_that_is_not_installed_is_one_line_naming_its_setup_script(tmp_path, tiny_model_dir):
+    import subprocess
+
+    from test_cli import assert_one_line_error, command, env
+
+    for engine in ("sglang", "vllm"):
+        proc = subprocess.run(command("serve", "--engine", engine, "--model", str(tiny_model_dir)), capture_output=True,
+                              text=True, timeout=120, env={**env(), "SLIME_HARBOR_CACHE": str(tmp_path)})
+        assert_one_line_error(proc, 2, f"{engine} is not installed", f"scripts/setup-{engine}.sh")
+
+
+def test_the_sgl_kernel_stand_in_imports_and_refuses_every_call_it_gets(tmp_path):
+    """What SGLang does with it while it starts (names imported from it and its submodules, an
+    attribute of one read at import) works; calling any of them raises and is recorded."""
+    import subprocess
+    import sys
+
+    from slime_harbor.policy.cpu_shims.sgl_kernel import CALLS_FILE_VARIABLE
+    from slime_harbor.policy.engines import CPU_SHIMS
+
+    calls = tmp_path / "calls.txt"
+    code = """
+import sgl_kernel
+from sgl_kernel import rmsnorm
+from sgl_kernel.kvcacheio import transfer_kv_all_layer
+from sgl_kernel.scalar_type import scalar_types
+kinds = [scalar_types.uint4b8, scalar_types.uint8b128]
+assert not hasattr(sgl_kernel, "_private") and isinstance(sgl_kernel.__version__, str)
+for refused in (rmsnorm, transfer_kv_all_layer, kinds[0]):
+    try:
+        refused(1, 2)
+    except RuntimeError as error:
+        assert "stand-in" in str(error)
+    else:
+        raise SystemExit("a call went through")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(CPU_SHIMS), CALLS_FILE_VARIABLE: str(calls)})
+    assert proc.returncode == 0, proc.stderr
+    assert calls.read_text().split() == ["sgl_kernel.rmsnorm", "sgl_kernel.kvcacheio.transfer_kv_all_layer",
+                                         "sgl_kernel.scalar_type.scalar_types.uint4b8"]
+
+
 # --- SGLang ------------------------------------------------------------------------------------
 
 
@@ -121,6 +169,47 @@ def test_sglang_is_found_at_its_root_with_its_context_limit_and_version_0(sglang
     assert (info.kind, info.api, info.context_len) == ("sglang", "sglang", 32768)
     assert weight_version(sglang.url) == "0"
     assert httpx.get(sglang.url + "/get_weight_version").status_code == 404  # 0.5.23: the version is in /model_info
+
+
+@pytest.mark.slow
+def test_serve_sglang_stops_every_engine_process_on_sigterm(tiny_model_dir, tmp_path, sgl_kernel_calls):
+    """`slime-harbor serve --engine sglang` in a process of its own: it serves at version "0", and
+    a SIGTERM to it stops SGLang's whole process group (it started it in a session of its own)."""
+    import signal
+    import subprocess
+
+    from test_cli import command, env
+
+    port = free_port()
+    serve = subprocess.Popen(command("serve", "--engine", "sglang", "--model", str(tiny_model_dir), "--port", str(port)),
+                             env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, 300, serve, "slime-harbor serve --engine sglang")
+        assert weight_version(url) == "0"
+        # The engine's processes: those that name its port, but for `serve` itself (in our group).
+        engine_groups = {_pgid(p) for p in Path("/proc").glob("[0-9]*") if str(port) in _cmdline(p)} - {os.getpgrp()}
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=120) == 128 + signal.SIGTERM
+        assert "stopping sglang" in serve.stderr.read()
+        assert engine_groups and not any(process_group_alive(g) for g in engine_groups if g)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+
+
+def _pgid(proc: Path) -> int | None:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def test_native_agent_trains_the_tokens_sglang_sampled(sglang, tiny_model_dir, model, tmp_path):
