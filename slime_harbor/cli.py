@@ -254,6 +254,8 @@ def build_parser(demo_agent: str = "native") -> OneLineArgumentParser:
     p.add_argument("--wandb-project", default=DEMO_WANDB_PROJECT,
                    help="wandb project (offline unless a W&B login is configured); '' = no wandb")
     add_reward_mapping_arg(p, RolloutConfig.reward_mapping)
+    p.add_argument("--hack-action", choices=["flag", "penalty", "screen"], default=RolloutConfig.hack_action,
+                   help="what a hack monitor flag does (see rollout --hack-action)")
 
     sub.add_parser("train-local", help="GRPO on this machine: rollouts from the current policy, LoRA updates "
                    "(see train-local --help)")
@@ -342,8 +344,10 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
         from slime_harbor.trainers.learning import LearningConfig, run_demo
 
         project, mapping = vars(a).pop("wandb_project"), vars(a).pop("reward_mapping")
+        hack_action = vars(a).pop("hack_action")
         fields = {k: v for k, v in vars(a).items() if k != "command"}
-        run_demo(LearningConfig(**fields), wandb_project=project, guard=guard, reward_mapping=mapping)
+        run_demo(LearningConfig(**fields), wandb_project=project, guard=guard, reward_mapping=mapping,
+                 hack_action=hack_action)
     elif a.command == "view":
         view(a.out, host=a.host, port=a.port)
     elif a.command == "prepare-data":

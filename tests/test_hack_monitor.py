@@ -529,3 +529,27 @@ def test_a_bad_hack_setting_is_one_line_before_any_trial(tmp_path):
         proc = subprocess.run(command("rollout", "--agent", "oracle", "--task-names", "dedupe-lines", "--out",
                                       str(tmp_path / "out"), *flags), capture_output=True, text=True, env=env(), timeout=120)
         assert_one_line_error(proc, 2, words)
+
+
+def test_verifiers_traces_carry_the_flags_the_penalty_and_the_screen(tokenizer):
+    """The verifiers environment (Prime-RL): a penalised trial's trace gets the failure reward, not
+    the grader's; a screened one is discarded (not ok, a HackScreened error); flags go in its info."""
+    vf = pytest.importorskip("verifiers.v1")
+    from verifiers.v1.trace import AgentInfo, TraceTask
+
+    from slime_harbor.hack_monitor import apply_hack_action
+    from slime_harbor.integrations.verifiers_trace import fill_trace
+
+    flags = [HackFlag("special_casing", "slug.py:4 compares with a hidden test's input")]
+    for action, reward, ok in (("penalty", 0.0, True), ("screen", None, False), ("flag", 1.0, True)):
+        samples = _episode_samples(1.0)
+        for s in samples:
+            s.metadata["raw_rewards"] = {"reward": 1.0}
+        apply_hack_action(samples, flags, action, "raw")
+        trace = vf.Trace(task=TraceTask(type="t", data={}, key="k", hash="h"), agent=AgentInfo(config={}))
+        fill_trace(trace, samples[:1], tokenizer)
+        assert trace.ok is ok and trace.info["hack_flags"] == ["special_casing"], action
+        if ok:
+            assert trace.reward == reward, action
+        else:
+            assert trace.errors[-1].type == "HackScreened"

@@ -30,6 +30,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import verifiers.v1 as vf
 from pydantic import Field
@@ -63,6 +64,12 @@ class HarborTrialsConfig(vf.TasksetConfig):
     """The verifier value (reward.json key) that is the reward; the other values are metrics."""
     trials_dir: Path = Path("runs/verifiers-trials")
     """Where Harbor writes its trial dirs (config, result, agent logs, verifier output)."""
+    hack_action: Literal["flag", "penalty", "screen"] = "flag"
+    """What a hack monitor flag does (slime_harbor/hack_monitor.py): flag (recorded in the trace's
+    info as hack_flags) | penalty (the reward becomes the failure value) | screen (the trace is
+    discarded from training)."""
+    hack_detectors: list[str] = Field(default_factory=list)
+    """Detectors besides the builtin ones, module:function each."""
 
 
 class HarborTrialData(vf.TaskData):
@@ -136,6 +143,7 @@ class HarborTrialsEnv(SingleAgentEnv):
             step_limit=cfg.max_turns, temperature=1.0 if sampling.temperature is None else sampling.temperature,
             top_p=1.0 if sampling.top_p is None else sampling.top_p,
             max_new_tokens=sampling.max_tokens or cfg.max_new_tokens, progress=False,
+            hack_action=cfg.hack_action, hack_detectors=list(cfg.hack_detectors),
         )
         async with self._tokenizer_lock:  # once per name (transformers' lazy imports race in threads)
             if tokenizer_name not in self._tokenizers:

@@ -20,7 +20,12 @@ def fill_trace(trace: vf.Trace, samples: list[TrainingSample], tokenizer, reward
                model: str | None = None) -> None:
     """Our samples of one trial -> the trace's message graph, reward, metrics and errors."""
     first = samples[0]
-    trace.info.update({k: first.metadata.get(k) for k in ("trial_dir", "exit_status", "turns") if k in first.metadata})
+    trace.info.update({k: first.metadata.get(k) for k in ("trial_dir", "exit_status", "turns", "hack_flags", "hack_details")
+                       if k in first.metadata})
+    if first.metadata.get("masked_by") == "hack":  # the hack monitor's screen: out of training
+        trace.errors.append(vf.Error(type="HackScreened", message="; ".join(first.metadata.get("hack_details") or [])))
+        trace.is_completed, trace.ok = True, False
+        return
     if first.status not in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED) or first.reward is None:
         reason = first.metadata.get("status_reason") or first.metadata.get("exception_type") or first.status.value
         trace.errors.append(vf.Error(type=first.metadata.get("exception_type") or "HarborTrialFailed", message=str(reason)))
@@ -31,6 +36,8 @@ def fill_trace(trace: vf.Trace, samples: list[TrainingSample], tokenizer, reward
             add_chain(trace, sample, tokenizer, model)
     raw = first.metadata.get("raw_rewards") or {}
     reward = raw.get(reward_key, first.reward) if isinstance(raw, dict) else first.reward
+    if "reward_before_hack_penalty" in first.metadata:  # the hack monitor's penalty: scored as a failure
+        reward = first.reward
     trace.record_reward(reward_key, reward)
     trace.record_metrics({k: float(v) for k, v in raw.items() if k != reward_key and isinstance(v, (int, float))}
                          if isinstance(raw, dict) else {})
