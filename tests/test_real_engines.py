@@ -191,7 +191,6 @@ def test_serve_sglang_stops_every_engine_process_on_sigterm(tiny_model_dir, tmp_
         engine_groups = {_pgid(p) for p in Path("/proc").glob("[0-9]*") if str(port) in _cmdline(p)} - {os.getpgrp()}
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=120) == 128 + signal.SIGTERM
-        assert "stopping sglang" in serve.stderr.read()
         assert engine_groups and not any(process_group_alive(g) for g in engine_groups if g)
     finally:
         if serve.poll() is None:
