@@ -369,24 +369,11 @@ def test_agents_train_the_tokens_vllm_sampled_from_its_root_url(agent, vllm, res
 @pytest.mark.slow
 def test_verifiers_eval_samples_from_vllm(vllm, responsive_model_dir, hf_model, tmp_path):
     """The verifiers plugin (what Prime-RL loads) run by verifiers' own vf-eval against vLLM."""
-    import subprocess
-    import sys
-
-    vf = pytest.importorskip("verifiers.v1")
+    pytest.importorskip("verifiers.v1")
     from test_rollout_e2e import EASY_TASKS
-    from test_verifiers_env import PLUGIN, branch_sample
+    from test_verifiers_env import branch_sample, run_vf_eval
 
-    out = tmp_path / "vf"
-    cmd = [str(Path(sys.executable).parent / "vf-eval"), PLUGIN, "-m", "policy", "--env.taskset.tokenizer",
-           str(responsive_model_dir), "--client.base-url", vllm.url + "/v1", "--client.api-key-var",
-           "SLIME_HARBOR_NO_KEY", "-r", "1", "--env.taskset.agent", "native", "--env.taskset.max-turns", "2",
-           "--env.taskset.max-new-tokens", "64", "--env.taskset.trials-dir", str(tmp_path / "trials"),
-           "--select.include.names", *EASY_TASKS, "--no-push", "--rich", "None", "-o", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    [traces_file] = out.glob("*/traces.jsonl")
-    episodes = [vf.WireEpisode.model_validate(json.loads(line)) for line in traces_file.read_text().splitlines()]
+    episodes = run_vf_eval(vllm.url + "/v1", responsive_model_dir, "native", tmp_path, rollouts=1, max_new_tokens=64)
     branches = [b for e in episodes for t in e.traces for b in t.branches]
     assert len(episodes) == len(EASY_TASKS) and branches
     assert logprob_gap([branch_sample(b) for b in branches], hf_model)[0] < GAP_LIMIT

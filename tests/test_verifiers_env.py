@@ -73,24 +73,30 @@ def test_openai_token_in_path_of_the_client(policy_server, tokenizer, model):
     assert (want - torch.tensor(gen.logprobs)).abs().max().item() < 1e-4
 
 
+def run_vf_eval(base_url: str, tokenizer_dir, agent: str, tmp_path: Path, rollouts: int, max_new_tokens: int) -> list:
+    """verifiers' own `vf-eval` on the plugin against the OpenAI base `base_url` serving "policy",
+    on EASY_TASKS (two turns each): its episodes, read back from its traces.jsonl."""
+    out = tmp_path / "vf"
+    cmd = [str(Path(sys.executable).parent / "vf-eval"), PLUGIN, "-m", "policy", "--env.taskset.tokenizer",
+           str(tokenizer_dir), "--client.base-url", base_url, "--client.api-key-var", "SLIME_HARBOR_NO_KEY",
+           "-r", str(rollouts), "--env.taskset.agent", agent, "--env.taskset.max-turns", "2",
+           "--env.taskset.max-new-tokens", str(max_new_tokens), "--env.taskset.trials-dir", str(tmp_path / "trials"),
+           "--select.include.names", *EASY_TASKS, "--no-push", "--rich", "None", "-o", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [traces_file] = out.glob("*/traces.jsonl")
+    return [vf.WireEpisode.model_validate(json.loads(line)) for line in traces_file.read_text().splitlines()]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("agent", ["native", pytest.param("terminus-2", marks=needs_gateway)])
 def test_vf_eval_runs_real_trials_with_exact_tokens(agent, responsive_server, responsive_model_dir, hf_model, tmp_path):
     """Against the tiny model after a few SFT steps (test_rollout_e2e's), so both agents' turns
     parse and their commands run. The served model is named "policy" (Harbor's hosted_vllm
     names allow no '/'); the tokenizer comes from the plugin's own field."""
-    out = tmp_path / "vf"
-    vf_eval = Path(sys.executable).parent / "vf-eval"
-    cmd = [str(vf_eval), PLUGIN, "-m", "policy", "--env.taskset.tokenizer", str(responsive_model_dir),
-           "--client.base-url", responsive_server + "/v1", "--client.api-key-var", "SLIME_HARBOR_NO_KEY",
-           "-r", "2", "--env.taskset.agent", agent, "--env.taskset.max-turns", "2",
-           "--env.taskset.max-new-tokens", "96", "--env.taskset.trials-dir", str(tmp_path / "trials"),
-           "--select.include.names", *EASY_TASKS, "--no-push", "--rich", "None", "-o", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    [traces_file] = out.glob("*/traces.jsonl")
-    episodes = [vf.WireEpisode.model_validate(json.loads(line)) for line in traces_file.read_text().splitlines()]
+    episodes = run_vf_eval(responsive_server + "/v1", responsive_model_dir, agent, tmp_path, rollouts=2,
+                           max_new_tokens=96)
     assert len(episodes) == 4 and {e.task.data.name for e in episodes} == set(EASY_TASKS)
     diffs = []
     for episode in episodes:
