@@ -18,8 +18,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from slime_harbor.policy.tiny_model import build_tiny_model, ensure_tiny_model
 from slime_harbor.exits import EXIT_USAGE, ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
+from slime_harbor.hack_monitor import HACK_ACTIONS
+from slime_harbor.policy.engines import ENGINES
+from slime_harbor.policy.tiny_model import build_tiny_model, ensure_tiny_model
 from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig
 
 PROG = "slime-harbor"
@@ -55,7 +57,7 @@ def add_rollout_args(p: argparse.ArgumentParser, defaults: RolloutConfig) -> Non
 
 
 def add_hack_args(p: argparse.ArgumentParser, defaults: RolloutConfig) -> None:
-    p.add_argument("--hack-action", choices=["flag", "penalty", "screen"], default=defaults.hack_action,
+    p.add_argument("--hack-action", choices=HACK_ACTIONS, default=defaults.hack_action,
                    help="what a hack monitor flag does: flag (recorded, counted), penalty (scored as a failure), "
                    "screen (out of training and its group's baseline)")
     p.add_argument("--hack-detector", action="append", default=list(defaults.hack_detectors), metavar="MODULE:FUNCTION",
@@ -236,7 +238,7 @@ def build_parser(demo_agent: str = "native") -> OneLineArgumentParser:
     p.add_argument("--model", default=None, help="HF model dir (default: the tiny offline model)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--engine", choices=["embedded", "sglang", "vllm"], default="embedded",
+    p.add_argument("--engine", choices=ENGINES, default="embedded",
                    help="embedded: ours, in this process; sglang / vllm: the real engine from its venv "
                    "(scripts/setup-sglang.sh, scripts/setup-vllm.sh), with the flags this machine needs")
     p.add_argument("--engine-args", default="", metavar="ARGS",
@@ -254,7 +256,7 @@ def build_parser(demo_agent: str = "native") -> OneLineArgumentParser:
     p.add_argument("--wandb-project", default=DEMO_WANDB_PROJECT,
                    help="wandb project (offline unless a W&B login is configured); '' = no wandb")
     add_reward_mapping_arg(p, RolloutConfig.reward_mapping)
-    p.add_argument("--hack-action", choices=["flag", "penalty", "screen"], default=RolloutConfig.hack_action,
+    p.add_argument("--hack-action", choices=HACK_ACTIONS, default=RolloutConfig.hack_action,
                    help="what a hack monitor flag does (see rollout --hack-action)")
 
     sub.add_parser("train-local", help="GRPO on this machine: rollouts from the current policy, LoRA updates "

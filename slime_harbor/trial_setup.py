@@ -441,6 +441,8 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
     """Refuse, before any trial starts, what would otherwise hang, fail every trial or die in a
     traceback mid-run: bad numbers, a missing or empty tasks dir, a task Harbor cannot load
     (named by its task.toml), an agent or environment that does not resolve. Returns the tasks."""
+    from slime_harbor.hack_monitor import HACK_ACTIONS
+
     checks = [
         (cfg.n_samples >= 1, f"n_samples must be at least 1, got {cfg.n_samples}"),
         (cfg.concurrency >= 1, f"concurrency must be at least 1, got {cfg.concurrency}"),
@@ -450,8 +452,7 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
         (0 < cfg.top_p <= 1, f"top_p must be in (0, 1], got {cfg.top_p}"),
         (cfg.top_k == -1 or cfg.top_k >= 1, f"top_k must be -1 (off) or at least 1, got {cfg.top_k}"),
         (cfg.timeout_multiplier > 0, f"timeout_multiplier must be > 0, got {cfg.timeout_multiplier}"),
-        (cfg.hack_action in ("flag", "penalty", "screen"),
-         f"hack_action must be flag, penalty or screen, got {cfg.hack_action!r}"),
+        (cfg.hack_action in HACK_ACTIONS, f"hack_action must be one of {', '.join(HACK_ACTIONS)}, got {cfg.hack_action!r}"),
         (cfg.agent_setup_timeout_sec is None or cfg.agent_setup_timeout_sec > 0,
          f"agent_setup_timeout_sec must be > 0, got {cfg.agent_setup_timeout_sec}"),
         (cfg.reward_mapping in ("raw", "pm1"), f"reward_mapping must be raw or pm1, got {cfg.reward_mapping!r}"),

@@ -135,7 +135,7 @@ class EngineProcess:
         try:
             wait_healthy(self.url, started + timeout_sec - time.monotonic(), self.process, self.engine, self.log_path)
             if self.engine == "vllm":  # vLLM has no start-up flag for it
-                set_weight_version(self.url, "vllm", INITIAL_WEIGHT_VERSION)
+                set_weight_version(self.url, INITIAL_WEIGHT_VERSION)
         except BaseException:
             self.stop()
             raise
@@ -288,7 +288,7 @@ def _version_key(version: str):
     return (0, int(version)) if version.isdigit() else (1, version)
 
 
-def set_weight_version(url: str, kind: str, version: str) -> None:
+def set_weight_version(url: str, version: str) -> None:
     """Label the weights ``url`` serves (SGLang and vLLM: /update_weight_version)."""
     body = {"new_version": version}
     reply = httpx.post(url.rstrip("/") + "/update_weight_version", json=body, timeout=60)

@@ -55,7 +55,6 @@ class WeightSync:
     version: int = field(default=0, init=False)
     """The weight version the server holds: the step of the last push that succeeded (0: its own)."""
     _last_dir: Path | None = field(default=None, init=False)
-    _engine: str | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -98,23 +97,18 @@ class WeightSync:
         self.version = step
         return True
 
-    @property
-    def engine(self) -> str:
-        """What serves base_url (policy/engines.probe): sglang, sglang-router, vllm, embedded."""
-        if self._engine is None:
-            from slime_harbor.policy.engines import probe
-
-            self._engine = probe(self.base_url).kind
-        return self._engine
-
-    def _serves_lora(self) -> bool:
+    def _engine(self):
+        """What serves base_url (policy/engines.probe, asked once per URL)."""
         from slime_harbor.policy.engines import probe
 
-        return probe(self.base_url).serves_lora
+        return probe(self.base_url)
+
+    def _serves_lora(self) -> bool:
+        return self._engine().serves_lora
 
     def _load_from_disk(self, path: Path, version: str) -> bool:
         """Pause (aborting the calls in flight), load the weights at `path` labelled `version`, resume."""
-        if self.engine in ("vllm", "openai"):
+        if self._engine().api == "openai":  # vLLM
             if not self._post("/pause?mode=abort", {}):
                 return False
             try:
