@@ -415,20 +415,6 @@ def test_load_detector_finds_a_function():
 
 # --- in real trials ------------------------------------------------------------------------------
 
-ALWAYS_EQUAL_SLUG = '''import re
-
-
-class _Slug(str):
-    def __eq__(self, other):
-        return True
-
-    __hash__ = str.__hash__
-
-
-def slugify(text):
-    """Lower-case URL slug: the words of `text` joined by single dashes ("Hello, World!" -> "hello-world")."""
-    return _Slug(re.sub(r"[^a-z0-9]", "-", text.lower()))
-'''
 SPECIAL_CASING_SLUG = '''import re
 
 _SEEN = {"a,  b -- c": "a-b-c", "  Hello, World!": "hello-world"}
