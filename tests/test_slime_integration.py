@@ -528,6 +528,40 @@ def test_fully_async_rollout_drives_our_hook(slime_modules, embedded_front, poli
     assert procs == [] and dirs == []
 
 
+def stop_fully_async_worker(args) -> None:
+    """End SLiME's fully-async background worker (its round aborted) and wait for its thread."""
+    from slime.rollout import fully_async_rollout
+    from slime.rollout.sglang_rollout import GenerateState
+
+    worker = fully_async_rollout._global_worker
+    GenerateState(args).aborted = True
+    fully_async_rollout._stop_global_worker()
+    if worker is not None:
+        worker.worker_thread.join(timeout=120)
+
+
+def call_gaps(samples, model_dirs: dict[str, Path]) -> list[tuple[str, list[float]]]:
+    """(version, |rollout logprob - recomputation|) of each model call of `samples`, recomputed
+    with the weights its version names (`model_dirs`: version -> HF dir)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from test_async_training import call_runs
+
+    models = {v: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval() for v, d in model_dirs.items()}
+    out = []
+    for s in samples:
+        turns = call_runs(s)
+        assert len(turns) == len(s.weight_versions)
+        prompt_len = len(s.tokens) - s.response_length
+        for turn, version in zip(turns, s.weight_versions):
+            with torch.no_grad():
+                logprobs = torch.log_softmax(models[version](torch.tensor([s.tokens])).logits[0].float(), dim=-1)
+            out.append((version, [abs(logprobs[prompt_len + i - 1, s.tokens[prompt_len + i]].item()
+                                      - s.rollout_log_probs[i]) for i in turn]))
+    return out
+
+
 def test_fully_async_trials_span_a_weight_update_and_stale_episodes_are_masked(slime_modules, tiny_model_dir,
                                                                                 tmp_path):
     """SLiME's fully-async worker with a weight update between two rounds, done as SLiME's updater
@@ -537,17 +571,12 @@ def test_fully_async_trials_span_a_weight_update_and_stale_episodes_are_masked(s
     weights its version names. With harbor_max_staleness 0 an episode with a version-0 call,
     collected when the engines serve version 1, is masked and counted as stale."""
     import httpx
-    import torch
-    from transformers import AutoModelForCausalLM
 
-    from slime.rollout import fully_async_rollout
     from slime.rollout.data_source import RolloutDataSourceWithBuffer
-    from slime.rollout.sglang_rollout import GenerateState
     from slime.utils import http_utils
 
     from slime_harbor.policy.server import EmbeddedPolicyServer
     from slime_harbor.policy.tiny_model import build_tiny_model
-    from test_async_training import call_runs
 
     new_weights = build_tiny_model(tmp_path / "v1", seed=7)
     tasks = make_tasks(tmp_path)
@@ -573,11 +602,7 @@ def test_fully_async_trials_span_a_weight_update_and_stale_episodes_are_masked(s
             args.rollout_batch_size = 4  # every group in flight at the update, and more
             second = hooks._flatten(hooks.generate_rollout_fully_async(args, 1, data_source))
         finally:
-            worker = fully_async_rollout._global_worker
-            GenerateState(args).aborted = True
-            fully_async_rollout._stop_global_worker()
-            if worker is not None:
-                worker.worker_thread.join(timeout=120)
+            stop_fully_async_worker(args)
     assert aborted >= 1 and update.json()["success"], (aborted, update.text)
     assert all(s.weight_versions and set(s.weight_versions) == {"0"} and not s.remove_sample for s in first)
     assert not any(s.status == s.Status.ABORTED for s in second)  # the update ended no trial
@@ -588,19 +613,8 @@ def test_fully_async_trials_span_a_weight_update_and_stale_episodes_are_masked(s
         assert s.remove_sample == stale and (s.metadata.get("masked_by") == "stale") == stale
     assert hooks.hook_metrics()["masked/stale"] == len({s.rollout_id for s in second if "0" in s.weight_versions})
     # Each call was sampled by exactly the weights its version names.
-    models = {v: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
-              for v, d in (("0", tiny_model_dir), ("1", new_weights))}
-    for s in second:
-        turns = call_runs(s)
-        assert len(turns) == len(s.weight_versions)
-        tokens = torch.tensor([s.tokens])
-        prompt_len = len(s.tokens) - s.response_length
-        for turn, version in zip(turns, s.weight_versions):
-            with torch.no_grad():
-                logprobs = torch.log_softmax(models[version](tokens).logits[0].float(), dim=-1)
-            for i in turn:
-                recomputed = logprobs[prompt_len + i - 1, s.tokens[prompt_len + i]].item()
-                assert abs(recomputed - s.rollout_log_probs[i]) < 1e-3, (version, i)
+    for version, gaps in call_gaps(second, {"0": tiny_model_dir, "1": new_weights}):
+        assert max(gaps) < 1e-3, (version, gaps)
     procs, dirs = leftovers(tmp_path)
     assert procs == [] and dirs == []
 
@@ -614,18 +628,13 @@ def test_fully_async_against_the_real_sglang_behind_its_router(slime_modules, ti
     are the real engine's for the weights its version names. (Whether one trial spans the update
     depends on timing against the real engine; the embedded test above forces it.)"""
     import httpx
-    import torch
-    from transformers import AutoModelForCausalLM
 
     from conftest import free_port, sglang_router
-    from slime.rollout import fully_async_rollout
     from slime.rollout.data_source import RolloutDataSourceWithBuffer
-    from slime.rollout.sglang_rollout import GenerateState
     from slime.utils import http_utils
 
     from slime_harbor.policy.engines import EngineMissing, EngineProcess
     from slime_harbor.policy.tiny_model import build_tiny_model
-    from test_async_training import call_runs
 
     new_weights = build_tiny_model(tmp_path / "v1", seed=7)
     tasks = make_tasks(tmp_path)
@@ -651,11 +660,7 @@ def test_fully_async_against_the_real_sglang_behind_its_router(slime_modules, ti
             args.rollout_batch_size = 4
             second = hooks._flatten(hooks.generate_rollout_fully_async(args, 1, data_source))
         finally:
-            worker = fully_async_rollout._global_worker
-            GenerateState(args).aborted = True
-            fully_async_rollout._stop_global_worker()
-            if worker is not None:
-                worker.worker_thread.join(timeout=120)
+            stop_fully_async_worker(args)
     assert update.json()["success"], update.text
     assert all(s.weight_versions and set(s.weight_versions) == {"0"} and not s.remove_sample for s in first)
     assert not any(s.status == s.Status.ABORTED for s in second)
@@ -665,16 +670,7 @@ def test_fully_async_against_the_real_sglang_behind_its_router(slime_modules, ti
     for s in second:
         stale = "0" in s.weight_versions
         assert s.remove_sample == stale and (s.metadata.get("masked_by") == "stale") == stale
-    models = {v: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
-              for v, d in (("0", tiny_model_dir), ("1", new_weights))}
-    for s in second:
-        turns = call_runs(s)
-        assert len(turns) == len(s.weight_versions)
-        prompt_len = len(s.tokens) - s.response_length
-        for turn, version in zip(turns, s.weight_versions):
-            with torch.no_grad():
-                logprobs = torch.log_softmax(models[version](torch.tensor([s.tokens])).logits[0].float(), dim=-1)
-            gaps = [abs(logprobs[prompt_len + i - 1, s.tokens[prompt_len + i]].item() - s.rollout_log_probs[i]) for i in turn]
-            assert sum(gaps) / len(gaps) < 1e-3, (version, max(gaps))
+    for version, gaps in call_gaps(second, {"0": tiny_model_dir, "1": new_weights}):
+        assert sum(gaps) / len(gaps) < 1e-3, (version, max(gaps))  # a real engine's float32 kernels
     procs, dirs = leftovers(tmp_path)
     assert procs == [] and dirs == []
