@@ -208,6 +208,15 @@ def check_supported(args) -> None:
         raise HookConfigError("--use-rollout-routing-replay: Harbor agents cannot return routed experts; drop the flag")
     if getattr(args, "partial_rollout", False):
         raise HookConfigError("--partial-rollout: a Harbor trial cannot be resumed from a partial sample; drop the flag")
+    from slime_harbor.hack_monitor import HACK_ACTIONS, load_detector
+
+    if (action := setting(args, "harbor_hack_action")) not in HACK_ACTIONS:
+        raise HookConfigError(f"harbor_hack_action must be one of {', '.join(HACK_ACTIONS)}, got {action!r}")
+    for spec in setting(args, "harbor_hack_detectors"):
+        try:
+            load_detector(spec)
+        except ValueError as exc:
+            raise HookConfigError(f"harbor_hack_detectors: {exc}") from None
 
 
 _gateways: dict[asyncio.AbstractEventLoop, object] = {}

@@ -439,6 +439,8 @@ def test_trajectory_filters_and_eval_trials_dir_from_the_yaml(tmp_path, monkeypa
     (dict(use_rollout_routing_replay=True), {}, "routed experts"),
     (dict(partial_rollout=True), {}, "cannot be resumed"),
     (dict(use_rollout_routing_replay=True, harbor_agent="terminus-2"), {"sampling_seed": 3}, "routed experts"),
+    (dict(harbor_hack_action="punish"), {}, "harbor_hack_action must be one of flag, penalty, screen"),
+    (dict(harbor_hack_detectors=["no_such_module:f"]), {}, "no_such_module"),
 ])
 def test_settings_that_cannot_apply_raise_on_the_first_call(overrides, params, match, Sample):
     args = SimpleNamespace(**overrides)
