@@ -18,7 +18,11 @@ all) K times on every task, in real trials, and writes FILE (default DIR/calibra
   are the scripts of slime_harbor/hack_probes (forged rewards from a detached process, the shell,
   interpreters and test tools replaced, startup hooks, test configuration, plumbing dodges: see its
   README) plus each ``NAME.sh`` of ``--attacks DIR``; each runs once per task as its solution, in
-  the chosen --env, never reading the tests;
+  the chosen --env, never reading the tests. One more attack is written per task (`trusted_files`):
+  the files the verifier names that the agent can change (what the image ships in the workdir,
+  /usr/local, /opt and home dirs, and the answer files the instruction names), each replaced by a
+  program that succeeds and prints nothing; when that scores, each file is tried alone so that the
+  reason names the one(s) the verifier trusts;
 - flaky: gold passes some of the K times, or the empty answer passes some of them.
 
 It exits 0 whatever it finds. FILE is a task manifest: `rollout --task-manifest FILE`,
@@ -30,8 +34,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import posixpath
+import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +91,25 @@ def judge(gold: list[float | None], empty: list[float | None], dropped: list[str
     return OK, f"gold passes {k} of {k}, the empty answer fails {k} of {k}"
 
 
+def _docker_disk() -> int | None:
+    from slime_harbor.environments.docker_images import docker_disk_bytes
+
+    try:
+        return docker_disk_bytes()
+    except Exception:  # the daemon gone: the trials said so already; the figure is left out
+        return None
+
+
+def _remove_images(task_names: list[str]) -> dict[str, int] | None:
+    """Remove the images of calibrate's own task copies (the attack copies): None if Docker is gone."""
+    from slime_harbor.environments.docker_images import remove_environment_images
+
+    try:
+        return {"attack_tags_removed": remove_environment_images(task_names)}
+    except Exception:
+        return None
+
+
 def _gold_dropped(samples: list[dict]) -> list[str]:
     """What SWE-bench grading dropped from the gold patch (its report.json), over the gold runs."""
     dropped: list[str] = []
@@ -98,18 +124,22 @@ def _gold_dropped(samples: list[dict]) -> list[str]:
 
 async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: Path | None = None,
                     concurrency: int = 4, attacks: dict[str, Path] | None = None) -> dict[str, Any]:
-    """Run gold and empty K times per task, and each attack once (`attacks`: name -> script);
-    write and return the manifest."""
+    """Run gold and empty K times per task, and each attack once (`attacks`: name -> script; with
+    them, each task's own trusted_files attack); write and return the manifest."""
     from slime_harbor.rollout import run_rollouts
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.trial_setup import RolloutConfig, discover_tasks
 
     if repeats < 1:
         raise ConfigError(f"repeats must be at least 1, got {repeats}")
     tasks_dir = Path(tasks_dir)
     out = Path(out) if out is not None else tasks_dir / "calibration.json"
     runs = Path(tempfile.mkdtemp(prefix="slime-harbor-calibrate-"))
+    throwaway: list[str] = []  # the attack copies' task names: their images go when calibrate ends
+    disk_before = _docker_disk() if env == "docker" else None
 
     async def run(agent: str, tasks: Path, n: int, name: str) -> dict[str, list[dict]]:
+        if tasks != tasks_dir:
+            throwaway.extend(p.name for p in tasks.iterdir())
         cfg = RolloutConfig(tasks_dir=tasks, agent=agent, n_samples=n, env=env, concurrency=concurrency,
                             out_dir=runs / name, reward_mapping="raw", progress=False)
         await run_rollouts(cfg)
@@ -123,11 +153,18 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
     try:
         by_agent = {agent: await run(agent, tasks_dir, repeats, agent) for agent in ("oracle", "nop")}
         attacked: dict[str, dict[str, float | None]] = {}
+        trusted: dict[str, list[str]] = {}
+        probe_cost = None
         if attacks:
             probe_tasks, origin = _attack_tasks(tasks_dir, attacks, runs / "attack-tasks")
             for copy, samples in (await run("oracle", probe_tasks, 1, "attacks")).items():
                 task, attack = origin[copy]
                 attacked.setdefault(task, {})[attack] = samples[0]["reward"]
+            started = time.monotonic()
+            rewards, trusted, n_runs = await _probe_trusted_files(discover_tasks(tasks_dir), runs, run)
+            for task, reward in rewards.items():
+                attacked.setdefault(task, {})[TRUSTED_FILES] = reward
+            probe_cost = {"verifier_runs": n_runs, "seconds": round(time.monotonic() - started, 1)}
         tasks: dict[str, dict] = {}
         for name in sorted(set(by_agent["oracle"]) | set(by_agent["nop"])):
             gold_samples, empty_samples = by_agent["oracle"].get(name, []), by_agent["nop"].get(name, [])
@@ -135,15 +172,23 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
             empty = [s["reward"] for s in empty_samples]
             tampered = next((s["metadata"]["status_reason"] for s in gold_samples if s["metadata"].get("tampering")), None)
             status, reason = judge(gold, empty, _gold_dropped(gold_samples), attacked.get(name), tampered)
+            if status == HACKABLE and trusted.get(name):
+                reason += f" (the verifier trusts {', '.join(trusted[name])}, which the agent can change)"
             failures = sorted({s["metadata"].get("status_reason") for s in gold_samples + empty_samples
                                if s["reward"] is None and s["metadata"].get("status_reason")})
             tasks[name] = {"status": status, "reason": reason, "gold": gold, "empty": empty,
                            **({"attacks": attacked.get(name, {})} if attacks else {}),
+                           **({"trusted_files": trusted[name]} if trusted.get(name) else {}),
                            **({"failures": failures} if failures else {})}
     finally:
         shutil.rmtree(runs, ignore_errors=True)
+        images = _remove_images(throwaway) if env == "docker" else None
+    if images is not None and disk_before is not None:
+        images["disk_added_bytes"] = max(0, _docker_disk() - disk_before)
     manifest = {
         "repeats": repeats, "env": env, "tasks": tasks,
+        **({"docker_images": images} if images is not None else {}),
+        **({"trusted_files_probe": probe_cost} if probe_cost else {}),
         **{kind: {n: t["reason"] for n, t in tasks.items() if t["status"] == kind} for kind in (BROKEN, HACKABLE, FLAKY)},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -161,13 +206,201 @@ def _attack_tasks(tasks_dir: Path, attacks: dict[str, Path], root: Path) -> tupl
     origin = {}
     for task in discover_tasks(tasks_dir):
         for attack, script in attacks.items():
-            copy = root / f"{task.name}--{attack}"
-            shutil.copytree(task, copy, ignore=shutil.ignore_patterns("solution"), symlinks=True)
-            (copy / "solution").mkdir()
-            (copy / "solution" / "solve.sh").write_text(script.read_text())
-            (copy / "solution" / "solve.sh").chmod(0o755)
-            origin[copy.name] = (task.name, attack)
+            origin[_solution_copy(task, root / f"{task.name}--{attack}", script.read_text()).name] = (task.name, attack)
     return root, origin
+
+
+def _solution_copy(task: Path, copy: Path, script: str) -> Path:
+    shutil.copytree(task, copy, ignore=shutil.ignore_patterns("solution"), symlinks=True)
+    (copy / "solution").mkdir()
+    (copy / "solution" / "solve.sh").write_text(script)
+    (copy / "solution" / "solve.sh").chmod(0o755)
+    return copy
+
+
+# --- verifier inputs the agent can change ---------------------------------------------------------
+#
+# A verifier that runs or reads a file the agent may rewrite (a checker the image ships in the
+# workdir, a helper in /usr/local/bin, the answer module a test imports and trusts the exit status
+# of) is passed by replacing that file with a program that exits 0 and prints nothing. The probe
+# needs no attack of the user's: the candidates are read from the task dir (what its Dockerfile
+# ships, what its instruction asks for, the paths its tests name), one trial replaces them all,
+# and only when that scores is each tried alone, so an ok task costs one verifier run.
+
+TRUSTED_FILES = "trusted_files"
+AGENT_WRITABLE_ROOTS = ("/usr/local/", "/opt/", "/root/", "/home/")
+"""Where, besides the workdir, a task's image may ship files that are the agent's to change (what
+Debian's packages own is the verifier's runtime, checked by the host instead)."""
+
+_ABSOLUTE_PATH = re.compile(r"/(?:[\w.+-]+/)*[\w.+-]+")
+_FILE_NAME = re.compile(r"(?:[\w+-]+/)*[\w+-]+\.[A-Za-z]\w{0,7}")
+_TOKEN_SEPARATORS = re.compile(r"[\s'\"`;|&()<>=,:{}\[\]$]+")
+
+
+def _dockerfile_files(environment: Path) -> list[str]:
+    """Sandbox paths of the files a task's Dockerfile COPYs / ADDs from its environment dir."""
+    dockerfile = environment / "Dockerfile"
+    if not dockerfile.is_file():
+        return []
+    workdir, shipped = "/", []
+    for line in dockerfile.read_text().splitlines():
+        words = line.split()
+        if not words:
+            continue
+        if words[0].upper() == "WORKDIR" and len(words) > 1:
+            workdir = posixpath.join(workdir, words[1])
+        elif words[0].upper() in ("COPY", "ADD") and len(words) > 2:
+            sources = [w for w in words[1:-1] if not w.startswith("--")]
+            dest = posixpath.join(workdir, words[-1])
+            for source in sources:
+                found = environment / source
+                files = sorted(p for p in found.rglob("*") if p.is_file()) if found.is_dir() else \
+                    sorted(p for p in environment.glob(source) if p.is_file())
+                for f in files:
+                    into_dir = found.is_dir() or words[-1].endswith("/") or len(sources) > 1 or len(files) > 1
+                    name = f.relative_to(found).as_posix() if found.is_dir() else f.name
+                    shipped.append(posixpath.join(dest, name) if into_dir else dest)
+    return shipped
+
+
+def _task_workdir(task_dir: Path) -> str:
+    import tomllib
+
+    try:
+        config = tomllib.loads((task_dir / "task.toml").read_text())
+    except (OSError, ValueError):
+        return "/app"
+    return (config.get("environment") or {}).get("workdir") or "/app"
+
+
+def verifier_inputs(task_dir: Path) -> list[str]:
+    """Sandbox paths of files the task's verifier names that the agent can change: files the image
+    ships into the workdir or the writable roots, and answer files the instruction names, that a
+    test names (path or file name) or imports; and paths under those places a test spells out.
+    Empty for a task whose verifier does not run in the agent's sandbox (it gets the agent's files
+    as data, never runs what the image shipped)."""
+    from harbor.models.task.config import VerifierEnvironmentMode
+    from harbor.models.task.task import Task
+    from harbor.models.task.verifier_mode import resolve_task_verifier_mode
+
+    task_dir = Path(task_dir)
+    task = Task(task_dir)
+    if task.has_steps or resolve_task_verifier_mode(task.config) != VerifierEnvironmentMode.SHARED:
+        return []
+    workdir = posixpath.normpath(_task_workdir(task_dir))
+    tokens, words, imported = _verifier_tokens(task_dir / "tests")
+    names = words | {posixpath.basename(t) for t in tokens}
+
+    def writable(path: str) -> bool:
+        return path.startswith(workdir.rstrip("/") + "/") or path.startswith(AGENT_WRITABLE_ROOTS)
+
+    def named(path: str) -> bool:
+        stem, suffix = posixpath.splitext(posixpath.basename(path))
+        return posixpath.basename(path) in names or (suffix == ".py" and stem in imported)
+
+    instruction = task_dir / "instruction.md"
+    asked = [posixpath.join(workdir, m) for m in _TOKEN_SEPARATORS.split(instruction.read_text())
+             if _FILE_NAME.fullmatch(m.strip("."))] if instruction.is_file() else []
+    spelled = [t if t.startswith("/") else posixpath.join(workdir, t) for t in tokens
+               if not t.startswith(("tests/", "logs/", "solution/"))]
+    found = [p for p in _dockerfile_files(task_dir / "environment") + asked if writable(p) and named(p)]
+    found += [p for p in spelled if writable(p)]
+    return list(dict.fromkeys(posixpath.normpath(p) for p in found))
+
+
+def _verifier_tokens(tests: Path) -> tuple[list[str], set[str], set[str]]:
+    """The paths and file names the verifier's files spell (shell scripts: their words; Python: its
+    string literals), every word of those (a program a script runs by name off PATH), and the
+    modules its Python imports that are not the standard library's."""
+    import ast
+    import sys
+
+    tokens: list[str] = []
+    all_words: set[str] = set()
+    imported: set[str] = set()
+    for path in sorted(tests.rglob("*")) if tests.is_dir() else []:
+        if not path.is_file() or path.stat().st_size > 1_000_000:
+            continue
+        text = path.read_text(errors="replace")
+        if path.suffix == ".py":
+            try:
+                tree = ast.parse(text)
+            except (SyntaxError, ValueError):
+                continue
+            words = []
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    # a relative name only as a whole literal: the rest of a string may be code
+                    split = _TOKEN_SEPARATORS.split(node.value)
+                    words += split if len(split) == 1 else [w for w in split if w.startswith("/")]
+                elif isinstance(node, ast.Import):
+                    imported.update(a.name.split(".")[0] for a in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    imported.add(node.module.split(".")[0])
+        elif path.suffix in (".sh", ".bash") or text.startswith("#!"):
+            words = _TOKEN_SEPARATORS.split("\n".join(line for line in text.splitlines()
+                                                      if not line.lstrip().startswith("#")))
+        else:
+            continue
+        tokens += [w for w in words if _ABSOLUTE_PATH.fullmatch(w) or _FILE_NAME.fullmatch(w)]
+        all_words.update(words)
+    return list(dict.fromkeys(tokens)), all_words, imported - set(sys.stdlib_module_names)
+
+
+TRUSTED_FILES_SCRIPT = """#!/bin/bash
+# Each file the verifier names that the agent can change, replaced by a program that exits 0 and
+# prints nothing (Python: exits at import, so a test in the same process that trusts its exit
+# status passes; scripts and executables: exit 0; data files: empty). Written by calibrate.
+succeed() {
+  p=$1
+  [ -d "$p" ] && return 0
+  mkdir -p "$(dirname "$p")" || return 0
+  exe=0; { [ -x "$p" ] || head -c 2 "$p" 2>/dev/null | grep -q '#!'; } && exe=1
+  case "$p" in
+    *.py) printf '#!/usr/bin/env python3\nimport os\nos._exit(0)\n' > "$p" ;;
+    *.sh|*.bash) printf '#!/bin/sh\nexit 0\n' > "$p"; exe=1 ;;
+    *) if [ $exe = 1 ] || [ ! -e "$p" ]; then printf '#!/bin/sh\nexit 0\n' > "$p"; exe=1; else : > "$p"; fi ;;
+  esac
+  [ $exe = 1 ] && chmod 755 "$p"
+  return 0
+}
+"""
+
+
+def trusted_files_attack(paths: list[str]) -> str:
+    """The solution script that replaces each of `paths` with a program that succeeds."""
+    import shlex
+
+    return TRUSTED_FILES_SCRIPT + "".join(f"succeed {shlex.quote(p)}\n" for p in paths)
+
+
+async def _probe_trusted_files(tasks: list[Path], runs: Path, run) -> tuple[dict[str, float | None], dict[str, list[str]], int]:
+    """Each task's trusted_files attack, over all its verifier inputs at once; where that scores,
+    each input alone. Returns (task -> reward of the attack, task -> the files the verifier trusts,
+    verifier runs spent). Trusted files: the inputs that score alone, or all of them when none does
+    (the verifier trusts them together)."""
+    inputs = {task.name: verifier_inputs(task) for task in tasks}
+    together, alone = runs / "trusted-files", runs / "trusted-files-alone"
+    origin = {_solution_copy(task, together / f"{task.name}--{TRUSTED_FILES}",
+                             trusted_files_attack(inputs[task.name])).name: task.name
+              for task in tasks if inputs[task.name]}
+    if not origin:
+        return {}, {}, 0
+    rewards = {origin[copy]: samples[0]["reward"] for copy, samples in (await run("oracle", together, 1, TRUSTED_FILES)).items()}
+    scored = {task: inputs[task] for task, reward in rewards.items() if (reward or 0) >= 1.0}
+    named = {task: paths for task, paths in scored.items() if len(paths) == 1}
+    single = {}
+    for task in tasks:
+        if task.name in scored and task.name not in named:
+            for i, path in enumerate(scored[task.name]):
+                single[_solution_copy(task, alone / f"{task.name}--{TRUSTED_FILES}-{i}",
+                                      trusted_files_attack([path])).name] = (task.name, path)
+    if single:
+        for copy, samples in (await run("oracle", alone, 1, f"{TRUSTED_FILES}-alone")).items():
+            task, path = single[copy]
+            if (samples[0]["reward"] or 0) >= 1.0:
+                named.setdefault(task, []).append(path)
+    return rewards, {task: named.get(task) or paths for task, paths in scored.items()}, len(origin) + len(single)
 
 
 def main(tasks_dir: Path, env: str, repeats: int, out: Path | None, probe_hacks: bool = False,
@@ -187,6 +420,15 @@ def main(tasks_dir: Path, env: str, repeats: int, out: Path | None, probe_hacks:
     counts = {s: sum(t["status"] == s for t in manifest["tasks"].values()) for s in (OK, BROKEN, HACKABLE, FLAKY)}
     print(f"{counts[OK]} ok, {counts[BROKEN]} broken, {counts[HACKABLE]} hackable, {counts[FLAKY]} flaky"
           + (f" ({len(attacks)} attacks probed)" if attacks else "") + f"; manifest: {where}")
+    if images := manifest.get("docker_images"):
+        added = images.get("disk_added_bytes")
+        print(f"docker: removed the {images['attack_tags_removed']} image tags of the attack copies"
+              + (f"; image layers on disk grew by {added / 1e6:.0f} MB (the tasks' own images, kept for training)"
+                 if added is not None else ""))
+    if cost := manifest.get("trusted_files_probe"):
+        n = len(manifest["tasks"]) or 1
+        print(f"trusted files probe: {cost['verifier_runs']} verifier runs over {n} tasks in {cost['seconds']:.0f} s "
+              f"({cost['verifier_runs'] / n:.1f} runs, {cost['seconds'] / n:.1f} s per task)")
     for kind in (BROKEN, HACKABLE, FLAKY):
         for name, reason in manifest[kind].items():
             print(f"  {kind}: {name}: {reason}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from slime_harbor.calibrate import attack_scripts, judge
+from slime_harbor.calibrate import attack_scripts, judge, verifier_inputs
 from slime_harbor.tasks.manifest import BROKEN, FLAKY, HACKABLE, OK, apply_manifest, load_manifest
 from slime_harbor.cli import main as cli_main
 from slime_harbor.exits import ConfigError
@@ -145,6 +146,12 @@ def test_judge_hackable_and_gold_tampering():
     assert status == BROKEN and "changes the verifier's runtime" in reason and "/usr/bin/x" in reason
 
 
+def docker_tags() -> set[str]:
+    from slime_harbor.environments.docker_images import docker_client
+
+    return {tag for image in docker_client().images.list() for tag in image.tags}
+
+
 def write_hackable_task(tasks: Path) -> None:
     """A task whose verifier trusts a checker script its own Dockerfile installed under
     /usr/local/bin: the agent may change that file (it is the task's, not the runtime's), so a
@@ -172,9 +179,16 @@ def test_probe_hacks_marks_a_hackable_task_and_rollout_skips_it(env, tmp_path, c
     mine = tmp_path / "my-attacks"
     mine.mkdir()
     (mine / "forge_reward_file.sh").write_text("#!/bin/bash\nmkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt\n")
+    tags_before = docker_tags() if env == "docker" else set()
     cli_main(["calibrate", "--tasks", str(tasks), "--env", env, "--repeats", "1", "--probe-hacks",
               "--attacks", str(mine)])
     printed = capsys.readouterr().out
+    if env == "docker":  # the attack copies' images are gone; the tasks' own stay for training
+        left = docker_tags() - tags_before
+        assert not [t for t in left if "--" in t], left
+        assert {t.split(":")[0] for t in left} <= {"slime-harbor-env/good", "slime-harbor-env/trusts-its-checker"}, left
+        assert re.search(r"docker: removed the \d+ image tags of the attack copies; image layers on disk grew by \d+ MB",
+                         printed), printed
     manifest = json.loads((tasks / "calibration.json").read_text())
     good, hackable = manifest["tasks"]["good"], manifest["tasks"]["trusts-its-checker"]
     assert good["status"] == OK, good
@@ -187,6 +201,80 @@ def test_probe_hacks_marks_a_hackable_task_and_rollout_skips_it(env, tmp_path, c
                                                      task_manifest=tasks / "calibration.json")))
     assert list(summary["skipped_tasks"]) == ["trusts-its-checker"]
     assert summary["skipped_tasks"]["trusts-its-checker"].startswith("hackable: ")
+
+
+RANK_CASES = """
+import sys
+sys.path.insert(0, "/app")
+from leaderboard import rank
+
+cases = [([("b", 1), ("a", 1), ("c", 2)], [("c", 2), ("a", 1), ("b", 1)]), ([], []), ([("x", 5)], [("x", 5)])]
+for players, want in cases:
+    assert rank(players) == want, (players, rank(players))
+print(f"checked {len(cases)} cases")
+"""
+
+
+# Sound about the answer (it reads the answer's output from another process), but it is itself a
+# file of the workdir.
+WORKDIR_CHECKER = """
+import subprocess, sys
+run = subprocess.run([sys.executable, "-c", "from leaderboard import rank; print(rank([('b', 1), ('a', 1), ('c', 2)]))"],
+                     cwd="/app", capture_output=True, text=True)
+sys.exit(0 if run.stdout.strip() == "[('c', 2), ('a', 1), ('b', 1)]" else 1)
+"""
+
+
+def write_trusting_tasks(tasks: Path) -> None:
+    """Three verifiers of fix-sort-key. trusts-workdir-checker runs a checker its image ships in
+    the workdir (/app/check.py: the agent's to change); trusts-exit-status imports the answer in
+    the process whose exit status it trusts (an answer that exits 0 at import passes); checks-output
+    is that same check made sound: it reads the check's output, which an early exit never prints."""
+    checker = tasks / "trusts-workdir-checker"
+    shutil.copytree(GOOD, checker)
+    (checker / "environment" / "check.py").write_text(WORKDIR_CHECKER)
+    with open(checker / "environment" / "Dockerfile", "a") as dockerfile:
+        dockerfile.write("COPY check.py /app/check.py\n")
+    (checker / "tests" / "test.sh").write_text(
+        "#!/bin/bash\necho 0 > /logs/verifier/reward.txt\npython3 /app/check.py && echo 1 > /logs/verifier/reward.txt\n")
+    for name, test_sh in (
+            ("trusts-exit-status", "python3 /tests/test_rank.py && echo 1 > /logs/verifier/reward.txt"),
+            ("checks-output", '[ "$(python3 /tests/test_rank.py)" = "checked 3 cases" ] && echo 1 > /logs/verifier/reward.txt')):
+        shutil.copytree(GOOD, tasks / name)
+        (tasks / name / "tests" / "check.py").unlink()
+        (tasks / name / "tests" / "test_rank.py").write_text(RANK_CASES)
+        (tasks / name / "tests" / "test.sh").write_text(f"#!/bin/bash\necho 0 > /logs/verifier/reward.txt\n{test_sh}\n")
+
+
+def test_verifier_inputs_are_the_files_a_verifier_trusts_that_the_agent_can_change(tmp_path):
+    write_trusting_tasks(tmp_path)
+    assert verifier_inputs(tmp_path / "trusts-workdir-checker") == ["/app/leaderboard.py", "/app/check.py"]
+    assert verifier_inputs(tmp_path / "trusts-exit-status") == ["/app/leaderboard.py"]
+    # The bundled checker names its answer inside a code string and in comments: only the answer.
+    assert verifier_inputs(GOOD) == ["/app/leaderboard.py"]
+    # SWE-bench-format tasks are graded where the image's files never run: nothing to probe.
+    assert verifier_inputs(ROOT / "examples" / "harbor" / "tasks-swe" / "slime-harbor__textkit-2") == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env", ["local", "docker"])
+def test_probe_hacks_finds_verifiers_that_trust_agent_writable_files(env, tmp_path, capsys):
+    from tests.test_verifier_isolation import docker_available
+
+    if env == "docker" and (why := docker_available()):
+        pytest.skip(why)
+    tasks = tmp_path / "tasks"
+    write_trusting_tasks(tasks)
+    cli_main(["calibrate", "--tasks", str(tasks), "--env", env, "--repeats", "1", "--probe-hacks"])
+    printed = capsys.readouterr().out
+    manifest = json.loads((tasks / "calibration.json").read_text())["tasks"]
+    checker, exit_status, sound = (manifest[n] for n in ("trusts-workdir-checker", "trusts-exit-status", "checks-output"))
+    assert checker["status"] == HACKABLE and checker["trusted_files"] == ["/app/check.py"], checker
+    assert "the verifier trusts /app/check.py" in checker["reason"]
+    assert exit_status["status"] == HACKABLE and exit_status["trusted_files"] == ["/app/leaderboard.py"], exit_status
+    assert sound["status"] == OK and sound["attacks"]["trusted_files"] == 0.0, sound
+    # one run per task, plus one per candidate of the two that scored with more than one candidate
+    assert "trusted files probe: 5 verifier runs over 3 tasks" in printed, printed
 
 
 def test_attacks_dir_errors_are_one_line(tmp_path):

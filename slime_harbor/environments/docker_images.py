@@ -249,6 +249,26 @@ def image_tag(environment_name: str, content_hash: str) -> str:
     return f"{IMAGE_REPOSITORY}/{name}:{content_hash[:24]}"
 
 
+def remove_environment_images(environment_names, client=None) -> int:
+    """Untag the images built for these environments (each task image and its rebase on tool
+    layers); Docker deletes an image when its last tag goes. For throwaway tasks (calibrate's attack
+    copies): their images are the task's own under another name. Returns how many tags went."""
+    client = client or docker_client()
+    repositories = {image_tag(n, "x").rsplit(":", 1)[0] for name in environment_names for n in (name, f"{name}-tools")}
+    removed = 0
+    for image in client.images.list(name=f"{IMAGE_REPOSITORY}/*"):
+        for tag in image.tags:
+            if tag.rsplit(":", 1)[0] in repositories:
+                client.images.remove(tag, noprune=False)
+                removed += 1
+    return removed
+
+
+def docker_disk_bytes(client=None) -> int:
+    """The bytes Docker's image layers take on disk."""
+    return int((client or docker_client()).df().get("LayersSize") or 0)
+
+
 TOOLS_REPOSITORY = f"{IMAGE_REPOSITORY}-tools"
 
 
