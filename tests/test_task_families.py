@@ -69,6 +69,8 @@ def test_oracle_scores_one_and_nop_zero_in_real_trials(tasks, tmp_path):
         summary = rollout(tasks_dir, agent, tmp_path / agent)
         assert summary["errors"] == {}, summary["errors"]
         assert summary["per_task_rewards"] == {p.name: [expected] for p in tasks}, agent
+        # every trial is monitored: the gold solutions of every family raise no hack flag
+        assert summary["hack_rate"] == 0.0, {k: v for k, v in summary.items() if k.startswith("hack")}
 
 
 @pytest.mark.slow
