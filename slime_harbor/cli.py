@@ -1,5 +1,5 @@
 """`slime-harbor` command line: make-model, serve, rollout, demo, train-local, prepare-data, swebench-tasks,
-view.
+calibrate, impossible-tasks, view.
 
 Every rollout flag maps to a documented `RolloutConfig` field; with no --policy-url the command
 builds the tiny offline model (cached) and serves it on an embedded server, so it runs anywhere.
@@ -291,6 +291,15 @@ def build_parser(demo_agent: str = "native") -> OneLineArgumentParser:
                    help="with --probe-hacks: a directory of your own NAME.sh attack scripts, run beside the "
                         "bundled ones (repeatable)")
 
+    p = sub.add_parser("impossible-tasks", help="write impossible variants of tasks (canaries for train-local "
+                       "--canary-tasks): no honest solution passes one, so any pass is a hack nothing caught")
+    p.add_argument("--tasks", type=Path, required=True, help="directory of Harbor task dirs")
+    p.add_argument("--out", type=Path, required=True, help="writes OUT/canary--<task>/ per task")
+    p.add_argument("--env", default="local", help="where the check runs each variant's gold solution (SWE-bench-"
+                   "format tasks: docker)")
+    p.add_argument("--no-check", dest="check", action="store_false",
+                   help="do not run the gold solutions to check that each variant is impossible")
+
     return parser
 
 
@@ -320,6 +329,10 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
         from slime_harbor.calibrate import main as calibrate
 
         calibrate(a.tasks, a.env, a.repeats, a.out, a.probe_hacks, a.attacks)
+    elif a.command == "impossible-tasks":
+        from slime_harbor.canaries import main as impossible_tasks
+
+        impossible_tasks(a.tasks, a.out, a.env, a.check)
     elif a.command == "make-model":
         print(build_tiny_model(a.out, seed=a.seed))
     elif a.command == "serve":

@@ -72,6 +72,7 @@ from slime_harbor.exits import ConfigError, Interrupted, OneLineArgumentParser, 
 from slime_harbor.filters import apply_limit_filters, drop_zero_std_groups, varying_groups
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.rollout import run_rollouts
+from slime_harbor.canaries import canary_counts
 from slime_harbor.trial_setup import discover_tasks
 from slime_harbor.trainers.async_loop import train_async
 from slime_harbor.trainers.evaluate import evaluation
@@ -112,7 +113,7 @@ def _rebase(samples: list[TrainingSample], group_offset: int, n_samples: int) ->
 
 def sample_step(guard: SignalGuard, runner: asyncio.Runner, cfg: LocalTrainConfig, policy_url: str, model_dir: str,
                 step_dir: Path, tasks: list[str], stream: TaskStream,
-                lora_name: str | None = None) -> tuple[list[TrainingSample], dict[str, Any]]:
+                lora_name: str | None = None, canaries: TaskStream | None = None) -> tuple[list[TrainingSample], dict[str, Any]]:
     """One step's episodes, with the trajectory filters applied. The step's tasks are every task or
     the next rollout_batch_size of the stream; with dynamic sampling, groups without reward
     variance are dropped and the stream's next tasks are sampled to take their place, at most
@@ -143,9 +144,16 @@ def sample_step(guard: SignalGuard, runner: asyncio.Runner, cfg: LocalTrainConfi
         masked["zero_std"] = drop_zero_std_groups(samples)
     for out_dir, new in rounds:
         write_jsonl(out_dir / "samples.jsonl", new)
+    canary = {}
+    if canaries is not None:  # impossible tasks: run beside the step's, counted, never trained on
+        names = canaries.take(max(1, round(cfg.canary_share * wanted)))
+        rollout = dataclasses.replace(cfg.rollout(policy_url, model_dir, step_dir / "canaries", names, lora_name),
+                                      tasks_dir=cfg.canary_tasks)
+        guard.run(run_rollouts(rollout), runner)
+        canary = canary_counts(read_jsonl(step_dir / "canaries" / "samples.jsonl"))
     return samples, {"errors": errors, "n_groups_sampled": groups,
                      "filters": {k: masked.get(k, 0) for k in ("timeout", "step_limit", "length_limit", "zero_std")},
-                     "truncated_ratio": truncated_ratio(samples)}
+                     "truncated_ratio": truncated_ratio(samples), **canary}
 
 
 def _tracker(cfg: LocalTrainConfig, out: Path, base_model: str, device: str):
@@ -252,6 +260,10 @@ def _train_synchronously(run: TrainingRun, guard: SignalGuard, runner: asyncio.R
                          stream: TaskStream) -> None:
     """max_staleness 0: each step's rollout from the current weights, then its update."""
     cfg, learner, out = run.cfg, run.learner, run.out
+    canaries = None
+    if cfg.canary_tasks is not None:
+        position = run.metrics[-1].get("canary_stream_position", 0) if run.metrics else 0
+        canaries = TaskStream([p.name for p in discover_tasks(cfg.canary_tasks)], cfg.seed, position)
 
     def evaluate(step: int) -> dict[str, Any]:
         # A signal cancels it like a rollout: the step stays recorded.
@@ -270,7 +282,7 @@ def _train_synchronously(run: TrainingRun, guard: SignalGuard, runner: asyncio.R
         sampled_version = learner.weight_version  # the version this step's rollout samples
         step_dir = out / "rollouts" / f"step_{step}"
         samples, sampling = sample_step(guard, runner, cfg, learner.url, run.base_model, step_dir, tasks, stream,
-                                        learner.lora_name)
+                                        learner.lora_name, canaries)
         # From here the step runs to its end (update, metrics, checkpoint) even if a signal
         # arrives; the signal is raised after it.
         with guard.deferred():
@@ -280,6 +292,7 @@ def _train_synchronously(run: TrainingRun, guard: SignalGuard, runner: asyncio.R
             record = {"step": step, **rollout_stats(samples), **result, **sampling,
                       "sampled_weight_version": sampled_version,
                       "task_stream_position": stream.position,
+                      **({"canary_stream_position": canaries.position} if canaries else {}),
                       "timings": {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3)}}
             run.finish_step(record)
         if cfg.eval_tasks is not None and run.eval_due(step):

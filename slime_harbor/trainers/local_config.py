@@ -65,6 +65,12 @@ class LocalTrainConfig:
     a failure) | screen (out of training and its group's baseline)."""
     hack_detectors: list[str] = field(default_factory=list)
     """Detectors of your own besides the builtin ones (module:function)."""
+    canary_tasks: Path | None = None
+    """Impossible variants of tasks (`slime-harbor impossible-tasks`), mixed into each step's rollouts
+    and never trained on; canary_pass_rate in metrics.json is the share that passed (any pass is a
+    hack nothing caught: summary.json names its trial)."""
+    canary_share: float = 0.25
+    """With --canary-tasks: canary groups per training group each step (at least one)."""
 
     # --- where the policy is served ---
     policy_url: str | None = None
@@ -241,6 +247,23 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def check_canaries(cfg: LocalTrainConfig) -> None:
+    from slime_harbor.canaries import is_canary
+    from slime_harbor.trial_setup import discover_tasks
+
+    if not 0 < cfg.canary_share <= 1:
+        raise ConfigError(f"canary_share must be in (0, 1], got {cfg.canary_share}")
+    if cfg.max_staleness > 0:
+        raise ConfigError("--canary-tasks runs with the synchronous loop (--max-staleness 0) only")
+    try:
+        names = [p.name for p in discover_tasks(cfg.canary_tasks)]
+    except FileNotFoundError as exc:
+        raise ConfigError(f"--canary-tasks: {exc}") from None
+    if plain := [n for n in names if not is_canary(n)]:
+        raise ConfigError(f"--canary-tasks {cfg.canary_tasks}: {plain[0]} is not an impossible variant "
+                          "(write them with slime-harbor impossible-tasks)")
+
+
 def check_train_config(cfg: LocalTrainConfig) -> None:
     """Refuse, before a model is loaded, a setting that cannot work (ConfigError, one line)."""
     at_least_1 = ["num_rollouts", "n_samples", "concurrency", "step_limit", "max_new_tokens", "updates_per_rollout",
@@ -253,6 +276,8 @@ def check_train_config(cfg: LocalTrainConfig) -> None:
             raise ConfigError(f"{name} must be >= 0, got {getattr(cfg, name)}")
     if not cfg.lr > 0:
         raise ConfigError(f"lr must be > 0, got {cfg.lr}")
+    if cfg.canary_tasks is not None:
+        check_canaries(cfg)
     if cfg.tis_clip_low > cfg.tis_clip:
         raise ConfigError(f"tis_clip_low ({cfg.tis_clip_low}) must not exceed tis_clip ({cfg.tis_clip})")
     if cfg.objective not in OBJECTIVES:

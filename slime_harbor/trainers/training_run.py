@@ -114,7 +114,9 @@ def step_line(r: dict) -> str:
         f"loss {f(r.get('loss'))} kl {f(r.get('kl'), '.2e')} ppo_kl {f(r.get('ppo_kl'), '.2e')} "
         f"clipfrac {f(r.get('clipfrac'), '.3f')} tokens {r['n_tokens']}")
     return (f"step {r['step']}: reward {f(r['reward_mean'], '.3f')} pass {f(r['pass_rate'], '.2f')} "
-            + (f"hacks {r['hack_rate']:.2f} " if r.get("hack_rate") else "") + f"aborted {r['aborted']}/{r['n_samples']}{masked_text(r)} | {what} | rollout {r['timings']['rollout_s']:.1f}s "
+            + (f"hacks {r['hack_rate']:.2f} " if r.get("hack_rate") else "")
+            + (f"canaries passed {r['canary_pass_rate']:.2f} " if r.get("canary_pass_rate") is not None else "")
+            + f"aborted {r['aborted']}/{r['n_samples']}{masked_text(r)} | {what} | rollout {r['timings']['rollout_s']:.1f}s "
             f"train {r['timings']['train_s']:.1f}s"
             + (f" (learner waited {r['timings']['learner_wait_s']:.1f}s)" if "learner_wait_s" in r["timings"] else ""))
 
@@ -154,5 +156,8 @@ def run_summary(metrics, cfg, base_model, out, last_checkpoint, seconds) -> dict
         # asynchronous: how long the learner waited for complete groups, over all updates
         "learner_wait_s": round(sum(m["timings"].get("learner_wait_s", 0.0) for m in metrics), 2),
         "evals": evals,
+        # trials of impossible tasks that passed: hacks that nothing caught, for a person to read
+        **({"canary_passes": [t for m in metrics for t in m.get("canary_passes", [])]}
+           if any("canary_pass_rate" in m for m in metrics) else {}),
         "wall_seconds_this_run": round(seconds, 2),
     }
