@@ -786,6 +786,30 @@ def apply_hack_action(samples, flags: list[HackFlag], action: str, reward_mappin
             mask(s, "hack")
 
 
+VIEWER_KEY = "slime-harbor hack monitor"
+"""The entry of verifier/reward-details.json that Harbor's viewer shows in a trial's Verifier tab."""
+
+
+def show_in_viewer(trial_dir: str | Path | None, flags: list[HackFlag], action: str) -> None:
+    """Put the monitor's findings on the trial's Verifier tab in Harbor's viewer, which renders
+    verifier/reward-details.json entry by entry (a verifier's own entries there are kept)."""
+    import json
+
+    verifier = Path(trial_dir) / "verifier" if trial_dir else None
+    if not flags or verifier is None or not verifier.is_dir():
+        return
+    path = verifier / "reward-details.json"
+    try:
+        details = json.loads(path.read_text()) if path.is_file() else {}
+    except ValueError:
+        details = {}
+    if not isinstance(details, dict):
+        details = {"verifier": details}
+    details[VIEWER_KEY] = {"flags": sorted({f.detector for f in flags}), "action": action,
+                           "details": [f"{f.detector}: {f.detail}" for f in flags]}
+    path.write_text(json.dumps(details, indent=1) + "\n")
+
+
 def hack_counts(samples) -> dict:
     """hack_rate (episodes flagged / episodes monitored; None when none was) and hack/<detector>
     (episodes each detector flagged), one count per episode however many segments it has."""

@@ -37,7 +37,7 @@ from typing import Any
 
 from slime_harbor.converter import trial_to_samples
 from slime_harbor.exits import ConfigError, one_line
-from slime_harbor.hack_monitor import HackWatch, apply_hack_action, hack_counts
+from slime_harbor.hack_monitor import HackWatch, apply_hack_action, hack_counts, show_in_viewer
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.isolation import isolate_shared_verifier
 from slime_harbor.samples import Episode, SampleStatus, TrainingSample
@@ -187,7 +187,9 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
         result, group_index=group_index, index=index, tokenizer=tokenizer, reward_mapping=cfg.reward_mapping,
         **({"recorded": session} if session is not None else {}),
     )
-    apply_hack_action(samples, await asyncio.to_thread(watch.flags), cfg.hack_action, cfg.reward_mapping)
+    flags = await asyncio.to_thread(watch.flags)
+    apply_hack_action(samples, flags, cfg.hack_action, cfg.reward_mapping)
+    show_in_viewer(samples[0].metadata.get("trial_dir"), flags, cfg.hack_action)
     first = samples[0]
     return Episode(
         task_name=task_path.name, group_index=group_index, index=index, status=first.status,

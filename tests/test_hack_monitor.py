@@ -509,6 +509,17 @@ def test_bundled_golds_raise_no_flag_in_real_trials_and_a_plain_task_hack_is_nam
     assert len(golds) == 14 and all(f == [] for f in golds.values()), golds
     assert flags[hack.name] == ["always_equal"]
     assert summary["hack_rate"] == pytest.approx(1 / 15) and summary["hack/always_equal"] == 1
+    # Harbor's viewer serves the finding on the trial's Verifier tab (verifier/reward-details.json)
+    from fastapi.testclient import TestClient
+    from harbor.viewer import create_app
+
+    trial = next(p.name for p in (out / "trials").iterdir() if p.name.startswith(hack.name))
+    gold = next(p.name for p in (out / "trials").iterdir() if p.name.startswith("fix-sort-key__"))
+    client = TestClient(create_app(out, mode="jobs"))
+    shown = client.get(f"/api/jobs/trials/trials/{trial}/verifier-output").json()["reward_details"]
+    assert shown[hm.VIEWER_KEY]["flags"] == ["always_equal"] and shown[hm.VIEWER_KEY]["action"] == "flag"
+    assert "leaderboard.py" in shown[hm.VIEWER_KEY]["details"][0]
+    assert client.get(f"/api/jobs/trials/trials/{gold}/verifier-output").json()["reward_details"] is None
 
 
 def _episode_samples(reward: float, status: str = "completed", index: int = 0):
