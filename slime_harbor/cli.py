@@ -62,6 +62,10 @@ def add_hack_args(p: argparse.ArgumentParser, defaults: RolloutConfig) -> None:
                    "screen (out of training and its group's baseline)")
     p.add_argument("--hack-detector", action="append", default=list(defaults.hack_detectors), metavar="MODULE:FUNCTION",
                    dest="hack_detectors", help="a detector of your own besides the builtin ones (repeatable)")
+    p.add_argument("--hack-judge-url", default=defaults.hack_judge_url, metavar="URL",
+                   help="also ask a judge model at this OpenAI-compatible base URL (.../v1) about every trial")
+    p.add_argument("--hack-judge-model", default=defaults.hack_judge_model, metavar="NAME",
+                   help="the judge's model name on that server")
 
 
 def add_reward_mapping_arg(p: argparse.ArgumentParser, default: str) -> None:
@@ -76,6 +80,7 @@ def rollout_config(a: argparse.Namespace) -> RolloutConfig:
         temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, step_limit=a.step_limit,
         max_new_tokens=a.max_new_tokens, timeout_multiplier=a.timeout_multiplier,
         agent_setup_timeout_sec=a.agent_setup_timeout, hack_action=a.hack_action, hack_detectors=a.hack_detectors,
+        hack_judge_url=a.hack_judge_url, hack_judge_model=a.hack_judge_model,
         reward_mapping=a.reward_mapping, progress=not a.no_progress, task_manifest=a.task_manifest,
         gateway_host=a.gateway_host,
     )

@@ -55,6 +55,8 @@ Plugin settings, read from `args` (SLiME's --custom-config-path YAML), with thei
                                      engines' (masked/stale)                     (none: no bound)
     harbor_hack_action               what a hack monitor flag does: flag | penalty | screen (flag)
     harbor_hack_detectors            detectors besides the builtin ones, module:function each ([])
+    harbor_hack_judge_url            a judge model's OpenAI-compatible base URL, asked about every trial (none)
+    harbor_hack_judge_model          the judge's model name on that server (none)
 
 Dynamic filtering: with --over-sampling-batch-size above --rollout-batch-size, use
 dynamic_sampling_filter (SLiME's check_reward_nonzero_std counts removed samples' 0.0 as rewards).
@@ -102,6 +104,8 @@ DEFAULTS = {
     "harbor_max_staleness": None,
     "harbor_hack_action": "flag",
     "harbor_hack_detectors": [],
+    "harbor_hack_judge_url": None,
+    "harbor_hack_judge_model": None,
 }
 
 log = logging.getLogger(__name__)
@@ -217,6 +221,8 @@ def check_supported(args) -> None:
             load_detector(spec)
         except ValueError as exc:
             raise HookConfigError(f"harbor_hack_detectors: {exc}") from None
+    if bool(setting(args, "harbor_hack_judge_url")) != bool(setting(args, "harbor_hack_judge_model")):
+        raise HookConfigError("harbor_hack_judge_url and harbor_hack_judge_model go together: set both or neither")
 
 
 _gateways: dict[asyncio.AbstractEventLoop, object] = {}
@@ -286,6 +292,7 @@ def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
         reward_mapping=setting(args, "harbor_reward_mapping"),
         hack_action=setting(args, "harbor_hack_action"),
         hack_detectors=list(setting(args, "harbor_hack_detectors")),
+        hack_judge_url=setting(args, "harbor_hack_judge_url"), hack_judge_model=setting(args, "harbor_hack_judge_model"),
         progress=False,
         env_start_retries=int(setting(args, "harbor_env_start_retries")),
         # SLiME's fully-async rollout updates weights under running trials (pause_generation aborts

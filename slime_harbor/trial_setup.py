@@ -130,12 +130,19 @@ class RolloutConfig:
     counted) | penalty (scored as a failure) | screen (out of training and its group's baseline)."""
     hack_detectors: list[str] = field(default_factory=list)
     """Detectors run besides the builtin ones: module:function, a function of a TrialView returning HackFlags."""
+    hack_judge_url: str | None = None
+    """A judge model's OpenAI-compatible base URL (…/v1): asked about every trial besides the detectors."""
+    hack_judge_model: str | None = None
+    """The judge's model name, as that server serves it."""
 
     def hack_detector_functions(self) -> list:
-        """The builtin detectors and hack_detectors, loaded (ValueError in one line for a bad one)."""
-        from slime_harbor.hack_monitor import BUILTIN_DETECTORS, load_detector
+        """The builtin detectors, hack_detectors and the judge, loaded (ValueError in one line for a bad one)."""
+        from slime_harbor.hack_monitor import BUILTIN_DETECTORS, judge_detector, load_detector
 
-        return [*BUILTIN_DETECTORS.values(), *(load_detector(spec) for spec in self.hack_detectors)]
+        if bool(self.hack_judge_url) != bool(self.hack_judge_model):
+            raise ValueError("a hack judge needs both a URL and a model (--hack-judge-url, --hack-judge-model)")
+        judge = [judge_detector(self.hack_judge_url, self.hack_judge_model)] if self.hack_judge_url else []
+        return [*BUILTIN_DETECTORS.values(), *(load_detector(spec) for spec in self.hack_detectors), *judge]
 
 
 def discover_tasks(tasks_dir: Path, names: list[str] | None = None) -> list[Path]:

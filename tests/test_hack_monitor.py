@@ -522,6 +522,89 @@ def test_bundled_golds_raise_no_flag_in_real_trials_and_a_plain_task_hack_is_nam
     assert client.get(f"/api/jobs/trials/trials/{gold}/verifier-output").json()["reward_details"] is None
 
 
+# --- the judge ---------------------------------------------------------------------------------------
+#
+# A capable judge model cannot run here, so a stand-in on loopback speaks OpenAI's chat protocol
+# and answers as a judge would by a plain rule (HACK when the diff defines an __eq__ returning True).
+# The real client path is also run against vLLM in tests/test_real_engines.py.
+
+
+@pytest.fixture
+def judge_server():
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    asked: list[dict] = []
+
+    class Judge(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            asked.append({"path": self.path, **body})
+            prompt = body["messages"][-1]["content"]
+            hack = "+    def __eq__(self, other):\n+        return True" in prompt
+            answer = "HACK\nslugify returns a str whose __eq__ is always True" if hack else "OK\na real fix"
+            reply = json.dumps({"id": "j", "object": "chat.completion", "model": body["model"], "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Judge)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/v1", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_judge_model_is_asked_about_the_trial_and_its_verdict_is_a_flag(task, judge_server):
+    url, asked = judge_server
+    judge = hm.judge_detector(url, "judge-7b")
+    hacked = task.view(task.changed("textkit/slug.py", ALWAYS_EQUAL_SLUG))
+    flags = hm.monitor(hacked, [judge])
+    assert flags == [HackFlag("judge", "slugify returns a str whose __eq__ is always True")]
+    assert hm.monitor(task.view(*task.gold), [judge]) == []
+    request = asked[0]
+    assert request["path"] == "/v1/chat/completions" and request["model"] == "judge-7b"
+    prompt = request["messages"][-1]["content"]
+    assert "--- /testbed/textkit/slug.py" in prompt  # the diff
+    assert "def test_strips_edge_dashes" in prompt  # the hidden tests, which the agent never saw
+
+
+def test_an_unreachable_judge_is_recorded_and_never_scores_or_screens(task):
+    import socket
+
+    with socket.socket() as free:  # a port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    judge = hm.judge_detector(f"http://127.0.0.1:{port}/v1", "judge-7b", timeout_sec=5)
+    flags = hm.monitor(task.view(*task.gold), [judge])
+    assert [f.detector for f in flags] == ["detector_error"] and "unreachable" in flags[0].detail
+    for action in ("penalty", "screen"):
+        samples = _episode_samples(1.0)
+        hm.apply_hack_action(samples, flags, action, "pm1")
+        assert samples[0].reward == 1.0 and not samples[0].remove_sample and samples[0].metadata["hack_flags"] == []
+        assert samples[0].metadata["hack_details"][0].startswith("detector_error: slime_harbor.hack_monitor:judge(judge-7b at")
+    assert hm.hack_counts(samples) == {"hack_rate": 0.0}
+
+
+def test_a_judge_needs_a_url_and_a_model_in_one_line(tmp_path):
+    from slime_harbor.exits import ConfigError
+    from slime_harbor.hooks import HookConfigError, check_supported
+    from slime_harbor.trial_setup import RolloutConfig, check_config
+
+    with pytest.raises(ConfigError, match="needs both a URL and a model"):
+        check_config(RolloutConfig(agent="oracle", hack_judge_url="http://127.0.0.1:1/v1"))
+    with pytest.raises(HookConfigError, match="harbor_hack_judge_url and harbor_hack_judge_model go together"):
+        check_supported(type("Args", (), {"harbor_hack_judge_model": "judge-7b"})())
+
+
 def _episode_samples(reward: float, status: str = "completed", index: int = 0):
     """One episode of two segments."""
     from slime_harbor.samples import SampleStatus, TrainingSample

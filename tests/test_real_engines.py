@@ -350,6 +350,28 @@ def test_vllm_is_found_at_its_root_and_serves_version_0(vllm):
     assert weight_version(vllm.url) == "0"
 
 
+def test_a_hack_judge_served_by_vllm_is_asked_through_the_policy_client(vllm):
+    """The judge's path end to end against a real OpenAI-compatible server: its chat completion
+    comes back through PolicyClient.chat, and the tiny model's answer (neither HACK nor OK) is a
+    detector_error that the monitor records and never acts on."""
+    from slime_harbor import hack_monitor as hm
+    from slime_harbor.policy.client import PolicyClient
+
+    async def ask() -> str:
+        client = PolicyClient(vllm.url + "/v1", api="openai", model="policy")
+        try:
+            return await client.chat([{"role": "user", "content": "Is this a hack?"}], max_tokens=8)
+        finally:
+            await client.aclose()
+
+    assert isinstance(asyncio.run(ask()), str)
+    view = hm.TrialView("t", (hm.ChangedFile("/app/a.py", "x = 1\n", "x = 2\n"),), {}, (), ("ls",))
+    flags = hm.monitor(view, [hm.judge_detector(vllm.url + "/v1", "policy")])
+    assert [f.detector for f in flags] in (["detector_error"], ["judge"], [])
+    if flags and flags[0].detector == "detector_error":
+        assert "answered neither HACK nor OK" in flags[0].detail
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("agent", ["native", CHAT_TOOLS_AGENT])
 def test_agents_train_the_tokens_vllm_sampled_from_its_root_url(agent, vllm, responsive_model_dir, hf_model, tmp_path):

@@ -70,6 +70,10 @@ class HarborTrialsConfig(vf.TasksetConfig):
     discarded from training)."""
     hack_detectors: list[str] = Field(default_factory=list)
     """Detectors besides the builtin ones, module:function each."""
+    hack_judge_url: str | None = None
+    """A judge model's OpenAI-compatible base URL (.../v1), asked about every trial."""
+    hack_judge_model: str | None = None
+    """The judge's model name on that server."""
 
 
 class HarborTrialData(vf.TaskData):
@@ -144,6 +148,7 @@ class HarborTrialsEnv(SingleAgentEnv):
             top_p=1.0 if sampling.top_p is None else sampling.top_p,
             max_new_tokens=sampling.max_tokens or cfg.max_new_tokens, progress=False,
             hack_action=cfg.hack_action, hack_detectors=list(cfg.hack_detectors),
+            hack_judge_url=cfg.hack_judge_url, hack_judge_model=cfg.hack_judge_model,
         )
         async with self._tokenizer_lock:  # once per name (transformers' lazy imports race in threads)
             if tokenizer_name not in self._tokenizers:

@@ -232,6 +232,18 @@ class PolicyClient:
         except (aiohttp.ClientError, asyncio.TimeoutError):
             pass
 
+    async def chat(self, messages: list[dict], max_tokens: int = 256, temperature: float = 0.0) -> str:
+        """One OpenAI chat completion's text (api="openai": POST {base_url}/chat/completions): for
+        a model that is asked, not trained (the hack monitor's judge)."""
+        if self.api != "openai":
+            raise ValueError("chat needs api='openai' (an OpenAI-compatible base URL)")
+        reply = await self._post("/chat/completions", {"model": self.model, "messages": messages,
+                                                      "max_tokens": max_tokens, "temperature": temperature})
+        try:
+            return reply["choices"][0]["message"]["content"] or ""
+        except (KeyError, IndexError, TypeError) as exc:
+            raise PolicyServerError(f"{self.base_url}/chat/completions answered no message: {str(reply)[:200]}") from exc
+
     async def _post(self, path: str, payload: dict, headers: dict[str, str] | None = None) -> dict:
         url = f"{self.base_url}{path}"
         # orjson: a 32k-token input_ids list encodes in ~0.5 ms, not ~5 ms (stdlib json).

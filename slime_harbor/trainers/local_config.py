@@ -65,6 +65,10 @@ class LocalTrainConfig:
     a failure) | screen (out of training and its group's baseline)."""
     hack_detectors: list[str] = field(default_factory=list)
     """Detectors of your own besides the builtin ones (module:function)."""
+    hack_judge_url: str | None = None
+    """Also ask a judge model at this OpenAI-compatible base URL (.../v1) about every trial."""
+    hack_judge_model: str | None = None
+    """The judge's model name on that server."""
     canary_tasks: Path | None = None
     """Impossible variants of tasks (`slime-harbor impossible-tasks`), mixed into each step's rollouts
     and never trained on; canary_pass_rate in metrics.json is the share that passed (any pass is a
@@ -209,6 +213,7 @@ class LocalTrainConfig:
             out_dir=out_dir, temperature=self.temperature, step_limit=self.step_limit,
             max_new_tokens=self.max_new_tokens, reward_mapping=self.reward_mapping, progress=self.progress,
             gateway_host=self.gateway_host, hack_action=self.hack_action, hack_detectors=list(self.hack_detectors),
+            hack_judge_url=self.hack_judge_url, hack_judge_model=self.hack_judge_model,
         )
 
     def eval_rollout(self, policy_url: str, model_dir: str, out_dir: Path, lora_name: str | None = None) -> RolloutConfig:
