@@ -54,6 +54,19 @@ from slime_harbor.policy.decode import _Batch, _cache_tensors, _eos_token_ids, _
 from slime_harbor.policy.sampling import Generation, SamplingParams
 
 
+def _cache_argument() -> str:
+    """What a causal LM's forward calls its KV cache: `cache` in newer transformers, which warn on
+    every call given `past_key_values`; `past_key_values` in older ones (requirements allow 4.51)."""
+    import inspect
+
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3ForCausalLM
+
+    return "cache" if "cache" in inspect.signature(Qwen3ForCausalLM.forward).parameters else "past_key_values"
+
+
+CACHE_ARGUMENT = _cache_argument()
+
+
 @dataclass
 class EngineConfig:
     """How the engine runs the model."""
@@ -425,11 +438,11 @@ class SamplingEngine:
             input_ids=input_ids.to(self.device),
             attention_mask=mask.to(self.device),
             position_ids=positions.to(self.device),
-            past_key_values=past if past is not None else DynamicCache(),
+            **{CACHE_ARGUMENT: past if past is not None else DynamicCache()},
             use_cache=True,
             logits_to_keep=1,
         )
-        return out.logits[:, -1, :].float().cpu(), out.past_key_values
+        return out.logits[:, -1, :].float().cpu(), out[CACHE_ARGUMENT]
 
     def _sample(self, batch: _Batch, logits: torch.Tensor) -> None:
         """Pick each row's next token, record its logprob, and decide whether the row is done."""
