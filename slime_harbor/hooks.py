@@ -36,7 +36,7 @@ Plugin settings, read from `args` (SLiME's --custom-config-path YAML), with thei
     harbor_registry_path             with a dataset name: the registry JSON file it is in (Harbor's)
     harbor_registry_url              with a dataset name: the registry JSON's URL      (Harbor's)
     harbor_tasks_dir                 a directory of task dirs named by the sample's label (the
-                                     older key; set it or harbor_tasks)   (examples/harbor/tasks)
+                                     older key; harbor_tasks replaces it) (examples/harbor/tasks)
     harbor_concurrency               trials running at once in this rollout worker (8)
     harbor_trial_timeout_multiplier  scales task.toml timeouts and the agent's setup budget (1.0)
     harbor_agent_setup_timeout_sec   the agent's setup budget, its install included (None: Harbor's)
@@ -233,14 +233,15 @@ def check_supported(args) -> None:
 def tasks_dir(args) -> Path:
     """Where the task dirs named by samples' labels live: harbor_tasks (a dataset is resolved and
     downloaded once per process), else harbor_tasks_dir. HookConfigError for a name that does
-    not resolve, or both keys set."""
+    not resolve, or for both keys set (harbor_tasks_dir at its default, as the shipped YAML
+    spells it out, does not count)."""
     tasks = getattr(args, "harbor_tasks", None)
     registry_path, registry_url = getattr(args, "harbor_registry_path", None), getattr(args, "harbor_registry_url", None)
     if tasks is None:
         if registry_path is not None or registry_url is not None:
             raise HookConfigError("harbor_registry_path / harbor_registry_url need a dataset name in harbor_tasks")
         return Path(setting(args, "harbor_tasks_dir"))
-    if getattr(args, "harbor_tasks_dir", None) is not None:
+    if getattr(args, "harbor_tasks_dir", None) not in (None, DEFAULTS["harbor_tasks_dir"]):
         raise HookConfigError(f"set harbor_tasks ({tasks}) or harbor_tasks_dir ({args.harbor_tasks_dir}), not both")
     try:
         return _selected_tasks_dir(str(tasks), None if registry_path is None else str(registry_path), registry_url)

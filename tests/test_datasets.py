@@ -175,6 +175,7 @@ def test_the_hooks_harbor_tasks_key_names_a_dataset(registry, tmp_path):
     from test_hooks import SampleLike
 
     args = SimpleNamespace(harbor_tasks="mini@1.0", harbor_registry_path=str(registry), harbor_agent="oracle",
+                           harbor_tasks_dir=hooks.DEFAULTS["harbor_tasks_dir"],  # as the shipped YAML spells it out
                            sglang_router_ip="127.0.0.1", sglang_router_port=9, harbor_trials_dir=str(tmp_path / "trials"))
     task_dir = hooks.resolve_task_dir(args, SampleLike(label="count-errors"))
     assert task_dir.resolve().is_relative_to(tmp_path / "cache" / "harbor-tasks")
