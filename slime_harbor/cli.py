@@ -312,7 +312,7 @@ def build_parser(demo_agent: str = "native") -> OneLineArgumentParser:
     add_task_source_args(p, required=True, filters=False)
     p.add_argument("--env", default="local", help="as in rollout: local | docker | <harbor env type> | module:Class")
     p.add_argument("--repeats", type=int, default=3, help="runs of gold and of the empty answer per task")
-    p.add_argument("--out", type=Path, default=None, help="the manifest (default: TASKS/calibration.json)")
+    p.add_argument("--out", type=Path, default=None, help="the manifest (default: TASKS/calibration.json; for a dataset, in its dir under $SLIME_HARBOR_CACHE)")
     p.add_argument("--probe-hacks", action="store_true",
                    help="also run each blind attack (slime_harbor/hack_probes) once per task; a task one of "
                         "them scores on is marked hackable")

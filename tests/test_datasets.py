@@ -84,6 +84,28 @@ def test_a_dataset_is_resolved_and_downloaded_by_harbor_into_our_cache(registry,
     assert instruction(latest, "dedupe-lines").endswith(NEW_LINE)
 
 
+def test_a_registry_by_url(registry, tmp_path, monkeypatch):
+    """--registry-url: Harbor fetches the registry JSON itself (here from a server on loopback)."""
+    import functools
+    import http.server
+    import threading
+
+    for proxy in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):  # loopback only, never through a proxy
+        monkeypatch.delenv(proxy, raising=False)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(registry.parent))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/{registry.name}"
+        tasks_dir, _ = select_tasks("mini@1.0", include=["dedupe-lines"], registry_url=url)
+        assert [p.name for p in tasks_dir.iterdir()] == ["dedupe-lines"]
+        with pytest.raises(ConfigError, match=f"mini@1.0 is neither a directory nor a dataset in {url}.missing: 404"):
+            select_tasks("mini@1.0", registry_url=url + ".missing")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_task_filters_are_harbors_globs_and_must_each_name_a_task(registry):
     def chosen(**filters) -> list[str]:
         tasks_dir, _ = select_tasks("mini@1.0", registry_path=registry, **filters)
