@@ -27,9 +27,36 @@ from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig
 PROG = "slime-harbor"
 EXIT_ALL_FAILED = 1
 
+def add_task_source_args(p: argparse.ArgumentParser, required: bool = False, filters: bool = True) -> None:
+    """--tasks (a directory of Harbor task dirs, or a Harbor dataset NAME[@VERSION]), the registry
+    a dataset is found in, and the task filters, named as `harbor run` names them."""
+    p.add_argument("--tasks", required=required, default=None if required else str(DEFAULT_TASKS),
+                   metavar="DIR | NAME[@VERSION]",
+                   help="a directory of Harbor task dirs, or a dataset in a Harbor registry (e.g. terminal-bench@2.0), "
+                   "downloaded by Harbor into $SLIME_HARBOR_CACHE" + ("" if required else " (default: bundled tasks)"))
+    p.add_argument("--registry-path", type=Path, default=None, metavar="FILE",
+                   help="with a dataset name: a registry JSON file to find it in (default: Harbor's registry)")
+    p.add_argument("--registry-url", default=None, metavar="URL",
+                   help="with a dataset name: the URL of a registry JSON to find it in (default: Harbor's registry)")
+    if not filters:
+        return
+    p.add_argument("--task-names", nargs="*", default=None, metavar="NAME", help="only these tasks")
+    p.add_argument("-i", "--include-task-name", action="append", dest="task_names", metavar="NAME",
+                   help="only this task (repeatable; a glob pattern for a dataset, as harbor run -i)")
+    p.add_argument("-x", "--exclude-task-name", action="append", dest="exclude_task_names", default=None, metavar="NAME",
+                   help="not this task (repeatable; a glob pattern for a dataset, as harbor run -x)")
+
+
+def selected_tasks(a: argparse.Namespace) -> tuple[Path, list[str] | None]:
+    """The tasks dir and task names the flags choose (a dataset named: resolved and downloaded now)."""
+    from slime_harbor.tasks.datasets import select_tasks
+
+    return select_tasks(a.tasks, getattr(a, "task_names", None), getattr(a, "exclude_task_names", None),
+                        a.registry_path, a.registry_url)
+
+
 def add_rollout_args(p: argparse.ArgumentParser, defaults: RolloutConfig) -> None:
-    p.add_argument("--tasks", type=Path, default=DEFAULT_TASKS, help="Harbor task dirs (default: bundled tasks)")
-    p.add_argument("--task-names", nargs="*", default=None, help="only these task dir names")
+    add_task_source_args(p)
     p.add_argument("--agent", default=defaults.agent, help="native | terminus-2 | mini-swe-agent | oracle | nop | another Harbor agent | module:Class "
                    "(all but native / oracle / nop sample through the recording gateway)")
     p.add_argument("--n-samples", type=int, default=defaults.n_samples, help="episodes per task (GRPO group size)")
@@ -74,8 +101,10 @@ def add_reward_mapping_arg(p: argparse.ArgumentParser, default: str) -> None:
 
 
 def rollout_config(a: argparse.Namespace) -> RolloutConfig:
+    """The flags' RolloutConfig; a dataset named with --tasks is downloaded first (ConfigError if it cannot be)."""
+    tasks_dir, task_names = selected_tasks(a)
     return RolloutConfig(
-        tasks_dir=a.tasks, task_names=a.task_names, agent=a.agent, n_samples=a.n_samples,
+        tasks_dir=tasks_dir, task_names=task_names, agent=a.agent, n_samples=a.n_samples,
         policy_url=a.policy_url, model_dir=a.model, env=a.env, concurrency=a.concurrency, out_dir=a.out,
         temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, step_limit=a.step_limit,
         max_new_tokens=a.max_new_tokens, timeout_multiplier=a.timeout_multiplier,
@@ -194,11 +223,11 @@ def view(out: Path, host: str = "127.0.0.1", port: int = 0) -> None:
     uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
 
 
-def prepare_data(tasks_dir: Path, out: Path) -> int:
+def prepare_data(tasks_dir: Path, out: Path, task_names: list[str] | None = None) -> int:
     """Rows for SLiME's --prompt-data: {"prompt", "label", "metadata"} per Harbor task."""
     from slime_harbor.trial_setup import discover_tasks
 
-    tasks = discover_tasks(tasks_dir)
+    tasks = discover_tasks(tasks_dir, task_names)
     with open(out, "w") as f:
         for task in tasks:
             row = {
@@ -274,7 +303,7 @@ def build_parser(demo_agent: str = "native") -> OneLineArgumentParser:
     p.add_argument("--port", type=int, default=0, help="0: a free port")
 
     p = sub.add_parser("prepare-data", help="write SLiME --prompt-data rows, one per Harbor task")
-    p.add_argument("--tasks", type=Path, default=DEFAULT_TASKS)
+    add_task_source_args(p)
     p.add_argument("--out", type=Path, required=True)
 
     p = sub.add_parser("swebench-tasks", help="convert SWE-bench instance records (JSONL) into Harbor task dirs, "
@@ -285,10 +314,10 @@ def build_parser(demo_agent: str = "native") -> OneLineArgumentParser:
 
     p = sub.add_parser("calibrate", help="run each task's gold solution and the empty answer K times; write the "
                        "manifest of broken and flaky tasks that rollout / train-local / the SLiME hook skip")
-    p.add_argument("--tasks", type=Path, required=True, help="directory of Harbor task dirs")
+    add_task_source_args(p, required=True, filters=False)
     p.add_argument("--env", default="local", help="as in rollout: local | docker | <harbor env type> | module:Class")
     p.add_argument("--repeats", type=int, default=3, help="runs of gold and of the empty answer per task")
-    p.add_argument("--out", type=Path, default=None, help="the manifest (default: TASKS/calibration.json)")
+    p.add_argument("--out", type=Path, default=None, help="the manifest (default: TASKS/calibration.json; for a dataset, in its dir under $SLIME_HARBOR_CACHE)")
     p.add_argument("--probe-hacks", action="store_true",
                    help="also run each blind attack (slime_harbor/hack_probes) once per task; a task one of "
                         "them scores on is marked hackable")
@@ -333,7 +362,7 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
     if a.command == "calibrate":
         from slime_harbor.calibrate import main as calibrate
 
-        calibrate(a.tasks, a.env, a.repeats, a.out, a.probe_hacks, a.attacks)
+        calibrate(selected_tasks(a)[0], a.env, a.repeats, a.out, a.probe_hacks, a.attacks)
     elif a.command == "impossible-tasks":
         from slime_harbor.canaries import main as impossible_tasks
 
@@ -372,7 +401,8 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
         view(a.out, host=a.host, port=a.port)
     elif a.command == "prepare-data":
         try:
-            n = prepare_data(a.tasks, a.out)
+            tasks_dir, task_names = selected_tasks(a)
+            n = prepare_data(tasks_dir, a.out, task_names)
         except FileNotFoundError as exc:
             raise ConfigError(str(exc)) from None
         print(f"wrote {n} prompts to {a.out}")

@@ -30,7 +30,13 @@ Plugin settings, read from `args` (SLiME's --custom-config-path YAML), with thei
     harbor_agent                     native | mini-swe-agent | terminus-2 | <Harbor agent> | module:Class
                                      (native; a prompt row's metadata.harbor_agent overrides it)
     harbor_env                       local | docker | <harbor env type> | module:Class  (local)
-    harbor_tasks_dir                 where task dirs named by the sample's label live
+    harbor_tasks                     where task dirs named by the sample's label live: a directory, or
+                                     a Harbor dataset NAME[@VERSION], downloaded by Harbor into
+                                     $SLIME_HARBOR_CACHE on the first call (none: harbor_tasks_dir)
+    harbor_registry_path             with a dataset name: the registry JSON file it is in (Harbor's)
+    harbor_registry_url              with a dataset name: the registry JSON's URL      (Harbor's)
+    harbor_tasks_dir                 a directory of task dirs named by the sample's label (the
+                                     older key; harbor_tasks replaces it) (examples/harbor/tasks)
     harbor_concurrency               trials running at once in this rollout worker (8)
     harbor_trial_timeout_multiplier  scales task.toml timeouts and the agent's setup budget (1.0)
     harbor_agent_setup_timeout_sec   the agent's setup budget, its install included (None: Harbor's)
@@ -76,6 +82,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from slime_harbor.exits import ConfigError
 from slime_harbor.filters import TrajectoryFilters, apply_limit_filters, mask_stale
 from slime_harbor.grpo import episode_advantages
 from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
@@ -85,6 +92,9 @@ from slime_harbor.samples import SampleStatus, TrainingSample
 DEFAULTS = {
     "harbor_agent": "native",
     "harbor_env": "local",
+    "harbor_tasks": None,
+    "harbor_registry_path": None,
+    "harbor_registry_url": None,
     "harbor_tasks_dir": "examples/harbor/tasks",
     "harbor_concurrency": 8,
     "harbor_trial_timeout_multiplier": 1.0,
@@ -223,6 +233,35 @@ def check_supported(args) -> None:
             raise HookConfigError(f"harbor_hack_detectors: {exc}") from None
     if bool(setting(args, "harbor_hack_judge_url")) != bool(setting(args, "harbor_hack_judge_model")):
         raise HookConfigError("harbor_hack_judge_url and harbor_hack_judge_model go together: set both or neither")
+    tasks_dir(args)
+
+
+def tasks_dir(args) -> Path:
+    """Where the task dirs named by samples' labels live: harbor_tasks (a dataset is resolved and
+    downloaded once per process), else harbor_tasks_dir. HookConfigError for a name that does
+    not resolve, or for both keys set (harbor_tasks_dir at its default, as the shipped YAML
+    spells it out, does not count)."""
+    tasks = getattr(args, "harbor_tasks", None)
+    registry_path, registry_url = getattr(args, "harbor_registry_path", None), getattr(args, "harbor_registry_url", None)
+    if tasks is None:
+        if registry_path is not None or registry_url is not None:
+            raise HookConfigError("harbor_registry_path / harbor_registry_url need a dataset name in harbor_tasks")
+        return Path(setting(args, "harbor_tasks_dir"))
+    if getattr(args, "harbor_tasks_dir", None) not in (None, DEFAULTS["harbor_tasks_dir"]):
+        raise HookConfigError(f"set harbor_tasks ({tasks}) or harbor_tasks_dir ({args.harbor_tasks_dir}), not both")
+    try:
+        return _selected_tasks_dir(str(tasks), None if registry_path is None else str(registry_path), registry_url)
+    except ConfigError as exc:
+        raise HookConfigError(f"harbor_tasks: {exc}") from None
+
+
+@functools.lru_cache(maxsize=4)
+def _selected_tasks_dir(tasks: str, registry_path: str | None, registry_url: str | None) -> Path:
+    """harbor_tasks as a directory: a dataset is downloaded on the first call only (a failure is not cached)."""
+    from slime_harbor.tasks.datasets import select_tasks
+
+    return select_tasks(tasks, registry_path=None if registry_path is None else Path(registry_path),
+                        registry_url=registry_url)[0]
 
 
 _gateways: dict[asyncio.AbstractEventLoop, object] = {}
@@ -310,12 +349,12 @@ def _manifest_skips(path: str) -> dict[str, str]:
 
 
 def resolve_task_dir(args, sample) -> Path | None:
-    """The task dir: metadata.task_dir (from prepare-data), else tasks_dir / label."""
+    """The task dir: metadata.task_dir (from prepare-data), else tasks_dir(args) / label."""
     metadata = sample.metadata if isinstance(sample.metadata, dict) else {}
     candidates = [metadata.get("task_dir")]
     name = metadata.get("task_name") or sample.label
     if name:
-        candidates.append(Path(setting(args, "harbor_tasks_dir")) / str(name))
+        candidates.append(tasks_dir(args) / str(name))
     for c in candidates:
         if c and (Path(c) / "task.toml").is_file():
             return Path(c)

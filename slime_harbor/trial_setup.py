@@ -145,16 +145,19 @@ class RolloutConfig:
         return [*BUILTIN_DETECTORS.values(), *(load_detector(spec) for spec in self.hack_detectors), *judge]
 
 
-def discover_tasks(tasks_dir: Path, names: list[str] | None = None) -> list[Path]:
+def discover_tasks(tasks_dir: Path, names: list[str] | None = None, exclude: list[str] | None = None) -> list[Path]:
+    """The task dirs (dirs with task.toml) in `tasks_dir`: only `names` if given, less `exclude`;
+    a name in either that is not a task there is a FileNotFoundError (a typo never runs everything)."""
     tasks_dir = Path(tasks_dir)
     if not tasks_dir.is_dir():
         raise FileNotFoundError(f"tasks dir {tasks_dir} does not exist")
     tasks = sorted(p for p in tasks_dir.iterdir() if (p / "task.toml").is_file())
+    missing = (set(names or []) | set(exclude or [])) - {p.name for p in tasks}
+    if missing:
+        raise FileNotFoundError(f"tasks not found in {tasks_dir}: {sorted(missing)}")
     if names:
-        missing = set(names) - {p.name for p in tasks}
-        if missing:
-            raise FileNotFoundError(f"tasks not found in {tasks_dir}: {sorted(missing)}")
         tasks = [p for p in tasks if p.name in names]
+    tasks = [p for p in tasks if p.name not in (exclude or [])]
     if not tasks:
         raise FileNotFoundError(f"no Harbor tasks (dirs with task.toml) in {tasks_dir}")
     return tasks

@@ -81,7 +81,7 @@ from slime_harbor.trainers.training_run import (
     TaskStream, TrainingRun, eval_line, rollout_stats, run_summary, truncated_ratio,
 )
 from slime_harbor.trainers.local_config import (
-    check_train_config, find_checkpoint, LocalTrainConfig, OBJECTIVES, resolve_device, TEST_PRESET, TRAINER_STATE,
+    check_train_config, find_checkpoint, LocalTrainConfig, OBJECTIVES, resolve_device, TEST_PRESET, TRAINER_STATE, with_tasks_selected,
 )
 from slime_harbor.trainers.learner import Learner, restore_rng
 
@@ -189,6 +189,7 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_facto
     With an entered SignalGuard (the command line's), a signal stops the run in order (see the
     module doc) and Interrupted is raised after summary.json is written.
     `learner_factory(cfg, base_model, device, checkpoint, out, start)` builds the policy side."""
+    cfg = with_tasks_selected(cfg)
     check_train_config(cfg)
     guard = guard or SignalGuard()  # not entered: signals keep their usual effect
     task_paths, skipped_tasks = apply_manifest(discover_tasks(cfg.tasks_dir, cfg.task_names), cfg.task_manifest)
@@ -335,6 +336,8 @@ def _field_docs(config_class: type | None = None) -> dict[str, str]:
 FLAG_NAMES = {"tasks_dir": "--tasks", "lora": "--no-lora", "verifier_timeout": "--eval-timeout"}
 # Names users already type (other GRPO scripts), accepted as well.
 FLAG_ALIASES = {"policy_url": ["--vllm-url"], "step_limit": ["--agent-step-limit"]}
+# Harbor's own task filters (`harbor run -i NAME -x NAME`), one name per flag, repeatable.
+HARBOR_FILTER_FLAGS = {"task_names": ["-i", "--include-task-name"], "exclude_task_names": ["-x", "--exclude-task-name"]}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -354,8 +357,11 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(flag, dest="lora", action="store_false", help=docs["lora"])
         elif default is False:  # switches: --progress, --mask-timeouts, --dynamic-sampling, ...
             p.add_argument(flag, action="store_true", help=docs[f.name])
-        elif isinstance(default, list) or f.name == "task_names":
+        elif isinstance(default, list) or f.name in HARBOR_FILTER_FLAGS:
             p.add_argument(flag, dest=f.name, nargs="+", help=help_text)
+            if f.name in HARBOR_FILTER_FLAGS:
+                p.add_argument(*HARBOR_FILTER_FLAGS[f.name], dest=f.name, action="append",
+                               help=f"one name of {flag}, repeatable (as harbor run)")
         elif f.name == "reward_mapping":
             p.add_argument(flag, choices=["raw", "pm1"], help=help_text)
         elif f.name == "objective":
@@ -381,7 +387,7 @@ def main(argv: Sequence[str] | None = None, guard: SignalGuard | None = None) ->
     if guard is None:
         with SignalGuard() as own:
             return _exit_cleanly(lambda: main(argv, own))
-    cfg = config_from_args(argv)
+    cfg = with_tasks_selected(config_from_args(argv))
     check_train_config(cfg)
     summary = train(cfg, guard)
     print(json.dumps(summary, indent=1))

@@ -35,10 +35,18 @@ class LocalTrainConfig:
     """Every knob of a local GRPO run. Each field is a command-line flag (underscores -> dashes)."""
 
     # --- what to train on ---
-    tasks_dir: Path = DEFAULT_TASKS
-    """Directory of Harbor task dirs (flag --tasks; default: the bundled tasks)."""
+    tasks_dir: Path | str = DEFAULT_TASKS
+    """Directory of Harbor task dirs, or a dataset NAME[@VERSION] in a Harbor registry, downloaded by
+    Harbor into $SLIME_HARBOR_CACHE (flag --tasks; default: the bundled tasks)."""
     task_names: list[str] | None = None
-    """Only these task dir names; None = every task in tasks_dir."""
+    """Only these tasks (also -i / --include-task-name, repeatable; for a dataset, glob patterns as
+    harbor run -i takes them); None = every task."""
+    exclude_task_names: list[str] | None = None
+    """Not these tasks (also -x / --exclude-task-name, repeatable; for a dataset, glob patterns)."""
+    registry_path: Path | None = None
+    """With a dataset name: the registry JSON file it is found in; None = Harbor's registry."""
+    registry_url: str | None = None
+    """With a dataset name: the URL of the registry JSON it is found in; None = Harbor's registry."""
     task_manifest: Path | None = None
     """A `slime-harbor calibrate` manifest: the tasks it marks broken or flaky are not trained on."""
     agent: str = "native"
@@ -267,6 +275,17 @@ def check_canaries(cfg: LocalTrainConfig) -> None:
     if plain := [n for n in names if not is_canary(n)]:
         raise ConfigError(f"--canary-tasks {cfg.canary_tasks}: {plain[0]} is not an impossible variant "
                           "(write them with slime-harbor impossible-tasks)")
+
+
+def with_tasks_selected(cfg: LocalTrainConfig) -> LocalTrainConfig:
+    """`cfg` with tasks_dir a directory and task_names the tasks to train on: a dataset named
+    with --tasks is downloaded now, exclusions applied (ConfigError in one line if it cannot be)."""
+    from slime_harbor.tasks.datasets import select_tasks
+
+    tasks_dir, task_names = select_tasks(cfg.tasks_dir, cfg.task_names, cfg.exclude_task_names,
+                                         cfg.registry_path, cfg.registry_url)
+    return dataclasses.replace(cfg, tasks_dir=tasks_dir, task_names=task_names, exclude_task_names=None,
+                               registry_path=None, registry_url=None)
 
 
 def check_train_config(cfg: LocalTrainConfig) -> None:
