@@ -419,7 +419,7 @@ def main(tasks_dir: Path, env: str, repeats: int, out: Path | None, probe_hacks:
     where = out or Path(tasks_dir) / "calibration.json"
     counts = {s: sum(t["status"] == s for t in manifest["tasks"].values()) for s in (OK, BROKEN, HACKABLE, FLAKY)}
     print(f"{counts[OK]} ok, {counts[BROKEN]} broken, {counts[HACKABLE]} hackable, {counts[FLAKY]} flaky"
-          + (f" ({len(attacks)} attacks probed)" if attacks else "") + f"; manifest: {where}")
+          + (f" ({len(attacks)} attacks and the trusted files probed)" if attacks else "") + f"; manifest: {where}")
     if images := manifest.get("docker_images"):
         added = images.get("disk_added_bytes")
         print(f"docker: removed the {images['attack_tags_removed']} image tags of the attack copies"
@@ -427,7 +427,7 @@ def main(tasks_dir: Path, env: str, repeats: int, out: Path | None, probe_hacks:
                  if added is not None else ""))
     if cost := manifest.get("trusted_files_probe"):
         n = len(manifest["tasks"]) or 1
-        print(f"trusted files probe: {cost['verifier_runs']} verifier runs over {n} tasks in {cost['seconds']:.0f} s "
+        print(f"trusted files probe: {cost['verifier_runs']} verifier runs over {n} tasks in {cost['seconds']:.1f} s "
               f"({cost['verifier_runs'] / n:.1f} runs, {cost['seconds'] / n:.1f} s per task)")
     for kind in (BROKEN, HACKABLE, FLAKY):
         for name, reason in manifest[kind].items():
