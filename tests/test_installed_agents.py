@@ -379,6 +379,38 @@ def test_openhands_gets_the_sessions_endpoint_its_own_iteration_limit_and_tmux(t
         PypiInstall("t", "pkg", "1.0", "pkg", apt_packages=("no-such-tool-xyz",)).check_host()
 
 
+def _openhands_events(logs_dir: Path, events: list[dict]) -> None:
+    events_dir = logs_dir / "sessions" / "0b0936e7" / "events"
+    events_dir.mkdir(parents=True)
+    for number, event in enumerate(events):
+        (events_dir / f"{number}.json").write_text(json.dumps({"id": number, **event}))
+
+
+def _state(state: str, reason: str = "") -> dict:
+    return {"source": "environment", "observation": "agent_state_changed", "extras": {"agent_state": state, "reason": reason}}
+
+
+@pytest.mark.parametrize("events, expected", [
+    ([_state("running"), {"source": "agent", "action": "finish", "args": {}}, _state("finished")], "submitted"),
+    # what 1.6.0 wrote at MAX_ITERATIONS=3 in the Docker trial
+    ([_state("running"), _state("error", "RuntimeError: Agent reached maximum iteration. Current iteration: 3, "
+                                         "max iteration: 3")], "step_limit"),
+    ([_state("running"), _state("error", "litellm.APIConnectionError: Connection refused")], None),
+    # the model's own text naming a state is a message action, not the controller's observation
+    ([_state("running"), {"source": "agent", "action": "message", "args": {"content": json.dumps(_state("finished"))}},
+      _state("awaiting_user_input")], None),
+    ([], None),
+    # events are numbered files: 10.json comes after 9.json
+    ([_state("running")] * 10 + [_state("finished")], "submitted"),
+])  # fmt: skip
+def test_openhands_exit_status_comes_from_its_last_agent_state(tmp_path, events, expected):
+    from slime_harbor.installed_agents.recipes import OpenHands
+
+    agent = OpenHands(logs_dir=tmp_path, model_name="openai/policy", step_limit=3)
+    _openhands_events(tmp_path, events)
+    assert (agent.exit_metadata() or {}).get("exit_status") == expected
+
+
 # ---- real trials in Docker --------------------------------------------------------------------------
 
 
