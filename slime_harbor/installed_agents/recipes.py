@@ -663,10 +663,11 @@ RECIPES: dict[str, AgentRecipe] = {r.name: r for r in (
         # 1.6.0: the last release with the V0 CLI (openhands.core.main) Harbor's class runs; 1.7 on
         # ship only the app server. Python >= 3.12: Debian trixie's on a bookworm image; uv resolves
         # its tree (litellm, google-cloud, playwright's client) in seconds. Its local runtime runs
-        # the agent's shell in tmux, which Harbor's install() adds with apt too.
+        # the agent's shell in tmux, which Harbor's install() adds with apt too. LiteLLM pinned to
+        # what it was tested with (openhands-ai asks only >=).
         install=PypiInstall("openhands", "openhands-ai", "1.6.0", "openhands", min_python=(3, 12), installer="uv",
-                            files={"venv/bin/openhands": OPENHANDS_MAIN}, links={"/opt/openhands-venv": "venv"},
-                            apt_packages=("tmux",)),
+                            requirements=("litellm==1.80.10",), files={"venv/bin/openhands": OPENHANDS_MAIN},
+                            links={"/opt/openhands-venv": "venv"}, apt_packages=("tmux",)),
         # LiteLLM's openai/<served name> at LLM_BASE_URL (the session): chat completions
         dialect="chat", provider="openai",
         # SANDBOX_ENABLE_AUTO_LINT (Harbor's run() sets it true) is the one variable its local runtime
@@ -676,7 +677,9 @@ RECIPES: dict[str, AgentRecipe] = {r.name: r for r in (
         # MAX_ITERATIONS: one model call each; at the limit it ends in state error, exit 0 (openhands_exit)
         step_limit_kwarg="max_iterations", exit_status=openhands_exit,
         side_calls="none seen",
-        notes="",
+        notes="CodeActAgent, chat completions with 6 tools; a reply without a tool call gets its 'Please continue' "
+              "user turn. Its local runtime starts an action-execution server and a Jupyter kernel gateway on the "
+              "venv's Python inside the sandbox, with the venv's bin first on the PATH of its shell",
         verified_by="tests/test_installed_agents.py",
     ),
     AgentRecipe(
