@@ -687,7 +687,7 @@ RECIPES: dict[str, AgentRecipe] = {r.name: r for r in (
         # 2026.9.x needs Node >= 24.16 (it refuses 22 at start)
         install=NpmInstall("openclaw", "openclaw", "2026.9.6", "openclaw", node="24.21.0"),
         # Harbor's openclaw.json: models.providers.openai.baseUrl from OPENAI_BASE_URL (the session);
-        # a provider with a baseUrl is its openai-completions transport (chat completions)
+        # there it uses its openai-completions transport (POST .../chat/completions, seen in its log)
         dialect="chat", provider="openai", setup=OPENCLAW_NVM_SETUP,
         # no turn limit Harbor passes: the gateway's, whose 400 it does not retry (it prints
         # {"ok": false, ...}; Harbor's run() pipes it through tee, so the run still exits 0)
