@@ -29,6 +29,9 @@ DOCKER_SANDBOX = "slime_harbor.environments.docker:DockerEnvironment"
 NATIVE_AGENT = "slime_harbor.agent:NativeAgent"
 NO_MODEL_AGENTS = frozenset({"oracle", "nop"})
 """Harbor agents that never call a model: they need no policy and no gateway."""
+HOST_GATEWAY_AGENTS = frozenset({"terminus-2"})
+"""Harbor agents that run in the trial's process (nothing to install in the sandbox) and sample
+through the gateway, which they get as their ``api_base`` kwarg."""
 SANDBOX_LOOPBACK = "127.0.0.1"
 """The gateway's address inside a sandbox: our sandboxes forward <loopback>:<gateway port> to it."""
 # Slack on top of the task's own agent + verifier + build timeouts before we cancel a trial that
@@ -165,6 +168,22 @@ def discover_tasks(tasks_dir: Path, names: list[str] | None = None, exclude: lis
 
 def is_native(agent: str) -> bool:
     return agent in ("native", NATIVE_AGENT)
+
+
+def harbor_agent_place(name: str) -> str | None:
+    """Where one of Harbor's agent names (``harbor.models.agent.name.AgentName``) goes here: ``recipe``
+    (installed by the sandbox from the registries, trains through the gateway), ``ours`` (runs as
+    slime-harbor runs it: oracle, nop, terminus-2), ``refused`` (UNAVAILABLE says why); None for a
+    name placed nowhere, which would fall through to Harbor's own install in the sandbox."""
+    from slime_harbor.installed_agents.recipes import RECIPES, UNAVAILABLE
+
+    if name in RECIPES:
+        return "recipe"
+    if name in NO_MODEL_AGENTS | HOST_GATEWAY_AGENTS:
+        return "ours"
+    if name in UNAVAILABLE:
+        return "refused"
+    return None
 
 
 def uses_gateway(agent: str) -> bool:
@@ -496,11 +515,16 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
 
 def _check_agent(cfg: RolloutConfig) -> None:
     from harbor.agents.factory import AgentFactory
+    from harbor.models.agent.name import AgentName
 
     from slime_harbor.installed_agents.recipes import RECIPES, UNAVAILABLE
 
     if cfg.agent in UNAVAILABLE:
         raise ConfigError(f"agent {cfg.agent!r} cannot train here: {UNAVAILABLE[cfg.agent]}")
+    if cfg.agent in AgentName.values() and harbor_agent_place(cfg.agent) is None:
+        raise ConfigError(f"agent {cfg.agent!r} is Harbor's but has no place in slime-harbor (no recipe in "
+                          "installed_agents/recipes.py, no reason in its UNAVAILABLE): it would run Harbor's own "
+                          "install in the sandbox")
     try:
         agent_class(agent_config(cfg))
     except Exception as exc:

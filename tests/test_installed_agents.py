@@ -66,7 +66,7 @@ def test_the_bubblewrap_sandbox_refuses_them_in_one_line():
         RECIPES["codex"].install.check_host()
 
 
-def test_an_agent_that_cannot_train_here_is_refused_in_one_line_before_any_trial(tmp_path):
+def test_an_agent_that_cannot_train_here_is_refused_in_one_line_before_any_trial(tmp_path, monkeypatch):
     from harbor.models.agent.name import AgentName
 
     from slime_harbor.installed_agents.recipes import UNAVAILABLE
@@ -75,12 +75,47 @@ def test_an_agent_that_cannot_train_here_is_refused_in_one_line_before_any_trial
 
     assert set(UNAVAILABLE) <= AgentName.values() and not set(UNAVAILABLE) & set(RECIPES)
     assert all(why and "\n" not in why for why in UNAVAILABLE.values())
-    cfg = RolloutConfig(agent="goose", env="docker", tasks_dir=DEFAULT_TASKS, task_names=[TASK],
-                        policy_url="http://127.0.0.1:9", model_dir=str(tmp_path))  # fmt: skip
-    with pytest.raises(ConfigError) as refused:
-        check_config(cfg)
-    assert str(refused.value) == f"agent 'goose' cannot train here: {UNAVAILABLE['goose']}"
-    assert "\n" not in str(refused.value) and "GitHub release" in str(refused.value)
+
+    def refusal(agent: str) -> str:
+        cfg = RolloutConfig(agent=agent, env="docker", tasks_dir=DEFAULT_TASKS, task_names=[TASK],
+                            policy_url="http://127.0.0.1:9", model_dir=str(tmp_path))  # fmt: skip
+        with pytest.raises(ConfigError) as refused:
+            check_config(cfg)
+        assert "\n" not in str(refused.value)
+        return str(refused.value)
+
+    for name, why in UNAVAILABLE.items():
+        assert refusal(name) == f"agent {name!r} cannot train here: {why}"
+    assert "GitHub release" in refusal("goose")
+    # a Harbor name placed nowhere (as a new one after a Harbor upgrade) is refused too, not run
+    monkeypatch.delitem(UNAVAILABLE, "goose")
+    assert refusal("goose").startswith("agent 'goose' is Harbor's but has no place in slime-harbor")
+
+
+def test_every_harbor_agent_name_is_a_recipe_ours_or_refused_with_a_reason():
+    """Every name in Harbor's AgentName has exactly one place, so none reaches Harbor's own install
+    (apt, curl, uv inside the sandbox, which fails offline). A Harbor upgrade that names a new agent
+    fails here until it gets a recipe or a reason in UNAVAILABLE."""
+    import importlib
+
+    from harbor.agents.factory import AgentFactory
+    from harbor.agents.installed.base import BaseInstalledAgent
+    from harbor.models.agent.name import AgentName
+
+    from slime_harbor.installed_agents.recipes import UNAVAILABLE
+    from slime_harbor.trial_setup import harbor_agent_place, HOST_GATEWAY_AGENTS, NO_MODEL_AGENTS
+
+    assert {name: harbor_agent_place(name) for name in AgentName.values() if harbor_agent_place(name) is None} == {}
+    for name in AgentName.values():
+        places = (name in RECIPES, name in NO_MODEL_AGENTS | HOST_GATEWAY_AGENTS, name in UNAVAILABLE)
+        assert places.count(True) == 1, (name, places)
+    assert harbor_agent_place("not-an-agent") is None
+    # a recipe runs the class Harbor maps its name to (the recipe's name is Harbor's, not a near miss)
+    for name, recipe in RECIPES.items():
+        module, _, cls = recipe.harbor_class.partition(":")
+        assert getattr(importlib.import_module(module), cls) is AgentFactory.get_agent_class(AgentName(name)), name
+    for name in HOST_GATEWAY_AGENTS:  # they run in the trial's process: nothing to install in the sandbox
+        assert not issubclass(AgentFactory.get_agent_class(AgentName(name)), BaseInstalledAgent), name
 
 
 def _write_events(path: Path, events: list) -> None:
@@ -294,6 +329,86 @@ def test_kimi_cli_and_openhands_sdk_get_the_sessions_endpoint():
     openhands = agent_config(RolloutConfig(agent="openhands-sdk", step_limit=4), ENDPOINT)
     assert openhands.env["LLM_BASE_URL"] == ENDPOINT.sandbox_url and openhands.env["LLM_API_KEY"] == ENDPOINT.api_key
     assert openhands.model_name == "openai/policy"
+
+
+def test_openclaw_runs_harbors_nvm_commands_on_its_own_node(tmp_path):
+    """Harbor's OpenClaw run() starts each command with `. ~/.nvm/nvm.sh && nvm use 22 && `: the
+    recipe's setup gives a home without nvm a stand-in that does nothing, and leaves a real one."""
+    import subprocess
+
+    from slime_harbor.installed_agents.recipes import OpenClaw
+
+    config = agent_config(RolloutConfig(agent="openclaw", step_limit=4), ENDPOINT)
+    assert config.import_path == "slime_harbor.installed_agents.recipes:OpenClaw" and config.model_name == "openai/policy"
+    assert gateway_step_limit(config, 4) == 4 and environment_kwargs(config) == {"agent_installs": ["openclaw"]}
+    agent = OpenClaw(logs_dir=tmp_path, model_name=config.model_name, step_limit=4, extra_env=dict(config.env))
+    provider = agent._build_full_openclaw_config()["models"]["providers"]["openai"]
+    assert provider["baseUrl"] == ENDPOINT.sandbox_url  # Harbor's openclaw.json names the session
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    run = "sh -c '. ~/.nvm/nvm.sh && nvm use 22 && echo ran'"
+    assert subprocess.run(["sh", "-c", run], env=env, capture_output=True).returncode != 0  # no nvm: Harbor's fails
+    for _ in range(2):  # a second setup (a retried trial) keeps the stand-in
+        subprocess.run(["sh", "-c", RECIPES["openclaw"].setup], env=env, check=True)
+    assert subprocess.run(["sh", "-c", run], env=env, capture_output=True, text=True).stdout == "ran\n"
+    (tmp_path / ".nvm" / "nvm.sh").write_text("nvm() { echo real nvm; }\n")  # an image's own nvm stays
+    subprocess.run(["sh", "-c", RECIPES["openclaw"].setup], env=env, check=True)
+    assert (tmp_path / ".nvm" / "nvm.sh").read_text() == "nvm() { echo real nvm; }\n"
+
+
+def test_openhands_gets_the_sessions_endpoint_its_own_iteration_limit_and_tmux(tmp_path):
+    from slime_harbor.installed_agents.recipes import OpenHands
+
+    config = agent_config(RolloutConfig(agent="openhands", step_limit=4), ENDPOINT)
+    assert config.import_path == "slime_harbor.installed_agents.recipes:OpenHands" and config.model_name == "openai/policy"
+    assert config.env["LLM_BASE_URL"] == ENDPOINT.sandbox_url and config.env["LLM_API_KEY"] == ENDPOINT.api_key
+    assert gateway_step_limit(config, 4) is None  # OpenHands stops itself at MAX_ITERATIONS
+    agent = OpenHands(logs_dir=tmp_path, model_name=config.model_name, extra_env=dict(config.env), **config.kwargs)
+    assert agent._resolved_env_vars["MAX_ITERATIONS"] == "4"
+    assert agent.model_connection.env["LLM_BASE_URL"] == ENDPOINT.sandbox_url
+    install = RECIPES["openhands"].install
+    script = install.docker_script()
+    assert "apt-get install -y -qq --no-install-recommends tmux" in script
+    assert script.index("tmux") < script.index("-m venv")  # before the agent's own install and its smoke test
+    assert "ln -sfn /opt/slime-harbor/openhands/venv /opt/openhands-venv\n" in script
+    with pytest.raises(RuntimeError, match="/opt/openhands-venv.* run it with --env docker"):
+        install.check_host()
+    from slime_harbor.installed_agents.installs import PypiInstall
+
+    # the bubblewrap sandbox shares the host's /usr: a Debian package the agent runs must be there
+    with pytest.raises(RuntimeError, match="runs no-such-tool-xyz from the host's /usr: apt-get install no-such-tool-xyz"):
+        PypiInstall("t", "pkg", "1.0", "pkg", apt_packages=("no-such-tool-xyz",)).check_host()
+
+
+def _openhands_events(logs_dir: Path, events: list[dict]) -> None:
+    events_dir = logs_dir / "sessions" / "0b0936e7" / "events"
+    events_dir.mkdir(parents=True)
+    for number, event in enumerate(events):
+        (events_dir / f"{number}.json").write_text(json.dumps({"id": number, **event}))
+
+
+def _state(state: str, reason: str = "") -> dict:
+    return {"source": "environment", "observation": "agent_state_changed", "extras": {"agent_state": state, "reason": reason}}
+
+
+@pytest.mark.parametrize("events, expected", [
+    ([_state("running"), {"source": "agent", "action": "finish", "args": {}}, _state("finished")], "submitted"),
+    # what 1.6.0 wrote at MAX_ITERATIONS=3 in the Docker trial
+    ([_state("running"), _state("error", "RuntimeError: Agent reached maximum iteration. Current iteration: 3, "
+                                         "max iteration: 3")], "step_limit"),
+    ([_state("running"), _state("error", "litellm.APIConnectionError: Connection refused")], None),
+    # the model's own text naming a state is a message action, not the controller's observation
+    ([_state("running"), {"source": "agent", "action": "message", "args": {"content": json.dumps(_state("finished"))}},
+      _state("awaiting_user_input")], None),
+    ([], None),
+    # events are numbered files: 10.json comes after 9.json
+    ([_state("running")] * 10 + [_state("finished")], "submitted"),
+])  # fmt: skip
+def test_openhands_exit_status_comes_from_its_last_agent_state(tmp_path, events, expected):
+    from slime_harbor.installed_agents.recipes import OpenHands
+
+    agent = OpenHands(logs_dir=tmp_path, model_name="openai/policy", step_limit=3)
+    _openhands_events(tmp_path, events)
+    assert (agent.exit_metadata() or {}).get("exit_status") == expected
 
 
 # ---- real trials in Docker --------------------------------------------------------------------------

@@ -134,17 +134,21 @@ class PypiInstall(SandboxInstall):
     ``files``: paths inside the prefix -> content, written executable (Harbor's runner script, a
     shim in ``bin``). ``links``: sandbox paths -> paths inside the prefix, made symlinks by the
     Docker layer (for a Harbor class that runs fixed paths of its own install); the bubblewrap
-    sandbox binds the prefix alone, so it refuses an install with links."""
+    sandbox binds the prefix alone, so it refuses an install with links. ``apt_packages``: Debian
+    packages of programs the agent runs by name (OpenHands' local runtime drives its shells
+    through tmux), installed into the image with apt, as Harbor's own install() does; the
+    bubblewrap sandbox, which shares the host's /usr, needs them on the host."""
 
     def __init__(self, name: str, package: str, version: str, binary: str, *, entry: str | None = None,
                  min_python: tuple[int, int] = (3, 10), requirements: tuple[str, ...] = (), no_deps: bool = False,
                  smoke: str = "--help", installer: str = "pip", files: dict[str, str] | None = None,
-                 links: dict[str, str] | None = None):  # fmt: skip
+                 links: dict[str, str] | None = None, apt_packages: tuple[str, ...] = ()):  # fmt: skip
         if installer not in ("pip", "uv"):
             raise ValueError(f"{name}: installer must be 'pip' or 'uv', got {installer!r}")
         self.name, self.package, self.version, self.binary = name, package, version, binary
         self.entry, self.min_python, self.requirements, self.no_deps = entry, min_python, requirements, no_deps
         self.smoke, self.installer, self.files, self.links = smoke, installer, dict(files or {}), dict(links or {})
+        self.apt_packages = apt_packages
         self.sandbox_dir = f"{SANDBOX_ROOT}/{name}"
         self.builds = 0
         """Host venvs this process built (tests check that a second trial builds none)."""
@@ -188,7 +192,7 @@ class PypiInstall(SandboxInstall):
         prefix, want = self.sandbox_dir, "%d, %d" % self.min_python
         pips = "\n".join(f"{prefix}/venv/bin/python {shlex.join(args)}" for args in self.pip_installs())
         return f"""set -eu
-{_TRUST_IMAGE_CA}usable() {{ "$1" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < ({want}))' 2>/dev/null; }}
+{_TRUST_IMAGE_CA}{self._apt_script()}usable() {{ "$1" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < ({want}))' 2>/dev/null; }}
 py=
 for candidate in /usr/bin/python3 /usr/local/bin/python3 "$(command -v python3 || true)"; do
   if [ -n "$candidate" ] && [ -x "$candidate" ] && usable "$candidate"; then py=$candidate; break; fi
@@ -201,6 +205,21 @@ cat > {self.launcher} <<'LAUNCHER_EOF'
 {self.launcher_script(prefix)}LAUNCHER_EOF
 chmod 755 {self.launcher}
 {self._files_script()}MSWEA_CONFIGURED=true LITELLM_LOCAL_MODEL_COST_MAP=True {self.launcher} {self.smoke} >/dev/null
+"""
+
+    def _apt_script(self) -> str:
+        """Installs ``apt_packages`` into the image (empty without any)."""
+        if not self.apt_packages:
+            return ""
+        packages = " ".join(shlex.quote(p) for p in self.apt_packages)
+        return f"""if ! command -v apt-get >/dev/null 2>&1; then
+  echo "{self.name} needs {packages} from Debian: the image has no apt-get" >&2
+  exit 1
+fi
+DEBIAN_FRONTEND=noninteractive apt-get update -qq
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends {packages} >/dev/null
+apt-get clean
+rm -rf /var/lib/apt/lists/*
 """
 
     def _distro_python_script(self) -> str:
@@ -256,6 +275,10 @@ fi
         if self.links:
             raise RuntimeError(f"{self.name} has no bubblewrap install (it needs {', '.join(self.links)} outside "
                                f"{self.sandbox_dir}): run it with --env docker")
+        missing = [package for package in self.apt_packages if not shutil.which(package)]  # each names its program
+        if missing:
+            raise RuntimeError(f"{self.name} in the bubblewrap sandbox runs {', '.join(missing)} from the host's /usr: "
+                               f"apt-get install {' '.join(missing)}, or run it with --env docker")
         host_python(self.min_python, self.name)
 
     def host_dir(self) -> Path:

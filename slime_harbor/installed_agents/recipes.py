@@ -310,6 +310,30 @@ def vibe_exit(logs_dir: Path) -> dict[str, Any] | None:
     return {"exit_status": VIBE_STOPS.get(reason, reason), "agent_exit_status": reason}
 
 
+def openhands_exit(logs_dir: Path) -> dict[str, Any] | None:
+    """From OpenHands' event store (FILE_STORE_PATH is the logs dir): the agent state of its last
+    ``agent_state_changed`` observation. ``finished`` is its finish tool; ``error`` with "maximum
+    iteration" is MAX_ITERATIONS (it exits 0 either way). OpenHands' controller writes these; the
+    model's text is inside action events, so a policy cannot forge one."""
+    states = []
+    for path in logs_dir.glob("sessions/*/events/*.json"):
+        try:
+            event = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(event, dict) and event.get("observation") == "agent_state_changed" and path.stem.isdigit():
+            states.append((int(path.stem), event.get("extras") or {}))
+    if not states:
+        return None
+    _, last = max(states, key=lambda s: s[0])
+    state, reason = last.get("agent_state"), str(last.get("reason") or "")
+    if state == "finished":
+        return {"exit_status": "submitted"}
+    if state == "error" and "maximum iteration" in reason:
+        return {"exit_status": "step_limit", "agent_exit_status": reason}
+    return None
+
+
 # mini-swe-agent's exit status -> the converter's (TRUNCATING_EXITS, "aborted" = transient).
 MINI_SWE_AGENT_EXITS = {
     "Submitted": "submitted",
@@ -403,6 +427,18 @@ fi
 echo "uv: this sandbox's uv runs only 'uv run --no-project python ...'" >&2
 exit 2
 """
+
+
+# openhands: Harbor's run() starts `/opt/openhands-venv/bin/python -m openhands.core.main` (its
+# install() makes that venv with uv's Python builds). The layer links that path to the prefix's
+# venv; the launcher runs the same module (its smoke test imports what the CLI imports).
+OPENHANDS_MAIN = "import runpy\nrunpy.run_module('openhands.core.main', run_name='__main__')\n"
+
+# openclaw: Harbor's run() starts every command with `. ~/.nvm/nvm.sh && nvm use 22 && ...`, nvm
+# being what its install() fetched from GitHub. The layer has no nvm: where the agent's home has
+# none, this stand-in makes both a no-op (openclaw runs on the Node of its own launcher).
+OPENCLAW_NVM_SETUP = ("[ -s ~/.nvm/nvm.sh ] || { mkdir -p ~/.nvm && "
+                      "printf '%s\\n' '# slime-harbor: openclaw runs on its own Node' 'nvm() { :; }' > ~/.nvm/nvm.sh; }")
 
 
 def kimi_cli_config_env() -> str:
@@ -623,6 +659,44 @@ RECIPES: dict[str, AgentRecipe] = {r.name: r for r in (
         verified_by="tests/test_installed_agents.py",
     ),
     AgentRecipe(
+        name="openhands", harbor_class="harbor.agents.installed.openhands:OpenHands",
+        # 1.6.0: the last release with the V0 CLI (openhands.core.main) Harbor's class runs; 1.7 on
+        # ship only the app server. Python >= 3.12: Debian trixie's on a bookworm image; uv resolves
+        # its tree (litellm, google-cloud, playwright's client) in seconds. Its local runtime runs
+        # the agent's shell in tmux, which Harbor's install() adds with apt too. LiteLLM pinned to
+        # what it was tested with (openhands-ai asks only >=).
+        install=PypiInstall("openhands", "openhands-ai", "1.6.0", "openhands", min_python=(3, 12), installer="uv",
+                            requirements=("litellm==1.80.10",), files={"venv/bin/openhands": OPENHANDS_MAIN},
+                            links={"/opt/openhands-venv": "venv"}, apt_packages=("tmux",)),
+        # LiteLLM's openai/<served name> at LLM_BASE_URL (the session): chat completions
+        dialect="chat", provider="openai",
+        # SANDBOX_ENABLE_AUTO_LINT (Harbor's run() sets it true) is the one variable its local runtime
+        # persists with `export` into the agent's ~/.bashrc: root's .bashrc changed is tampering to
+        # the grading (environment_file), which would score every episode 0 unverified
+        env={"LLM_BASE_URL": "{url}", "LLM_API_KEY": "{key}", "SANDBOX_ENABLE_AUTO_LINT": "false"},
+        # MAX_ITERATIONS: one model call each; at the limit it ends in state error, exit 0 (openhands_exit)
+        step_limit_kwarg="max_iterations", exit_status=openhands_exit,
+        side_calls="none seen",
+        notes="CodeActAgent, chat completions with 6 tools; a reply without a tool call gets its 'Please continue' "
+              "user turn. Its local runtime starts an action-execution server and a Jupyter kernel gateway on the "
+              "venv's Python inside the sandbox, with the venv's bin first on the PATH of its shell",
+        verified_by="tests/test_installed_agents.py",
+    ),
+    AgentRecipe(
+        name="openclaw", harbor_class="harbor.agents.installed.openclaw:OpenClaw",
+        # 2026.9.x needs Node >= 24.16 (it refuses 22 at start)
+        install=NpmInstall("openclaw", "openclaw", "2026.9.6", "openclaw", node="24.21.0"),
+        # Harbor's openclaw.json: models.providers.openai.baseUrl from OPENAI_BASE_URL (the session);
+        # there it uses its openai-completions transport (POST .../chat/completions, seen in its log)
+        dialect="chat", provider="openai", setup=OPENCLAW_NVM_SETUP,
+        # no turn limit Harbor passes: the gateway's, whose 400 it does not retry (it prints
+        # {"ok": false, ...}; Harbor's run() pipes it through tee, so the run still exits 0)
+        side_calls="none seen",
+        notes="`openclaw agent --local --json` (embedded, no gateway daemon); streamed with stream_options and "
+              "max_completion_tokens; its tool-search surface catalogs 55 tools behind a compact prompt",
+        verified_by="tests/test_installed_agents.py",
+    ),
+    AgentRecipe(
         name="gemini-cli", harbor_class="harbor.agents.installed.gemini_cli:GeminiCli",
         install=NpmInstall("gemini-cli", "@google/gemini-cli", "0.61.0", "gemini"),
         # Gemini's generateContent, streamed (?alt=sse), at GOOGLE_GEMINI_BASE_URL (the session's root;
@@ -671,6 +745,16 @@ UNAVAILABLE: dict[str, str] = {
     "swe-agent": "installed from a git clone of SWE-agent (its config and tools dirs); PyPI's sweagent 0.0.1 is a 2024 "
                  "pre-1.0 snapshot",
     "trae-agent": "installed from a git clone of trae-agent; it is not on PyPI",
+    "terminus": "Harbor 0.24 names it but maps no class to it (its AgentFactory has terminus-2 only); use terminus-2",
+    "terminus-1": "Harbor 0.24 names it but maps no class to it (its AgentFactory has terminus-2 only); use terminus-2",
+    "computer-1": "a desktop computer-use agent: it drives Xvfb, XFCE and Chromium in the sandbox with xdotool and "
+                  "screenshots, for a vision model; the terminal tasks here have no desktop",
+    "dspy-rlm": "runs dspy.RLM in the trial's process with dspy.LM(model_name) and no base URL Harbor passes, so its "
+                "calls cannot be sent to the trial's gateway session; it also needs dspy (harbor[dspy]), not installed",
+    "nemo-agent": "NeMo Agent Toolkit workflows answer in text and do not act on the sandbox (Harbor's class supports "
+                  "only text-output tasks, not ones that change files); no recipe for nvidia-nat has been written",
+    "antigravity-sdk": "no recipe has been written and verified yet: Harbor's runner needs PyPI google-antigravity "
+                       "(which bundles its own agent binary) and Gemini generateContent at GOOGLE_GEMINI_BASE_URL",
 }
 """Harbor agents that cannot train here, with why (``--agent NAME`` says so before any trial)."""
 
