@@ -31,6 +31,7 @@ import tomllib
 from pathlib import Path
 
 from slime_harbor.exits import ConfigError
+from slime_harbor.samples import episode_key, is_scored
 
 CANARY_PREFIX = "canary--"
 """Every variant's task name starts with it, so a canary is never mistaken for its task."""
@@ -212,9 +213,8 @@ def canary_counts(samples) -> dict:
         if not is_canary(str(metadata.get("task_name", ""))):
             continue
         rewards = metadata.get("raw_rewards") or {}
-        scored = s.status.value in ("completed", "truncated") and rewards.get("reward") is not None
-        episodes.setdefault((s.group_index, s.index), (scored and rewards["reward"] >= 1.0 if scored else None,
-                                                       metadata.get("trial_dir")))
+        passed = rewards.get("reward") is not None and rewards["reward"] >= 1.0 if is_scored(s) else None
+        episodes.setdefault(episode_key(s), (passed, metadata.get("trial_dir")))
     scored = [(passed, trial) for passed, trial in episodes.values() if passed is not None]
     return {"canary_pass_rate": sum(p for p, _ in scored) / len(scored) if scored else None,
             "canary_passes": [trial for passed, trial in scored if passed]}

@@ -28,7 +28,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime_harbor.samples import SampleStatus, TrainingSample, top_p_offsets_ok
+from slime_harbor.samples import SCORED_STATUSES, SampleStatus, TrainingSample, top_p_offsets_ok
 
 # Transient infrastructure failures: the policy is not to blame and a new trial may well succeed
 # (sandbox start, policy server unreachable, cancellation). Status ABORTED: never trained, and the
@@ -315,7 +315,7 @@ def trial_to_samples(
         reward = 2.0 * reward - 1.0
     elif reward_mapping not in ("raw", "pm1"):
         raise ValueError(f"unknown reward_mapping {reward_mapping!r} (use 'raw' or 'pm1')")
-    removed = status not in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED) or not segments
+    removed = status not in SCORED_STATUSES or not segments
     metadata = {
         "task_name": result.task_name,
         "trial_name": result.trial_name,

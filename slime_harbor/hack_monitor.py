@@ -51,6 +51,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from slime_harbor.samples import episode_key, is_scored
+
 
 @dataclass(frozen=True)
 class ChangedFile:
@@ -832,7 +834,6 @@ def apply_hack_action(samples, flags: list[HackFlag], action: str, reward_mappin
     hack_details: one line each) and act on them. Only a scored episode is penalised or screened
     (an infrastructure failure is out of training already)."""
     from slime_harbor.filters import mask
-    from slime_harbor.samples import SampleStatus
 
     if action not in HACK_ACTIONS:
         raise ValueError(f"hack_action must be one of {', '.join(HACK_ACTIONS)}, got {action!r}")
@@ -843,8 +844,7 @@ def apply_hack_action(samples, flags: list[HackFlag], action: str, reward_mappin
         s.metadata = {**(s.metadata or {}), "hack_flags": names}
         if flags:
             s.metadata["hack_details"] = [f"{f.detector}: {f.detail}" for f in flags]
-        scored = s.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED) and s.reward is not None
-        if not names or not scored or action == "flag":
+        if not names or not is_scored(s) or action == "flag":
             continue
         if action == "penalty":
             s.metadata["reward_before_hack_penalty"] = s.reward
@@ -883,7 +883,7 @@ def hack_counts(samples) -> dict:
     episodes: dict = {}
     for s in samples:
         if "hack_flags" in (s.metadata or {}):
-            episodes.setdefault((s.group_index, s.index), s.metadata["hack_flags"])
+            episodes.setdefault(episode_key(s), s.metadata["hack_flags"])
     flagged = sorted(d for names in episodes.values() for d in names)
     return {"hack_rate": sum(bool(n) for n in episodes.values()) / len(episodes) if episodes else None,
             **{f"hack/{d}": flagged.count(d) for d in dict.fromkeys(flagged)}}

@@ -87,7 +87,7 @@ from slime_harbor.filters import TrajectoryFilters, apply_limit_filters, mask_st
 from slime_harbor.grpo import episode_advantages
 from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
 from slime_harbor.trial_setup import RolloutConfig, uses_gateway, with_engine
-from slime_harbor.samples import SampleStatus, TrainingSample
+from slime_harbor.samples import SCORED_STATUSES, SampleStatus, TrainingSample
 
 DEFAULTS = {
     "harbor_agent": "native",
@@ -472,7 +472,7 @@ def to_slime_samples(sample, segments: list[TrainingSample], top_p_ids: bool = F
     Sample = type(sample)
     first = segments[0]
     if first.response_length == 0:  # nothing the policy sampled (infra failure, agent crashed first)
-        if first.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED):
+        if first.status in SCORED_STATUSES:
             # The trial ran, but the agent sampled nothing (it crashed or quit before its first
             # call). Counted, never trained.
             METRICS["no_tokens"] += 1

@@ -40,7 +40,7 @@ from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.hack_monitor import HackWatch, apply_hack_action, hack_counts, show_in_viewer
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.isolation import isolate_shared_verifier
-from slime_harbor.samples import Episode, SampleStatus, TrainingSample
+from slime_harbor.samples import Episode, SampleStatus, TrainingSample, is_scored
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.trial_setup import (
     agent_config, check_config, environment_config, gateway_step_limit, hard_timeout_sec, install_agents_first,
@@ -193,9 +193,9 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
     first = samples[0]
     return Episode(
         task_name=task_path.name, group_index=group_index, index=index, status=first.status,
-        reward=first.reward if first.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED) else None,
+        reward=first.reward if is_scored(first) else None,
         samples=samples, seconds=time.monotonic() - started, trial_dir=first.metadata.get("trial_dir"),
-        error=None if first.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED) else first.metadata.get("status_reason"),
+        error=None if is_scored(first) else first.metadata.get("status_reason"),
     )
 
 

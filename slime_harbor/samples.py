@@ -47,9 +47,14 @@ class SampleStatus(str, Enum):
     FAILED = "failed"  # the agent or verifier raised; no trustworthy reward
 
 
-# Statuses whose reward did not come from a verifier run on a finished trajectory. Samples with
-# these statuses carry remove_sample=True so they are dropped from the loss, and they are counted.
-INFRA_STATUSES = frozenset({SampleStatus.ABORTED, SampleStatus.FAILED})
+SCORED_STATUSES = frozenset({SampleStatus.COMPLETED, SampleStatus.TRUNCATED})
+"""The verifier scored the finished trajectory: the only episodes whose reward is trained or
+counted. The others (aborted, failed) carry no reward and remove_sample=True."""
+
+
+def is_scored(sample) -> bool:
+    """Whether the sample's episode was scored by the verifier (SLiME's Sample too: same values)."""
+    return SampleStatus(getattr(sample.status, "value", sample.status)) in SCORED_STATUSES and sample.reward is not None
 
 
 @dataclass

@@ -13,7 +13,7 @@ from itertools import groupby
 
 import verifiers.v1 as vf
 
-from slime_harbor.samples import SampleStatus, TrainingSample
+from slime_harbor.samples import SampleStatus, TrainingSample, is_scored
 
 
 def fill_trace(trace: vf.Trace, samples: list[TrainingSample], tokenizer, reward_key: str = "reward",
@@ -26,7 +26,7 @@ def fill_trace(trace: vf.Trace, samples: list[TrainingSample], tokenizer, reward
         trace.errors.append(vf.Error(type="HackScreened", message="; ".join(first.metadata.get("hack_details") or [])))
         trace.is_completed, trace.ok = True, False
         return
-    if first.status not in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED) or first.reward is None:
+    if not is_scored(first):
         reason = first.metadata.get("status_reason") or first.metadata.get("exception_type") or first.status.value
         trace.errors.append(vf.Error(type=first.metadata.get("exception_type") or "HarborTrialFailed", message=str(reason)))
         trace.is_completed, trace.ok = True, False

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_harbor.hack_monitor import hack_counts
-from slime_harbor.samples import TrainingSample
+from slime_harbor.samples import TrainingSample, episode_key, is_scored
 from slime_harbor.trainers.local_config import LocalTrainConfig
 
 
@@ -61,11 +61,11 @@ def rollout_stats(samples: Sequence[TrainingSample]) -> dict[str, Any]:
     """Reward mean / std / pass rate over the episodes the verifier scored (one per trial)."""
     rewards = {}
     for s in samples:
-        if s.reward is not None and s.status.value in ("completed", "truncated"):
-            rewards.setdefault((s.group_index, s.index), s.reward)
+        if is_scored(s):
+            rewards.setdefault(episode_key(s), s.reward)
     values = list(rewards.values())
     mean = sum(values) / len(values) if values else None
-    tampered = {(s.group_index, s.index) for s in samples if s.metadata.get("tampering")}
+    tampered = {episode_key(s) for s in samples if s.metadata.get("tampering")}
     return {
         "n_tampered": len(tampered),  # episodes whose grader detected tampering (scored 0)
         **hack_counts(samples),  # the hack monitor's: hack_rate, hack/<detector>
@@ -102,7 +102,7 @@ class TaskStream:
 
 def truncated_ratio(samples: Sequence[TrainingSample]) -> float | None:
     """Share of scored episodes that hit a limit (status truncated), as SLiME's rollout/truncated_ratio."""
-    episodes = {(s.group_index, s.index): s.status.value for s in samples if s.reward is not None}
+    episodes = {episode_key(s): s.status.value for s in samples if is_scored(s)}
     return sum(v == "truncated" for v in episodes.values()) / len(episodes) if episodes else None
 
 
