@@ -231,17 +231,29 @@ def evaluate(cfg: LearningConfig, model_dir: Path, tasks_dir: Path, out: Path) -
         )
         summary = asyncio.run(run_rollouts(rollout))
     by_family: dict[str, list[float]] = defaultdict(list)
+    unscored = 0
     for task, rewards in summary["per_task_rewards"].items():
-        # An unscored trial (infrastructure failure) counts as a failure.
-        by_family[task_families.family_of(task)] += [float(r or 0.0) for r in rewards]
+        # An unscored trial (an infrastructure failure) says nothing of the policy: left out and
+        # counted, as trainers/evaluate.py does.
+        by_family[task_families.family_of(task)] += [float(r) for r in rewards if r is not None]
+        unscored += sum(r is None for r in rewards)
     everything = [r for rs in by_family.values() for r in rs]
     return {
-        "success": sum(r >= 1.0 for r in everything) / len(everything),
-        "per_family": {f: sum(r >= 1.0 for r in rs) / len(rs) for f, rs in sorted(by_family.items())},
+        "success": sum(r >= 1.0 for r in everything) / len(everything) if everything else None,
+        "per_family": {f: sum(r >= 1.0 for r in rs) / len(rs) for f, rs in sorted(by_family.items()) if rs},
         "n_trials": len(everything),
+        "n_unscored": unscored,
         "errors": len(summary["errors"]),
         "wall_s": summary["wall_seconds"],
     }
+
+
+def _rate(x: float | None) -> str:
+    return "n/a (no trial scored)" if x is None else f"{x:.3f}"
+
+
+def _delta(after: float | None, before: float | None) -> float | None:
+    return None if after is None or before is None else after - before
 
 
 def grpo(cfg: LearningConfig, model_dir: Path, tasks_dir: Path, schedule: list[list[task_families.Instance]],
@@ -314,7 +326,7 @@ def run(cfg: LearningConfig) -> dict:
             t = time.monotonic()
             evals[f"grpo_step_{step}"] = evaluate(cfg, checkpoint, heldout_dir, cfg.out / "eval" / f"grpo_step_{step}")
             heldout_curve.append((step, evals[f"grpo_step_{step}"]["success"]))
-            print(f"  held-out success after GRPO step {step}: {heldout_curve[-1][1]:.3f}", file=sys.stderr)
+            print(f"  held-out success after GRPO step {step}: {_rate(heldout_curve[-1][1])}", file=sys.stderr)
             lap("eval", t)
 
     t, eval_so_far = time.monotonic(), timings["eval"]
@@ -337,8 +349,8 @@ def run(cfg: LearningConfig) -> dict:
     before, after = evals["sft"]["success"], evals["grpo"]["success"]
     results = {
         "heldout_success": {"base": evals["base"]["success"], "sft_only": before, "sft_grpo": after,
-                            "delta_grpo": after - before,
-                            **({"sft_rft": evals["rft"]["success"], "delta_rft": evals["rft"]["success"] - before}
+                            "delta_grpo": _delta(after, before),
+                            **({"sft_rft": evals["rft"]["success"], "delta_rft": _delta(evals["rft"]["success"], before)}
                                if cfg.rft_arm else {})},
         "rft_train_reward": [m["reward_mean"] for m in rft_metrics],
         "heldout_curve": heldout_curve,
@@ -359,18 +371,20 @@ def report(results: dict, cfg: LearningConfig) -> None:
     s, e = results["heldout_success"], results["evals"]
     print(f"held-out success, {e['sft']['n_trials']} real trials each ({cfg.eval_samples} episodes x "
           f"{cfg.heldout_instances} unseen instances x {len(cfg.families)} families, T={cfg.temperature}):")
-    print(f"  base (no SFT)  {s['base']:.3f}")
-    print(f"  SFT only       {s['sft_only']:.3f}")
-    print(f"  SFT + GRPO     {s['sft_grpo']:.3f}   ({cfg.grpo_steps} GRPO steps)")
-    print(f"  delta (GRPO)   {s['delta_grpo']:+.3f}   target >= +0.200: {'MET' if s['delta_grpo'] >= 0.2 else 'NOT MET'}")
+    delta = s["delta_grpo"]
+    print(f"  base (no SFT)  {_rate(s['base'])}")
+    print(f"  SFT only       {_rate(s['sft_only'])}")
+    print(f"  SFT + GRPO     {_rate(s['sft_grpo'])}   ({cfg.grpo_steps} GRPO steps)")
+    print(f"  delta (GRPO)   {'n/a' if delta is None else format(delta, '+.3f')}   target >= +0.200: "
+          f"{'MET' if delta is not None and delta >= 0.2 else 'NOT MET'}")
     if "sft_rft" in s:
-        print(f"  SFT + RFT      {s['sft_rft']:.3f}   ({cfg.grpo_steps} steps, the same rollouts per step; delta "
-              f"{s['delta_rft']:+.3f})")
-    print("  held-out curve " + "  ".join(f"step {k}: {v:.3f}" for k, v in results["heldout_curve"]))
+        print(f"  SFT + RFT      {_rate(s['sft_rft'])}   ({cfg.grpo_steps} steps, the same rollouts per step; delta "
+              f"{'n/a' if s['delta_rft'] is None else format(s['delta_rft'], '+.3f')})")
+    print("  held-out curve " + "  ".join(f"step {k}: {_rate(v)}" for k, v in results["heldout_curve"]))
     families = list(e["sft"]["per_family"])
     print("  per family     " + " ".join(f"{f[:12]:>12s}" for f in families))
     for name in [n for n in ("base", "sft", "grpo", "rft") if n in e]:
-        print(f"  {name:14s} " + " ".join(f"{e[name]['per_family'][f]:12.2f}" for f in families))
+        print(f"  {name:14s} " + " ".join(f"{e[name]['per_family'].get(f, float('nan')):12.2f}" for f in families))
     rewards = " ".join("n/a" if r is None else f"{r:.2f}" for r in results["grpo_train_reward"])
     print(f"GRPO training reward per step: {rewards}")
     sft = results["sft"]
