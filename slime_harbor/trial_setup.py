@@ -354,8 +354,11 @@ def _agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None):
             "model_info": {
                 "max_input_tokens": cfg.max_context_len or _max_context(cfg.model_dir),
                 "max_output_tokens": cfg.max_new_tokens,
+                # Every cost named, cache costs too: LiteLLM warns on each run about any it must default.
                 "input_cost_per_token": 0.0,
                 "output_cost_per_token": 0.0,
+                "cache_creation_input_token_cost": 0.0,
+                "cache_read_input_token_cost": 0.0,
             },
             "llm_call_kwargs": {"max_tokens": cfg.max_new_tokens},
         })
