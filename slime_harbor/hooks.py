@@ -79,14 +79,15 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from slime_harbor.exits import ConfigError
 from slime_harbor.filters import TrajectoryFilters, apply_limit_filters, mask_stale
 from slime_harbor.grpo import episode_advantages
 from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
-from slime_harbor.trial_setup import RolloutConfig, uses_gateway, with_engine
+from slime_harbor.trial_setup import RolloutConfig, check_agent, uses_gateway, with_engine
 from slime_harbor.samples import SCORED_STATUSES, SampleStatus, TrainingSample
 
 DEFAULTS = {
@@ -119,8 +120,6 @@ DEFAULTS = {
 }
 
 log = logging.getLogger(__name__)
-
-_semaphores: dict[int, asyncio.Semaphore] = {}
 
 METRICS: Counter = Counter()
 """Process-wide counts, for logs and tests: episodes, status/<status>, tampering/<kind>, retries,
@@ -222,6 +221,8 @@ def check_supported(args) -> None:
         raise HookConfigError("--use-rollout-routing-replay: Harbor agents cannot return routed experts; drop the flag")
     if getattr(args, "partial_rollout", False):
         raise HookConfigError("--partial-rollout: a Harbor trial cannot be resumed from a partial sample; drop the flag")
+    if refusal := _agent_refusal(setting(args, "harbor_agent")):
+        raise HookConfigError(f"harbor_agent: {refusal}")
     from slime_harbor.hack_monitor import HACK_ACTIONS, load_detector
 
     if (action := setting(args, "harbor_hack_action")) not in HACK_ACTIONS:
@@ -264,36 +265,52 @@ def _selected_tasks_dir(tasks: str, registry_path: str | None, registry_url: str
                         registry_url=registry_url)[0]
 
 
-_gateways: dict[asyncio.AbstractEventLoop, object] = {}
-"""The process's gateway per event loop (a gateway's server runs in the loop that started it)."""
-_gateway_locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
+@dataclass
+class LoopState:
+    """What one event loop of this process holds for its trials: the gateway (its server runs in
+    the loop that started it), the lock that starts it once, and the semaphore that bounds the
+    loop's trials (asyncio primitives belong to one loop)."""
+
+    gateway_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    gateway: Any = None
+    trials: asyncio.Semaphore | None = None
+
+
+_loops: dict[asyncio.AbstractEventLoop, LoopState] = {}
+"""Per event loop, by the loop itself (an id() may be reused by a later loop)."""
+
+
+def loop_state() -> LoopState:
+    return _loops.setdefault(asyncio.get_running_loop(), LoopState())
 
 
 async def process_gateway(cfg: RolloutConfig):
     """This process's gateway in front of SLiME's router (cfg.policy_url), started on first use in
     the running event loop and reused by every later trial of it; closed by close_gateway / at exit."""
-    loop = asyncio.get_running_loop()
-    async with _gateway_locks.setdefault(loop, asyncio.Lock()):
-        if loop not in _gateways:
-            _gateways[loop] = await start_gateway(cfg)
-            log.info("model gateway for Harbor agents at %s (upstream %s)", _gateways[loop].base_url, cfg.policy_url)
-    return _gateways[loop]
+    state = loop_state()
+    async with state.gateway_lock:
+        if state.gateway is None:
+            state.gateway = await start_gateway(cfg)
+            log.info("model gateway for Harbor agents at %s (upstream %s)", state.gateway.base_url, cfg.policy_url)
+    return state.gateway
 
 
 async def close_gateway() -> None:
     """Close the running event loop's gateway (its sessions, server and port), if it has one."""
-    _gateway_locks.pop(asyncio.get_running_loop(), None)
-    gateway = _gateways.pop(asyncio.get_running_loop(), None)
-    if gateway is not None:
-        await gateway.aclose()
+    state = _loops.pop(asyncio.get_running_loop(), None)
+    if state is not None and state.gateway is not None:
+        await state.gateway.aclose()
 
 
 @atexit.register
 def _close_gateways_at_exit() -> None:
     """At interpreter exit: close each gateway in its own loop, where that loop can still run it
     (SLiME runs its rollout loop in a background thread; a closed loop took its sockets with it)."""
-    for loop, gateway in list(_gateways.items()):
-        _gateways.pop(loop, None)
+    for loop, state in list(_loops.items()):
+        _loops.pop(loop, None)
+        gateway = state.gateway
+        if gateway is None:
+            continue
         try:
             if loop.is_running():
                 asyncio.run_coroutine_threadsafe(gateway.aclose(), loop).result(timeout=30)
@@ -415,6 +432,17 @@ async def run_unless_aborted(episode: Awaitable, aborted: Callable[[], bool], po
             await asyncio.gather(task, return_exceptions=True)  # run_episode stops the sandbox first
 
 
+@functools.lru_cache(maxsize=64)
+def _agent_refusal(agent: str) -> str | None:
+    """Why `agent` cannot run (refused, unplaced, not importable: never Harbor's own in-sandbox
+    install), once per name; None when it can."""
+    try:
+        check_agent(RolloutConfig(agent=agent))
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 async def generate(args, sample, sampling_params, evaluation: bool = False) -> list:
     """SLiME custom generate: one Harbor trial for `sample`'s task -> list[Sample] (one rollout_id)."""
     check_supported(args)
@@ -430,9 +458,13 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
         return _placeholder(sample, SampleStatus.FAILED, f"task {task_dir.name} skipped by {manifest}: {skipped}",
                             top_p_ids, skipped_by_manifest=True)
     cfg = rollout_config(args, sampling_params, sample)
+    if refusal := _agent_refusal(cfg.agent):  # a prompt row's own harbor_agent is checked here
+        return _placeholder(sample, SampleStatus.FAILED, refusal, top_p_ids)
     gateway = await process_gateway(cfg) if uses_gateway(cfg.agent) else None
-    loop_key = id(asyncio.get_running_loop())
-    semaphore = _semaphores.setdefault(loop_key, asyncio.Semaphore(int(setting(args, "harbor_concurrency"))))
+    state = loop_state()
+    if state.trials is None:
+        state.trials = asyncio.Semaphore(int(setting(args, "harbor_concurrency")))
+    semaphore = state.trials
     budget = int(setting(args, "harbor_max_retries_per_task"))
     window = float(setting(args, "harbor_retry_window_sec"))
     retries = 0

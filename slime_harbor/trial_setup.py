@@ -505,7 +505,7 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
             Task(task)
         except Exception as exc:  # TOML syntax, schema (pydantic), missing tests/instruction
             raise ConfigError(f"task {task / 'task.toml'} cannot be loaded: {one_line(exc)}") from None
-    _check_agent(cfg)
+    check_agent(cfg)
     _check_environment(cfg.env)
     _check_agent_installs(cfg)
     try:
@@ -516,7 +516,9 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
     return tasks
 
 
-def _check_agent(cfg: RolloutConfig) -> None:
+def check_agent(cfg: RolloutConfig) -> None:
+    """The agent can run here: not refused (UNAVAILABLE), placed if Harbor names it, importable
+    (ConfigError in one line otherwise)."""
     from harbor.agents.factory import AgentFactory
     from harbor.models.agent.name import AgentName
 

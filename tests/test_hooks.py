@@ -195,19 +195,19 @@ def test_generate_hook_runs_terminus2_through_the_process_gateway(tmp_path, resp
         plain = Sample(group_index=0, index=1, prompt="p", label=task.name, session_id="sess-1",
                        metadata={"task_dir": str(task)})
         first = await generate(args, plain, {"temperature": 1.0, "max_new_tokens": 96})
-        gateway = hooks._gateways[asyncio.get_running_loop()]
+        gateway = hooks._loops[asyncio.get_running_loop()].gateway
         replay = Sample(group_index=0, index=2, prompt="p", label=task.name, session_id="sess-2",
                         metadata={"task_dir": str(task)})
         second = await generate(args, replay, {"temperature": 1.0, "top_p": 0.9, "max_new_tokens": 96,
                                                 "stop_token_ids": [5], "sampling_seed": 3,
                                                 "custom_params": {"return_top_p_token_ids": True}})
-        assert hooks._gateways[asyncio.get_running_loop()] is gateway  # one per process and loop
+        assert hooks._loops[asyncio.get_running_loop()].gateway is gateway  # one per process and loop
         await hooks.close_gateway()
         return first, second, gateway.port, asyncio.get_running_loop()
 
     first, second, gateway_port, loop = asyncio.run(two_trials())
     # (Another loop's gateway may remain: a SLiME round run earlier in this process keeps its own.)
-    assert port_is_free(gateway_port) and loop not in hooks._gateways
+    assert port_is_free(gateway_port) and loop not in hooks._loops
     for s in first:
         assert s.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED) and not s.remove_sample
         n = s.response_length
@@ -441,6 +441,9 @@ def test_trajectory_filters_and_eval_trials_dir_from_the_yaml(tmp_path, monkeypa
     (dict(use_rollout_routing_replay=True, harbor_agent="terminus-2"), {"sampling_seed": 3}, "routed experts"),
     (dict(harbor_hack_action="punish"), {}, "harbor_hack_action must be one of flag, penalty, screen"),
     (dict(harbor_hack_detectors=["no_such_module:f"]), {}, "no_such_module"),
+    # an agent refused or placed nowhere never reaches Harbor's own install in the sandbox
+    (dict(harbor_agent="terminus-1"), {}, "harbor_agent: agent 'terminus-1' cannot train here"),
+    (dict(harbor_agent="no-such-agent"), {}, "harbor_agent: unknown agent 'no-such-agent'"),
 ])
 def test_settings_that_cannot_apply_raise_on_the_first_call(overrides, params, match, Sample):
     args = SimpleNamespace(**overrides)
@@ -469,6 +472,18 @@ def test_slime_sampling_params_apply_to_every_agent(agent, Sample):
         assert kwargs["stop_token_ids"] == [7] and kwargs["return_top_p_token_ids"] and kwargs["sampling_seed"] == 11
     with pytest.raises(HookConfigError, match="routed experts"):
         hooks.check_supported(SimpleNamespace(harbor_agent=agent, use_rollout_routing_replay=True))
+
+
+def test_a_prompt_rows_refused_agent_is_a_failed_sample_without_a_trial(tmp_path, Sample):
+    """A prompt row may name its own harbor_agent: a refused one ends that sample, FAILED with the
+    refusal as its reason (removed, never trained), before any sandbox starts."""
+    args = SimpleNamespace(sglang_router_ip="127.0.0.1", sglang_router_port=9, harbor_trials_dir=str(tmp_path / "trials"))
+    task = DEFAULT_TASKS / "dedupe-lines"
+    sample = Sample(index=0, prompt="p", label=task.name, metadata={"task_dir": str(task), "harbor_agent": "computer-1"})
+    (out,) = asyncio.run(generate(args, sample, {}))
+    assert out.status == Sample.Status.FAILED and out.remove_sample
+    assert "agent 'computer-1' cannot train here" in out.metadata["status_reason"]
+    assert not (tmp_path / "trials").exists()
 
 
 def test_sampling_params_reach_the_agent_config(Sample):
