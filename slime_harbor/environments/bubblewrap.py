@@ -76,10 +76,10 @@ from slime_harbor.environments.agent_changes import SandboxChanges
 from slime_harbor.environments.bubblewrap_files import SandboxFiles
 from slime_harbor.environments.gateway_reach import GatewayForward, gateway_port_kwarg
 
-# Host-side plumbing (trial dirs, sweeps, the /etc copy, archives, marked processes): bubblewrap_host.py.
+# Host-side plumbing (trial dirs, sweeps, the /etc copy, marked processes): bubblewrap_host.py.
 from slime_harbor.environments.bubblewrap_host import (
-    SANDBOX_TYPE, _ETC_TEMPLATE_MOUNT, _OVERLAY_MOUNT, _OVERLAID, _etc_templates, _HOST_TOOL_DIRS,
-    default_sandbox_root, _host_tool, _signal, _read_until_eof, _new_owned_dir, _sweep_stale_sandboxes, MARKER_VAR,
+    SANDBOX_TYPE, _ETC_TEMPLATE_MOUNT, _OVERLAY_MOUNT, _OVERLAID, _HOST_TOOL_DIRS,
+    default_sandbox_root, _host_tool, _signal, _new_owned_dir, _sweep_stale_sandboxes, MARKER_VAR,
     _pids_with_marker, _pids_in_namespace, _remove_tree, _populate_root, _etc_template,
 )
 
@@ -577,10 +577,15 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
             raise RuntimeError(f"{what} failed (exit {done.return_code}): {done.output()}")
         return done
 
-    # --- Dockerfile steps ---------------------------------------------------------------------
-
 
 # --- host-side helpers ------------------------------------------------------------------------
+
+
+def _read_until_eof(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 # Sandboxes started by this process and not yet stopped: killed and removed at interpreter exit
@@ -594,7 +599,5 @@ def _stop_live_sandboxes() -> None:
         environment._kill_all()
         shutil.rmtree(path, ignore_errors=True)
     _live_sandboxes.clear()
-    for template in _etc_templates.values():
-        shutil.rmtree(template.parent, ignore_errors=True)
 
 

@@ -1,11 +1,12 @@
 """What the bubblewrap sandbox (environments/bubblewrap.py) does on the host, outside the sandbox:
 its per-trial directories (made, removed, swept when the process that owned them died), the root
-skeleton and the readable copy of /etc it starts from, tar archives in and out, and finding and
-signalling the processes that carry its marker.
+skeleton and the readable copy of /etc it starts from, and finding and signalling the processes
+that carry its marker.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
@@ -13,17 +14,12 @@ import re
 import shutil
 import signal
 import stat
-import tarfile
 import tempfile
 import threading
 import uuid
 from pathlib import Path
-from typing import IO
 
-from harbor.environments.base import transfer_tar_filter
-
-from slime_harbor.environments.common import owner_stamp, root_owned
-from slime_harbor.environments.dockerfile import CopyEntry
+from slime_harbor.environments.common import owner_stamp
 
 
 SANDBOX_TYPE = "bubblewrap"
@@ -67,13 +63,6 @@ def _signal(kill, target: int) -> None:
         kill(target, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _read_until_eof(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 4096):
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _new_owned_dir(base_dir: Path, label: str) -> Path:
@@ -184,6 +173,14 @@ def _etc_template(base_dir: Path) -> Path:
         return template
 
 
+# Removed at interpreter exit (after the sandboxes: bubblewrap.py registers its own handler later,
+# and atexit runs the last registered first).
+@atexit.register
+def _remove_etc_templates() -> None:
+    for template in _etc_templates.values():
+        shutil.rmtree(template.parent, ignore_errors=True)
+
+
 def _copy_readable_etc(target: Path) -> None:
     def unreadable(directory: str, names: list[str]) -> list[str]:
         skipped = []
@@ -210,33 +207,3 @@ def _copy_readable_etc(target: Path) -> None:
             shutil.copyfile("/etc/resolv.conf", resolv)
         except OSError:
             pass
-
-
-def _write_copy_archive(archive: IO[bytes], entry: CopyEntry, file_name: str | None) -> None:
-    """The tar stream a COPY/ADD entry extracts into its target directory."""
-
-    def with_mode(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        if entry.mode is not None and not info.issym():
-            info.mode = entry.mode
-        return root_owned(info)
-
-    with tarfile.open(fileobj=archive, mode="w") as tar:
-        if entry.extract:
-            with tarfile.open(entry.source, mode="r:*") as packed:
-                for member in packed:
-                    data = packed.extractfile(member) if member.isfile() else None
-                    tar.addfile(with_mode(member), data)
-        elif entry.source.is_dir():
-            for path in sorted(entry.source.rglob("*")):
-                tar.add(path, arcname=path.relative_to(entry.source).as_posix(),
-                        recursive=False, filter=with_mode)  # fmt: skip
-        else:
-            # A source given by name is followed if it is a symlink, as Docker does.
-            info = tar.gettarinfo(entry.source.resolve(), arcname=file_name)
-            with open(entry.source, "rb") as data:
-                tar.addfile(with_mode(info), data)
-
-
-def _extract_archive(archive: IO[bytes], target: Path) -> None:
-    with tarfile.open(fileobj=archive, mode="r:") as tar:
-        tar.extractall(path=target, filter=transfer_tar_filter)
