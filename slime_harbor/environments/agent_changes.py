@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from slime_harbor.environments.bubblewrap_host import _ETC_TEMPLATE_MOUNT, _OVERLAID, _OVERLAY_MOUNT
+from slime_harbor.environments.bubblewrap_host import ETC_TEMPLATE_MOUNT, OVERLAYS, OVERLAY_MOUNT
 from slime_harbor.verifier_runtime import (
     ADDED, DELETED, LISTING_SCRIPT, MODIFIED, MOUNTED, Change, RuntimeIndex, parse_listing,
 )
@@ -253,20 +253,20 @@ def bubblewrap_runtime_index(built: dict[str, Entry], upper_files) -> RuntimeInd
 
 class SandboxChanges:
     """The bubblewrap sandbox's side of this (a mixin of BubblewrapEnvironment: it needs its
-    sandbox_dir, _rootfs, _mounts, _init_pid, _etc_template, and _built / _built_mounts, which
+    sandbox_dir, _rootfs, _mounts, _init_pid, etc_template, and _built / _built_mounts, which
     start() fills once the sandbox is built)."""
 
     def _snapshot(self) -> dict:
-        skip = frozenset({*_OVERLAID, "/proc", "/dev", _ETC_TEMPLATE_MOUNT, _OVERLAY_MOUNT,
+        skip = frozenset({*OVERLAYS, "/proc", "/dev", ETC_TEMPLATE_MOUNT, OVERLAY_MOUNT,
                           *(m["target"] for m in self._mounts)})  # fmt: skip
         trees = snapshot(self._rootfs, "/", skip)
-        for point in _OVERLAID:
+        for point in OVERLAYS:
             trees.update(snapshot(self.sandbox_dir / "overlay" / point.strip("/") / "upper", point))
         return trees
 
     def _host_file(self, path: str) -> Path:
         """Where a file the sandbox shows at `path` lies on the host, if the sandbox wrote it."""
-        for point in _OVERLAID:
+        for point in OVERLAYS:
             if path.startswith(point + "/"):
                 return self.sandbox_dir / "overlay" / point.strip("/") / "upper" / path[len(point) + 1:]
         return self._rootfs / path.lstrip("/")

@@ -26,13 +26,13 @@ SANDBOX_TYPE = "bubblewrap"
 
 
 # Host directories shared read-only; symlinks among them (merged /usr) are recreated instead.
-_HOST_TOOL_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+HOST_TOOL_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
 
 # The writable system dirs are overlays (mount point -> lower dir); bubblewrap.py mounts them.
-_ETC_TEMPLATE_MOUNT = "/run/host-etc"
-_OVERLAY_MOUNT = "/.slime-harbor-overlay"
-_OVERLAID = {"/usr": "/usr", "/etc": _ETC_TEMPLATE_MOUNT}
+ETC_TEMPLATE_MOUNT = "/run/host-etc"
+OVERLAY_MOUNT = "/.slime-harbor-overlay"
+OVERLAYS = {"/usr": "/usr", "/etc": ETC_TEMPLATE_MOUNT}
 
 
 # Directories every sandbox root has, with their modes (as in a Debian image).
@@ -48,7 +48,8 @@ def default_sandbox_root() -> Path:
 
 
 @functools.cache
-def _host_tool(name: str) -> str:
+def host_tool(name: str) -> str:
+    """The path of a host program the sandbox needs (bwrap, nsenter); a clear error if missing."""
     path = shutil.which(name)
     if path is None:
         raise FileNotFoundError(
@@ -58,14 +59,16 @@ def _host_tool(name: str) -> str:
     return path
 
 
-def _signal(kill, target: int) -> None:
+def sigkill(kill, target: int) -> None:
+    """SIGKILL a process (``kill=os.kill``) or process group (``os.killpg``); one already gone,
+    or no longer ours, is not an error."""
     try:
         kill(target, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
 
 
-def _new_owned_dir(base_dir: Path, label: str) -> Path:
+def new_owned_dir(base_dir: Path, label: str) -> Path:
     """A fresh directory under ``base_dir`` that records this process as its owner."""
     name = re.sub(r"[^A-Za-z0-9_.-]", "-", label)[:80]
     path = base_dir / f"{name}-{uuid.uuid4().hex[:12]}"
@@ -75,7 +78,7 @@ def _new_owned_dir(base_dir: Path, label: str) -> Path:
     return path
 
 
-def _sweep_stale_sandboxes(base_dir: Path) -> None:
+def sweep_stale_sandboxes(base_dir: Path) -> None:
     """Remove sandbox directories whose owning process has died."""
     our_namespace = os.readlink("/proc/self/ns/pid")
     for path in base_dir.iterdir():
@@ -87,13 +90,13 @@ def _sweep_stale_sandboxes(base_dir: Path) -> None:
         # An owner in another pid namespace (another container sharing /tmp) cannot be checked.
         if namespace == our_namespace and owner_stamp(int(pid)) != stamp:
             with contextlib.suppress(FileNotFoundError):  # another sweeper got there first
-                _remove_tree(path)
+                remove_tree(path)
 
 
 MARKER_VAR = "SLIME_HARBOR_SANDBOX"
 
 
-def _pids_with_marker(marker: str) -> list[int]:
+def pids_with_marker(marker: str) -> list[int]:
     """Host pids whose environment holds SLIME_HARBOR_SANDBOX=<marker>."""
     needle = f"{MARKER_VAR}={marker}".encode()
     pids = []
@@ -109,7 +112,7 @@ def _pids_with_marker(marker: str) -> list[int]:
     return pids
 
 
-def _pids_in_namespace(namespace_inode: int, exclude: int) -> list[int]:
+def pids_in_namespace(namespace_inode: int, exclude: int) -> list[int]:
     """Host pids of the live (not zombie) processes in the pid namespace with that inode."""
     pids = []
     for name in os.listdir("/proc"):
@@ -127,7 +130,9 @@ def _pids_in_namespace(namespace_inode: int, exclude: int) -> list[int]:
     return pids
 
 
-def _remove_tree(path: Path) -> None:
+def remove_tree(path: Path) -> None:
+    """Remove a sandbox directory, whatever modes the sandbox left on it."""
+
     def make_writable_and_retry(function, failed_path, _exc):
         # The sandbox may have left read-only directories (chmod 500 ...).
         os.chmod(os.path.dirname(failed_path), 0o700)
@@ -138,10 +143,10 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, onexc=make_writable_and_retry)
 
 
-def _populate_root(rootfs: Path) -> None:
+def populate_root(rootfs: Path) -> None:
     """Lay out the sandbox's writable ``/``: skeleton directories and links to host tools, and
     beside it the upper and work dirs of its overlays (``overlay/usr``, ``overlay/etc``)."""
-    for point in _OVERLAID:
+    for point in OVERLAYS:
         for part in ("upper", "work"):
             (rootfs.parent / "overlay" / point.strip("/") / part).mkdir(parents=True, mode=0o755)
     rootfs.mkdir(mode=0o755)
@@ -149,7 +154,7 @@ def _populate_root(rootfs: Path) -> None:
         path = rootfs / relative
         path.mkdir(parents=True, exist_ok=True)
         path.chmod(mode)
-    for name in _HOST_TOOL_DIRS:
+    for name in HOST_TOOL_DIRS:
         host = Path("/") / name
         if host.is_symlink():
             os.symlink(os.readlink(host), rootfs / name)
@@ -161,13 +166,13 @@ _etc_templates: dict[Path, Path] = {}
 _etc_template_lock = threading.Lock()
 
 
-def _etc_template(base_dir: Path) -> Path:
+def etc_template(base_dir: Path) -> Path:
     """This process's copy of what any host user may read of /etc (so no /etc/shadow, no
     private keys), made once under ``base_dir`` and swept like a sandbox when the process dies."""
     with _etc_template_lock:
         template = _etc_templates.get(base_dir)
         if template is None:
-            template = _new_owned_dir(base_dir, "etc-template") / "etc"
+            template = new_owned_dir(base_dir, "etc-template") / "etc"
             _copy_readable_etc(template)
             _etc_templates[base_dir] = template
         return template

@@ -62,7 +62,7 @@ from slime_harbor.installed_agents import DEFAULT_SETUP_TIMEOUT_SEC, resolve_ins
 
 # The daemon side (client, sweeps of stale containers, task images, tool layers): docker_images.py.
 from slime_harbor.environments.docker_images import (
-    _API_TIMEOUT_SEC, _docker_host, DockerUnavailableError, LABEL, RUN_ID, TMUX_SCRIPT, _sweep_once,
+    API_TIMEOUT_SEC, docker_host, DockerUnavailableError, LABEL, RUN_ID, TMUX_SCRIPT, sweep_stale_containers_once,
     check_docker, docker_client, ensure_image, ensure_layer_image, image_tag, owner_labels, remove_container,
     task_image_on_tools, tools_base_image,
 )
@@ -236,7 +236,7 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
     async def start(self, force_build: bool) -> None:
         if self.container_id is not None or self._stop_task is not None:
             raise RuntimeError("the container was already started")
-        await asyncio.to_thread(_sweep_once)
+        await asyncio.to_thread(sweep_stale_containers_once)
         await self.install_agents(force_build)
         if self._tools_image is None:  # no layers
             await self._ensure_task_image(force_build)
@@ -341,7 +341,7 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
             if not ours:
                 raise GatewayReachError(
                     f"gateway_port: container {container_id[:12]} has no process on this machine (pid {pid}): "
-                    f"it exited, or the Docker daemon at {_docker_host()} runs elsewhere, where a "
+                    f"it exited, or the Docker daemon at {docker_host()} runs elsewhere, where a "
                     "no-network container cannot reach the gateway"
                 )
             self._gateway_forward = await GatewayForward.open(net_ns, self._gateway_port, self._gateway_host)
@@ -514,7 +514,7 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
             pass
 
     async def _root_check(self, command: str, what: str) -> str:
-        done = await self._run(command, cwd="/", env={}, user="root", timeout_sec=_API_TIMEOUT_SEC)
+        done = await self._run(command, cwd="/", env={}, user="root", timeout_sec=API_TIMEOUT_SEC)
         if done.return_code != 0:
             detail = (done.stdout + done.stderr).decode(errors="replace").strip()
             raise RuntimeError(f"{what} failed (exit {done.return_code}): {detail}")
