@@ -58,7 +58,6 @@ import select
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -70,7 +69,9 @@ from harbor.environments.capabilities import (
 from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
 from harbor.models.trial.paths import TrialPaths
 
-from slime_harbor.environments.common import ExecTimeoutError, flag_kwarg, shares_host_network
+from slime_harbor.environments.common import (
+    ROOT_USERS, CompletedCommand, ExecTimeoutError, flag_kwarg, shares_host_network,
+)
 from slime_harbor.environments.dockerfile import DEFAULT_PATH, BuildRecipe, DockerfileError, parse_dockerfile
 from slime_harbor.environments.agent_changes import SandboxChanges
 from slime_harbor.environments.bubblewrap_files import SandboxFiles
@@ -102,17 +103,6 @@ _INIT_READY_TIMEOUT_SEC = 30
 _ENTERED_NAMESPACES = ("user", "mnt", "pid", "ipc", "uts", "net")
 _NSENTER_FLAGS = {"user": "user", "mnt": "mount", "pid": "pid", "ipc": "ipc", "uts": "uts",
                   "net": "net"}  # fmt: skip
-_ROOT_USERS = (None, "root", 0, "0")
-
-
-@dataclass
-class _Completed:
-    return_code: int
-    stdout: bytes
-    stderr: bytes
-
-    def output(self) -> str:
-        return (self.stdout + self.stderr).decode(errors="replace").strip()
 
 
 class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
@@ -461,6 +451,8 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         (:mod:`slime_harbor.isolation`). Done from the host, by pid namespace, with nothing of
         the sandbox's (whose shell the agent may have replaced); repeated until nothing but
         zombies (orphans ``sleep infinity`` never reaps) is left."""
+        # Not a restart, as the Docker environment does: killing pid 1 ends the sandbox itself (its
+        # namespaces, the overlays it mounted), so everything else is found and killed from here.
         if self._init_pid is None or self._stopped:
             raise RuntimeError("the sandbox is not running")
         namespace = os.fstat(self._namespace_fds["pid"]).st_ino
@@ -484,7 +476,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         user: str | int | None = None,
     ) -> ExecResult:
         user = self._resolve_user(user)
-        if user not in _ROOT_USERS:
+        if user not in ROOT_USERS:
             raise RuntimeError(
                 f"the {SANDBOX_TYPE} environment runs every command as root; "
                 f"user {user!r} is not supported"
@@ -524,7 +516,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         stdin: IO[bytes] | None = None,
         stdout: IO[bytes] | None = None,
         timeout_sec: float | None = None,
-    ) -> _Completed:
+    ) -> CompletedCommand:
         """Run ``argv`` inside the sandbox; ``stdout`` captured unless a file is given.
 
         Output goes to files, not pipes: a background job that inherits them (``nohup x &``)
@@ -559,7 +551,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
                 self._execs.discard(proc)
             out_file.seek(0)
             err_file.seek(0)
-            return _Completed(proc.returncode, out_file.read(), err_file.read())
+            return CompletedCommand(proc.returncode, out_file.read(), err_file.read())
 
     def _nsenter_argv(self) -> list[str]:
         argv = [host_tool("nsenter")]
@@ -571,7 +563,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         # in the namespace, so nsenter's default switch to uid/gid 0 would fail.
         return [*argv, "--preserve-credentials", "--"]
 
-    async def _check(self, argv: list[str], what: str, **kwargs) -> _Completed:
+    async def _check(self, argv: list[str], what: str, **kwargs) -> CompletedCommand:
         done = await self._run(argv, **kwargs)
         if done.return_code != 0:
             raise RuntimeError(f"{what} failed (exit {done.return_code}): {done.output()}")
