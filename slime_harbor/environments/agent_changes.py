@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from slime_harbor.environments.bubblewrap_host import ETC_TEMPLATE_MOUNT, OVERLAYS, OVERLAY_MOUNT
+from slime_harbor.environments.bubblewrap_host import ETC_TEMPLATE_MOUNT, HOST_TOOL_DIRS, OVERLAYS, OVERLAY_MOUNT
 from slime_harbor.verifier_runtime import (
     ADDED, DELETED, LISTING_SCRIPT, MODIFIED, MOUNTED, Change, RuntimeIndex, parse_listing,
 )
@@ -208,8 +208,8 @@ def changes_between(before: dict[str, Entry], after: dict[str, Entry]) -> list[C
 
 def _host_listing() -> str:
     """The host's tools as a listing (LISTING_SCRIPT's format): what the sandbox's lower /usr ships."""
-    lines = [f"@link /{d} {os.readlink('/' + d)}" for d in ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
-             if os.path.islink("/" + d)]
+    # The links the sandbox's root recreates (bubblewrap_host.populate_root): merged /usr.
+    lines = [f"@link /{d} {os.readlink('/' + d)}" for d in HOST_TOOL_DIRS if os.path.islink("/" + d)]
     lines.append("@dpkg")
     for listed in glob.glob("/var/lib/dpkg/info/*.list"):
         try:
