@@ -75,9 +75,9 @@ def hook_keys() -> str:
 
 
 def dataclass_table(cls) -> str:
-    from slime_harbor.trainers.local import _field_docs
+    from slime_harbor.trainers.local import field_docs
 
-    docs = _field_docs(cls)
+    docs = field_docs(cls)
     rows = ["| field | default | what it is |", "|---|---|---|"]
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else (

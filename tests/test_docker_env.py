@@ -40,13 +40,13 @@ def _docker_skip_reason() -> str | None:
     return None
 
 
-_SKIP = _docker_skip_reason()
-pytestmark = pytest.mark.skipif(_SKIP is not None, reason=f"no Docker: {_SKIP}")
+DOCKER_SKIP = _docker_skip_reason()
+pytestmark = pytest.mark.skipif(DOCKER_SKIP is not None, reason=f"no Docker: {DOCKER_SKIP}")
 
-if _SKIP is None:
+if DOCKER_SKIP is None:
     import slime_harbor.environments.docker as dockerenv
     import slime_harbor.environments.docker_images as docker_images
-    from slime_harbor.environments.bubblewrap import ExecTimeoutError
+    from slime_harbor.environments.common import ExecTimeoutError
 
 # The sample checks of the bubblewrap end-to-end tests, reused as they are.
 from test_rollout_e2e import NATIVE_REPLY, check_sample_against_model, masked_spans  # noqa: E402
@@ -84,7 +84,7 @@ def remove_image(tag: str) -> None:
         client().api.remove_image(tag, force=True)
     except docker.errors.NotFound:
         pass
-    docker_images._image_builds.pop(tag, None)
+    docker_images.image_builds.pop(tag, None)
 
 
 def make_env(task_dir: Path, tmp_path: Path, **kwargs):

@@ -20,8 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from slime_harbor.trial_setup import agent_config, DEFAULT_TASKS, DOCKER_SANDBOX
-from test_docker_env import _SKIP as DOCKER_SKIP
-from test_docker_env import containers_labelled
+from test_docker_env import DOCKER_SKIP, containers_labelled
 from test_rollout_e2e import (  # noqa: F401 (fixtures: the tiny model taught terminus-2's reply format)
     check_sample_against_model,
     config,

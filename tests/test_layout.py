@@ -1,4 +1,5 @@
-"""The package's shape: no import circle between its modules.
+"""The package's shape: no import circle between its modules, and no module importing another's
+private (underscore) names.
 
 It reads the source (ast), so an import inside a function counts as much as one at the top: a
 circle is a circle however late it closes. (Modules are laid out by the concept they own, not by
@@ -74,3 +75,26 @@ def test_no_import_circle():
         if node not in state:
             visit(node)
     assert circles == [], "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+# Our code outside the packages that imports from them: tests, scripts, examples, benchmarks.
+IMPORTERS = ("tests", "scripts", "examples", "bench")
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A name another module uses is part of its owner's interface: public (no underscore), or
+    moved to the module that uses it. Counts ``from MODULE import _name`` for our modules and the
+    test modules (which import each other's helpers); dunders are not private."""
+    mods = modules()
+    tests = {path.stem for path in (REPO / "tests").glob("*.py")}
+    files = [*mods.values(), *(p for d in IMPORTERS for p in sorted((REPO / d).rglob("*.py")))]
+    found = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.ImportFrom) or not node.module:
+                continue
+            ours = node.level or node.module in tests or node.module.split(".")[0] in PACKAGES
+            private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            if ours and private:
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: from {node.module} import {', '.join(private)}")
+    assert found == [], "private names imported from another module:\n" + "\n".join(found)

@@ -25,7 +25,8 @@ from harbor.models.trial.paths import TrialPaths
 from harbor.trial.trial import Trial
 
 from slime_harbor.environments.dockerfile import DockerfileError, parse_dockerfile
-from slime_harbor.environments.bubblewrap import BubblewrapEnvironment, ExecTimeoutError
+from slime_harbor.environments.bubblewrap import BubblewrapEnvironment
+from slime_harbor.environments.common import ExecTimeoutError
 
 SANDBOX_IMPORT_PATH = "slime_harbor.environments.bubblewrap:BubblewrapEnvironment"
 
@@ -233,7 +234,7 @@ async def test_start_cancelled_at_any_point_leaves_nothing(tmp_path, base_dir):
     Whatever the moment, stop() must kill every process of the sandbox and remove its dir."""
     import random
 
-    from slime_harbor.environments.bubblewrap_host import _pids_with_marker
+    from slime_harbor.environments.bubblewrap_host import pids_with_marker
 
     task_dir = write_task(tmp_path)
     task = Task(task_dir)
@@ -252,7 +253,7 @@ async def test_start_cancelled_at_any_point_leaves_nothing(tmp_path, base_dir):
             await starting
         await asyncio.wait_for(environment.stop(delete=True), 30)
         if environment.sandbox_dir is not None:
-            assert _pids_with_marker(environment.sandbox_dir.name) == []
+            assert pids_with_marker(environment.sandbox_dir.name) == []
             assert not environment.sandbox_dir.exists()
 
 

@@ -103,9 +103,9 @@ def test_agent_processes_and_files_do_not_reach_the_verifier(env, tmp_path):
         assert files["seen-at-start.txt"].split() in ([], ["test-stdout.txt"]), detail
         assert "while true" not in files["processes.txt"], detail
     if env == "docker":  # the separate verifier's container came from the agent's image (one build, one tag)
-        from slime_harbor.environments.docker_images import _image_builds
+        from slime_harbor.environments.docker_images import image_builds
 
-        assert len([tag for tag in _image_builds if "/leaves-daemons-separate:" in tag]) == 1
+        assert len([tag for tag in image_builds if "/leaves-daemons-separate:" in tag]) == 1
 
 
 def test_hard_timeout_counts_the_separate_verifier_environment_start(tmp_path):

@@ -42,14 +42,14 @@ class PolicyTrainer:
 
     @modal.enter()
     def start(self) -> None:
-        from slime_harbor.trainers.local import _resolve_model
+        from slime_harbor.trainers.local import resolve_model
         from slime_harbor.trainers.learner import Learner
         from slime_harbor.trainers.local_config import LocalTrainConfig, resolve_device
 
         cfg = LocalTrainConfig(**json.loads(self.config_json))
         self.out = Path(self.run_dir)
         on_modal = not modal.is_local()
-        base_model = str(_resolve_model(cfg.model))
+        base_model = str(resolve_model(cfg.model))
         self.learner = Learner(cfg, base_model, resolve_device(cfg.device), None, self.out, 0,
                                host="0.0.0.0" if on_modal else "127.0.0.1")
         self.url = self.learner.url
@@ -111,7 +111,7 @@ FLAGS = {"num_rollouts": 50, "n_samples": 4, "agent": "native", "model_name": ""
 def main(test: bool = False, num_rollouts: int = 50, n_samples: int = 4, agent: str = "native",
          model_name: str = "", lr: float = 1e-6, kl_coef: float = 0.001, output_dir: str = "runs/grpo-modal",
          tasks: str = "", env: str = "local") -> dict:
-    from slime_harbor.trainers.local import _jsonable, train
+    from slime_harbor.trainers.local import jsonable, train
     from slime_harbor.trainers.local_config import LocalTrainConfig, TEST_PRESET
 
     values = {k: v for k, v in locals().items() if k in FLAGS}
@@ -122,7 +122,7 @@ def main(test: bool = False, num_rollouts: int = 50, n_samples: int = 4, agent: 
         given["task_names"] = None  # the preset's task names are the bundled tasks'
     cfg = LocalTrainConfig(**{**(TEST_PRESET if test else {}), **given, "output_dir": Path(output_dir)})
     run_dir = output_dir if test else f"{RUNS}/{Path(output_dir).name}"
-    config = {k: v for k, v in _jsonable(vars(cfg)).items() if k not in ("output_dir", "resume")}
+    config = {k: v for k, v in jsonable(vars(cfg)).items() if k not in ("output_dir", "resume")}
     trainer = PolicyTrainer(config_json=json.dumps(config), run_dir=run_dir)
     summary = train(cfg, learner_factory=lambda *args: RemoteLearner(trainer, local=test))
     print(json.dumps(summary, indent=1))

@@ -4,7 +4,8 @@
                     task's Dockerfile (dockerfile.py) onto a per-trial root dir
     docker.py       DockerEnvironment: one container per trial on the Docker Engine API; images
                     built once per task; execs through an in-container shell server (docker_exec.py)
-    common.py       what both share: exec timeout error, owner stamps, tar archives, network rule
+    common.py       what both share: a command's result and timeout error, who is root, owner
+                    stamps, tar archives, network rule
     dockerfile.py   the one Dockerfile reader: the recipe bubblewrap replays, and the FROM line
                     that docker_images.py rebuilds on and tasks/swebench.py inserts its grader after
     gateway_reach.py  what both use to let a no-network sandbox reach the model gateway (and only

@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from slime_harbor.environments.bubblewrap_host import _ETC_TEMPLATE_MOUNT, _OVERLAID, _OVERLAY_MOUNT
+from slime_harbor.environments.bubblewrap_host import ETC_TEMPLATE_MOUNT, HOST_TOOL_DIRS, OVERLAYS, OVERLAY_MOUNT
 from slime_harbor.verifier_runtime import (
     ADDED, DELETED, LISTING_SCRIPT, MODIFIED, MOUNTED, Change, RuntimeIndex, parse_listing,
 )
@@ -208,8 +208,8 @@ def changes_between(before: dict[str, Entry], after: dict[str, Entry]) -> list[C
 
 def _host_listing() -> str:
     """The host's tools as a listing (LISTING_SCRIPT's format): what the sandbox's lower /usr ships."""
-    lines = [f"@link /{d} {os.readlink('/' + d)}" for d in ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
-             if os.path.islink("/" + d)]
+    # The links the sandbox's root recreates (bubblewrap_host.populate_root): merged /usr.
+    lines = [f"@link /{d} {os.readlink('/' + d)}" for d in HOST_TOOL_DIRS if os.path.islink("/" + d)]
     lines.append("@dpkg")
     for listed in glob.glob("/var/lib/dpkg/info/*.list"):
         try:
@@ -253,20 +253,20 @@ def bubblewrap_runtime_index(built: dict[str, Entry], upper_files) -> RuntimeInd
 
 class SandboxChanges:
     """The bubblewrap sandbox's side of this (a mixin of BubblewrapEnvironment: it needs its
-    sandbox_dir, _rootfs, _mounts, _init_pid, _etc_template, and _built / _built_mounts, which
+    sandbox_dir, _rootfs, _mounts, _init_pid, etc_template, and _built / _built_mounts, which
     start() fills once the sandbox is built)."""
 
     def _snapshot(self) -> dict:
-        skip = frozenset({*_OVERLAID, "/proc", "/dev", _ETC_TEMPLATE_MOUNT, _OVERLAY_MOUNT,
+        skip = frozenset({*OVERLAYS, "/proc", "/dev", ETC_TEMPLATE_MOUNT, OVERLAY_MOUNT,
                           *(m["target"] for m in self._mounts)})  # fmt: skip
         trees = snapshot(self._rootfs, "/", skip)
-        for point in _OVERLAID:
+        for point in OVERLAYS:
             trees.update(snapshot(self.sandbox_dir / "overlay" / point.strip("/") / "upper", point))
         return trees
 
     def _host_file(self, path: str) -> Path:
         """Where a file the sandbox shows at `path` lies on the host, if the sandbox wrote it."""
-        for point in _OVERLAID:
+        for point in OVERLAYS:
             if path.startswith(point + "/"):
                 return self.sandbox_dir / "overlay" / point.strip("/") / "upper" / path[len(point) + 1:]
         return self._rootfs / path.lstrip("/")

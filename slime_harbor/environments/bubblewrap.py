@@ -58,7 +58,6 @@ import select
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -70,49 +69,40 @@ from harbor.environments.capabilities import (
 from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
 from harbor.models.trial.paths import TrialPaths
 
-from slime_harbor.environments.common import ExecTimeoutError, flag_kwarg, shares_host_network
+from slime_harbor.environments.common import (
+    ROOT_USERS, CompletedCommand, ExecTimeoutError, flag_kwarg, shares_host_network,
+)
 from slime_harbor.environments.dockerfile import DEFAULT_PATH, BuildRecipe, DockerfileError, parse_dockerfile
 from slime_harbor.environments.agent_changes import SandboxChanges
 from slime_harbor.environments.bubblewrap_files import SandboxFiles
 from slime_harbor.environments.gateway_reach import GatewayForward, gateway_port_kwarg
 
-# Host-side plumbing (trial dirs, sweeps, the /etc copy, archives, marked processes): bubblewrap_host.py.
+# Host-side plumbing (trial dirs, sweeps, the /etc copy, marked processes): bubblewrap_host.py.
 from slime_harbor.environments.bubblewrap_host import (
-    SANDBOX_TYPE, _ETC_TEMPLATE_MOUNT, _OVERLAY_MOUNT, _OVERLAID, _etc_templates, _HOST_TOOL_DIRS,
-    default_sandbox_root, _host_tool, _signal, _read_until_eof, _new_owned_dir, _sweep_stale_sandboxes, MARKER_VAR,
-    _pids_with_marker, _pids_in_namespace, _remove_tree, _populate_root, _etc_template,
+    SANDBOX_TYPE, ETC_TEMPLATE_MOUNT, OVERLAY_MOUNT, OVERLAYS, HOST_TOOL_DIRS,
+    default_sandbox_root, host_tool, sigkill, new_owned_dir, sweep_stale_sandboxes, MARKER_VAR,
+    pids_with_marker, pids_in_namespace, remove_tree, populate_root, etc_template,
 )
 
 # /usr and /etc are overlays, so Dockerfile steps and agents can write them (never the host's):
 # /usr over the host's, /etc over a copy of what any host user may read of the host's /etc
-# (see _etc_template). Their upper dirs live in the trial directory on the host, bound at
-# _OVERLAY_MOUNT while pid 1 mounts the overlays in the sandbox's own mount namespace and
+# (see etc_template). Their upper dirs live in the trial directory on the host, bound at
+# OVERLAY_MOUNT while pid 1 mounts the overlays in the sandbox's own mount namespace and
 # detached after: the agent cannot reach them, the host reads them to see what it changed
 # (slime_harbor.environments.agent_changes). Mounting takes well under a millisecond; copying
 # /etc into a tmpfs, as before, took several.
 # pid 1: mount the overlays, name the host in /etc/hosts, report ready, then sleep like Docker's
 # `sleep infinity` container command (pid 1 ignores signals sent from inside the sandbox).
 _INIT_SCRIPT = " && ".join(
-    [f"mount -t overlay overlay -o lowerdir={lower},upperdir={_OVERLAY_MOUNT}{point}/upper,"
-     f"workdir={_OVERLAY_MOUNT}{point}/work {point}" for point, lower in _OVERLAID.items()]
-    + [f"umount -l {_OVERLAY_MOUNT} {_ETC_TEMPLATE_MOUNT}", f"rmdir {_OVERLAY_MOUNT}",
+    [f"mount -t overlay overlay -o lowerdir={lower},upperdir={OVERLAY_MOUNT}{point}/upper,"
+     f"workdir={OVERLAY_MOUNT}{point}/work {point}" for point, lower in OVERLAYS.items()]
+    + [f"umount -l {OVERLAY_MOUNT} {ETC_TEMPLATE_MOUNT}", f"rmdir {OVERLAY_MOUNT}",
        """printf '127.0.0.1\\t%s\\n' "$(hostname)" >> /etc/hosts""", "echo ready", "exec sleep infinity"])
 _INIT_READY_TIMEOUT_SEC = 30
 # /proc/PID/ns names an exec enters (net only when the sandbox has a network of its own).
 _ENTERED_NAMESPACES = ("user", "mnt", "pid", "ipc", "uts", "net")
 _NSENTER_FLAGS = {"user": "user", "mnt": "mount", "pid": "pid", "ipc": "ipc", "uts": "uts",
                   "net": "net"}  # fmt: skip
-_ROOT_USERS = (None, "root", 0, "0")
-
-
-@dataclass
-class _Completed:
-    return_code: int
-    stdout: bytes
-    stderr: bytes
-
-    def output(self) -> str:
-        return (self.stdout + self.stderr).decode(errors="replace").strip()
 
 
 class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
@@ -211,8 +201,8 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
     @classmethod
     def preflight(cls) -> None:
         try:
-            bwrap = _host_tool("bwrap")
-            _host_tool("nsenter")
+            bwrap = host_tool("bwrap")
+            host_tool("nsenter")
         except FileNotFoundError as e:
             raise SystemExit(str(e)) from None
         probe = subprocess.run(
@@ -284,11 +274,11 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
             f"replaced by host tools; ignored: {[i.keyword for i in self._recipe.ignored]}"
         )
         self._base_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        await asyncio.to_thread(_sweep_stale_sandboxes, self._base_dir)
-        self.sandbox_dir = _new_owned_dir(self._base_dir, self.session_id)
+        await asyncio.to_thread(sweep_stale_sandboxes, self._base_dir)
+        self.sandbox_dir = new_owned_dir(self._base_dir, self.session_id)
         _live_sandboxes[self.sandbox_dir] = self
-        self._etc_template = await asyncio.to_thread(_etc_template, self._base_dir)
-        await asyncio.to_thread(_populate_root, self._rootfs)
+        self._etc_template = await asyncio.to_thread(etc_template, self._base_dir)
+        await asyncio.to_thread(populate_root, self._rootfs)
         await self.install_agents()
         for install in self._agent_installs:  # bound like Harbor's read-only mounts
             self._mounts.append({"type": "bind", "source": str(self._install_dirs[install.name]),
@@ -337,7 +327,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
             # a moment, and killed processes need a moment to die: sweep and retry briefly.
             for attempt in range(10):
                 try:
-                    await asyncio.to_thread(_remove_tree, self.sandbox_dir)
+                    await asyncio.to_thread(remove_tree, self.sandbox_dir)
                     break
                 except OSError:
                     if attempt == 9:
@@ -352,17 +342,17 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         if self._init_pid is not None:
             # bwrap stays alive to reap pid 1 and then exits; killing it too would leave pid 1
             # a zombie of the host's init.
-            _signal(os.kill, self._init_pid)
+            sigkill(os.kill, self._init_pid)
         elif self._init is not None:
-            _signal(os.killpg, self._init.pid)  # failed or interrupted before pid 1 was known
+            sigkill(os.killpg, self._init.pid)  # failed or interrupted before pid 1 was known
         for proc in list(self._execs):
-            _signal(os.killpg, proc.pid)
+            sigkill(os.killpg, proc.pid)
         # Belt and braces: a start() cancelled between spawning bwrap and learning pid 1's pid,
         # or an exec spawned while we were stopping, escapes the bookkeeping above. Every process
         # of this sandbox carries its marker in its environment, so find them all and kill them.
         if self.sandbox_dir is not None:
-            for pid in _pids_with_marker(self._marker):
-                _signal(os.kill, pid)
+            for pid in pids_with_marker(self._marker):
+                sigkill(os.kill, pid)
 
     @property
     def _marker(self) -> str:
@@ -436,20 +426,20 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
 
     def _bwrap_argv(self, info_fd: int) -> list[str]:
         argv = [
-            _host_tool("bwrap"), "--unshare-user", "--uid", "0", "--gid", "0",
+            host_tool("bwrap"), "--unshare-user", "--uid", "0", "--gid", "0",
             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", self._hostname,
             "--die-with-parent", "--as-pid-1",
             "--bind", str(self._rootfs), "/",
         ]  # fmt: skip
         if not self.shares_host_network:
             argv.append("--unshare-net")
-        for name in _HOST_TOOL_DIRS:
+        for name in HOST_TOOL_DIRS:
             host = Path("/") / name
             if host.is_dir() and not host.is_symlink():
                 argv += ["--ro-bind", str(host), str(host)]
         argv += ["--proc", "/proc", "--dev", "/dev", "--cap-add", "CAP_SYS_ADMIN"]  # pid 1 mounts the overlays
-        argv += ["--ro-bind", str(self._etc_template), _ETC_TEMPLATE_MOUNT,
-                 "--bind", str(self.sandbox_dir / "overlay"), _OVERLAY_MOUNT]
+        argv += ["--ro-bind", str(self._etc_template), ETC_TEMPLATE_MOUNT,
+                 "--bind", str(self.sandbox_dir / "overlay"), OVERLAY_MOUNT]
         for mount in self._mounts:
             flag = "--ro-bind" if mount.get("read_only") else "--bind"
             argv += [flag, mount["source"], mount["target"]]
@@ -461,15 +451,17 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         (:mod:`slime_harbor.isolation`). Done from the host, by pid namespace, with nothing of
         the sandbox's (whose shell the agent may have replaced); repeated until nothing but
         zombies (orphans ``sleep infinity`` never reaps) is left."""
+        # Not a restart, as the Docker environment does: killing pid 1 ends the sandbox itself (its
+        # namespaces, the overlays it mounted), so everything else is found and killed from here.
         if self._init_pid is None or self._stopped:
             raise RuntimeError("the sandbox is not running")
         namespace = os.fstat(self._namespace_fds["pid"]).st_ino
         for _ in range(50):
-            live = _pids_in_namespace(namespace, exclude=self._init_pid)
+            live = pids_in_namespace(namespace, exclude=self._init_pid)
             if not live:
                 return
             for pid in live:
-                _signal(os.kill, pid)
+                sigkill(os.kill, pid)
             await asyncio.sleep(0.05)
         raise RuntimeError(f"processes of the agent survived in the sandbox: {live[:10]}")
 
@@ -484,7 +476,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         user: str | int | None = None,
     ) -> ExecResult:
         user = self._resolve_user(user)
-        if user not in _ROOT_USERS:
+        if user not in ROOT_USERS:
             raise RuntimeError(
                 f"the {SANDBOX_TYPE} environment runs every command as root; "
                 f"user {user!r} is not supported"
@@ -524,7 +516,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         stdin: IO[bytes] | None = None,
         stdout: IO[bytes] | None = None,
         timeout_sec: float | None = None,
-    ) -> _Completed:
+    ) -> CompletedCommand:
         """Run ``argv`` inside the sandbox; ``stdout`` captured unless a file is given.
 
         Output goes to files, not pipes: a background job that inherits them (``nohup x &``)
@@ -549,20 +541,20 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
             try:
                 await asyncio.wait_for(proc.wait(), timeout=timeout_sec or None)
             except TimeoutError:
-                _signal(os.killpg, proc.pid)
+                sigkill(os.killpg, proc.pid)
                 await proc.wait()
                 raise ExecTimeoutError(f"Command timed out after {timeout_sec} seconds") from None
             except BaseException:  # cancelled: leave nothing running behind
-                _signal(os.killpg, proc.pid)
+                sigkill(os.killpg, proc.pid)
                 raise
             finally:
                 self._execs.discard(proc)
             out_file.seek(0)
             err_file.seek(0)
-            return _Completed(proc.returncode, out_file.read(), err_file.read())
+            return CompletedCommand(proc.returncode, out_file.read(), err_file.read())
 
     def _nsenter_argv(self) -> list[str]:
-        argv = [_host_tool("nsenter")]
+        argv = [host_tool("nsenter")]
         for name in _ENTERED_NAMESPACES:
             if name != "net" or not self.shares_host_network:
                 argv.append(f"--{_NSENTER_FLAGS[name]}=/proc/self/fd/{self._namespace_fds[name]}")
@@ -571,16 +563,21 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         # in the namespace, so nsenter's default switch to uid/gid 0 would fail.
         return [*argv, "--preserve-credentials", "--"]
 
-    async def _check(self, argv: list[str], what: str, **kwargs) -> _Completed:
+    async def _check(self, argv: list[str], what: str, **kwargs) -> CompletedCommand:
         done = await self._run(argv, **kwargs)
         if done.return_code != 0:
             raise RuntimeError(f"{what} failed (exit {done.return_code}): {done.output()}")
         return done
 
-    # --- Dockerfile steps ---------------------------------------------------------------------
-
 
 # --- host-side helpers ------------------------------------------------------------------------
+
+
+def _read_until_eof(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 # Sandboxes started by this process and not yet stopped: killed and removed at interpreter exit
@@ -594,7 +591,5 @@ def _stop_live_sandboxes() -> None:
         environment._kill_all()
         shutil.rmtree(path, ignore_errors=True)
     _live_sandboxes.clear()
-    for template in _etc_templates.values():
-        shutil.rmtree(template.parent, ignore_errors=True)
 
 

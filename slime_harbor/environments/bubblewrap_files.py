@@ -12,13 +12,15 @@ from __future__ import annotations
 import asyncio
 import os
 import posixpath
+import tarfile
 import tempfile
 import uuid
 from pathlib import Path
 from typing import IO
 
-from slime_harbor.environments.bubblewrap_host import _extract_archive, _write_copy_archive
-from slime_harbor.environments.common import tail, write_dir_archive
+from harbor.environments.base import transfer_tar_filter
+
+from slime_harbor.environments.common import root_owned, tail, write_dir_archive
 from slime_harbor.environments.dockerfile import CopyEntry, CopyFiles, MakeDir, RunCommand
 
 
@@ -117,3 +119,33 @@ class SandboxFiles:
             )
             archive.seek(0)
             await asyncio.to_thread(_extract_archive, archive, target)
+
+
+def _write_copy_archive(archive: IO[bytes], entry: CopyEntry, file_name: str | None) -> None:
+    """The tar stream a COPY/ADD entry extracts into its target directory."""
+
+    def with_mode(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        if entry.mode is not None and not info.issym():
+            info.mode = entry.mode
+        return root_owned(info)
+
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        if entry.extract:
+            with tarfile.open(entry.source, mode="r:*") as packed:
+                for member in packed:
+                    data = packed.extractfile(member) if member.isfile() else None
+                    tar.addfile(with_mode(member), data)
+        elif entry.source.is_dir():
+            for path in sorted(entry.source.rglob("*")):
+                tar.add(path, arcname=path.relative_to(entry.source).as_posix(),
+                        recursive=False, filter=with_mode)  # fmt: skip
+        else:
+            # A source given by name is followed if it is a symlink, as Docker does.
+            info = tar.gettarinfo(entry.source.resolve(), arcname=file_name)
+            with open(entry.source, "rb") as data:
+                tar.addfile(with_mode(info), data)
+
+
+def _extract_archive(archive: IO[bytes], target: Path) -> None:
+    with tarfile.open(fileobj=archive, mode="r:") as tar:
+        tar.extractall(path=target, filter=transfer_tar_filter)

@@ -1,11 +1,12 @@
 """What the bubblewrap sandbox (environments/bubblewrap.py) does on the host, outside the sandbox:
 its per-trial directories (made, removed, swept when the process that owned them died), the root
-skeleton and the readable copy of /etc it starts from, tar archives in and out, and finding and
-signalling the processes that carry its marker.
+skeleton and the readable copy of /etc it starts from, and finding and signalling the processes
+that carry its marker.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
@@ -13,30 +14,25 @@ import re
 import shutil
 import signal
 import stat
-import tarfile
 import tempfile
 import threading
 import uuid
 from pathlib import Path
-from typing import IO
 
-from harbor.environments.base import transfer_tar_filter
-
-from slime_harbor.environments.common import owner_stamp, root_owned
-from slime_harbor.environments.dockerfile import CopyEntry
+from slime_harbor.environments.common import owner_stamp
 
 
 SANDBOX_TYPE = "bubblewrap"
 
 
 # Host directories shared read-only; symlinks among them (merged /usr) are recreated instead.
-_HOST_TOOL_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+HOST_TOOL_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
 
 # The writable system dirs are overlays (mount point -> lower dir); bubblewrap.py mounts them.
-_ETC_TEMPLATE_MOUNT = "/run/host-etc"
-_OVERLAY_MOUNT = "/.slime-harbor-overlay"
-_OVERLAID = {"/usr": "/usr", "/etc": _ETC_TEMPLATE_MOUNT}
+ETC_TEMPLATE_MOUNT = "/run/host-etc"
+OVERLAY_MOUNT = "/.slime-harbor-overlay"
+OVERLAYS = {"/usr": "/usr", "/etc": ETC_TEMPLATE_MOUNT}
 
 
 # Directories every sandbox root has, with their modes (as in a Debian image).
@@ -52,7 +48,8 @@ def default_sandbox_root() -> Path:
 
 
 @functools.cache
-def _host_tool(name: str) -> str:
+def host_tool(name: str) -> str:
+    """The path of a host program the sandbox needs (bwrap, nsenter); a clear error if missing."""
     path = shutil.which(name)
     if path is None:
         raise FileNotFoundError(
@@ -62,21 +59,16 @@ def _host_tool(name: str) -> str:
     return path
 
 
-def _signal(kill, target: int) -> None:
+def sigkill(kill, target: int) -> None:
+    """SIGKILL a process (``kill=os.kill``) or process group (``os.killpg``); one already gone,
+    or no longer ours, is not an error."""
     try:
         kill(target, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
 
 
-def _read_until_eof(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 4096):
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _new_owned_dir(base_dir: Path, label: str) -> Path:
+def new_owned_dir(base_dir: Path, label: str) -> Path:
     """A fresh directory under ``base_dir`` that records this process as its owner."""
     name = re.sub(r"[^A-Za-z0-9_.-]", "-", label)[:80]
     path = base_dir / f"{name}-{uuid.uuid4().hex[:12]}"
@@ -86,7 +78,7 @@ def _new_owned_dir(base_dir: Path, label: str) -> Path:
     return path
 
 
-def _sweep_stale_sandboxes(base_dir: Path) -> None:
+def sweep_stale_sandboxes(base_dir: Path) -> None:
     """Remove sandbox directories whose owning process has died."""
     our_namespace = os.readlink("/proc/self/ns/pid")
     for path in base_dir.iterdir():
@@ -98,13 +90,13 @@ def _sweep_stale_sandboxes(base_dir: Path) -> None:
         # An owner in another pid namespace (another container sharing /tmp) cannot be checked.
         if namespace == our_namespace and owner_stamp(int(pid)) != stamp:
             with contextlib.suppress(FileNotFoundError):  # another sweeper got there first
-                _remove_tree(path)
+                remove_tree(path)
 
 
 MARKER_VAR = "SLIME_HARBOR_SANDBOX"
 
 
-def _pids_with_marker(marker: str) -> list[int]:
+def pids_with_marker(marker: str) -> list[int]:
     """Host pids whose environment holds SLIME_HARBOR_SANDBOX=<marker>."""
     needle = f"{MARKER_VAR}={marker}".encode()
     pids = []
@@ -120,7 +112,7 @@ def _pids_with_marker(marker: str) -> list[int]:
     return pids
 
 
-def _pids_in_namespace(namespace_inode: int, exclude: int) -> list[int]:
+def pids_in_namespace(namespace_inode: int, exclude: int) -> list[int]:
     """Host pids of the live (not zombie) processes in the pid namespace with that inode."""
     pids = []
     for name in os.listdir("/proc"):
@@ -138,7 +130,9 @@ def _pids_in_namespace(namespace_inode: int, exclude: int) -> list[int]:
     return pids
 
 
-def _remove_tree(path: Path) -> None:
+def remove_tree(path: Path) -> None:
+    """Remove a sandbox directory, whatever modes the sandbox left on it."""
+
     def make_writable_and_retry(function, failed_path, _exc):
         # The sandbox may have left read-only directories (chmod 500 ...).
         os.chmod(os.path.dirname(failed_path), 0o700)
@@ -149,10 +143,10 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, onexc=make_writable_and_retry)
 
 
-def _populate_root(rootfs: Path) -> None:
+def populate_root(rootfs: Path) -> None:
     """Lay out the sandbox's writable ``/``: skeleton directories and links to host tools, and
     beside it the upper and work dirs of its overlays (``overlay/usr``, ``overlay/etc``)."""
-    for point in _OVERLAID:
+    for point in OVERLAYS:
         for part in ("upper", "work"):
             (rootfs.parent / "overlay" / point.strip("/") / part).mkdir(parents=True, mode=0o755)
     rootfs.mkdir(mode=0o755)
@@ -160,7 +154,7 @@ def _populate_root(rootfs: Path) -> None:
         path = rootfs / relative
         path.mkdir(parents=True, exist_ok=True)
         path.chmod(mode)
-    for name in _HOST_TOOL_DIRS:
+    for name in HOST_TOOL_DIRS:
         host = Path("/") / name
         if host.is_symlink():
             os.symlink(os.readlink(host), rootfs / name)
@@ -172,16 +166,24 @@ _etc_templates: dict[Path, Path] = {}
 _etc_template_lock = threading.Lock()
 
 
-def _etc_template(base_dir: Path) -> Path:
+def etc_template(base_dir: Path) -> Path:
     """This process's copy of what any host user may read of /etc (so no /etc/shadow, no
     private keys), made once under ``base_dir`` and swept like a sandbox when the process dies."""
     with _etc_template_lock:
         template = _etc_templates.get(base_dir)
         if template is None:
-            template = _new_owned_dir(base_dir, "etc-template") / "etc"
+            template = new_owned_dir(base_dir, "etc-template") / "etc"
             _copy_readable_etc(template)
             _etc_templates[base_dir] = template
         return template
+
+
+# Removed at interpreter exit (after the sandboxes: bubblewrap.py registers its own handler later,
+# and atexit runs the last registered first).
+@atexit.register
+def _remove_etc_templates() -> None:
+    for template in _etc_templates.values():
+        shutil.rmtree(template.parent, ignore_errors=True)
 
 
 def _copy_readable_etc(target: Path) -> None:
@@ -210,33 +212,3 @@ def _copy_readable_etc(target: Path) -> None:
             shutil.copyfile("/etc/resolv.conf", resolv)
         except OSError:
             pass
-
-
-def _write_copy_archive(archive: IO[bytes], entry: CopyEntry, file_name: str | None) -> None:
-    """The tar stream a COPY/ADD entry extracts into its target directory."""
-
-    def with_mode(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        if entry.mode is not None and not info.issym():
-            info.mode = entry.mode
-        return root_owned(info)
-
-    with tarfile.open(fileobj=archive, mode="w") as tar:
-        if entry.extract:
-            with tarfile.open(entry.source, mode="r:*") as packed:
-                for member in packed:
-                    data = packed.extractfile(member) if member.isfile() else None
-                    tar.addfile(with_mode(member), data)
-        elif entry.source.is_dir():
-            for path in sorted(entry.source.rglob("*")):
-                tar.add(path, arcname=path.relative_to(entry.source).as_posix(),
-                        recursive=False, filter=with_mode)  # fmt: skip
-        else:
-            # A source given by name is followed if it is a symlink, as Docker does.
-            info = tar.gettarinfo(entry.source.resolve(), arcname=file_name)
-            with open(entry.source, "rb") as data:
-                tar.addfile(with_mode(info), data)
-
-
-def _extract_archive(archive: IO[bytes], target: Path) -> None:
-    with tarfile.open(fileobj=archive, mode="r:") as tar:
-        tar.extractall(path=target, filter=transfer_tar_filter)

@@ -1,15 +1,37 @@
-"""What the bubblewrap and Docker sandboxes share: timeouts, owner stamps, archives, network rule,
-flag kwargs."""
+"""What the bubblewrap and Docker sandboxes share: a command's result and timeout, who counts as
+root, owner stamps, archives, network rule, flag kwargs."""
 
 from __future__ import annotations
 
 import fnmatch
 import os
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
+
+
+ROOT_USERS = (None, "root", 0, "0")
+"""Who is root: a command's user as Harbor passes it (None: the default, which is root in both
+sandboxes; a name; a uid, int or text), and the USER / --chown words of a Dockerfile."""
+
+
+@dataclass
+class CompletedCommand:
+    """A command run in a sandbox: its exit code and output, as bytes."""
+
+    return_code: int
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool = False
+    """Killed at its timeout. The Docker exec server collects a killed command's reply and says so
+    here; bubblewrap raises ExecTimeoutError instead."""
+
+    def output(self) -> str:
+        """stdout then stderr as text, for an error message."""
+        return (self.stdout + self.stderr).decode(errors="replace").strip()
 
 
 class ExecTimeoutError(RuntimeError):

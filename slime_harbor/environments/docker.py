@@ -55,21 +55,23 @@ from harbor.models.trial.config import ResourceMode
 from harbor.models.trial.paths import TrialPaths
 
 from slime_harbor.environments.agent_changes import ContainerChanges
-from slime_harbor.environments.common import ExecTimeoutError, flag_kwarg, shares_host_network, tar_excludes, write_dir_archive
-from slime_harbor.environments.docker_exec import Completed, ExecServer, ExecServerError, ExecServerUnavailable
+from slime_harbor.environments.common import (
+    ROOT_USERS, CompletedCommand, ExecTimeoutError, flag_kwarg, root_owned, shares_host_network, tar_excludes,
+    write_dir_archive,
+)
+from slime_harbor.environments.docker_exec import ExecServer, ExecServerError, ExecServerUnavailable
 from slime_harbor.environments.gateway_reach import GatewayForward, GatewayReachError, gateway_port_kwarg
 from slime_harbor.installed_agents import DEFAULT_SETUP_TIMEOUT_SEC, resolve_installs
 
 # The daemon side (client, sweeps of stale containers, task images, tool layers): docker_images.py.
 from slime_harbor.environments.docker_images import (
-    _API_TIMEOUT_SEC, _docker_host, DockerUnavailableError, LABEL, RUN_ID, TMUX_SCRIPT, _sweep_once,
+    API_TIMEOUT_SEC, docker_host, DockerUnavailableError, LABEL, RUN_ID, TMUX_SCRIPT, sweep_stale_containers_once,
     check_docker, docker_client, ensure_image, ensure_layer_image, image_tag, owner_labels, remove_container,
     task_image_on_tools, tools_base_image,
 )
 
 ENV_TYPE = "slime-docker"
 KEEPALIVE = ["sh", "-c", "sleep infinity"]  # the command Harbor's compose files give the container
-_ROOT_USERS = (None, "root", 0, "0")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -236,7 +238,7 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
     async def start(self, force_build: bool) -> None:
         if self.container_id is not None or self._stop_task is not None:
             raise RuntimeError("the container was already started")
-        await asyncio.to_thread(_sweep_once)
+        await asyncio.to_thread(sweep_stale_containers_once)
         await self.install_agents(force_build)
         if self._tools_image is None:  # no layers
             await self._ensure_task_image(force_build)
@@ -275,6 +277,8 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
         its files and mounts stay. Before a verifier that runs in the agent's container
         (:mod:`slime_harbor.isolation`): the container is restarted with an immediate SIGKILL,
         which reaches every process wherever it hid, and the exec workers are started again."""
+        # Not a search of /proc, as bubblewrap does: the daemon may run elsewhere, and a restart
+        # keeps the container's files and mounts, which is all the verifier needs.
         if self.container_id is None or self._stop_task is not None:
             raise RuntimeError("the container is not running")
         if self._server is not None:
@@ -341,7 +345,7 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
             if not ours:
                 raise GatewayReachError(
                     f"gateway_port: container {container_id[:12]} has no process on this machine (pid {pid}): "
-                    f"it exited, or the Docker daemon at {_docker_host()} runs elsewhere, where a "
+                    f"it exited, or the Docker daemon at {docker_host()} runs elsewhere, where a "
                     "no-network container cannot reach the gateway"
                 )
             self._gateway_forward = await GatewayForward.open(net_ns, self._gateway_port, self._gateway_host)
@@ -416,10 +420,10 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
             return_code=done.return_code,
         )
 
-    async def _run(self, command: str, *, cwd: str, env: dict[str, str], user, timeout_sec) -> Completed:
+    async def _run(self, command: str, *, cwd: str, env: dict[str, str], user, timeout_sec) -> CompletedCommand:
         if self.container_id is None or self._stop_task is not None:
             raise RuntimeError("the container is not running")
-        root = user in _ROOT_USERS
+        root = user in ROOT_USERS
         server = self._server
         if (
             server is None
@@ -453,7 +457,7 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
         ]
         lines += [f"export {k}={q(v)}" for k, v in env.items()]
         run = f"{self._shell()} -c {q(command)}"
-        if user in _ROOT_USERS:
+        if user in ROOT_USERS:
             lines.append(f"exec {run}")
             return "\n".join(lines) + "\n"
         # Resolve the user as docker exec does: by name, else a numeric uid (gid 0, HOME /).
@@ -470,7 +474,7 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
         lines.append(f'exec setpriv --reuid="$uid" --regid="$gid" "$groups" -- {run}')
         return "\n".join(lines) + "\n"
 
-    async def _api_exec(self, command: str, *, cwd: str, env: dict[str, str], user, timeout_sec) -> Completed:
+    async def _api_exec(self, command: str, *, cwd: str, env: dict[str, str], user, timeout_sec) -> CompletedCommand:
         """One Engine API exec (images without setpriv / bash+setsid, exotic env names or users).
 
         Docker starts each exec as a session leader, so a timeout kills its process group, from
@@ -503,7 +507,7 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
             except TimeoutError:  # not killable from here (a remote daemon): give up on it
                 out, err = b"", b""
         rc = (await asyncio.to_thread(api.exec_inspect, exec_id))["ExitCode"]
-        return Completed(rc if rc is not None else -1, out, err, timed_out=timed_out)
+        return CompletedCommand(rc if rc is not None else -1, out, err, timed_out=timed_out)
 
     def _kill_exec_session(self, exec_id: str) -> None:
         pid = self._client.api.exec_inspect(exec_id).get("Pid")
@@ -514,10 +518,9 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
             pass
 
     async def _root_check(self, command: str, what: str) -> str:
-        done = await self._run(command, cwd="/", env={}, user="root", timeout_sec=_API_TIMEOUT_SEC)
+        done = await self._run(command, cwd="/", env={}, user="root", timeout_sec=API_TIMEOUT_SEC)
         if done.return_code != 0:
-            detail = (done.stdout + done.stderr).decode(errors="replace").strip()
-            raise RuntimeError(f"{what} failed (exit {done.return_code}): {detail}")
+            raise RuntimeError(f"{what} failed (exit {done.return_code}): {done.output()}")
         return done.stdout.decode(errors="replace")
 
     # --- file transfer ------------------------------------------------------------------------
@@ -535,10 +538,8 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             info = tar.gettarinfo(source.resolve(), arcname=name)
-            info.uid = info.gid = 0
-            info.uname = info.gname = "root"
             with open(source, "rb") as data:
-                tar.addfile(info, data)
+                tar.addfile(root_owned(info), data)
         await self._put_archive(directory, buffer.getvalue(), f"upload_file {source} -> {target_path}")
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:

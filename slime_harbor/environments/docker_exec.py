@@ -34,7 +34,8 @@ import os
 import shlex
 import socket
 from collections import deque
-from dataclasses import dataclass
+
+from slime_harbor.environments.common import CompletedCommand
 
 WORKER_DIR = "/run/slime-harbor-exec"
 """Where workers keep their job files and outputs inside the container (mode 1777)."""
@@ -79,14 +80,6 @@ class ExecServerError(RuntimeError):
 
 class ExecServerUnavailable(ExecServerError):
     """The image has neither bash nor setsid: commands must go through Engine API execs."""
-
-
-@dataclass
-class Completed:
-    return_code: int
-    stdout: bytes
-    stderr: bytes
-    timed_out: bool = False
 
 
 def encode_job(script: str) -> bytes:
@@ -171,7 +164,7 @@ class _Worker:
             raise ExecServerError(f"exec server {self.name}: expected P {job}, got {started!r}")
         return job, int(started[2])
 
-    async def result(self, job: str, timeout: float | None = None) -> Completed:
+    async def result(self, job: str, timeout: float | None = None) -> CompletedCommand:
         """The job's reply; TimeoutError if it has not ended within ``timeout``."""
         head = await self._line(timeout, job_timeout=True)
         if head[:2] != ["R", job] or len(head) != 5:
@@ -186,7 +179,7 @@ class _Worker:
         if await self._line(_STARTED_TIMEOUT_SEC) != ["E", job]:
             self.broken = True
             raise ExecServerError(f"exec server {self.name}: reply of job {job} is out of frame")
-        return Completed(rc, body[:n_out], body[n_out:])
+        return CompletedCommand(rc, body[:n_out], body[n_out:])
 
     def close(self) -> None:
         self.broken = True
@@ -261,7 +254,7 @@ class ExecServer:
         with contextlib.suppress(ValueError):
             self._idle.remove(worker)
 
-    async def run(self, script: str, timeout_sec: float | None = None) -> Completed:
+    async def run(self, script: str, timeout_sec: float | None = None) -> CompletedCommand:
         """Run one job file; on timeout its process group is killed and ``timed_out`` is set."""
         if self._loop is not asyncio.get_running_loop():
             # Workers' streams belong to the event loop that made them: start afresh in this one.

@@ -33,7 +33,8 @@ from harbor.environments.base import SandboxBuildFailedError
 from slime_harbor.environments.common import owner_stamp, tail
 from slime_harbor.environments.dockerfile import rebased_dockerfile, single_base_image
 
-_API_TIMEOUT_SEC = 120
+API_TIMEOUT_SEC = 120
+"""How long an Engine API call (and a command of our own in a container) may take."""
 
 LABEL = "slime-harbor"
 """Prefix of every label we put on containers and images."""
@@ -46,7 +47,8 @@ class DockerUnavailableError(RuntimeError):
     """No Docker daemon answers where the Docker SDK looks (DOCKER_HOST or the default socket)."""
 
 
-def _docker_host() -> str:
+def docker_host() -> str:
+    """The daemon the Docker SDK talks to: DOCKER_HOST, else the default socket."""
     return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
 
 
@@ -60,11 +62,11 @@ def docker_client():
     """The process's ``docker.DockerClient`` for the current DOCKER_HOST (one per host)."""
     import docker
 
-    host = _docker_host()
+    host = docker_host()
     with _clients_lock:
         client = _clients.get(host)
         if client is None:
-            client = docker.DockerClient(base_url=host, timeout=_API_TIMEOUT_SEC, max_pool_size=64)
+            client = docker.DockerClient(base_url=host, timeout=API_TIMEOUT_SEC, max_pool_size=64)
             _clients[host] = client
         return client
 
@@ -97,7 +99,7 @@ def check_docker(timeout: float = 10.0) -> None:
     import docker
 
     try:
-        probe = docker.DockerClient(base_url=_docker_host(), timeout=timeout)
+        probe = docker.DockerClient(base_url=docker_host(), timeout=timeout)
         try:
             probe.ping()
         finally:
@@ -105,7 +107,7 @@ def check_docker(timeout: float = 10.0) -> None:
     except Exception as exc:  # connection refused, missing socket, permission denied, bad URL...
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DockerUnavailableError(
-            f"Docker is not reachable at {_docker_host()} (--env docker needs a running Docker "
+            f"Docker is not reachable at {docker_host()} (--env docker needs a running Docker "
             f"daemon; set DOCKER_HOST to use another): {reason}"
         ) from None
 
@@ -150,7 +152,8 @@ _sweep_done = False
 _sweep_lock = threading.Lock()
 
 
-def _sweep_once() -> None:
+def sweep_stale_containers_once() -> None:
+    """sweep_stale_containers, the first time any environment of this process starts."""
     global _sweep_done
     with _sweep_lock:
         if not _sweep_done:
@@ -160,7 +163,7 @@ def _sweep_once() -> None:
 
 # tag -> the build's outcome: one build per tag in this process, whichever event loop asks; a
 # failed build stays failed (later trials of the task fail fast with the same reason).
-_image_builds: dict[str, concurrent.futures.Future] = {}
+image_builds: dict[str, concurrent.futures.Future] = {}
 
 
 _image_builds_lock = threading.Lock()
@@ -212,11 +215,11 @@ async def ensure_image(context: Path, tag: str, task_name: str, timeout_sec: flo
     """Wait for ``tag`` to exist, building it once per process however many trials ask at once
     (``force``: the first build in this process rebuilds even an existing image)."""
     with _image_builds_lock:
-        future = _image_builds.get(tag)
+        future = image_builds.get(tag)
         if future is None:
             future = concurrent.futures.Future()
             future.set_running_or_notify_cancel()  # a cancelled waiter must not cancel the build
-            _image_builds[tag] = future
+            image_builds[tag] = future
 
             def build() -> None:
                 try:

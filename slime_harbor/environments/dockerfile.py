@@ -58,6 +58,8 @@ from pathlib import Path
 from e2b_dockerfile_utils import DockerfileInstruction, DockerfileSyntaxError, ShellLex, parse_dockerfile_ast
 from harbor.environments.base import SandboxBuildFailedError
 
+from slime_harbor.environments.common import ROOT_USERS
+
 # What `docker run` puts on PATH when an image sets none; base images set the same value.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -65,7 +67,6 @@ _DEFAULT_SHELL = ("/bin/sh", "-c")
 _IGNORED_KEYWORDS = frozenset(
     {"CMD", "ENTRYPOINT", "EXPOSE", "LABEL", "HEALTHCHECK", "STOPSIGNAL", "MAINTAINER", "ONBUILD"}
 )
-_ROOT_USERS = frozenset({"root", "0"})
 _URL = re.compile(r"^(https?|git|ssh)://|^git@")
 
 
@@ -309,7 +310,7 @@ class _RecipeBuilder:
 
     def _do_user(self, instruction: Instruction) -> None:
         user, _, group = self._word(instruction, instruction.args).partition(":")
-        if user not in _ROOT_USERS or (group and group not in _ROOT_USERS):
+        if user not in ROOT_USERS or (group and group not in ROOT_USERS):
             raise instruction.error(
                 "the sandbox runs every command as root; USER other than root is not supported"
             )
@@ -375,7 +376,7 @@ class _RecipeBuilder:
         chown = flags.pop("chown", None)
         if chown is not None:
             user, _, group = chown.partition(":")
-            if user not in _ROOT_USERS or (group and group not in _ROOT_USERS):
+            if user not in ROOT_USERS or (group and group not in ROOT_USERS):
                 raise instruction.error("--chown to a user other than root is not supported")
         flags.pop("link", None)  # a layer-caching hint; no effect on the result
         chmod = flags.pop("chmod", None)

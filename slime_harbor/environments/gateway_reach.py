@@ -18,7 +18,10 @@ runs the host's interpreter from the host's filesystem; it enters no mount names
 The environments' side: both take the kwargs ``gateway_port`` (``None``: no forward) and
 ``gateway_host`` (the host address the gateway listens on, default 127.0.0.1), open the forward
 right after the sandbox's namespaces exist and close it first thing in ``stop()``. A sandbox that
-shares the host's network needs none: the same URL reaches the gateway directly.
+shares the host's network needs none: the same URL reaches the gateway directly. How each finds its
+network namespace stays in the environment, as it differs: bubblewrap holds handles on its own
+namespaces (and passes its user namespace, which owns the network one); Docker opens the
+container's pid's, after checking that the pid is the container's on this machine.
 
 Teardown is closing the socket and the piped connections (``close()``): after that we hold
 nothing of the sandbox's namespace, and a sandbox killed first only leaves a socket to close.

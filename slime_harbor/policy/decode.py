@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 
-class _Batch:
+class Batch:
     """The running rows and their shared, left-padded KV cache (worker-only state)."""
 
     def __init__(self, rows=(), kv=None, mask=None, next_pos=None):
@@ -18,7 +18,7 @@ class _Batch:
         self.mask = mask if mask is not None else torch.zeros((0, 0), dtype=torch.long)
         self.next_pos = next_pos if next_pos is not None else torch.zeros(0, dtype=torch.long)
 
-    def merge(self, other: _Batch) -> _Batch:
+    def merge(self, other: Batch) -> Batch:
         """Stack two batches, left-padding the shorter cache with masked zeros."""
         if not self.rows:
             return other
@@ -28,25 +28,25 @@ class _Batch:
                 torch.cat([_left_pad(k1, width), _left_pad(k2, width)]),
                 torch.cat([_left_pad(v1, width), _left_pad(v2, width)]),
             )
-            for (k1, v1), (k2, v2) in zip(_cache_tensors(self.cache), _cache_tensors(other.cache), strict=True)
+            for (k1, v1), (k2, v2) in zip(cache_tensors(self.cache), cache_tensors(other.cache), strict=True)
         ]
         mask = torch.cat([_left_pad(self.mask, width, dim=1), _left_pad(other.mask, width, dim=1)])
-        return _Batch(self.rows + other.rows, kv, mask, torch.cat([self.next_pos, other.next_pos]))
+        return Batch(self.rows + other.rows, kv, mask, torch.cat([self.next_pos, other.next_pos]))
 
-    def select(self, keep: list[int]) -> _Batch:
+    def select(self, keep: list[int]) -> Batch:
         """Keep rows `keep`, dropping cache columns that are padding for all of them."""
         if not keep:
-            return _Batch()
+            return Batch()
         index = torch.tensor(keep, dtype=torch.long)
         mask = self.mask[index]
         start = int((mask.sum(0) > 0).nonzero()[0])
         kv = [
-            (k[index.to(k.device), :, start:], v[index.to(v.device), :, start:]) for k, v in _cache_tensors(self.cache)
+            (k[index.to(k.device), :, start:], v[index.to(v.device), :, start:]) for k, v in cache_tensors(self.cache)
         ]
-        return _Batch([self.rows[i] for i in keep], kv, mask[:, start:], self.next_pos[index])
+        return Batch([self.rows[i] for i in keep], kv, mask[:, start:], self.next_pos[index])
 
 
-class _Truncation:
+class Truncation:
     """Which tokens each row's top-k then top-p filter keeps.
 
     logprobs [B, V]; top_k [B] (<= 0: off); top_p [B] (1: off). Only rows with a filter are
@@ -82,7 +82,7 @@ class _Truncation:
         return self.order[j][self.keep[j]]
 
 
-def _sample_tokens(logprobs, exponentials, truncation: _Truncation) -> torch.Tensor:
+def sample_tokens(logprobs, exponentials, truncation: Truncation) -> torch.Tensor:
     """Sample one token per row among the tokens its filter keeps, by the exponential race.
 
     exponentials [B, V] ~ Exp(1). argmax(p_i / E_i) is a sample from p (Gumbel-max). Unlike
@@ -96,7 +96,8 @@ def _sample_tokens(logprobs, exponentials, truncation: _Truncation) -> torch.Ten
     return scores.argmax(-1)
 
 
-def _eos_token_ids(model, tokenizer) -> frozenset[int]:
+def eos_token_ids(model, tokenizer) -> frozenset[int]:
+    """Every token id that ends a sequence: the model's generation config, its config and the tokenizer's."""
     ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), model.config):
         value = getattr(source, "eos_token_id", None) if source is not None else None
@@ -106,7 +107,8 @@ def _eos_token_ids(model, tokenizer) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(keys, values) per layer of a KV cache."""
     # Iterating a DynamicCache yields (keys, values[, sliding window]) per layer.
     return [(layer[0], layer[1]) for layer in cache]
 

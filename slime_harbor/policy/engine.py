@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import torch
 
 # The decode loop's tensors (the running batch, truncated sampling) live in decode.py.
-from slime_harbor.policy.decode import _Batch, _cache_tensors, _eos_token_ids, _sample_tokens, _Truncation
+from slime_harbor.policy.decode import Batch, cache_tensors, eos_token_ids, sample_tokens, Truncation
 from slime_harbor.policy.sampling import Generation, SamplingParams
 
 
@@ -134,7 +134,7 @@ class SamplingEngine:
         if getattr(model_config, "sliding_window", None) and getattr(model_config, "use_sliding_window", False):
             raise ValueError("SamplingEngine supports full-attention models only (no sliding window)")
         self.context_length = self.config.context_length or model_config.max_position_embeddings
-        self.eos_token_ids = _eos_token_ids(self.model, tokenizer)
+        self.eos_token_ids = eos_token_ids(self.model, tokenizer)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_token_ids)
         self.weight_version = 0
         self.stats = EngineStats()
@@ -149,7 +149,7 @@ class SamplingEngine:
         self._pause_waiters = 0
         self._draining = 0  # update_model calls waiting for the running rows: admit nothing new
         self._generation_paused = False  # pause_generation: admit nothing until continue_generation
-        self._batch = _Batch()  # worker-only
+        self._batch = Batch()  # worker-only
         self._worker = threading.Thread(target=self._work, name="sampling-engine", daemon=True)
         self._worker.start()
 
@@ -408,11 +408,11 @@ class SamplingEngine:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         logits, cache = self._forward(input_ids, mask, positions, None, requests)
         self.stats.prefills += 1
-        kv = _cache_tensors(cache)
+        kv = cache_tensors(cache)
         # Pad slots hold garbage from fully masked attention rows; zero them so they can never leak.
         pad = (mask == 0)[:, None, :, None].to(self.device)
         kv = [(k.masked_fill(pad, 0), v.masked_fill(pad, 0)) for k, v in kv]
-        new = _Batch(requests, kv, mask, positions[:, -1] + 1)
+        new = Batch(requests, kv, mask, positions[:, -1] + 1)
         self._sample(new, logits)
         self._batch = self._batch.merge(new)
         self._batch.rows_pending_prefill = []
@@ -444,7 +444,7 @@ class SamplingEngine:
         )
         return out.logits[:, -1, :].float().cpu(), out[CACHE_ARGUMENT]
 
-    def _sample(self, batch: _Batch, logits: torch.Tensor) -> None:
+    def _sample(self, batch: Batch, logits: torch.Tensor) -> None:
         """Pick each row's next token, record its logprob, and decide whether the row is done."""
         rows = batch.rows
         temperatures = torch.tensor([r.params.temperature for r in rows], dtype=torch.float32)
@@ -458,8 +458,8 @@ class SamplingEngine:
             exponentials[i].exponential_(generator=request.generator)
         top_k = torch.tensor([r.params.top_k for r in rows], dtype=torch.long)
         top_p = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32)
-        truncation = _Truncation(logprobs, top_k, top_p)
-        tokens = _sample_tokens(logprobs, exponentials, truncation)
+        truncation = Truncation(logprobs, top_k, top_p)
+        tokens = sample_tokens(logprobs, exponentials, truncation)
         tokens = torch.where(greedy, logprobs.argmax(-1), tokens)
         token_logprobs = logprobs.gather(-1, tokens[:, None])[:, 0].tolist()
         for i, (request, token) in enumerate(zip(rows, tokens.tolist(), strict=True)):
@@ -564,7 +564,7 @@ class SamplingEngine:
 
     def _fail_running(self, error: Exception) -> None:
         failed = self._batch.rows + self._batch.rows_pending_prefill
-        self._batch = _Batch()
+        self._batch = Batch()
         with self._cond:
             for request in failed:
                 self._active.pop(request.rid, None)

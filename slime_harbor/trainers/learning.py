@@ -398,9 +398,9 @@ def report(results: dict, cfg: LearningConfig) -> None:
 def add_flags(p: argparse.ArgumentParser, defaults: LearningConfig, skip: tuple[str, ...] = ()) -> None:
     """One flag per LearningConfig field but `skip` (underscores -> dashes), defaulting to
     `defaults`, its help the field's docstring."""
-    from slime_harbor.trainers.local import _field_docs
+    from slime_harbor.trainers.local import field_docs
 
-    docs = _field_docs(LearningConfig)
+    docs = field_docs(LearningConfig)
     for f in dataclasses.fields(LearningConfig):
         if f.name in skip:
             continue

@@ -165,7 +165,7 @@ def _tracker(cfg: LocalTrainConfig, out: Path, base_model: str, device: str):
         raise ConfigError("--wandb-project needs the wandb package (pip install wandb)") from None
     from slime_harbor.trainers.tracking import WandbRun
 
-    config = _jsonable({**dataclasses.asdict(cfg), "base_model": base_model, "device": device})
+    config = jsonable({**dataclasses.asdict(cfg), "base_model": base_model, "device": device})
     return WandbRun(cfg.wandb_project, cfg.wandb_run_name, out, config)
 
 
@@ -200,7 +200,7 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_facto
     state = json.loads((checkpoint / TRAINER_STATE).read_text()) if checkpoint else None
     if state and state["lora"] != cfg.lora:
         raise ConfigError(f"{checkpoint} was trained with lora={state['lora']}; pass the same --no-lora setting")
-    base_model = state["base_model"] if state else str(_resolve_model(cfg.model))
+    base_model = state["base_model"] if state else str(resolve_model(cfg.model))
     out = Path(cfg.output_dir or (checkpoint.parent if checkpoint else "runs/grpo-local"))
     out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(cfg.device)
@@ -213,7 +213,7 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_facto
     if checkpoint:
         restore_rng(checkpoint)
         print(f"resumed from {checkpoint} at step {start}", file=sys.stderr)
-    (out / "config.json").write_text(json.dumps(_jsonable({**dataclasses.asdict(cfg), "base_model": base_model,
+    (out / "config.json").write_text(json.dumps(jsonable({**dataclasses.asdict(cfg), "base_model": base_model,
                                                             "device": device}), indent=1))
     run = TrainingRun(cfg, out, learner, base_model, start, metrics,
                       last_checkpoint=str(checkpoint) if checkpoint else None)
@@ -302,7 +302,7 @@ def _train_synchronously(run: TrainingRun, guard: SignalGuard, runner: asyncio.R
         run.record_done(record)
 
 
-def _resolve_model(model: str | None) -> Path:
+def resolve_model(model: str | None) -> Path:
     if model is None:
         from slime_harbor.policy.tiny_model import ensure_tiny_model
 
@@ -311,7 +311,7 @@ def _resolve_model(model: str | None) -> Path:
     return Path(model).resolve() if Path(model).exists() else Path(model)
 
 
-def _jsonable(d: dict) -> dict:
+def jsonable(d: dict) -> dict:
     return {k: str(v) if isinstance(v, Path) else v for k, v in d.items()}
 
 
@@ -319,7 +319,7 @@ def _jsonable(d: dict) -> dict:
 # Command line: one flag per field, help from the field's docstring.
 
 
-def _field_docs(config_class: type | None = None) -> dict[str, str]:
+def field_docs(config_class: type | None = None) -> dict[str, str]:
     """The docstring under each field of a config dataclass (LocalTrainConfig by default), read from the source."""
     import ast
     import inspect
@@ -347,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--test", action="store_true",
                    help=f"quick run: {', '.join(f'{k}={v}' for k, v in TEST_PRESET.items())}; other flags override")
-    docs = _field_docs()
+    docs = field_docs()
     defaults = LocalTrainConfig()
     for f in dataclasses.fields(LocalTrainConfig):
         flag = FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-"))
