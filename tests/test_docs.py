@@ -75,3 +75,14 @@ def test_the_agent_table_is_generated_from_the_recipes():
     page = (REPO / "docs" / "gateway.md").read_text()
     assert agent_table(MEASURED) in page, "regenerate it: .venv/bin/python -m slime_harbor.installed_agents.recipes"
     assert all(f"| {name} |" in page for name in (*RECIPES, *UNAVAILABLE))
+
+
+def test_the_chain_page_maps_every_module():
+    """docs/chain.md is the newcomer's map from task to loss: every module of the package is on it
+    (a module added without a place there fails here)."""
+    chain = (REPO / "docs" / "chain.md").read_text()
+    package = REPO / "slime_harbor"
+    modules = [p for p in package.rglob("*.py") if p.name != "__init__.py" and "cpu_shims" not in p.parts]
+    assert len(modules) > 40
+    missing = [str(p.relative_to(package)) for p in modules if p.name not in chain]
+    assert not missing, f"docs/chain.md does not place: {missing}"
