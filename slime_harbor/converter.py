@@ -28,6 +28,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from slime_harbor import terminus2
 from slime_harbor.samples import SCORED_STATUSES, SampleStatus, TrainingSample, top_p_offsets_ok
 
 # Transient infrastructure failures: the policy is not to blame and a new trial may well succeed
@@ -202,18 +203,13 @@ def environment_start_failed(result) -> bool:
 
 
 def agent_exit_status(result) -> str | None:
-    """How the agent says its episode ended (agent_result.metadata["exit_status"]). terminus-2 says
-    nothing when it reaches max_turns (its loop just ends): a run of max_turns turns is step_limit.
-    (One that confirmed completion on exactly its last turn is counted step_limit too: scored as
-    well, only labelled truncated.)"""
+    """How the agent says its episode ended (agent_result.metadata["exit_status"]); terminus-2,
+    which says nothing, as its module reads it."""
     meta = (result.agent_result.metadata if result.agent_result else None) or {}
     if meta.get("exit_status") is not None:
         return meta["exit_status"]
-    agent = getattr(getattr(result, "config", None), "agent", None)
-    if result.agent_info is not None and result.agent_info.name == "terminus-2":
-        max_turns = (getattr(agent, "kwargs", None) or {}).get("max_turns")
-        if max_turns and (meta.get("n_episodes") or 0) >= max_turns:
-            return "step_limit"
+    if result.agent_info is not None and result.agent_info.name == terminus2.NAME:
+        return terminus2.exit_status(result)
     return None
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slime_harbor import terminus2
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.tasks.manifest import apply_manifest
 
@@ -29,7 +30,7 @@ DOCKER_SANDBOX = "slime_harbor.environments.docker:DockerEnvironment"
 NATIVE_AGENT = "slime_harbor.agent:NativeAgent"
 NO_MODEL_AGENTS = frozenset({"oracle", "nop"})
 """Harbor agents that never call a model: they need no policy and no gateway."""
-HOST_GATEWAY_AGENTS = frozenset({"terminus-2"})
+HOST_GATEWAY_AGENTS = frozenset({terminus2.NAME})
 """Harbor agents that run in the trial's process (nothing to install in the sandbox) and sample
 through the gateway, which they get as their ``api_base`` kwarg."""
 SANDBOX_LOOPBACK = "127.0.0.1"
@@ -340,28 +341,9 @@ def _agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None):
         config.env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "HOSTED_VLLM_API_KEY": endpoint.api_key}
         if takes_step_limit(agent_class(config)):  # a user's agent with a limit of its own
             config.kwargs["step_limit"] = cfg.step_limit
-    if cfg.agent == "terminus-2":
-        config.kwargs.update({
-            # The gateway records the tokens; terminus-2's own token-id fields are not needed.
-            "collect_rollout_details": False,
-            # Summarisation rewrites the history: every summary would start a new sample.
-            "enable_summarize": False,
-            "proactive_summarization_threshold": 0,
-            "temperature": cfg.temperature,
-            "max_turns": cfg.step_limit,
-            "record_terminal_session": False,
-            "suppress_max_turns_warning": True,
-            "model_info": {
-                "max_input_tokens": cfg.max_context_len or _max_context(cfg.model_dir),
-                "max_output_tokens": cfg.max_new_tokens,
-                # Every cost named, cache costs too: LiteLLM warns on each run about any it must default.
-                "input_cost_per_token": 0.0,
-                "output_cost_per_token": 0.0,
-                "cache_creation_input_token_cost": 0.0,
-                "cache_read_input_token_cost": 0.0,
-            },
-            "llm_call_kwargs": {"max_tokens": cfg.max_new_tokens},
-        })
+    if cfg.agent == terminus2.NAME:
+        config.kwargs.update(terminus2.agent_kwargs(cfg.max_context_len or _max_context(cfg.model_dir),
+                                                    cfg.max_new_tokens, cfg.temperature, cfg.step_limit))
     for key, value in cfg.agent_kwargs.items():
         merge = isinstance(config.kwargs.get(key), dict) and isinstance(value, dict)
         config.kwargs[key] = {**config.kwargs[key], **value} if merge else value
@@ -401,8 +383,8 @@ def environment_config(env: str, gateway=None, agent=None):
     from slime_harbor.installed_agents import environment_kwargs
 
     ours = {"gateway_port": gateway.port, "gateway_host": connect_host(gateway)} if gateway is not None else {}
-    if agent is not None and agent.name == "terminus-2":
-        ours["provide_tmux"] = True
+    if agent is not None and agent.name == terminus2.NAME:
+        ours.update(terminus2.ENVIRONMENT_KWARGS)
     ours.update(environment_kwargs(agent) if agent is not None else {})
     if env == "local":
         return EnvironmentConfig(import_path=LOCAL_SANDBOX, delete=True, kwargs=ours)
