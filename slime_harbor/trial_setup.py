@@ -79,7 +79,8 @@ class RolloutConfig:
     """Most agent turns per episode."""
     max_new_tokens: int = 512
     """Most tokens sampled per turn."""
-    # Native agent only (forwarded as its options of the same names; see agent.NativeAgentOptions).
+    # Every agent: the native agent takes them as its options of the same names (agent.NativeAgentOptions);
+    # the gateway applies them to every call of a gateway agent's session (rollout.session_sampling).
     max_context_len: int | None = None
     """Prompt+completion token limit of an episode; None = the model's. Past it: context_limit."""
     stop: list[str] = field(default_factory=list)
