@@ -381,7 +381,7 @@ def environment_config(env: str, gateway=None, agent=None):
     starts (`agent_installs`, e.g. mini-swe-agent's venv; slime_harbor.installed_agents)."""
     from harbor.models.trial.config import EnvironmentConfig
 
-    from slime_harbor.installed_agents import environment_kwargs
+    from slime_harbor.installed_agents.installs import environment_kwargs
 
     ours = {"gateway_port": gateway.port, "gateway_host": connect_host(gateway)} if gateway is not None else {}
     if agent is not None and agent.name == terminus2.NAME:
@@ -526,7 +526,8 @@ def check_agent(cfg: RolloutConfig) -> None:
 def _check_agent_installs(cfg: RolloutConfig) -> None:
     """What the agent needs installed in the sandbox can be built here (the bubblewrap sandbox's
     host-side installs; a Docker layer's build fails its trials with the build log instead)."""
-    from slime_harbor.installed_agents import ENVIRONMENT_KWARG, environment_kwargs, resolve_installs
+    from slime_harbor.installed_agents.installs import ENVIRONMENT_KWARG, environment_kwargs
+    from slime_harbor.installed_agents.recipes import resolve_installs
 
     if cfg.env != "local" or not samples_policy(cfg.agent) or is_native(cfg.agent):
         return

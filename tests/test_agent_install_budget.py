@@ -23,7 +23,7 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 from test_verifier_isolation import docker_available
 
-from slime_harbor.installed_agents import SandboxInstall
+from slime_harbor.installed_agents.installs import SandboxInstall
 from slime_harbor.rollout import run_episode
 from slime_harbor.samples import SampleStatus
 from slime_harbor.trial_setup import RolloutConfig

@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 from harbor.models.agent.context import AgentContext
 
-from slime_harbor.installed_agents import environment_kwargs, resolve_installs
+from slime_harbor.installed_agents.installs import environment_kwargs
+
+from slime_harbor.installed_agents.recipes import resolve_installs
 from slime_harbor.installed_agents.recipes import RECIPES, ClaudeCode, Codex, OpenCode
 from slime_harbor.trial_setup import agent_config, gateway_step_limit, ModelEndpoint, RolloutConfig
 from slime_harbor.samples import SampleStatus

@@ -32,7 +32,8 @@ from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfi
 from harbor.trial.trial import Trial
 
 from slime_harbor.converter import trial_to_samples
-from slime_harbor.installed_agents import environment_kwargs, resolve_installs
+from slime_harbor.installed_agents.installs import environment_kwargs
+from slime_harbor.installed_agents.recipes import resolve_installs
 from slime_harbor.installed_agents.recipes import RECIPES, MiniSweAgent, Codex
 from slime_harbor.trial_setup import DEFAULT_TASKS, DOCKER_SANDBOX, LOCAL_SANDBOX
 from slime_harbor.samples import SampleStatus

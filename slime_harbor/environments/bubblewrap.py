@@ -139,7 +139,8 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         agent_installs: str | list[str] | None = None,
         **kwargs,
     ):
-        from slime_harbor.installed_agents import DEFAULT_SETUP_TIMEOUT_SEC, resolve_installs
+        from slime_harbor.installed_agents.installs import DEFAULT_SETUP_TIMEOUT_SEC
+        from slime_harbor.installed_agents.recipes import resolve_installs
 
         self._agent_installs = resolve_installs(agent_installs)
         self._install_dirs: dict[str, Path] | None = None
@@ -246,7 +247,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         Harbor's: trial_setup.install_agents_first), not the task's build timeout. The trial runner
         calls it before Harbor starts the environment; ``start()`` calls it too (a no-op once
         done). A build that fails raises AgentInstallError (an infrastructure failure, retried)."""
-        from slime_harbor.installed_agents import AgentInstallError, within_install_budget
+        from slime_harbor.installed_agents.installs import AgentInstallError, within_install_budget
 
         if self._install_dirs is not None:
             return

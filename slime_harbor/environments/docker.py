@@ -61,7 +61,8 @@ from slime_harbor.environments.common import (
 )
 from slime_harbor.environments.docker_exec import ExecServer, ExecServerError, ExecServerUnavailable
 from slime_harbor.environments.gateway_reach import GatewayForward, GatewayReachError, gateway_port_kwarg
-from slime_harbor.installed_agents import DEFAULT_SETUP_TIMEOUT_SEC, resolve_installs
+from slime_harbor.installed_agents.installs import DEFAULT_SETUP_TIMEOUT_SEC
+from slime_harbor.installed_agents.recipes import resolve_installs
 
 # The daemon side (client, sweeps of stale containers, task images, tool layers): docker_images.py.
 from slime_harbor.environments.docker_images import (

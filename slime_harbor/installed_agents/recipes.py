@@ -44,8 +44,7 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
 from slime_harbor.gateway.session import STEP_LIMIT_CODE
-from slime_harbor.installed_agents import SandboxInstall, check_installed
-from slime_harbor.installed_agents.installs import SANDBOX_ROOT, NpmInstall, PypiInstall
+from slime_harbor.installed_agents.installs import SANDBOX_ROOT, NpmInstall, PypiInstall, SandboxInstall, check_installed
 
 DIALECTS = ("chat", "anthropic", "responses", "gemini")
 """The gateway's wire formats: OpenAI chat completions, Anthropic Messages, OpenAI Responses,
@@ -824,3 +823,28 @@ def write_agent_table(measured: dict[str, dict[str, Any]]) -> None:
 if __name__ == "__main__":
     write_agent_table(MEASURED)
     print(agent_table(MEASURED))
+
+
+def resolve_installs(spec: str | list[str] | tuple[str, ...] | None) -> list[SandboxInstall]:
+    """The installs an ``agent_installs`` kwarg names: a name, ``module:attr``, a comma-separated
+    string of those, or a list. Raises ValueError with one line for an unknown one."""
+    if not spec:
+        return []
+    names = [n.strip() for n in spec.split(",")] if isinstance(spec, str) else list(spec)
+    installs = []
+    for name in filter(None, names):
+        if name in RECIPES:
+            installs.append(RECIPES[name].install)
+            continue
+        path = name
+        if ":" not in path:
+            raise ValueError(f"unknown agent install {name!r}: use one of {sorted(RECIPES)} or module:attr")
+        module, _, attr = path.partition(":")
+        try:
+            install = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"agent install {name!r} cannot be imported: {exc}") from None
+        if not isinstance(install, SandboxInstall):
+            raise ValueError(f"agent install {name!r} is not a SandboxInstall")
+        installs.append(install)
+    return installs
