@@ -8,7 +8,7 @@ bundled tasks' base image, and the size of its first prompt in the default tiny 
 reports the build time it recorded). One line per agent, and docs/agent_installs.json updated;
 docs/gateway.md's agent table is generated from the recipes and that file:
 
-    .venv/bin/python -m slime_harbor.installed_agents.recipes > /dev/null   # rewrites the table
+    .venv/bin/python scripts/agent_table.py   # rewrites the table
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 from slime_harbor.environments.docker_images import docker_client, ensure_layer_image, layer_image
-from slime_harbor.installed_agents.recipes import MEASURED, RECIPES, write_agent_table
+from scripts.agent_table import MEASURED, write_agent_table
+from slime_harbor.installed_agents.recipes import RECIPES
 from slime_harbor.policy.server import EmbeddedPolicyServer
 from slime_harbor.policy.tiny_model import ensure_tiny_model
 from slime_harbor.rollout import run_rollouts
