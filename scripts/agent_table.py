@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
 from slime_harbor.installed_agents.installs import NpmInstall, PypiInstall  # noqa: E402
-from slime_harbor.installed_agents.recipes import RECIPES, UNAVAILABLE, AgentRecipe  # noqa: E402
+from slime_harbor.installed_agents.recipe import AgentRecipe  # noqa: E402
+from slime_harbor.installed_agents.recipes import RECIPES, UNAVAILABLE  # noqa: E402
 
 DOCS = REPO / "docs"
 MEASURED_FILE = DOCS / "agent_installs.json"

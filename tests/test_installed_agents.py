@@ -200,7 +200,8 @@ def test_hermes_gets_its_host_key_check_passed_and_its_managed_config_before_it_
     (files: a managed config); the agent's own key and URL come from the trial's env."""
     from types import SimpleNamespace
 
-    from slime_harbor.installed_agents.recipes import Hermes, write_files_command
+    from slime_harbor.installed_agents.recipe import write_files_command
+    from slime_harbor.installed_agents.recipes import Hermes
 
     monkeypatch.setenv("OPENAI_API_KEY", "")  # restored after the test, whether it was set or not
     monkeypatch.delenv("OPENAI_API_KEY")
