@@ -327,7 +327,7 @@ def _agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None):
     # string; agents get it in the provider/model form LiteLLM-based agents need.
     config = AgentConfig(name=None if import_path else cfg.agent, import_path=import_path,
                          model_name=f"hosted_vllm/{cfg.model_name}")
-    provider = getattr(agent_class(config), "GATEWAY_PROVIDER", None)  # claude-code: anthropic/<name>
+    provider = recipe.provider if recipe is not None else None  # claude-code: anthropic/<name>
     if provider:
         config.model_name = f"{provider}/{cfg.model_name}"
     if is_installed_agent(config):

@@ -179,7 +179,6 @@ def recipe_class(recipe: AgentRecipe) -> type:
     return type(recipe.class_name, (RecipeAgent, harbor_class), {
         "RECIPE": recipe,
         "SANDBOX_INSTALLS": (recipe.install.name,),
-        "GATEWAY_PROVIDER": recipe.provider,
         "GATEWAY_STEP_LIMIT": recipe.gateway_step_limit,
         "__module__": RECIPES_MODULE,
         "__qualname__": recipe.class_name,
