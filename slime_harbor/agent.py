@@ -37,7 +37,7 @@ from harbor.utils.trajectory_utils import format_trajectory_json
 from pydantic import Field
 
 from slime_harbor.policy.client import PolicyClient
-from slime_harbor.policy.sampling import SamplingParams
+from slime_harbor.policy.sampling import SamplingParams, turn_seed
 
 SYSTEM_PROMPT = """You are a coding agent working in a Linux shell. Solve the task step by step.
 Every reply has two parts: a short THOUGHT, then exactly ONE bash command in a ```bash block.
@@ -176,16 +176,6 @@ class NativeAgentOptions(AgentOptions):
     max_observation_chars: int = Field(
         default=2000, description="Tool output longer than this keeps its head and tail only."
     )
-
-
-def turn_seed(seed: int, turn: int) -> int:
-    """The sampling_seed of turn `turn` of an episode seeded `seed`.
-
-    Every turn differs (the same seed each turn would replay the same noise sequence on an engine
-    that seeds per request), the episode is reproducible, and episodes with distinct seeds never
-    share a turn seed while turns < 1,000,003 (SLiME gives group member i the seed rollout_seed + i).
-    """
-    return (seed * 1_000_003 + turn) % 2**63
 
 
 class _EpisodeEnd(Exception):

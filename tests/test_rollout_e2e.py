@@ -319,7 +319,8 @@ def test_native_agent_top_p_replay_is_well_formed_and_slime_accepts_it(
 def test_native_agent_seeded_episodes_replay_and_stop_at_the_context_limit(
     tmp_path, responsive_server, responsive_model_dir, tokenizer
 ):
-    from slime_harbor.agent import initial_prompt_ids, turn_seed
+    from slime_harbor.agent import initial_prompt_ids
+    from slime_harbor.policy.sampling import turn_seed
 
     task = DEFAULT_TASKS / EASY_TASKS[0]
 

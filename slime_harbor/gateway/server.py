@@ -23,13 +23,12 @@ from typing import Any, Protocol
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from slime_harbor.agent import turn_seed
 from slime_harbor.gateway.session import (STEP_LIMIT_CODE, Call, GatewaySession, PolicyUnavailable, canonical,
                                           normalise_messages)
 from slime_harbor.gateway.wire import TurnRequest, Wire
 from slime_harbor.http_api import BadRequest
 from slime_harbor.policy.client import PolicyClient, PolicyServerError
-from slime_harbor.policy.sampling import Generation, SamplingParams
+from slime_harbor.policy.sampling import Generation, SamplingParams, turn_seed
 
 # config.json model_type -> the renderers config that speaks the family's chat format. Qwen2.5 and
 # Qwen3 (dense and MoE) share ChatML with Hermes-style <tool_call> JSON; Qwen3's renderer also

@@ -128,3 +128,13 @@ class Generation:
     reissued: int = 0
     """How often the server aborted this call on its own (a weight update) and the client had it
     sampled again."""
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """The sampling_seed of turn `turn` of an episode seeded `seed`.
+
+    Every turn differs (the same seed each turn would replay the same noise sequence on an engine
+    that seeds per request), the episode is reproducible, and episodes with distinct seeds never
+    share a turn seed while turns < 1,000,003 (SLiME gives group member i the seed rollout_seed + i).
+    """
+    return (seed * 1_000_003 + turn) % 2**63
