@@ -1,17 +1,12 @@
 """Shared fixtures: the tiny policy model and a running policy server on loopback."""
 
 import contextlib
-import importlib.util
 import os
 
 # LiteLLM fetches its model-cost map from the internet on import unless told to use its own copy.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import pytest
-
-needs_gateway = pytest.mark.skipif(importlib.util.find_spec("slime_harbor.gateway") is None,
-                                   reason="slime_harbor.gateway (branch gateway-core) is not merged into this branch")
-"""Marks a test that runs an agent through the recording gateway."""
 
 
 @pytest.fixture(scope="session")

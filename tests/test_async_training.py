@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import needs_gateway
 
 from slime_harbor.filters import mask_stale, staleness
 from slime_harbor.samples import SampleStatus, TrainingSample, read_jsonl
@@ -135,7 +134,6 @@ def test_an_episodes_staleness_is_that_of_its_oldest_call():
 
 # --- asynchronous runs ------------------------------------------------------------------------------
 
-@needs_gateway
 @pytest.mark.slow
 def test_a_trial_spanning_an_update_goes_on_and_its_later_calls_carry_the_new_version(tiny_model_dir, tmp_path,
                                                                                        monkeypatch):
@@ -163,7 +161,6 @@ def test_a_trial_spanning_an_update_goes_on_and_its_later_calls_carry_the_new_ve
     assert summary["masked_episodes"]["stale"] == 0 and summary["learner_wait_s"] > 0
 
 
-@needs_gateway
 @pytest.mark.slow
 def test_a_stale_episode_is_dropped_and_counted_and_every_update_advances_the_version(tiny_model_dir, tmp_path,
                                                                                       monkeypatch):

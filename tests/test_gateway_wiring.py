@@ -14,7 +14,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from conftest import needs_gateway, port_is_free
+from conftest import port_is_free
 
 from slime_harbor.converter import episode_end
 from slime_harbor.rollout import run_rollouts
@@ -115,7 +115,6 @@ def test_terminus2_reaching_max_turns_is_truncated_and_scored():
     assert (ended.status, ended.reward) == (SampleStatus.COMPLETED, 1.0)
 
 
-@needs_gateway
 def test_a_gateway_that_cannot_start_is_one_config_error(tiny_model_dir):
     """An address not on this host (--gateway-host): one ConfigError line, which the CLI prints."""
     from slime_harbor.exits import ConfigError
@@ -155,7 +154,6 @@ def check_trains(samples, model, temperature=1.0) -> list:
     return trained
 
 
-@needs_gateway
 @pytest.mark.slow
 def test_terminus2_trains_through_the_gateway_behind_the_real_sglang_router(tmp_path, responsive_model_dir, hf_model):
     """sglang-router strips chat replies' token-id fields; the gateway calls /generate through it itself."""
@@ -180,7 +178,6 @@ def test_terminus2_trains_through_the_gateway_behind_the_real_sglang_router(tmp_
     assert leftovers(cfg.out_dir) == ([], [])
 
 
-@needs_gateway
 def test_a_module_class_agent_with_tools_trains_through_the_gateway(tmp_path, policy_server, tiny_model_dir, model):
     """Our own host-side agent (openai SDK, chat completions with a bash tool): three calls over an
     append-only history, so one sample per episode holding all three sampled replies."""
@@ -196,7 +193,6 @@ def test_a_module_class_agent_with_tools_trains_through_the_gateway(tmp_path, po
     assert port_is_free(port) and leftovers(cfg.out_dir) == ([], [])
 
 
-@needs_gateway
 def test_a_cancelled_rollout_closes_the_gateway_and_frees_its_port(tmp_path, policy_server, tiny_model_dir):
     cfg = config(tmp_path, policy_server, tiny_model_dir, agent=CHAT_TOOLS_AGENT, n_samples=2,
                  agent_kwargs={"max_turns": 200}, max_new_tokens=48)

@@ -12,7 +12,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import needs_gateway
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
@@ -173,7 +172,6 @@ def test_generate_hook_runs_a_real_trial(tmp_path, policy_server, tiny_model_dir
     assert missing.remove_sample and missing.status == Sample.Status.FAILED and missing.reward == 0.0
 
 
-@needs_gateway
 def test_generate_hook_runs_terminus2_through_the_process_gateway(tmp_path, responsive_server, responsive_model_dir,
                                                                   hf_model, Sample, fresh_counters):
     """`harbor_agent: terminus-2`: one gateway per process and event loop in front of the "router",

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import needs_gateway
 
 from slime_harbor.trainers.local import config_from_args, train
 from slime_harbor.trainers.learner import make_batch, OPTIMIZER_STATE, Policy, token_logprobs, train_on_samples
@@ -292,7 +291,6 @@ def test_integration_script():
     assert "integration OK" in proc.stdout
 
 
-@needs_gateway
 @pytest.mark.slow
 def test_a_gateway_agent_trains_locally(tiny_model_dir, tmp_path):
     """train-local with a `module:Class` agent (tests/chat_tools_agent.py): its episodes go through
@@ -332,7 +330,6 @@ def test_use_tis_takes_the_learners_recomputation_as_old_and_weights_by_the_samp
     assert tis["abs_ppo_kl"] == pytest.approx(0.3, rel=1e-3)  # still measured against the sampler
 
 
-@needs_gateway
 @pytest.mark.slow
 def test_mask_step_limit_masks_episodes_the_gateway_ended_at_the_step_limit(tiny_model_dir, tmp_path):
     """A user's `module:Class` agent that declares GATEWAY_STEP_LIMIT (no limit or exit status of

@@ -578,16 +578,7 @@ def test_rollout_has_our_sandboxes_install_mini_swe_agent():
     assert environment_config("docker", gateway, agent_config(RolloutConfig(agent="oracle"))).kwargs == forward
 
 
-def _sandbox_forwards_the_gateway() -> bool:
-    import inspect
-
-    from slime_harbor.environments.docker import DockerEnvironment
-
-    return "gateway_port" in inspect.signature(DockerEnvironment.__init__).parameters
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _sandbox_forwards_the_gateway(), reason="the sandbox's gateway forward (branch sandbox-reach) is not merged")
 @pytest.mark.parametrize("env", [pytest.param("docker", marks=needs_docker), "local"])
 def test_mini_swe_agent_trains_on_a_no_network_task(env, tmp_path, policy_server, tiny_model_dir, model):
     """Plain `--agent mini-swe-agent --env docker|local` on a bundled no-network task: through the
@@ -595,10 +586,6 @@ def test_mini_swe_agent_trains_on_a_no_network_task(env, tmp_path, policy_server
     recomputation by the model. The tiny model's replies carry no tool call, and mini-swe-agent
     drops such a reply from its history (it appends only its format-error message), so each call
     starts a new branch of the episode: one sample per call, all with the episode's rollout_id."""
-    from conftest import needs_gateway
-
-    if needs_gateway.args[0]:
-        pytest.skip(needs_gateway.kwargs["reason"])
     from test_gateway_wiring import check_trains
     from test_rollout_e2e import config, leftovers
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import needs_gateway
 from harbor.models.trajectories import Trajectory
 
 from slime_harbor.rollout import run_episode, run_rollouts
@@ -161,7 +160,6 @@ def test_native_agent_samples_are_token_exact(tmp_path, responsive_server, respo
     assert (cfg.out_dir / "summary.json").is_file() and len(trial_names(cfg.out_dir)) == 4
 
 
-@needs_gateway
 def test_terminus2_samples_hold_invariants(tmp_path, responsive_server, responsive_model_dir, hf_model):
     cfg = config(tmp_path, responsive_server, responsive_model_dir, agent="terminus-2", n_samples=1, step_limit=2,
                  max_new_tokens=96)

@@ -14,8 +14,6 @@ import pytest
 
 vf = pytest.importorskip("verifiers.v1")
 
-from conftest import needs_gateway  # noqa: E402
-
 from slime_harbor.samples import SampleStatus, TrainingSample  # noqa: E402
 from test_rollout_e2e import (  # noqa: E402,F401 (fixtures: the tiny model SFT'd to answer in each agent's format)
     EASY_TASKS, check_sample_against_model, hf_model, responsive_model_dir, responsive_server,
@@ -90,7 +88,7 @@ def run_vf_eval(base_url: str, tokenizer_dir, agent: str, tmp_path: Path, rollou
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("agent", ["native", pytest.param("terminus-2", marks=needs_gateway)])
+@pytest.mark.parametrize("agent", ["native", "terminus-2"])
 def test_vf_eval_runs_real_trials_with_exact_tokens(agent, responsive_server, responsive_model_dir, hf_model, tmp_path):
     """Against the tiny model after a few SFT steps (test_rollout_e2e's), so both agents' turns
     parse and their commands run. The served model is named "policy" (Harbor's hosted_vllm
