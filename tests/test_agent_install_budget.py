@@ -21,7 +21,7 @@ import pytest
 from harbor.agents.base import BaseAgent
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
-from test_verifier_isolation import docker_available
+from helpers.docker import docker_available
 
 from slime_harbor.installed_agents import SandboxInstall
 from slime_harbor.rollout import run_episode

@@ -20,6 +20,8 @@ from slime_harbor.filters import mask_stale, staleness
 from slime_harbor.samples import SampleStatus, TrainingSample, read_jsonl
 from slime_harbor.trainers.local import train
 from slime_harbor.trainers.local_config import LocalTrainConfig
+from helpers.samples import call_runs
+from helpers.training import model_at
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE_TASKS = REPO / "tests" / "fixtures" / "tasks"
@@ -31,28 +33,6 @@ def run_config(tiny_model_dir, out: Path, **overrides) -> LocalTrainConfig:
                 updates_per_rollout=1, step_limit=3, max_new_tokens=16, save_every=1, output_dir=out, device="cpu",
                 concurrency=4, seed=3)
     return LocalTrainConfig(**{**base, **overrides})
-
-
-def model_at(out: Path, version: int, tiny_model_dir):
-    """The weights of `version`: the base model for 0, else checkpoint_<version> (LoRA adapters)."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    if version:
-        model = PeftModel.from_pretrained(model, out / f"checkpoint_{version}")
-    return model.eval()
-
-
-def call_runs(sample: TrainingSample) -> list[list[int]]:
-    """Response positions of each model call, in order: the runs of loss_mask 1."""
-    runs, current = [], []
-    for i, m in enumerate(sample.loss_mask):
-        if m:
-            current.append(i)
-        elif current:
-            runs, current = runs + [current], []
-    return runs + ([current] if current else [])
 
 
 def check_calls_against_checkpoints(samples, out: Path, tiny_model_dir) -> None:

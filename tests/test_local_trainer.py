@@ -20,18 +20,9 @@ from slime_harbor.trainers.local import config_from_args, train
 from slime_harbor.trainers.learner import make_batch, OPTIMIZER_STATE, Policy, token_logprobs, train_on_samples
 from slime_harbor.trainers.local_config import find_checkpoint, LocalTrainConfig
 from slime_harbor.samples import SampleStatus, TrainingSample, read_jsonl
+from helpers.training import run_config
 
 REPO = Path(__file__).resolve().parent.parent
-FIXTURE_TASKS = REPO / "tests" / "fixtures" / "tasks"
-
-
-def run_config(tiny_model_dir, out: Path, **overrides) -> LocalTrainConfig:
-    base = dict(
-        tasks_dir=FIXTURE_TASKS, model=str(tiny_model_dir), n_samples=4, num_rollouts=2, lr=1e-2,
-        updates_per_rollout=2, step_limit=1, max_new_tokens=24, save_every=1, output_dir=out, device="cpu",
-    )
-    base.update(overrides)
-    return LocalTrainConfig(**base)
 
 
 def base_model(tiny_model_dir):

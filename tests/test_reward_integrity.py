@@ -22,16 +22,8 @@ import pytest
 
 pytest.importorskip("swebench", reason="swebench (5.0.2) is not installed: swebench-tasks needs it")
 
-from test_swebench_tasks import (  # noqa: E402  (the bundled records and the rollout helper)
-    TASKS_SWE,
-    absolute_env,
-    GIT_ENV,
-    docker_client,
-    records,
-    rollout,
-    verifier_files,
-    write_jsonl,
-)
+from helpers.docker import docker_client  # noqa: E402
+from helpers.swebench import absolute_env, GIT_ENV, records, rollout, TASKS_SWE, verifier_files, write_jsonl  # noqa: E402
 
 from slime_harbor.tasks.swebench import TEST_TIMEOUT_MARGIN_SEC, SwebenchTaskOptions, convert  # noqa: E402
 

@@ -13,27 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.trial_setup import RolloutConfig
+from helpers.docker import docker_available
+from helpers.tasks import TASK_TOML
 
-TASK_TOML = """schema_version = "1.4"
-{extra_top}
-[verifier]
-timeout_sec = 60.0
-{extra_verifier}
-[agent]
-timeout_sec = 60.0
-
-[environment]
-workdir = "/app"
-build_timeout_sec = 300.0
-network_mode = "no-network"
-"""
 SOLVE = r"""#!/bin/bash
 # attack: leave a reward where the verifier will find it, and processes that keep writing one
 mkdir -p /logs/verifier
@@ -67,18 +55,6 @@ def write_task(root: Path, name: str, separate: bool) -> Path:
         (task / rel).write_text(text)
         (task / rel).chmod(0o755)
     return task
-
-
-def docker_available() -> str | None:
-    if os.environ.get("SLIME_HARBOR_NO_DOCKER"):
-        return "SLIME_HARBOR_NO_DOCKER is set"
-    try:
-        from slime_harbor.environments.docker_images import check_docker
-
-        check_docker()
-    except Exception as e:
-        return f"no Docker daemon answers ({e})"
-    return None
 
 
 @pytest.mark.slow
