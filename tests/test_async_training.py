@@ -20,7 +20,7 @@ from slime_harbor.filters import mask_stale, staleness
 from slime_harbor.samples import SampleStatus, TrainingSample, read_jsonl
 from slime_harbor.trainers.local import train
 from slime_harbor.trainers.local_config import LocalTrainConfig
-from helpers.samples import call_runs
+from helpers.samples import call_runs, make_sample
 from helpers.training import model_at
 
 REPO = Path(__file__).resolve().parent.parent
@@ -84,9 +84,7 @@ def test_with_k0_the_same_samples_are_trained_with_the_same_metrics_as_before(ti
 
 def episode(group: int, index: int, versions: list[str], reward: float = 1.0) -> list[TrainingSample]:
     """One episode as two samples (a drift split), each with its calls' versions."""
-    return [TrainingSample(tokens=[1, 2, 3], response_length=2, loss_mask=[1, 1], rollout_log_probs=[-1.0, -1.0],
-                           reward=reward, status=SampleStatus.COMPLETED, group_index=group, index=index,
-                           rollout_id=index, weight_versions=versions[k::2]) for k in range(2)]
+    return [make_sample(reward, group=group, index=index, weight_versions=versions[k::2]) for k in range(2)]
 
 
 def test_an_episode_with_a_call_older_than_the_bound_is_masked_whole():
@@ -104,9 +102,7 @@ def test_an_episodes_staleness_is_that_of_its_oldest_call():
     """One sample holding calls of versions 3, 1 and 3 (a trial whose calls span updates): its
     oldest call is 2 versions behind version 3, beyond K = 1, so it is masked, though its newest
     call is current."""
-    spanning = TrainingSample(tokens=[1, 2, 3], response_length=2, loss_mask=[1, 1], rollout_log_probs=[-1.0, -1.0],
-                              reward=1.0, status=SampleStatus.COMPLETED, group_index=0, index=0, rollout_id=0,
-                              weight_versions=["3", "1", "3"])
+    spanning = make_sample(weight_versions=["3", "1", "3"])
     assert staleness(spanning, trained_version=3) == 2
     assert mask_stale([spanning], trained_version=3, max_staleness=1) == 1
     assert spanning.remove_sample and spanning.metadata["masked_by"] == "stale"

@@ -19,7 +19,8 @@ from slime_harbor.canaries import (
 )
 from slime_harbor.cli import main as cli_main
 from slime_harbor.exits import ConfigError
-from slime_harbor.samples import SampleStatus, TrainingSample
+from slime_harbor.samples import TrainingSample
+from helpers.samples import make_sample
 
 REPO = Path(__file__).resolve().parent.parent
 BUNDLED = REPO / "examples" / "harbor" / "tasks"
@@ -80,9 +81,8 @@ def test_impossible_tasks_checks_that_gold_fails_in_real_trials(tmp_path, capsys
 
 
 def episode(task: str, reward: float | None, index: int, status: str = "completed") -> TrainingSample:
-    return TrainingSample(tokens=[1, 2], response_length=1, loss_mask=[1], rollout_log_probs=[-0.1], reward=reward,
-                          status=SampleStatus(status), group_index=0, index=index,
-                          metadata={"task_name": task, "raw_rewards": {"reward": reward}, "trial_dir": f"/t/{index}"})
+    return make_sample(reward, status, index=index,
+                       metadata={"task_name": task, "raw_rewards": {"reward": reward}, "trial_dir": f"/t/{index}"})
 
 
 def test_canary_counts_are_per_episode_and_name_the_passes():
@@ -96,7 +96,7 @@ def test_canary_counts_are_per_episode_and_name_the_passes():
 def test_an_always_equal_patch_passes_the_impossible_swe_variant_and_is_counted(tmp_path):
     """The canary catches what the tests cannot: on the variant whose expected value no correct
     patch gives, the gold fails and the always-equal patch still passes (Docker, swebench's grading)."""
-    from helpers.docker import docker_available
+    from helpers.docker import docker_skip_reason
     from helpers.swebench import absolute_env, ALWAYS_EQUAL_SLUG, patch_against_base, records, write_jsonl
 
     from slime_harbor.rollout import run_rollouts
@@ -104,7 +104,7 @@ def test_an_always_equal_patch_passes_the_impossible_swe_variant_and_is_counted(
     from slime_harbor.tasks.swebench import convert
     from slime_harbor.trial_setup import RolloutConfig
 
-    if why := docker_available():
+    if why := docker_skip_reason():
         pytest.skip(why)
     record = next(r for r in records() if r["instance_id"] == SWE_TASK.name)
     base = absolute_env(record)

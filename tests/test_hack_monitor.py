@@ -424,13 +424,13 @@ def test_swe_hacks_in_real_trials_are_flagged_and_penalised_and_the_gold_is_not(
     import json
 
     from helpers.swebench import absolute_env, patch_against_base, records, write_jsonl
-    from helpers.docker import docker_available
+    from helpers.docker import docker_skip_reason
 
     from slime_harbor.rollout import run_rollouts
     from slime_harbor.tasks.swebench import convert
     from slime_harbor.trial_setup import RolloutConfig
 
-    if why := docker_available():
+    if why := docker_skip_reason():
         pytest.skip(why)
     record = next(r for r in records() if r["instance_id"] == "slime-harbor__textkit-2")
     base = absolute_env(record)
@@ -593,11 +593,9 @@ def test_a_judge_needs_a_url_and_a_model_in_one_line(tmp_path):
 
 def _episode_samples(reward: float, status: str = "completed", index: int = 0):
     """One episode of two segments."""
-    from slime_harbor.samples import SampleStatus, TrainingSample
+    from helpers.samples import make_sample
 
-    return [TrainingSample(tokens=[1, 2, 3], response_length=2, loss_mask=[1, 1], rollout_log_probs=[-0.1, -0.2],
-                           reward=reward, status=SampleStatus(status), group_index=0, index=index, rollout_id=index,
-                           metadata={"segment": segment}) for segment in range(2)]
+    return [make_sample(reward, status, index=index, metadata={"segment": segment}) for segment in range(2)]
 
 
 def test_a_flag_is_recorded_penalised_or_screened_as_the_action_says():

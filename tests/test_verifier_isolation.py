@@ -19,7 +19,7 @@ import pytest
 
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.trial_setup import RolloutConfig
-from helpers.docker import docker_available
+from helpers.docker import docker_skip_reason
 from helpers.tasks import TASK_TOML
 
 SOLVE = r"""#!/bin/bash
@@ -60,7 +60,7 @@ def write_task(root: Path, name: str, separate: bool) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("env", ["local", "docker"])
 def test_agent_processes_and_files_do_not_reach_the_verifier(env, tmp_path):
-    if env == "docker" and (why := docker_available()):
+    if env == "docker" and (why := docker_skip_reason()):
         pytest.skip(why)
     write_task(tmp_path / "tasks", "leaves-daemons", separate=False)
     write_task(tmp_path / "tasks", "leaves-daemons-separate", separate=True)
@@ -98,7 +98,7 @@ def test_hard_timeout_counts_the_separate_verifier_environment_start(tmp_path):
 @pytest.mark.parametrize("env", ["local", "docker"])
 def test_separate_verifier_environment_is_torn_down_when_cancelled(env, tmp_path):
     """A trial cancelled while its separate verifier runs leaves no container or sandbox behind."""
-    if env == "docker" and (why := docker_available()):
+    if env == "docker" and (why := docker_skip_reason()):
         pytest.skip(why)
     import time
 

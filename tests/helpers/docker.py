@@ -3,12 +3,15 @@ SLIME_HARBOR_NO_DOCKER is set), a client, and the containers a test left."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
 
 
+@functools.cache
 def docker_skip_reason() -> str | None:
+    """Why Docker tests cannot run here, or None when a daemon answers (asked once per session)."""
     if os.environ.get("SLIME_HARBOR_NO_DOCKER"):
         return "SLIME_HARBOR_NO_DOCKER is set"
     try:
@@ -25,32 +28,16 @@ def docker_skip_reason() -> str | None:
 needs_docker = pytest.mark.skipif((reason := docker_skip_reason()) is not None, reason=f"no Docker: {reason}")
 
 
-def docker_available() -> str | None:
-    if os.environ.get("SLIME_HARBOR_NO_DOCKER"):
-        return "SLIME_HARBOR_NO_DOCKER is set"
-    try:
-        from slime_harbor.environments.docker_images import check_docker
-
-        check_docker()
-    except Exception as e:
-        return f"no Docker daemon answers ({e})"
-    return None
-
-
 def docker_client():
-    if os.environ.get("SLIME_HARBOR_NO_DOCKER"):
-        pytest.skip("SLIME_HARBOR_NO_DOCKER is set")
-    try:
-        import docker
+    """The process's Docker client (slime_harbor's); the test skips where no daemon answers."""
+    if why := docker_skip_reason():
+        pytest.skip(why)
+    from slime_harbor.environments.docker_images import docker_client
 
-        client = docker.from_env(timeout=30)
-        client.ping()
-    except Exception as e:  # no SDK, no socket, no daemon
-        pytest.skip(f"no Docker daemon answers ({type(e).__name__}: {e})")
-    return client
+    return docker_client()
 
 
 def containers_labelled(label: str) -> list[dict]:
-    from slime_harbor.environments.docker import docker_client
+    from slime_harbor.environments.docker_images import docker_client
 
     return docker_client().api.containers(all=True, filters={"label": label})

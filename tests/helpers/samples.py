@@ -1,10 +1,20 @@
-"""Checks on TrainingSamples: logprobs against a fresh forward pass, the masked and sampled spans."""
+"""TrainingSamples in tests: a made-up one for the code that reads only their scores, statuses and
+metadata; checks on real ones (logprobs against a fresh forward pass, the masked and sampled spans)."""
 
 from __future__ import annotations
 
 import torch
 
-from slime_harbor.samples import TrainingSample
+from slime_harbor.samples import SampleStatus, TrainingSample
+
+
+def make_sample(reward: float | None = 1.0, status: SampleStatus | str = SampleStatus.COMPLETED, group: int = 0,
+                index: int = 0, *, weight_versions: list[str] = (), metadata: dict | None = None) -> TrainingSample:
+    """Episode `index` of group `group` (its rollout_id too), with `reward` and `status`: a one-token
+    prompt and two sampled tokens, for tests of what reads scores, statuses and metadata, not tokens."""
+    return TrainingSample(tokens=[1, 2, 3], response_length=2, loss_mask=[1, 1], rollout_log_probs=[-0.1, -0.2],
+                          reward=reward, status=SampleStatus(status), group_index=group, index=index, rollout_id=index,
+                          weight_versions=list(weight_versions), metadata=dict(metadata or {}))
 
 
 def recompute_logprobs(model, tokens: list[int], temperature: float) -> torch.Tensor:

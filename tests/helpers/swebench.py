@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -22,6 +23,11 @@ GIT_ENV = {  # the bundled Dockerfiles commit /testbed with these: base_commit m
     "GIT_AUTHOR_DATE": "2024-01-01T00:00:00+0000", "GIT_COMMITTER_NAME": "slime-harbor",
     "GIT_COMMITTER_EMAIL": "tasks@slime-harbor.invalid", "GIT_COMMITTER_DATE": "2024-01-01T00:00:00+0000",
 }
+# tinycalc-1's base repo, its parse.py, and that parse.py fixed
+BASE = TASKS_SWE / "environments" / "tinycalc-1" / "repo"
+PARSE = (BASE / "tinycalc" / "parse.py").read_text()
+GOLD_PARSE = PARSE.replace('    if "." in text:', '    text = text.strip()\n    if "." in text:').replace(
+    "    if text.isdigit():", '    digits = text[1:] if text.startswith(("+", "-")) else text\n    if digits.isdigit():')
 
 
 def records() -> list[dict]:
@@ -59,17 +65,20 @@ def verifier_files(sample: dict) -> dict[str, str]:
 
 
 def patch_against_base(new_files: dict[str, str], record: dict | None = None) -> str:
-    """A git diff of a bundled instance's base repo (tinycalc-1's by default) with some files replaced."""
+    """A git diff of a bundled instance's base repo (tinycalc-1's by default) with files replaced or
+    added (new files included)."""
     with tempfile.TemporaryDirectory() as d:
         repo = Path(d) / "repo"
         environment_dir = (record or records()[0])["environment_dir"]
-        subprocess.run(["cp", "-r", str(TASKS_SWE / environment_dir / "repo"), str(repo)], check=True)
+        shutil.copytree(TASKS_SWE / environment_dir / "repo", repo)
         env = {**os.environ, **GIT_ENV}
         for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
             subprocess.run(["git", *args], cwd=repo, env=env, check=True)
         for rel, text in new_files.items():
+            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
             (repo / rel).write_text(text)
-        return subprocess.run(["git", "diff"], cwd=repo, capture_output=True, text=True, check=True).stdout
+        subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+        return subprocess.run(["git", "diff", "--cached"], cwd=repo, capture_output=True, text=True, check=True).stdout
 
 
 ALWAYS_EQUAL_SLUG = '''import re
