@@ -1,17 +1,13 @@
-"""Shared fixtures: the tiny policy model and a running policy server on loopback."""
+"""Shared fixtures: the tiny policy model and a running policy server on loopback, the tiny model
+SFT'd to answer in each agent's format (the responsive model) and the one taught the gateway's tool
+conversation (the tool model). Helpers the test modules share live in tests/helpers/."""
 
-import contextlib
-import importlib.util
 import os
 
 # LiteLLM fetches its model-cost map from the internet on import unless told to use its own copy.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import pytest
-
-needs_gateway = pytest.mark.skipif(importlib.util.find_spec("slime_harbor.gateway") is None,
-                                   reason="slime_harbor.gateway (branch gateway-core) is not merged into this branch")
-"""Marks a test that runs an agent through the recording gateway."""
 
 
 @pytest.fixture(scope="session")
@@ -55,71 +51,99 @@ def model(tiny_model_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on right now."""
-    import socket
+@pytest.fixture(scope="module")
+def responsive_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model after a few SFT steps, so it answers in each agent's format and ends its turn:
+    the native agent's commands really run in the sandbox, and terminus-2 gets parseable JSON."""
+    from helpers.rollout import NATIVE_REPLY, TERMINUS_REPLY
+    from transformers import AutoTokenizer
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from slime_harbor.agent import initial_prompt_ids
+    from slime_harbor.trainers.sft import SFTConfig, sft_model_dir
+    from slime_harbor.trial_setup import DEFAULT_TASKS
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    pairs = []
+    for task in sorted(DEFAULT_TASKS.iterdir()):
+        if not (task / "instruction.md").is_file():
+            continue
+        instruction = (task / "instruction.md").read_text()
+        pairs.append((initial_prompt_ids(tok, instruction), tok.encode(NATIVE_REPLY, add_special_tokens=False)))
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": f"You are an AI assistant solving command-line tasks.\n{instruction}"}],
+            add_generation_prompt=True, tokenize=True,
+        )
+        prompt = prompt if isinstance(prompt, list) else prompt["input_ids"]
+        pairs.append((list(prompt), tok.encode(TERMINUS_REPLY, add_special_tokens=False)))
+    out = tmp_path_factory.mktemp("responsive_model")
+    losses = sft_model_dir(tiny_model_dir, out, pairs, SFTConfig(steps=50, batch_size=4))
+    assert losses[-1] < 0.2 * losses[0]
+    return out
 
 
-def port_is_free(port: int) -> bool:
-    """Nothing listens on the loopback port, and a new server can bind it (SO_REUSEADDR, as servers
-    do: connections a server closed may linger in TIME_WAIT, which is not a leak)."""
-    import socket
+@pytest.fixture(scope="module")
+def responsive_server(responsive_model_dir):
+    from slime_harbor.policy.server import EmbeddedPolicyServer
 
-    with socket.socket() as probe:
-        try:
-            probe.connect(("127.0.0.1", port))
-            return False
-        except ConnectionRefusedError:
-            pass
-    with socket.socket() as server:
-        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            server.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
+    with EmbeddedPolicyServer(responsive_model_dir) as server:
+        yield server.url
 
 
-@contextlib.contextmanager
-def sglang_router(worker_urls):
-    """The real sglang-router (cache_aware, its default policy) on loopback before `worker_urls`;
-    yields its URL. Its metrics listener gets its own loopback port (the default 0.0.0.0:29000
-    collides with any other router); it is killed, with its process group, whatever happens."""
-    import signal
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
+@pytest.fixture(scope="module")
+def hf_model(responsive_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
 
-    import httpx
+    return AutoModelForCausalLM.from_pretrained(responsive_model_dir, dtype=torch.float32).eval()
 
-    router_bin = Path(sys.executable).parent / "sglang-router"
-    if not router_bin.exists():
-        pytest.skip("sglang-router is not installed in .venv")
-    port = free_port()
-    router = subprocess.Popen(
-        [str(router_bin), "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *worker_urls,
-         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert router.poll() is None, "sglang-router exited while starting"
-            try:  # healthy, and every worker registered (the router adds them a moment after it starts)
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200 and \
-                        len(httpx.get(f"{url}/workers", timeout=2).json()["workers"]) == len(worker_urls):
-                    break
-            except (httpx.HTTPError, ValueError, KeyError):
-                pass
-            assert time.monotonic() < deadline, "sglang-router did not become healthy with its workers in 60 s"
-            time.sleep(0.5)
-        yield url
-    finally:
-        os.killpg(router.pid, signal.SIGKILL)
-        router.wait(timeout=30)
+
+@pytest.fixture(scope="module")
+def tool_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model after a few SFT steps on the gateway's own prompts of a TURNS-turn tool
+    conversation, so it answers with a tool call (the format the gateway parses) at every turn."""
+    from helpers.tool_gateway import SYSTEM, TASK, TOOL_REPLY, TOOLS, TURNS, observation
+    from renderers import create_renderer
+    from renderers.configs import Qwen3RendererConfig
+    from transformers import AutoTokenizer
+
+    from slime_harbor.trainers.sft import SFTConfig, sft_model_dir
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    renderer = create_renderer(tok, Qwen3RendererConfig(thinking_retention="all"))
+    reply = tok.encode(TOOL_REPLY, add_special_tokens=False)
+    prompt = renderer.render_ids([{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}],
+                                 tools=TOOLS, add_generation_prompt=True)
+    pairs = []
+    for k in range(TURNS + 2):
+        pairs.append((prompt, reply))
+        prompt = renderer.bridge_to_next_turn(prompt, reply, [{"role": "tool", "content": observation(k)}],
+                                              tools=TOOLS).token_ids
+    out = tmp_path_factory.mktemp("tool_model")
+    losses = sft_model_dir(tiny_model_dir, out, pairs, SFTConfig(steps=80, batch_size=4))
+    assert losses[-1] < 0.05 * losses[0]
+    return out
+
+
+@pytest.fixture(scope="module")
+def tool_server(tool_model_dir):
+    from slime_harbor.policy.server import EmbeddedPolicyServer
+
+    with EmbeddedPolicyServer(tool_model_dir) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module")
+def tool_model(tool_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tool_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def base_server(tiny_model_dir):
+    """The untrained tiny model: it rarely ends a turn, so its replies run to max_tokens."""
+    from slime_harbor.policy.server import EmbeddedPolicyServer
+
+    with EmbeddedPolicyServer(tiny_model_dir) as server:
+        yield server.url

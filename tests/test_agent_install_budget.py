@@ -21,7 +21,7 @@ import pytest
 from harbor.agents.base import BaseAgent
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
-from test_verifier_isolation import docker_available
+from helpers.docker import docker_skip_reason
 
 from slime_harbor.installed_agents.installs import SandboxInstall
 from slime_harbor.rollout import run_episode
@@ -161,7 +161,7 @@ def test_the_timeout_multiplier_scales_the_install_budget(tmp_path, slow_install
 
 @pytest.mark.slow
 def test_a_docker_layer_slower_than_the_build_timeout_trains(tmp_path, slow_install, policy_server, tiny_model_dir):
-    if why := docker_available():
+    if why := docker_skip_reason():
         pytest.skip(why)
     from slime_harbor.environments.docker_images import IMAGE_REPOSITORY, TOOLS_REPOSITORY, docker_client
 

@@ -163,7 +163,7 @@ def test_an_oracle_episode_is_the_tokens_the_gateway_holds_for_it(captured, tmp_
     """mini-swe-agent runs an instance (not the captured one) through the gateway, the upstream
     answering with the oracle episode's replies: the sample's tokens are the episode's, its loss
     mask is the episode's, and the verifier pays the oracle command."""
-    from test_rollout_e2e import config
+    from helpers.rollout import config
 
     from slime_harbor.rollout import run_rollouts
     from slime_harbor.samples import SampleStatus, read_jsonl
@@ -190,7 +190,7 @@ def test_an_oracle_episode_is_the_tokens_the_gateway_holds_for_it(captured, tmp_
 
 
 def test_demo_takes_the_agents_defaults_and_refuses_an_agent_without_an_sft_format():
-    from test_cli import assert_one_line_error, run_cli
+    from helpers.cli import assert_one_line_error, run_cli
 
     from slime_harbor.cli import build_parser
     from slime_harbor.trainers.learning import DEMO_DEFAULTS, demo_defaults

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import needs_gateway
 
 from slime_harbor.filters import mask_stale, staleness
 from slime_harbor.samples import SampleStatus, TrainingSample, read_jsonl
 from slime_harbor.trainers.local import train
 from slime_harbor.trainers.local_config import LocalTrainConfig
+from helpers.samples import call_runs, make_sample
+from helpers.training import model_at
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE_TASKS = REPO / "tests" / "fixtures" / "tasks"
@@ -32,28 +33,6 @@ def run_config(tiny_model_dir, out: Path, **overrides) -> LocalTrainConfig:
                 updates_per_rollout=1, step_limit=3, max_new_tokens=16, save_every=1, output_dir=out, device="cpu",
                 concurrency=4, seed=3)
     return LocalTrainConfig(**{**base, **overrides})
-
-
-def model_at(out: Path, version: int, tiny_model_dir):
-    """The weights of `version`: the base model for 0, else checkpoint_<version> (LoRA adapters)."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    if version:
-        model = PeftModel.from_pretrained(model, out / f"checkpoint_{version}")
-    return model.eval()
-
-
-def call_runs(sample: TrainingSample) -> list[list[int]]:
-    """Response positions of each model call, in order: the runs of loss_mask 1."""
-    runs, current = [], []
-    for i, m in enumerate(sample.loss_mask):
-        if m:
-            current.append(i)
-        elif current:
-            runs, current = runs + [current], []
-    return runs + ([current] if current else [])
 
 
 def check_calls_against_checkpoints(samples, out: Path, tiny_model_dir) -> None:
@@ -105,9 +84,7 @@ def test_with_k0_the_same_samples_are_trained_with_the_same_metrics_as_before(ti
 
 def episode(group: int, index: int, versions: list[str], reward: float = 1.0) -> list[TrainingSample]:
     """One episode as two samples (a drift split), each with its calls' versions."""
-    return [TrainingSample(tokens=[1, 2, 3], response_length=2, loss_mask=[1, 1], rollout_log_probs=[-1.0, -1.0],
-                           reward=reward, status=SampleStatus.COMPLETED, group_index=group, index=index,
-                           rollout_id=index, weight_versions=versions[k::2]) for k in range(2)]
+    return [make_sample(reward, group=group, index=index, weight_versions=versions[k::2]) for k in range(2)]
 
 
 def test_an_episode_with_a_call_older_than_the_bound_is_masked_whole():
@@ -125,9 +102,7 @@ def test_an_episodes_staleness_is_that_of_its_oldest_call():
     """One sample holding calls of versions 3, 1 and 3 (a trial whose calls span updates): its
     oldest call is 2 versions behind version 3, beyond K = 1, so it is masked, though its newest
     call is current."""
-    spanning = TrainingSample(tokens=[1, 2, 3], response_length=2, loss_mask=[1, 1], rollout_log_probs=[-1.0, -1.0],
-                              reward=1.0, status=SampleStatus.COMPLETED, group_index=0, index=0, rollout_id=0,
-                              weight_versions=["3", "1", "3"])
+    spanning = make_sample(weight_versions=["3", "1", "3"])
     assert staleness(spanning, trained_version=3) == 2
     assert mask_stale([spanning], trained_version=3, max_staleness=1) == 1
     assert spanning.remove_sample and spanning.metadata["masked_by"] == "stale"
@@ -135,7 +110,6 @@ def test_an_episodes_staleness_is_that_of_its_oldest_call():
 
 # --- asynchronous runs ------------------------------------------------------------------------------
 
-@needs_gateway
 @pytest.mark.slow
 def test_a_trial_spanning_an_update_goes_on_and_its_later_calls_carry_the_new_version(tiny_model_dir, tmp_path,
                                                                                        monkeypatch):
@@ -163,7 +137,6 @@ def test_a_trial_spanning_an_update_goes_on_and_its_later_calls_carry_the_new_ve
     assert summary["masked_episodes"]["stale"] == 0 and summary["learner_wait_s"] > 0
 
 
-@needs_gateway
 @pytest.mark.slow
 def test_a_stale_episode_is_dropped_and_counted_and_every_update_advances_the_version(tiny_model_dir, tmp_path,
                                                                                       monkeypatch):

@@ -106,7 +106,7 @@ def test_train_local_and_the_hook_take_the_manifest(tmp_path):
         harbor_task_manifest = str(manifest)
         harbor_agent = "oracle"
 
-    from test_hooks import SampleLike  # SLiME's Sample shape (its Status enum included)
+    from helpers.slime import SampleLike
 
     sample = SampleLike(label="gold-fails")
     before = hooks.METRICS["skipped_by_manifest"]
@@ -118,8 +118,8 @@ def test_train_local_and_the_hook_take_the_manifest(tmp_path):
 @pytest.mark.slow
 def test_swebench_gold_patch_needing_test_configuration_is_broken(tmp_path):
     """The gold patch of an instance adds a conftest.py, which grading drops: calibrate says broken."""
-    from test_reward_integrity import GOLD_PARSE, patch_against_base
-    from test_swebench_tasks import absolute_env, docker_client, records, write_jsonl
+    from helpers.docker import docker_client
+    from helpers.swebench import absolute_env, GOLD_PARSE, patch_against_base, records, write_jsonl
 
     docker_client()  # skips without a Docker daemon
     from slime_harbor.tasks.swebench import convert
@@ -169,9 +169,9 @@ def write_hackable_task(tasks: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("env", ["local", "docker"])
 def test_probe_hacks_marks_a_hackable_task_and_rollout_skips_it(env, tmp_path, capsys):
-    from tests.test_verifier_isolation import docker_available
+    from helpers.docker import docker_skip_reason
 
-    if env == "docker" and (why := docker_available()):
+    if env == "docker" and (why := docker_skip_reason()):
         pytest.skip(why)
     tasks = tmp_path / "tasks"
     shutil.copytree(GOOD, tasks / "good")
@@ -259,9 +259,9 @@ def test_verifier_inputs_are_the_files_a_verifier_trusts_that_the_agent_can_chan
 @pytest.mark.slow
 @pytest.mark.parametrize("env", ["local", "docker"])
 def test_probe_hacks_finds_verifiers_that_trust_agent_writable_files(env, tmp_path, capsys):
-    from tests.test_verifier_isolation import docker_available
+    from helpers.docker import docker_skip_reason
 
-    if env == "docker" and (why := docker_available()):
+    if env == "docker" and (why := docker_skip_reason()):
         pytest.skip(why)
     tasks = tmp_path / "tasks"
     write_trusting_tasks(tasks)

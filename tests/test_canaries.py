@@ -19,7 +19,8 @@ from slime_harbor.canaries import (
 )
 from slime_harbor.cli import main as cli_main
 from slime_harbor.exits import ConfigError
-from slime_harbor.samples import SampleStatus, TrainingSample
+from slime_harbor.samples import TrainingSample
+from helpers.samples import make_sample
 
 REPO = Path(__file__).resolve().parent.parent
 BUNDLED = REPO / "examples" / "harbor" / "tasks"
@@ -80,9 +81,8 @@ def test_impossible_tasks_checks_that_gold_fails_in_real_trials(tmp_path, capsys
 
 
 def episode(task: str, reward: float | None, index: int, status: str = "completed") -> TrainingSample:
-    return TrainingSample(tokens=[1, 2], response_length=1, loss_mask=[1], rollout_log_probs=[-0.1], reward=reward,
-                          status=SampleStatus(status), group_index=0, index=index,
-                          metadata={"task_name": task, "raw_rewards": {"reward": reward}, "trial_dir": f"/t/{index}"})
+    return make_sample(reward, status, index=index,
+                       metadata={"task_name": task, "raw_rewards": {"reward": reward}, "trial_dir": f"/t/{index}"})
 
 
 def test_canary_counts_are_per_episode_and_name_the_passes():
@@ -96,16 +96,15 @@ def test_canary_counts_are_per_episode_and_name_the_passes():
 def test_an_always_equal_patch_passes_the_impossible_swe_variant_and_is_counted(tmp_path):
     """The canary catches what the tests cannot: on the variant whose expected value no correct
     patch gives, the gold fails and the always-equal patch still passes (Docker, swebench's grading)."""
-    from test_hack_monitor import ALWAYS_EQUAL_SLUG
-    from test_swebench_tasks import absolute_env, patch_against_base, records, write_jsonl
-    from test_verifier_isolation import docker_available
+    from helpers.docker import docker_skip_reason
+    from helpers.swebench import absolute_env, ALWAYS_EQUAL_SLUG, patch_against_base, records, write_jsonl
 
     from slime_harbor.rollout import run_rollouts
     from slime_harbor.samples import read_jsonl
     from slime_harbor.tasks.swebench import convert
     from slime_harbor.trial_setup import RolloutConfig
 
-    if why := docker_available():
+    if why := docker_skip_reason():
         pytest.skip(why)
     record = next(r for r in records() if r["instance_id"] == SWE_TASK.name)
     base = absolute_env(record)
@@ -129,7 +128,8 @@ def test_an_always_equal_patch_passes_the_impossible_swe_variant_and_is_counted(
 
 @pytest.mark.slow
 def test_train_local_mixes_canaries_in_never_trains_on_them_and_counts_them(tiny_model_dir, tmp_path):
-    from test_local_trainer import FIXTURE_TASKS, run_config
+    from helpers.tasks import FIXTURE_TASKS
+    from helpers.training import run_config
 
     from slime_harbor.samples import read_jsonl
     from slime_harbor.trainers.local import train
@@ -150,7 +150,8 @@ def test_train_local_mixes_canaries_in_never_trains_on_them_and_counts_them(tiny
 
 
 def test_bad_canary_settings_are_one_line(tmp_path, tiny_model_dir):
-    from test_local_trainer import FIXTURE_TASKS, run_config
+    from helpers.tasks import FIXTURE_TASKS
+    from helpers.training import run_config
 
     from slime_harbor.trainers.local_config import check_train_config
 

@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,33 +21,11 @@ import pytest
 
 from slime_harbor.trial_setup import DEFAULT_TASKS
 from slime_harbor.samples import read_jsonl
-from test_rollout_e2e import leftovers
+from helpers.rollout import leftovers
+from helpers.cli import assert_one_line_error, command, env, run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 TASK = "dedupe-lines"
-
-
-def command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "slime_harbor.cli", *args]
-
-
-def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-
-
-def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(command(*args), capture_output=True, text=True, env=env(), timeout=timeout, cwd=REPO)
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess, code: int, *words: str) -> str:
-    assert proc.returncode == code, (proc.returncode, proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert "error:" in lines[0]
-    for word in words:
-        assert word in lines[0], lines[0]
-    return lines[0]
 
 
 def copy_task(tasks_dir: Path, name: str, src: str = TASK) -> Path:

@@ -20,8 +20,8 @@ from slime_harbor.exits import ConfigError
 from slime_harbor.samples import read_jsonl
 from slime_harbor.tasks.datasets import is_dataset_name, select_tasks
 from slime_harbor.trial_setup import DEFAULT_TASKS
-from test_cli import assert_one_line_error, command, env
-from test_rollout_e2e import leftovers
+from helpers.cli import assert_one_line_error, command, env
+from helpers.rollout import leftovers
 
 TASKS = ["count-errors", "dedupe-lines", "fix-sort-key"]
 NEW_LINE = "\n(This line was added after version 1.0 was pinned.)\n"
@@ -194,7 +194,7 @@ def test_the_command_line_says_it_in_one_line(registry, tmp_path, command_args, 
 def test_the_hooks_harbor_tasks_key_names_a_dataset(registry, tmp_path):
     """harbor_tasks: mini@1.0 with harbor_registry_path: a real oracle trial of the task a
     sample's label names, from the downloaded dataset; bad keys fail the first call in one line."""
-    from test_hooks import SampleLike
+    from helpers.slime import SampleLike
 
     args = SimpleNamespace(harbor_tasks="mini@1.0", harbor_registry_path=str(registry), harbor_agent="oracle",
                            harbor_tasks_dir=hooks.DEFAULTS["harbor_tasks_dir"],  # as the shipped YAML spells it out

@@ -18,6 +18,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers.docker import containers_labelled, docker_skip_reason
+from helpers.rollout import NATIVE_REPLY
+from helpers.samples import check_sample_against_model, masked_spans
 
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig
@@ -25,39 +28,17 @@ from slime_harbor.samples import SampleStatus, read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 
+_SKIP = docker_skip_reason()
+pytestmark = pytest.mark.skipif(_SKIP is not None, reason=f"no Docker: {_SKIP}")
 
-def _docker_skip_reason() -> str | None:
-    if os.environ.get("SLIME_HARBOR_NO_DOCKER"):
-        return "SLIME_HARBOR_NO_DOCKER is set"
-    try:
-        from slime_harbor.environments.docker_images import check_docker, DockerUnavailableError
-    except ImportError as exc:  # the Docker SDK is missing
-        return f"cannot import the Docker environment: {exc}"
-    try:
-        check_docker(timeout=5)
-    except DockerUnavailableError as exc:
-        return str(exc)
-    return None
-
-
-DOCKER_SKIP = _docker_skip_reason()
-pytestmark = pytest.mark.skipif(DOCKER_SKIP is not None, reason=f"no Docker: {DOCKER_SKIP}")
-
-if DOCKER_SKIP is None:
+if _SKIP is None:
     import slime_harbor.environments.docker as dockerenv
     import slime_harbor.environments.docker_images as docker_images
     from slime_harbor.environments.common import ExecTimeoutError
 
-# The sample checks of the bubblewrap end-to-end tests, reused as they are.
-from test_rollout_e2e import NATIVE_REPLY, check_sample_against_model, masked_spans  # noqa: E402
-
 
 def client():
     return dockerenv.docker_client()
-
-
-def containers_labelled(label: str) -> list[dict]:
-    return client().api.containers(all=True, filters={"label": label})
 
 
 def copy_task(src: Path, dest_root: Path, name: str | None = None, *, dockerfile_extra: str = "",

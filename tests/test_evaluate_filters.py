@@ -14,6 +14,7 @@ from slime_harbor.trainers.evaluate import eval_metrics, pass_at_k
 from slime_harbor.trainers.learner import trainable
 from slime_harbor.trainers.training_run import TaskStream
 from slime_harbor.trainers.tracking import flatten, wandb_key
+from helpers.samples import make_sample
 
 
 # --- pass@k ----------------------------------------------------------------------------------
@@ -51,11 +52,8 @@ def test_eval_metrics_per_task_and_overall():
 
 
 def sample(group: int, index: int, reward: float | None, status=SampleStatus.COMPLETED, **meta) -> TrainingSample:
-    return TrainingSample(
-        tokens=[1, 2, 3, 4], response_length=2, loss_mask=[1, 1], rollout_log_probs=[-0.1, -0.2], reward=reward,
-        status=status, group_index=group, index=index, rollout_id=index,
-        metadata={"exit_status": "submitted", "exception_type": None, "finish_reasons": ["stop"], **meta},
-    )
+    return make_sample(reward, status, group, index,
+                       metadata={"exit_status": "submitted", "exception_type": None, "finish_reasons": ["stop"], **meta})
 
 
 def limited_group() -> list[TrainingSample]:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import torch
 
-from conftest import free_port
+from helpers.servers import free_port
 from slime_harbor.samples import read_jsonl
 from slime_harbor.trainers.local import config_from_args, train
 from slime_harbor.trainers.local_config import LocalTrainConfig

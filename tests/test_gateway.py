@@ -11,97 +11,15 @@ import shutil
 import httpx
 import openai
 import pytest
-import torch
 
 from slime_harbor.converter import trial_to_samples
 from slime_harbor.gateway import Gateway, GatewayError
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.samples import SampleStatus
-from conftest import free_port, port_is_free
-from test_converter import linear_detail, make_result
-from test_rollout_e2e import check_sample_against_model
-
-TOOLS = [{"type": "function", "function": {
-    "name": "bash", "description": "Run one shell command.",
-    "parameters": {"type": "object", "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}},
-                   "required": ["command"]}}}]
-SYSTEM = "You are a coding agent. Use the bash tool."
-TASK = "List the files in the repository."
-# What the SFT'd model answers at every turn: reasoning, content and a two-key tool call.
-TOOL_REPLY = ('<think>\nlook first\n</think>\n\nI will list the files.\n<tool_call>\n'
-              '{"name": "bash", "arguments": {"command": "ls -la", "timeout": 10}}\n</tool_call><|im_end|>')
-TURNS = 10
-# The run's sampling for the SFT'd model: cool enough that it keeps to the taught format.
-RUN = SamplingParams(temperature=0.3, max_new_tokens=64)
-
-
-def observation(k: int) -> str:
-    return f"file_{k}.txt\nREADME.md"
-
-
-@pytest.fixture(scope="module")
-def tool_model_dir(tiny_model_dir, tmp_path_factory):
-    """The tiny model after a few SFT steps on the gateway's own prompts of a TURNS-turn tool
-    conversation, so it answers with a tool call (the format the gateway parses) at every turn."""
-    from renderers import create_renderer
-    from renderers.configs import Qwen3RendererConfig
-    from transformers import AutoTokenizer
-
-    from slime_harbor.trainers.sft import SFTConfig, sft_model_dir
-
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    renderer = create_renderer(tok, Qwen3RendererConfig(thinking_retention="all"))
-    reply = tok.encode(TOOL_REPLY, add_special_tokens=False)
-    prompt = renderer.render_ids([{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}],
-                                 tools=TOOLS, add_generation_prompt=True)
-    pairs = []
-    for k in range(TURNS + 2):
-        pairs.append((prompt, reply))
-        prompt = renderer.bridge_to_next_turn(prompt, reply, [{"role": "tool", "content": observation(k)}],
-                                              tools=TOOLS).token_ids
-    out = tmp_path_factory.mktemp("tool_model")
-    losses = sft_model_dir(tiny_model_dir, out, pairs, SFTConfig(steps=80, batch_size=4))
-    assert losses[-1] < 0.05 * losses[0]
-    return out
-
-
-@pytest.fixture(scope="module")
-def tool_server(tool_model_dir):
-    from slime_harbor.policy.server import EmbeddedPolicyServer
-
-    with EmbeddedPolicyServer(tool_model_dir) as server:
-        yield server.url
-
-
-@pytest.fixture(scope="module")
-def tool_model(tool_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tool_model_dir, dtype=torch.float32).eval()
-
-
-
-@pytest.fixture(scope="module")
-def base_server(tiny_model_dir):
-    """The untrained tiny model: it rarely ends a turn, so its replies run to max_tokens."""
-    from slime_harbor.policy.server import EmbeddedPolicyServer
-
-    with EmbeddedPolicyServer(tiny_model_dir) as server:
-        yield server.url
-
-
-def run_with_gateway(upstream: str, model_dir, scenario, **kwargs):
-    """Start a gateway in a fresh event loop, run `scenario(gateway)`, close it; returns the
-    scenario's result and the gateway's (now free) port."""
-    async def main():
-        gateway = Gateway(upstream, model_dir, **kwargs)
-        await gateway.start()
-        try:
-            return await scenario(gateway), gateway.port
-        finally:
-            await gateway.aclose()
-
-    return asyncio.run(main())
+from helpers.servers import free_port, port_is_free
+from helpers.trial_results import linear_detail, make_result
+from helpers.samples import check_sample_against_model
+from helpers.tool_gateway import observation, RUN, run_with_gateway, SYSTEM, TASK, TOOLS, TURNS
 
 
 def sdk(session, **kwargs) -> openai.AsyncOpenAI:

@@ -14,16 +14,15 @@ import httpx
 import openai
 import pytest
 import websockets
-from conftest import free_port
+from helpers.servers import free_port
 
 from slime_harbor.converter import trial_to_samples
 from slime_harbor.gateway.anthropic import anthropic_base_url
 from slime_harbor.gateway.gemini import gemini_base_url
 from slime_harbor.samples import SampleStatus
-from test_converter import make_result
-from test_gateway import (  # noqa: F401  (module fixtures: the SFT'd tool model and its server)
-    RUN, SYSTEM, TASK, TOOLS, base_server, observation, run_with_gateway, tool_model, tool_model_dir, tool_server)
-from test_rollout_e2e import check_sample_against_model
+from helpers.trial_results import make_result
+from helpers.tool_gateway import observation, RUN, run_with_gateway, SYSTEM, TASK, TOOLS
+from helpers.samples import check_sample_against_model
 
 ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"],
                     "input_schema": t["function"]["parameters"]} for t in TOOLS]

@@ -20,17 +20,11 @@ from urllib.parse import urlsplit
 import pytest
 
 from slime_harbor.trial_setup import agent_config, DEFAULT_TASKS, DOCKER_SANDBOX
-from test_docker_env import DOCKER_SKIP, containers_labelled
-from test_rollout_e2e import (  # noqa: F401 (fixtures: the tiny model taught terminus-2's reply format)
-    check_sample_against_model,
-    config,
-    hf_model,
-    responsive_model_dir,
-    responsive_server,
-)
+from helpers.docker import containers_labelled, needs_docker
+from helpers.rollout import config
+from helpers.samples import check_sample_against_model
 
 TASK = DEFAULT_TASKS / "dedupe-lines"  # network_mode = "no-network", python:3.11-slim
-needs_docker = pytest.mark.skipif(DOCKER_SKIP is not None, reason=f"no Docker: {DOCKER_SKIP}")
 SANDBOXES = ["bubblewrap", pytest.param("docker", marks=needs_docker)]
 
 # One HTTP/1.0 GET from inside the sandbox, printing the status line and body (bash only).

@@ -14,7 +14,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from conftest import needs_gateway, port_is_free
+from helpers.servers import port_is_free
 
 from slime_harbor.converter import episode_end
 from slime_harbor.rollout import run_rollouts
@@ -22,9 +22,8 @@ from slime_harbor.trial_setup import (
     agent_config, environment_config, is_installed_agent, ModelEndpoint, RolloutConfig, samples_policy, uses_gateway,
 )
 from slime_harbor.samples import SampleStatus, read_jsonl
-from test_rollout_e2e import (  # noqa: F401 (fixtures: the tiny model SFT'd to answer in each agent's format)
-    check_sample_against_model, config, hf_model, leftovers, responsive_model_dir,
-)
+from helpers.rollout import config, leftovers
+from helpers.samples import check_trains
 
 CHAT_TOOLS_AGENT = "chat_tools_agent:ChatToolsAgent"  # tests/chat_tools_agent.py, importable from tests/
 ENDPOINT = ModelEndpoint(host_url="http://127.0.0.1:4321/s/trial-1/v1",
@@ -115,7 +114,6 @@ def test_terminus2_reaching_max_turns_is_truncated_and_scored():
     assert (ended.status, ended.reward) == (SampleStatus.COMPLETED, 1.0)
 
 
-@needs_gateway
 def test_a_gateway_that_cannot_start_is_one_config_error(tiny_model_dir):
     """An address not on this host (--gateway-host): one ConfigError line, which the CLI prints."""
     from slime_harbor.exits import ConfigError
@@ -147,19 +145,10 @@ def sampled_turns(sample) -> int:
     return sum(1 for i, m in enumerate(sample.loss_mask) if m == 1 and (i == 0 or sample.loss_mask[i - 1] == 0))
 
 
-def check_trains(samples, model, temperature=1.0) -> list:
-    trained = [s for s in samples if not s.remove_sample]
-    assert trained, [s.metadata.get("status_reason") for s in samples]
-    diffs = [check_sample_against_model(s, model, temperature) for s in trained]
-    assert sum(diffs) / len(diffs) < 1e-4, diffs
-    return trained
-
-
-@needs_gateway
 @pytest.mark.slow
 def test_terminus2_trains_through_the_gateway_behind_the_real_sglang_router(tmp_path, responsive_model_dir, hf_model):
     """sglang-router strips chat replies' token-id fields; the gateway calls /generate through it itself."""
-    from conftest import sglang_router
+    from helpers.servers import sglang_router
 
     from slime_harbor.policy.server import EmbeddedPolicyServer
 
@@ -180,7 +169,6 @@ def test_terminus2_trains_through_the_gateway_behind_the_real_sglang_router(tmp_
     assert leftovers(cfg.out_dir) == ([], [])
 
 
-@needs_gateway
 def test_a_module_class_agent_with_tools_trains_through_the_gateway(tmp_path, policy_server, tiny_model_dir, model):
     """Our own host-side agent (openai SDK, chat completions with a bash tool): three calls over an
     append-only history, so one sample per episode holding all three sampled replies."""
@@ -196,7 +184,6 @@ def test_a_module_class_agent_with_tools_trains_through_the_gateway(tmp_path, po
     assert port_is_free(port) and leftovers(cfg.out_dir) == ([], [])
 
 
-@needs_gateway
 def test_a_cancelled_rollout_closes_the_gateway_and_frees_its_port(tmp_path, policy_server, tiny_model_dir):
     cfg = config(tmp_path, policy_server, tiny_model_dir, agent=CHAT_TOOLS_AGENT, n_samples=2,
                  agent_kwargs={"max_turns": 200}, max_new_tokens=48)

@@ -22,6 +22,7 @@ import pytest
 
 from slime_harbor import hack_monitor as hm
 from slime_harbor.hack_monitor import ChangedFile, HackFlag, TrialView
+from helpers.swebench import ALWAYS_EQUAL_SLUG
 
 TASK = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks-swe" / "slime-harbor__textkit-2"
 HEREDOC = re.compile(r"<<'(EOF_\w+)'[^\n]*\n(.*?\n)\1\n", re.S)
@@ -122,21 +123,6 @@ def test_code_that_was_already_there_is_never_flagged(task):
 
 
 # --- always_equal ---------------------------------------------------------------------------------
-
-ALWAYS_EQUAL_SLUG = '''import re
-
-
-class Slug(str):
-    def __eq__(self, other):
-        return True
-
-    __hash__ = str.__hash__
-
-
-def slugify(text):
-    return Slug(re.sub(r"[^a-z0-9]", "-", text.lower()))
-'''
-
 
 def test_str_subclass_equal_to_anything_is_flagged_always_equal_only(task):
     flags = hm.monitor(task.view(task.changed(SLUG, ALWAYS_EQUAL_SLUG)))
@@ -437,14 +423,14 @@ def test_swe_hacks_in_real_trials_are_flagged_and_penalised_and_the_gold_is_not(
     import asyncio
     import json
 
-    from test_swebench_tasks import absolute_env, patch_against_base, records, write_jsonl
-    from test_verifier_isolation import docker_available
+    from helpers.swebench import absolute_env, patch_against_base, records, write_jsonl
+    from helpers.docker import docker_skip_reason
 
     from slime_harbor.rollout import run_rollouts
     from slime_harbor.tasks.swebench import convert
     from slime_harbor.trial_setup import RolloutConfig
 
-    if why := docker_available():
+    if why := docker_skip_reason():
         pytest.skip(why)
     record = next(r for r in records() if r["instance_id"] == "slime-harbor__textkit-2")
     base = absolute_env(record)
@@ -607,11 +593,9 @@ def test_a_judge_needs_a_url_and_a_model_in_one_line(tmp_path):
 
 def _episode_samples(reward: float, status: str = "completed", index: int = 0):
     """One episode of two segments."""
-    from slime_harbor.samples import SampleStatus, TrainingSample
+    from helpers.samples import make_sample
 
-    return [TrainingSample(tokens=[1, 2, 3], response_length=2, loss_mask=[1, 1], rollout_log_probs=[-0.1, -0.2],
-                           reward=reward, status=SampleStatus(status), group_index=0, index=index, rollout_id=index,
-                           metadata={"segment": segment}) for segment in range(2)]
+    return [make_sample(reward, status, index=index, metadata={"segment": segment}) for segment in range(2)]
 
 
 def test_a_flag_is_recorded_penalised_or_screened_as_the_action_says():
@@ -643,7 +627,7 @@ def test_a_flag_is_recorded_penalised_or_screened_as_the_action_says():
 def test_a_bad_hack_setting_is_one_line_before_any_trial(tmp_path):
     import subprocess
 
-    from test_cli import assert_one_line_error, command, env
+    from helpers.cli import assert_one_line_error, command, env
 
     for flags, words in ((["--hack-detector", "no_such_module:f"], "no_such_module"),
                          (["--hack-action", "punish"], "punish")):

@@ -12,52 +12,17 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import needs_gateway
 from collections import Counter
-from dataclasses import dataclass, field
-from enum import Enum
 
 from slime_harbor import hooks
 from slime_harbor.cli import prepare_data
 from slime_harbor.trial_setup import DEFAULT_TASKS
 from slime_harbor.hooks import HookConfigError, dynamic_sampling_filter, generate, reward_post_process
-from test_rollout_e2e import (  # noqa: F401 (fixtures: the tiny model SFT'd to answer in each agent's format)
-    hf_model, recompute_logprobs, responsive_model_dir, responsive_server,
-)
+from helpers.samples import recompute_logprobs
+from helpers.slime import SampleLike
 
 HAVE_SLIME = importlib.util.find_spec("slime") is not None
 needs_slime = pytest.mark.skipif(not HAVE_SLIME, reason="slime is not importable (PYTHONPATH=<a THUDM/slime checkout>)")
-
-
-@dataclass
-class SampleLike:
-    """The fields of SLiME's Sample (slime/utils/types.py) the hooks read and write, so every path
-    of `generate`, the filter and the post-process run where slime is not installed."""
-
-    class Status(Enum):
-        PENDING = "pending"
-        COMPLETED = "completed"
-        TRUNCATED = "truncated"
-        ABORTED = "aborted"
-        FAILED = "failed"
-
-    group_index: int | None = None
-    index: int | None = None
-    rollout_id: int | None = None
-    prompt: str = ""
-    tokens: list = field(default_factory=list)
-    response: str = ""
-    response_length: int = 0
-    label: str | None = None
-    reward: float | dict | None = None
-    loss_mask: list | None = None
-    rollout_log_probs: list | None = None
-    rollout_top_p_token_ids: list | None = None
-    rollout_top_p_token_offsets: list | None = None
-    remove_sample: bool = False
-    status: Status = Status.PENDING
-    metadata: dict = field(default_factory=dict)
-    session_id: str | None = None
 
 
 @pytest.fixture
@@ -173,7 +138,6 @@ def test_generate_hook_runs_a_real_trial(tmp_path, policy_server, tiny_model_dir
     assert missing.remove_sample and missing.status == Sample.Status.FAILED and missing.reward == 0.0
 
 
-@needs_gateway
 def test_generate_hook_runs_terminus2_through_the_process_gateway(tmp_path, responsive_server, responsive_model_dir,
                                                                   hf_model, Sample, fresh_counters):
     """`harbor_agent: terminus-2`: one gateway per process and event loop in front of the "router",
@@ -184,7 +148,7 @@ def test_generate_hook_runs_terminus2_through_the_process_gateway(tmp_path, resp
     its timeout)."""
     import torch
 
-    from conftest import port_is_free
+    from helpers.servers import port_is_free
 
     host, port = responsive_server.removeprefix("http://").split(":")
     args = SimpleNamespace(sglang_router_ip=host, sglang_router_port=int(port), hf_checkpoint=str(responsive_model_dir),
@@ -227,7 +191,7 @@ def test_a_slime_abort_stops_the_trial_and_tears_the_sandbox_down(tmp_path, poli
     from slime_harbor.hooks import run_unless_aborted
     from slime_harbor.rollout import run_episode
     from slime_harbor.trial_setup import RolloutConfig
-    from test_rollout_e2e import leftovers
+    from helpers.rollout import leftovers
 
     cfg = RolloutConfig(agent="native", policy_url=policy_server, model_dir=str(tiny_model_dir),
                         step_limit=400, max_new_tokens=48, progress=False)
@@ -343,7 +307,7 @@ def test_reward_post_process_with_args_without_reward_key():
 
 def drifted_episode(group_index, index):
     """An Episode whose tokens drifted at turn 1 (two samples), converted by the real converter."""
-    from test_converter import C0, OBS0, P0, linear_detail, make_result
+    from helpers.trial_results import linear_detail, make_result, OBS0, P0
 
     from slime_harbor.converter import trial_to_samples
     from slime_harbor.samples import Episode

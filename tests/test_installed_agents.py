@@ -27,7 +27,7 @@ from slime_harbor.installed_agents.recipes import resolve_installs
 from slime_harbor.installed_agents.recipes import RECIPES, ClaudeCode, Codex, OpenCode
 from slime_harbor.trial_setup import agent_config, gateway_step_limit, ModelEndpoint, RolloutConfig
 from slime_harbor.samples import SampleStatus
-from test_mini_swe_agent import needs_docker
+from helpers.docker import needs_docker
 
 TASK = "count-errors"
 ENDPOINT = ModelEndpoint(host_url="http://127.0.0.1:4321/s/t1/v1", sandbox_url="http://127.0.0.1:4321/s/t1/v1",
@@ -73,7 +73,7 @@ def test_an_agent_that_cannot_train_here_is_refused_in_one_line_before_any_trial
 
     from slime_harbor.installed_agents.recipes import UNAVAILABLE
     from slime_harbor.trial_setup import check_config, ConfigError
-    from test_mini_swe_agent import DEFAULT_TASKS
+    from slime_harbor.trial_setup import DEFAULT_TASKS
 
     assert set(UNAVAILABLE) <= AgentName.values() and not set(UNAVAILABLE) & set(RECIPES)
     assert all(why and "\n" not in why for why in UNAVAILABLE.values())
@@ -475,8 +475,8 @@ DOCKER_VERIFIED = sorted(name for name, recipe in RECIPES.items() if recipe.veri
 def test_installed_agent_trains_through_the_gateway_in_docker(agent, tmp_path, policy_server, tiny_model_dir, model):
     """Plain `--agent NAME --env docker` on a bundled no-network task: the harness reaches the
     gateway (and nothing else), its calls are recorded, and its samples train token-exact."""
-    from test_gateway_wiring import check_trains
-    from test_rollout_e2e import config, leftovers
+    from helpers.samples import check_trains
+    from helpers.rollout import config, leftovers
 
     from slime_harbor.rollout import run_rollouts
     from slime_harbor.samples import read_jsonl

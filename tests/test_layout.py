@@ -1,5 +1,6 @@
 """The package's shape: no import circle between its modules, and no module importing another's
-private (underscore) names.
+private (underscore) names. The tests' shape: each shared piece has one owner (fixtures in
+tests/conftest.py, helpers in tests/helpers/), never a test module.
 
 It reads the source (ast), so an import inside a function counts as much as one at the top: a
 circle is a circle however late it closes. (Modules are laid out by the concept they own, not by
@@ -9,6 +10,8 @@ line count: see docs/chain.md's module map.)
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -98,3 +101,28 @@ def test_no_module_imports_another_modules_private_names():
             if ours and private:
                 found.append(f"{path.relative_to(REPO)}:{node.lineno}: from {node.module} import {', '.join(private)}")
     assert found == [], "private names imported from another module:\n" + "\n".join(found)
+
+
+def test_no_test_module_imports_another_or_a_fixture():
+    """Tests and helpers import what they share from tests/helpers/, and pytest hands them the
+    fixtures of conftest.py: none imports a test module (or conftest), and no fixture comes in by an
+    import kept alive with `noqa: F401`."""
+    offences = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        where = path.relative_to(REPO)
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text, filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                targets = [node.module or ""]
+            else:
+                continue
+            for target in targets:
+                first = target.removeprefix("tests.").split(".")[0]
+                if first.startswith("test_") or first == "conftest":
+                    offences.append(f"{where}:{node.lineno} imports {target}")
+        comments = [t for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type == tokenize.COMMENT]
+        offences += [f"{where}:{t.start[0]} keeps an unused import: {t.string}"
+                     for t in comments if "noqa" in t.string and "F401" in t.string]
+    assert offences == [], "\n".join(offences)

@@ -15,24 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import needs_gateway
 
 from slime_harbor.trainers.local import config_from_args, train
 from slime_harbor.trainers.learner import make_batch, OPTIMIZER_STATE, Policy, token_logprobs, train_on_samples
 from slime_harbor.trainers.local_config import find_checkpoint, LocalTrainConfig
 from slime_harbor.samples import SampleStatus, TrainingSample, read_jsonl
+from helpers.training import run_config
 
 REPO = Path(__file__).resolve().parent.parent
-FIXTURE_TASKS = REPO / "tests" / "fixtures" / "tasks"
-
-
-def run_config(tiny_model_dir, out: Path, **overrides) -> LocalTrainConfig:
-    base = dict(
-        tasks_dir=FIXTURE_TASKS, model=str(tiny_model_dir), n_samples=4, num_rollouts=2, lr=1e-2,
-        updates_per_rollout=2, step_limit=1, max_new_tokens=24, save_every=1, output_dir=out, device="cpu",
-    )
-    base.update(overrides)
-    return LocalTrainConfig(**base)
 
 
 def base_model(tiny_model_dir):
@@ -292,7 +282,6 @@ def test_integration_script():
     assert "integration OK" in proc.stdout
 
 
-@needs_gateway
 @pytest.mark.slow
 def test_a_gateway_agent_trains_locally(tiny_model_dir, tmp_path):
     """train-local with a `module:Class` agent (tests/chat_tools_agent.py): its episodes go through
@@ -332,7 +321,6 @@ def test_use_tis_takes_the_learners_recomputation_as_old_and_weights_by_the_samp
     assert tis["abs_ppo_kl"] == pytest.approx(0.3, rel=1e-3)  # still measured against the sampler
 
 
-@needs_gateway
 @pytest.mark.slow
 def test_mask_step_limit_masks_episodes_the_gateway_ended_at_the_step_limit(tiny_model_dir, tmp_path):
     """A user's `module:Class` agent that declares GATEWAY_STEP_LIMIT (no limit or exit status of

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import http.server
 import json
-import os
 import re
 import shutil
 import threading
@@ -37,27 +36,11 @@ from slime_harbor.installed_agents.recipes import resolve_installs
 from slime_harbor.installed_agents.recipes import RECIPES, MiniSweAgent, Codex
 from slime_harbor.trial_setup import DEFAULT_TASKS, DOCKER_SANDBOX, LOCAL_SANDBOX
 from slime_harbor.samples import SampleStatus
+from helpers.docker import needs_docker
 
 AGENT_IMPORT_PATH = "slime_harbor.installed_agents.recipes:MiniSweAgent"
 INSTALL = RECIPES["mini-swe-agent"].install
 TASK = "count-errors"
-
-
-def _docker_skip_reason() -> str | None:
-    if os.environ.get("SLIME_HARBOR_NO_DOCKER"):
-        return "SLIME_HARBOR_NO_DOCKER is set"
-    try:
-        from slime_harbor.environments.docker_images import check_docker, DockerUnavailableError
-    except ImportError as exc:
-        return f"cannot import the Docker environment: {exc}"
-    try:
-        check_docker(timeout=5)
-    except DockerUnavailableError as exc:
-        return str(exc)
-    return None
-
-
-needs_docker = pytest.mark.skipif((reason := _docker_skip_reason()) is not None, reason=f"no Docker: {reason}")
 
 
 class RecordingProxy:
@@ -579,16 +562,7 @@ def test_rollout_has_our_sandboxes_install_mini_swe_agent():
     assert environment_config("docker", gateway, agent_config(RolloutConfig(agent="oracle"))).kwargs == forward
 
 
-def _sandbox_forwards_the_gateway() -> bool:
-    import inspect
-
-    from slime_harbor.environments.docker import DockerEnvironment
-
-    return "gateway_port" in inspect.signature(DockerEnvironment.__init__).parameters
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _sandbox_forwards_the_gateway(), reason="the sandbox's gateway forward (branch sandbox-reach) is not merged")
 @pytest.mark.parametrize("env", [pytest.param("docker", marks=needs_docker), "local"])
 def test_mini_swe_agent_trains_on_a_no_network_task(env, tmp_path, policy_server, tiny_model_dir, model):
     """Plain `--agent mini-swe-agent --env docker|local` on a bundled no-network task: through the
@@ -596,12 +570,8 @@ def test_mini_swe_agent_trains_on_a_no_network_task(env, tmp_path, policy_server
     recomputation by the model. The tiny model's replies carry no tool call, and mini-swe-agent
     drops such a reply from its history (it appends only its format-error message), so each call
     starts a new branch of the episode: one sample per call, all with the episode's rollout_id."""
-    from conftest import needs_gateway
-
-    if needs_gateway.args[0]:
-        pytest.skip(needs_gateway.kwargs["reason"])
-    from test_gateway_wiring import check_trains
-    from test_rollout_e2e import config, leftovers
+    from helpers.samples import check_trains
+    from helpers.rollout import config, leftovers
 
     from slime_harbor.rollout import run_rollouts
     from slime_harbor.samples import read_jsonl

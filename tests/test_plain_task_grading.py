@@ -20,7 +20,8 @@ import pytest
 
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.trial_setup import RolloutConfig
-from tests.test_verifier_isolation import TASK_TOML as SHARED_TASK_TOML, docker_available
+from helpers.docker import docker_skip_reason
+from helpers.tasks import TASK_TOML as SHARED_TASK_TOML
 
 PROBES = Path(__file__).resolve().parent.parent / "slime_harbor" / "hack_probes"
 TASK_TOML = SHARED_TASK_TOML.format(extra_top="", extra_verifier="")  # shared mode: the verifier in the agent's sandbox
@@ -74,7 +75,7 @@ def write_task(root: Path, solve: str) -> Path:
 
 
 def run_oracle(tmp_path: Path, env: str, solve: str, n: int = 1) -> list[dict]:
-    if env == "docker" and (why := docker_available()):
+    if env == "docker" and (why := docker_skip_reason()):
         pytest.skip(why)
     tasks = tmp_path / "tasks"
     write_task(tasks, solve)

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import torch
 
-from conftest import free_port
+from helpers.servers import free_port
 from slime_harbor.policy.server import EmbeddedPolicyServer
 
 ENDLESS = {"max_new_tokens": 10**6, "ignore_eos": True}

@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from conftest import free_port
-from test_rollout_e2e import hf_model, recompute_logprobs, responsive_model_dir  # noqa: F401 (fixtures)
+from helpers.servers import free_port
+from helpers.samples import recompute_logprobs
 
 from slime_harbor.policy.engines import (
     EngineMissing, EngineProcess, probe, process_group_alive, wait_healthy, weight_version,
@@ -121,7 +121,7 @@ def check_recorded_calls_trained_once(samples) -> int:
 def test_serving_an_engine_that_is_not_installed_is_one_line_naming_its_setup_script(tmp_path, tiny_model_dir):
     import subprocess
 
-    from test_cli import assert_one_line_error, command, env
+    from helpers.cli import assert_one_line_error, command, env
 
     for engine in ("sglang", "vllm"):
         proc = subprocess.run(command("serve", "--engine", engine, "--model", str(tiny_model_dir)), capture_output=True,
@@ -178,7 +178,7 @@ def test_serve_sglang_stops_every_engine_process_on_sigterm(tiny_model_dir, tmp_
     import signal
     import subprocess
 
-    from test_cli import command, env
+    from helpers.cli import command, env
 
     port = free_port()
     serve = subprocess.Popen(command("serve", "--engine", "sglang", "--model", str(tiny_model_dir), "--port", str(port)),
@@ -234,7 +234,7 @@ def test_gateway_agents_train_the_tokens_sglang_sampled(agent, sglang, tiny_mode
 
 @pytest.mark.slow
 def test_the_real_router_in_front_of_two_sglang_servers(sglang, tiny_model_dir, model, tmp_path):
-    from conftest import sglang_router
+    from helpers.servers import sglang_router
 
     with start_engine("sglang", tiny_model_dir, tmp_path) as second, sglang_router([sglang.url, second.url]) as router:
         assert probe(router).kind == "sglang-router" and weight_version(router) == "0"
@@ -295,7 +295,8 @@ def test_asynchronous_training_against_sglang_judges_staleness_on_its_versions(s
     """train-local --policy-url <SGLang> --weight-sync disk --max-staleness 1 --use-tis: every update
     goes over as merged weights labelled with its count, each call carries the version SGLang
     sampled it with, its logprobs are those of that version's weights, and TIS weighs a real gap."""
-    from test_async_training import call_runs, model_at
+    from helpers.samples import call_runs
+    from helpers.training import model_at
 
     from slime_harbor.trainers.local import train
     from slime_harbor.trainers.local_config import LocalTrainConfig
@@ -392,8 +393,8 @@ def test_agents_train_the_tokens_vllm_sampled_from_its_root_url(agent, vllm, res
 def test_verifiers_eval_samples_from_vllm(vllm, responsive_model_dir, hf_model, tmp_path):
     """The verifiers plugin (what Prime-RL loads) run by verifiers' own vf-eval against vLLM."""
     pytest.importorskip("verifiers.v1")
-    from test_rollout_e2e import EASY_TASKS
-    from test_verifiers_env import branch_sample, run_vf_eval
+    from helpers.rollout import EASY_TASKS
+    from helpers.verifiers import branch_sample, run_vf_eval
 
     episodes = run_vf_eval(vllm.url + "/v1", responsive_model_dir, "native", tmp_path, rollouts=1, max_new_tokens=64)
     branches = [b for e in episodes for t in e.traces for b in t.branches]
@@ -406,7 +407,8 @@ def test_asynchronous_training_against_vllm_reloads_and_labels_each_update(vllm,
     """train-local --vllm-url <root> --weight-sync disk --max-staleness 1: each update goes over
     with reload_weights (calls in flight aborted and sampled again), labelled with its count, and
     every call's logprobs are those of the version it is labelled with."""
-    from test_async_training import call_runs, model_at
+    from helpers.samples import call_runs
+    from helpers.training import model_at
 
     from slime_harbor.trainers.local import train
     from slime_harbor.trainers.local_config import LocalTrainConfig

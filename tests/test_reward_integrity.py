@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import textwrap
 from pathlib import Path
 
@@ -22,43 +21,15 @@ import pytest
 
 pytest.importorskip("swebench", reason="swebench (5.0.2) is not installed: swebench-tasks needs it")
 
-from test_swebench_tasks import (  # noqa: E402  (the bundled records and the rollout helper)
-    TASKS_SWE,
-    absolute_env,
-    GIT_ENV,
-    docker_client,
-    records,
-    rollout,
-    verifier_files,
-    write_jsonl,
+from helpers.docker import docker_client  # noqa: E402
+from helpers.swebench import (  # noqa: E402
+    absolute_env, BASE, GOLD_PARSE, PARSE, patch_against_base, records, rollout, TASKS_SWE, verifier_files, write_jsonl,
 )
 
 from slime_harbor.tasks.swebench import TEST_TIMEOUT_MARGIN_SEC, SwebenchTaskOptions, convert  # noqa: E402
 
-BASE = TASKS_SWE / "environments" / "tinycalc-1" / "repo"
-PARSE = (BASE / "tinycalc" / "parse.py").read_text()
-GOLD_PARSE = PARSE.replace('    if "." in text:', '    text = text.strip()\n    if "." in text:').replace(
-    "    if text.isdigit():", '    digits = text[1:] if text.startswith(("+", "-")) else text\n    if digits.isdigit():')
 TESTS = ["tests/test_parse.py::test_negative_integer", "tests/test_parse.py::test_surrounding_whitespace",
          "tests/test_parse.py::test_integer", "tests/test_parse.py::test_float", "tests/test_parse.py::test_rejects_words"]
-
-
-def patch_against_base(new_files: dict[str, str]) -> str:
-    """A git diff of the tinycalc-1 base repo with files replaced or added (new files included)."""
-    import os
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        repo = Path(d) / "repo"
-        shutil.copytree(BASE, repo)
-        env = {**os.environ, **GIT_ENV}
-        for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
-            subprocess.run(["git", *args], cwd=repo, env=env, check=True)
-        for rel, text in new_files.items():
-            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-            (repo / rel).write_text(text)
-        subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
-        return subprocess.run(["git", "diff", "--cached"], cwd=repo, capture_output=True, text=True, check=True).stdout
 
 
 def with_code(code: str) -> str:

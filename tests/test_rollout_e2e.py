@@ -10,125 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import needs_gateway
 from harbor.models.trajectories import Trajectory
 
 from slime_harbor.rollout import run_episode, run_rollouts
-from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig
+from slime_harbor.trial_setup import DEFAULT_TASKS
 from slime_harbor.samples import SampleStatus, read_jsonl
-
-EASY_TASKS = ["dedupe-lines", "fix-sort-key"]
-
-
-def trial_names(out_dir: Path) -> list[str]:
-    return [p.name for p in (out_dir / "trials").iterdir() if p.is_dir()]
-
-
-def leftovers(out_dir: Path) -> tuple[list[str], list[str]]:
-    """Processes and sandbox dirs that belong to this rollout's trials (named after them), so
-    tests running beside this one cannot confuse the check."""
-    from slime_harbor.environments.bubblewrap_host import default_sandbox_root
-
-    names = trial_names(out_dir)
-    assert names
-    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
-    procs = [line for line in ps if any(n in line for n in names)]
-    root = Path(default_sandbox_root())
-    dirs = [p.name for p in root.iterdir() if any(n in p.name for n in names)] if root.exists() else []
-    return procs, dirs
-
-
-def config(tmp_path, policy_server, tiny_model_dir, **overrides) -> RolloutConfig:
-    base = dict(
-        tasks_dir=DEFAULT_TASKS, task_names=EASY_TASKS[:1], agent="native", n_samples=2,
-        policy_url=policy_server, model_dir=str(tiny_model_dir), concurrency=4, out_dir=tmp_path / "out",
-        step_limit=3, max_new_tokens=48, progress=False,
-    )
-    base.update(overrides)
-    return RolloutConfig(**base)
-
-
-def recompute_logprobs(model, tokens: list[int], temperature: float) -> torch.Tensor:
-    """log p(token_i | tokens_<i) for every position after the first, one forward pass, fp32."""
-    with torch.no_grad():
-        logits = model(torch.tensor([tokens])).logits[0, :-1].float() / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(tokens[1:])[:, None])[:, 0]
-
-
-def check_sample_against_model(sample, model, temperature: float) -> float:
-    """Layout invariants + sampled-token logprobs equal a fresh forward pass. Returns mean abs diff."""
-    sample.check()
-    n = sample.response_length
-    assert n == len(sample.loss_mask) == len(sample.rollout_log_probs) > 0
-    assert sample.tokens[:-n] == sample.prompt_ids
-    lp = recompute_logprobs(model, sample.tokens, temperature)[-n:]
-    mask = torch.tensor(sample.loss_mask, dtype=torch.bool)
-    rollout = torch.tensor(sample.rollout_log_probs)
-    assert mask.any()
-    return (lp[mask] - rollout[mask]).abs().mean().item()
-
-
-def masked_spans(sample) -> list[list[int]]:
-    spans, current = [], []
-    for tok, m in zip(sample.response_ids, sample.loss_mask):
-        if m == 0:
-            current.append(tok)
-        elif current:
-            spans.append(current)
-            current = []
-    if current:
-        spans.append(current)
-    return spans
-
-
-NATIVE_REPLY = "THOUGHT: look around first.\n```bash\nls\n```<|im_end|>"
-TERMINUS_REPLY = json.dumps(
-    {"analysis": "Look around.", "plan": "List files.", "commands": [{"keystrokes": "ls\n", "duration": 0.1}],
-     "task_complete": False}
-) + "<|im_end|>"
-
-
-@pytest.fixture(scope="module")
-def responsive_model_dir(tiny_model_dir, tmp_path_factory):
-    """The tiny model after a few SFT steps, so it answers in each agent's format and ends its turn:
-    the native agent's commands really run in the sandbox, and terminus-2 gets parseable JSON."""
-    from transformers import AutoTokenizer
-
-    from slime_harbor.agent import initial_prompt_ids
-    from slime_harbor.trainers.sft import SFTConfig, sft_model_dir
-
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    pairs = []
-    for task in sorted(DEFAULT_TASKS.iterdir()):
-        if not (task / "instruction.md").is_file():
-            continue
-        instruction = (task / "instruction.md").read_text()
-        pairs.append((initial_prompt_ids(tok, instruction), tok.encode(NATIVE_REPLY, add_special_tokens=False)))
-        prompt = tok.apply_chat_template(
-            [{"role": "user", "content": f"You are an AI assistant solving command-line tasks.\n{instruction}"}],
-            add_generation_prompt=True, tokenize=True,
-        )
-        prompt = prompt if isinstance(prompt, list) else prompt["input_ids"]
-        pairs.append((list(prompt), tok.encode(TERMINUS_REPLY, add_special_tokens=False)))
-    out = tmp_path_factory.mktemp("responsive_model")
-    losses = sft_model_dir(tiny_model_dir, out, pairs, SFTConfig(steps=50, batch_size=4))
-    assert losses[-1] < 0.2 * losses[0]
-    return out
-
-
-@pytest.fixture(scope="module")
-def responsive_server(responsive_model_dir):
-    from slime_harbor.policy.server import EmbeddedPolicyServer
-
-    with EmbeddedPolicyServer(responsive_model_dir) as server:
-        yield server.url
-
-
-@pytest.fixture(scope="module")
-def hf_model(responsive_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(responsive_model_dir, dtype=torch.float32).eval()
+from helpers.rollout import config, EASY_TASKS, leftovers, trial_names
+from helpers.samples import check_sample_against_model, masked_spans
 
 
 def test_native_agent_samples_are_token_exact(tmp_path, responsive_server, responsive_model_dir, hf_model, tokenizer):
@@ -161,7 +49,6 @@ def test_native_agent_samples_are_token_exact(tmp_path, responsive_server, respo
     assert (cfg.out_dir / "summary.json").is_file() and len(trial_names(cfg.out_dir)) == 4
 
 
-@needs_gateway
 def test_terminus2_samples_hold_invariants(tmp_path, responsive_server, responsive_model_dir, hf_model):
     cfg = config(tmp_path, responsive_server, responsive_model_dir, agent="terminus-2", n_samples=1, step_limit=2,
                  max_new_tokens=96)

@@ -54,7 +54,7 @@ pytestmark = [
     pytest.mark.skipif(not HAVE_SLIME, reason="slime is not importable (PYTHONPATH=<a THUDM/slime checkout>)"),
 ]
 
-from test_rollout_e2e import NATIVE_REPLY, TERMINUS_REPLY, leftovers  # noqa: E402
+from helpers.rollout import leftovers, NATIVE_REPLY, TERMINUS_REPLY  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 N_PER_PROMPT = 2
@@ -335,7 +335,7 @@ def check_gateway_samples(samples, agent, model_dir, temperature, append_only: b
     import torch
     from transformers import AutoModelForCausalLM
 
-    from test_rollout_e2e import recompute_logprobs
+    from helpers.samples import recompute_logprobs
 
     group = [s for s in samples if s.metadata.get("harbor_agent") == agent]
     episodes = defaultdict(list)
@@ -414,7 +414,7 @@ def test_slime_generate_rollout_drives_our_hook(slime_modules, embedded_front, p
 @pytest.fixture(scope="module")
 def router_front(policy_dir):
     """sglang-router (conftest.sglang_router) on loopback before two embedded servers."""
-    from conftest import sglang_router
+    from helpers.servers import sglang_router
 
     from slime_harbor.policy.server import EmbeddedPolicyServer
 
@@ -546,7 +546,7 @@ def call_gaps(samples, model_dirs: dict[str, Path]) -> list[tuple[str, list[floa
     import torch
     from transformers import AutoModelForCausalLM
 
-    from test_async_training import call_runs
+    from helpers.samples import call_runs
 
     models = {v: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval() for v, d in model_dirs.items()}
     out = []
@@ -629,7 +629,7 @@ def test_fully_async_against_the_real_sglang_behind_its_router(slime_modules, ti
     depends on timing against the real engine; the embedded test above forces it.)"""
     import httpx
 
-    from conftest import free_port, sglang_router
+    from helpers.servers import free_port, sglang_router
     from slime.rollout.data_source import RolloutDataSourceWithBuffer
     from slime.utils import http_utils
 

@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,30 +28,13 @@ pytest.importorskip("swebench", reason="swebench (5.0.2) is not installed: swebe
 
 from slime_harbor.cli import main as cli_main
 from slime_harbor.tasks.swebench import TEST_TIMEOUT_MARGIN_SEC, SwebenchTaskOptions, convert, load_instances
+from helpers.docker import docker_client
+from helpers.swebench import (
+    absolute_env, GIT_ENV, INSTANCES, patch_against_base, records, rollout, TASKS_SWE, verifier_files, write_jsonl,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-TASKS_SWE = ROOT / "examples" / "harbor" / "tasks-swe"
-INSTANCES = TASKS_SWE / "instances.jsonl"
 LABEL = {"slime-harbor.test": "swebench"}
-GIT_ENV = {  # the bundled Dockerfiles commit /testbed with these: base_commit must match
-    "GIT_AUTHOR_NAME": "slime-harbor", "GIT_AUTHOR_EMAIL": "tasks@slime-harbor.invalid",
-    "GIT_AUTHOR_DATE": "2024-01-01T00:00:00+0000", "GIT_COMMITTER_NAME": "slime-harbor",
-    "GIT_COMMITTER_EMAIL": "tasks@slime-harbor.invalid", "GIT_COMMITTER_DATE": "2024-01-01T00:00:00+0000",
-}
-
-
-def records() -> list[dict]:
-    return [json.loads(line) for line in INSTANCES.read_text().splitlines() if line.strip()]
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-def absolute_env(row: dict) -> dict:
-    """A bundled record usable from another directory (environment_dir made absolute)."""
-    return {**row, "environment_dir": str(TASKS_SWE / row["environment_dir"])}
 
 
 def tree(path: Path) -> dict[str, Path]:
@@ -264,56 +246,9 @@ def test_grader_reward_from_log(tmp_path, case, log, expected):
 # ---------------------------------------------------------------- Docker: real Harbor trials
 
 
-def docker_client():
-    if os.environ.get("SLIME_HARBOR_NO_DOCKER"):
-        pytest.skip("SLIME_HARBOR_NO_DOCKER is set")
-    try:
-        import docker
-
-        client = docker.from_env(timeout=30)
-        client.ping()
-    except Exception as e:  # no SDK, no socket, no daemon
-        pytest.skip(f"no Docker daemon answers ({type(e).__name__}: {e})")
-    return client
-
-
 @pytest.fixture(scope="module")
 def client():
     return docker_client()
-
-
-def rollout(tasks_dir: Path, agent: str, out: Path, concurrency: int = 3) -> dict[str, dict]:
-    """One real Harbor trial per task (our DockerEnvironment, --reward-mapping pm1): task -> sample."""
-    import asyncio
-
-    from slime_harbor.rollout import run_rollouts
-    from slime_harbor.trial_setup import RolloutConfig
-
-    cfg = RolloutConfig(tasks_dir=tasks_dir, agent=agent, n_samples=1, env="docker", concurrency=concurrency,
-                        out_dir=out, reward_mapping="pm1", progress=False)
-    asyncio.run(run_rollouts(cfg))
-    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
-    return {s["metadata"]["task_name"]: s for s in samples}
-
-
-def verifier_files(sample: dict) -> dict[str, str]:
-    """What the trial's verifier left in its trial dir (reward.json, report.json, test_output.txt)."""
-    verifier = Path(sample["metadata"]["trial_dir"]) / "verifier"
-    return {p.name: p.read_text() for p in verifier.iterdir() if p.is_file()}
-
-
-def patch_against_base(new_files: dict[str, str], record: dict | None = None) -> str:
-    """A git diff of a bundled instance's base repo (tinycalc-1's by default) with some files replaced."""
-    with tempfile.TemporaryDirectory() as d:
-        repo = Path(d) / "repo"
-        environment_dir = (record or records()[0])["environment_dir"]
-        subprocess.run(["cp", "-r", str(TASKS_SWE / environment_dir / "repo"), str(repo)], check=True)
-        env = {**os.environ, **GIT_ENV}
-        for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
-            subprocess.run(["git", *args], cwd=repo, env=env, check=True)
-        for rel, text in new_files.items():
-            (repo / rel).write_text(text)
-        return subprocess.run(["git", "diff"], cwd=repo, capture_output=True, text=True, check=True).stdout
 
 
 PARSE_PY = '''def parse_number(text):

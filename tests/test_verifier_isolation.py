@@ -13,27 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.trial_setup import RolloutConfig
+from helpers.docker import docker_skip_reason
+from helpers.tasks import TASK_TOML
 
-TASK_TOML = """schema_version = "1.4"
-{extra_top}
-[verifier]
-timeout_sec = 60.0
-{extra_verifier}
-[agent]
-timeout_sec = 60.0
-
-[environment]
-workdir = "/app"
-build_timeout_sec = 300.0
-network_mode = "no-network"
-"""
 SOLVE = r"""#!/bin/bash
 # attack: leave a reward where the verifier will find it, and processes that keep writing one
 mkdir -p /logs/verifier
@@ -69,22 +57,10 @@ def write_task(root: Path, name: str, separate: bool) -> Path:
     return task
 
 
-def docker_available() -> str | None:
-    if os.environ.get("SLIME_HARBOR_NO_DOCKER"):
-        return "SLIME_HARBOR_NO_DOCKER is set"
-    try:
-        from slime_harbor.environments.docker_images import check_docker
-
-        check_docker()
-    except Exception as e:
-        return f"no Docker daemon answers ({e})"
-    return None
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("env", ["local", "docker"])
 def test_agent_processes_and_files_do_not_reach_the_verifier(env, tmp_path):
-    if env == "docker" and (why := docker_available()):
+    if env == "docker" and (why := docker_skip_reason()):
         pytest.skip(why)
     write_task(tmp_path / "tasks", "leaves-daemons", separate=False)
     write_task(tmp_path / "tasks", "leaves-daemons-separate", separate=True)
@@ -122,7 +98,7 @@ def test_hard_timeout_counts_the_separate_verifier_environment_start(tmp_path):
 @pytest.mark.parametrize("env", ["local", "docker"])
 def test_separate_verifier_environment_is_torn_down_when_cancelled(env, tmp_path):
     """A trial cancelled while its separate verifier runs leaves no container or sandbox behind."""
-    if env == "docker" and (why := docker_available()):
+    if env == "docker" and (why := docker_skip_reason()):
         pytest.skip(why)
     import time
 

@@ -4,34 +4,18 @@ carry pass the same invariants and logprob check as our own samples."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 vf = pytest.importorskip("verifiers.v1")
 
-from conftest import needs_gateway  # noqa: E402
-
 from slime_harbor.samples import SampleStatus, TrainingSample  # noqa: E402
-from test_rollout_e2e import (  # noqa: E402,F401 (fixtures: the tiny model SFT'd to answer in each agent's format)
-    EASY_TASKS, check_sample_against_model, hf_model, responsive_model_dir, responsive_server,
-)
+from helpers.rollout import EASY_TASKS  # noqa: E402
+from helpers.samples import check_sample_against_model  # noqa: E402
+from helpers.verifiers import branch_sample, PLUGIN, run_vf_eval  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-PLUGIN = "slime-harbor-verifiers"
-
-
-def branch_sample(branch) -> TrainingSample:
-    """A trace branch as one of our samples: the response starts at the first sampled token."""
-    mask = branch.sampled_mask
-    start = mask.index(True)
-    return TrainingSample(tokens=branch.token_ids, response_length=len(mask) - start,
-                          loss_mask=[int(m) for m in mask[start:]], rollout_log_probs=branch.logprobs[start:],
-                          reward=0.0, status=SampleStatus.COMPLETED)
 
 
 def test_plugin_loads_by_id_with_its_config_fields():
@@ -73,24 +57,8 @@ def test_openai_token_in_path_of_the_client(policy_server, tokenizer, model):
     assert (want - torch.tensor(gen.logprobs)).abs().max().item() < 1e-4
 
 
-def run_vf_eval(base_url: str, tokenizer_dir, agent: str, tmp_path: Path, rollouts: int, max_new_tokens: int) -> list:
-    """verifiers' own `vf-eval` on the plugin against the OpenAI base `base_url` serving "policy",
-    on EASY_TASKS (two turns each): its episodes, read back from its traces.jsonl."""
-    out = tmp_path / "vf"
-    cmd = [str(Path(sys.executable).parent / "vf-eval"), PLUGIN, "-m", "policy", "--env.taskset.tokenizer",
-           str(tokenizer_dir), "--client.base-url", base_url, "--client.api-key-var", "SLIME_HARBOR_NO_KEY",
-           "-r", str(rollouts), "--env.taskset.agent", agent, "--env.taskset.max-turns", "2",
-           "--env.taskset.max-new-tokens", str(max_new_tokens), "--env.taskset.trials-dir", str(tmp_path / "trials"),
-           "--select.include.names", *EASY_TASKS, "--no-push", "--rich", "None", "-o", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    [traces_file] = out.glob("*/traces.jsonl")
-    return [vf.WireEpisode.model_validate(json.loads(line)) for line in traces_file.read_text().splitlines()]
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("agent", ["native", pytest.param("terminus-2", marks=needs_gateway)])
+@pytest.mark.parametrize("agent", ["native", "terminus-2"])
 def test_vf_eval_runs_real_trials_with_exact_tokens(agent, responsive_server, responsive_model_dir, hf_model, tmp_path):
     """Against the tiny model after a few SFT steps (test_rollout_e2e's), so both agents' turns
     parse and their commands run. The served model is named "policy" (Harbor's hosted_vllm

@@ -1,0 +1,69 @@
+"""TrainingSamples in tests: a made-up one for the code that reads only their scores, statuses and
+metadata; checks on real ones (logprobs against a fresh forward pass, the masked and sampled spans)."""
+
+from __future__ import annotations
+
+import torch
+
+from slime_harbor.samples import SampleStatus, TrainingSample
+
+
+def make_sample(reward: float | None = 1.0, status: SampleStatus | str = SampleStatus.COMPLETED, group: int = 0,
+                index: int = 0, *, weight_versions: list[str] = (), metadata: dict | None = None) -> TrainingSample:
+    """Episode `index` of group `group` (its rollout_id too), with `reward` and `status`: a one-token
+    prompt and two sampled tokens, for tests of what reads scores, statuses and metadata, not tokens."""
+    return TrainingSample(tokens=[1, 2, 3], response_length=2, loss_mask=[1, 1], rollout_log_probs=[-0.1, -0.2],
+                          reward=reward, status=SampleStatus(status), group_index=group, index=index, rollout_id=index,
+                          weight_versions=list(weight_versions), metadata=dict(metadata or {}))
+
+
+def recompute_logprobs(model, tokens: list[int], temperature: float) -> torch.Tensor:
+    """log p(token_i | tokens_<i) for every position after the first, one forward pass, fp32."""
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens])).logits[0, :-1].float() / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(tokens[1:])[:, None])[:, 0]
+
+
+def check_sample_against_model(sample, model, temperature: float) -> float:
+    """Layout invariants + sampled-token logprobs equal a fresh forward pass. Returns mean abs diff."""
+    sample.check()
+    n = sample.response_length
+    assert n == len(sample.loss_mask) == len(sample.rollout_log_probs) > 0
+    assert sample.tokens[:-n] == sample.prompt_ids
+    lp = recompute_logprobs(model, sample.tokens, temperature)[-n:]
+    mask = torch.tensor(sample.loss_mask, dtype=torch.bool)
+    rollout = torch.tensor(sample.rollout_log_probs)
+    assert mask.any()
+    return (lp[mask] - rollout[mask]).abs().mean().item()
+
+
+def masked_spans(sample) -> list[list[int]]:
+    spans, current = [], []
+    for tok, m in zip(sample.response_ids, sample.loss_mask):
+        if m == 0:
+            current.append(tok)
+        elif current:
+            spans.append(current)
+            current = []
+    if current:
+        spans.append(current)
+    return spans
+
+
+def call_runs(sample: TrainingSample) -> list[list[int]]:
+    """Response positions of each model call, in order: the runs of loss_mask 1."""
+    runs, current = [], []
+    for i, m in enumerate(sample.loss_mask):
+        if m:
+            current.append(i)
+        elif current:
+            runs, current = runs + [current], []
+    return runs + ([current] if current else [])
+
+
+def check_trains(samples, model, temperature=1.0) -> list:
+    trained = [s for s in samples if not s.remove_sample]
+    assert trained, [s.metadata.get("status_reason") for s in samples]
+    diffs = [check_sample_against_model(s, model, temperature) for s in trained]
+    assert sum(diffs) / len(diffs) < 1e-4, diffs
+    return trained
