@@ -668,6 +668,9 @@ def test_fully_async_against_the_real_sglang_behind_its_router(slime_modules, ti
     assert any("0" in s.weight_versions for s in second) and any(s.weight_versions == ["1"] * len(s.weight_versions)
                                                                  and s.weight_versions for s in second)
     for s in second:
+        if not s.response_length:  # the agent's time ran out before its first call came back (a
+            assert s.remove_sample  # busy 2-core machine, 600-token calls): nothing to train on
+            continue
         stale = "0" in s.weight_versions
         assert s.remove_sample == stale and (s.metadata.get("masked_by") == "stale") == stale
     for version, gaps in call_gaps(second, {"0": tiny_model_dir, "1": new_weights}):
