@@ -38,6 +38,17 @@ class TrajectoryFilters:
     mask_length_limit: bool = False
 
 
+MASK_REASONS = ("timeout", "step_limit", "length_limit", "zero_std", "stale")
+"""Why an episode was masked out of training (its samples' metadata ``masked_by``), in the order
+the step records, the summaries and the step line count them."""
+
+
+def mask_counts(counts: dict[str, int] | None = None) -> dict[str, int]:
+    """Episodes masked per reason, every reason present (0 where none was)."""
+    counts = counts or {}
+    return {reason: counts.get(reason, 0) for reason in MASK_REASONS}
+
+
 def limit_hit(sample: TrainingSample) -> str | None:
     """Which episode limit the sample's episode hit: timeout, step_limit, length_limit or None."""
     meta = sample.metadata or {}

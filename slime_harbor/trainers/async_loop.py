@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slime_harbor.filters import apply_limit_filters, drop_zero_std_groups, mask_stale, varying_groups
+from slime_harbor.filters import apply_limit_filters, drop_zero_std_groups, mask_counts, mask_stale, varying_groups
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.rollout import load_tokenizer, run_episode, serving_gateway
 from slime_harbor.trial_setup import RolloutConfig, with_engine
@@ -141,7 +141,7 @@ async def take_groups(producer: GroupProducer, step: int, wanted: int) -> tuple[
     or, with dynamic sampling, replaced up to its limit."""
     cfg = producer.run.cfg
     groups: list[Group] = []
-    masked = {"timeout": 0, "step_limit": 0, "length_limit": 0, "stale": 0}
+    masked = mask_counts()
     waited = 0.0
     stale_groups = 0
     limit = wanted * (1 + (cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 0))

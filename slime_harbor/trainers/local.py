@@ -69,7 +69,7 @@ from typing import Any
 import torch
 
 from slime_harbor.exits import ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
-from slime_harbor.filters import apply_limit_filters, drop_zero_std_groups, varying_groups
+from slime_harbor.filters import apply_limit_filters, drop_zero_std_groups, mask_counts, varying_groups
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.canaries import canary_counts
@@ -152,7 +152,7 @@ def sample_step(guard: SignalGuard, runner: asyncio.Runner, cfg: LocalTrainConfi
         guard.run(run_rollouts(rollout), runner)
         canary = canary_counts(read_jsonl(step_dir / "canaries" / "samples.jsonl"))
     return samples, {"errors": errors, "n_groups_sampled": groups,
-                     "filters": {k: masked.get(k, 0) for k in ("timeout", "step_limit", "length_limit", "zero_std")},
+                     "filters": mask_counts(masked),
                      "truncated_ratio": truncated_ratio(samples), **canary}
 
 

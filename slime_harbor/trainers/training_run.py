@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_harbor.hack_monitor import hack_counts
+from slime_harbor.filters import MASK_REASONS
 from slime_harbor.samples import TrainingSample, episode_key, is_scored
 from slime_harbor.trainers.local_config import LocalTrainConfig
 
@@ -151,8 +152,7 @@ def run_summary(metrics, cfg, base_model, out, last_checkpoint, seconds) -> dict
         "lora": cfg.lora,
         "final": str(out / "final") if (out / "final").is_dir() else None,
         "last_checkpoint": last_checkpoint,
-        "masked_episodes": {k: sum(m.get("filters", {}).get(k, 0) for m in metrics)
-                            for k in ("timeout", "step_limit", "length_limit", "zero_std", "stale")},
+        "masked_episodes": {k: sum(m.get("filters", {}).get(k, 0) for m in metrics) for k in MASK_REASONS},
         # asynchronous: how long the learner waited for complete groups, over all updates
         "learner_wait_s": round(sum(m["timings"].get("learner_wait_s", 0.0) for m in metrics), 2),
         "evals": evals,
