@@ -263,16 +263,6 @@ def _dockerfile_files(environment: Path) -> list[str]:
     return shipped
 
 
-def _task_workdir(task_dir: Path) -> str:
-    import tomllib
-
-    try:
-        config = tomllib.loads((task_dir / "task.toml").read_text())
-    except (OSError, ValueError):
-        return "/app"
-    return (config.get("environment") or {}).get("workdir") or "/app"
-
-
 def verifier_inputs(task_dir: Path) -> list[str]:
     """Sandbox paths of files the task's verifier names that the agent can change: files the image
     ships into the workdir or the writable roots, and answer files the instruction names, that a
@@ -283,11 +273,13 @@ def verifier_inputs(task_dir: Path) -> list[str]:
     from harbor.models.task.task import Task
     from harbor.models.task.verifier_mode import resolve_task_verifier_mode
 
+    from slime_harbor.trial_setup import task_workdir
+
     task_dir = Path(task_dir)
     task = Task(task_dir)
     if task.has_steps or resolve_task_verifier_mode(task.config) != VerifierEnvironmentMode.SHARED:
         return []
-    workdir = posixpath.normpath(_task_workdir(task_dir))
+    workdir = posixpath.normpath(task_workdir(task_dir))
     tokens, words, imported = _verifier_tokens(task_dir / "tests")
     names = words | {posixpath.basename(t) for t in tokens}
 

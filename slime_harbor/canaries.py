@@ -27,7 +27,6 @@ import re
 import secrets
 import shutil
 import tempfile
-import tomllib
 from pathlib import Path
 
 from slime_harbor.exits import ConfigError
@@ -125,8 +124,9 @@ fi
 
 
 def _plain_variant(task: Path, copy: Path) -> str:
-    config = tomllib.loads((task / "task.toml").read_text())
-    workdir = (config.get("environment") or {}).get("workdir") or "/app"
+    from slime_harbor.trial_setup import task_workdir
+
+    workdir = task_workdir(task)
     (copy / "tests" / "test.sh").rename(copy / "tests" / "task_test.sh")
     (copy / "tests" / "test.sh").write_text(
         CANARY_TEST_SH.format(workdir=workdir.rstrip("/"), file=CANARY_FILE, secret=secrets.token_hex(16)))

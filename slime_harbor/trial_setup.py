@@ -168,6 +168,16 @@ def discover_tasks(tasks_dir: Path, names: list[str] | None = None, exclude: lis
     return tasks
 
 
+def task_workdir(task_dir: Path) -> str:
+    """Where the task's agent works: task.toml's [environment] workdir (/app, the bundled tasks' and
+    families', where it sets none or cannot be read)."""
+    try:
+        config = tomllib.loads((Path(task_dir) / "task.toml").read_text())
+    except (OSError, ValueError):
+        return "/app"
+    return (config.get("environment") or {}).get("workdir") or "/app"
+
+
 def is_native(agent: str) -> bool:
     return agent in ("native", NATIVE_AGENT)
 
