@@ -31,7 +31,8 @@ from pathlib import Path
 
 from slime_harbor.trial_setup import policy_endpoint
 from slime_harbor.rollout import run_rollouts
-from slime_harbor.trial_setup import agent_config, DEFAULT_TASKS, discover_tasks, environment_config, RolloutConfig
+from slime_harbor.tasks.task_dir import discover_tasks
+from slime_harbor.trial_setup import agent_config, DEFAULT_TASKS, environment_config, RolloutConfig
 
 HARBOR_ENV = {"docker": "harbor-docker"}
 """Harbor's side of an --env whose two sides differ (else both use the same environment)."""

@@ -127,7 +127,8 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
     """Run gold and empty K times per task, and each attack once (`attacks`: name -> script; with
     them, each task's own trusted_files attack); write and return the manifest."""
     from slime_harbor.rollout import run_rollouts
-    from slime_harbor.trial_setup import RolloutConfig, discover_tasks
+    from slime_harbor.tasks.task_dir import discover_tasks
+    from slime_harbor.trial_setup import RolloutConfig
 
     if repeats < 1:
         raise ConfigError(f"repeats must be at least 1, got {repeats}")
@@ -200,7 +201,7 @@ def _attack_tasks(tasks_dir: Path, attacks: dict[str, Path], root: Path) -> tupl
     """A copy of every task per attack, whose solution is the attack script (Harbor's oracle runs
     it), named TASK--ATTACK; and copy name -> (task, attack). The environment/ is copied as is, so
     Docker reuses the task's image."""
-    from slime_harbor.trial_setup import discover_tasks
+    from slime_harbor.tasks.task_dir import discover_tasks
 
     root.mkdir(parents=True)
     origin = {}
@@ -273,7 +274,7 @@ def verifier_inputs(task_dir: Path) -> list[str]:
     from harbor.models.task.task import Task
     from harbor.models.task.verifier_mode import resolve_task_verifier_mode
 
-    from slime_harbor.trial_setup import task_workdir
+    from slime_harbor.tasks.task_dir import task_workdir
 
     task_dir = Path(task_dir)
     task = Task(task_dir)
@@ -397,7 +398,8 @@ async def _probe_trusted_files(tasks: list[Path], runs: Path, run) -> tuple[dict
 
 def main(tasks_dir: Path, env: str, repeats: int, out: Path | None, probe_hacks: bool = False,
          attacks_dirs: list[Path] = ()) -> dict:
-    from slime_harbor.trial_setup import check_environment_runs, discover_tasks
+    from slime_harbor.tasks.task_dir import discover_tasks
+    from slime_harbor.trial_setup import check_environment_runs
 
     try:
         discover_tasks(tasks_dir)

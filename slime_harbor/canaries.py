@@ -124,7 +124,7 @@ fi
 
 
 def _plain_variant(task: Path, copy: Path) -> str:
-    from slime_harbor.trial_setup import task_workdir
+    from slime_harbor.tasks.task_dir import task_workdir
 
     workdir = task_workdir(task)
     (copy / "tests" / "test.sh").rename(copy / "tests" / "task_test.sh")
@@ -140,7 +140,7 @@ def _plain_variant(task: Path, copy: Path) -> str:
 def write_impossible(tasks_dir: Path, out: Path) -> tuple[dict[str, str], dict[str, str]]:
     """Write OUT/canary--TASK per task; returns (variant -> what makes it impossible, task ->
     why it has no variant)."""
-    from slime_harbor.trial_setup import discover_tasks
+    from slime_harbor.tasks.task_dir import discover_tasks
 
     written, skipped = {}, {}
     for task in discover_tasks(tasks_dir):

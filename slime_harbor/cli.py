@@ -225,7 +225,7 @@ def view(out: Path, host: str = "127.0.0.1", port: int = 0) -> None:
 
 def prepare_data(tasks_dir: Path, out: Path, task_names: list[str] | None = None) -> int:
     """Rows for SLiME's --prompt-data: {"prompt", "label", "metadata"} per Harbor task."""
-    from slime_harbor.trial_setup import discover_tasks
+    from slime_harbor.tasks.task_dir import discover_tasks
 
     tasks = discover_tasks(tasks_dir, task_names)
     with open(out, "w") as f:

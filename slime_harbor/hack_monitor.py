@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from slime_harbor.samples import episode_key, is_scored
+from slime_harbor.tasks.task_dir import task_workdir
 
 
 @dataclass(frozen=True)
@@ -783,7 +784,6 @@ def swe_view(task_dir: Path, trial_dir: Path, commands: tuple[str, ...] = ()) ->
     import shutil
     import subprocess
     import tempfile
-    import tomllib
 
     task_dir, trial_dir = Path(task_dir), Path(trial_dir)
     try:
@@ -791,7 +791,7 @@ def swe_view(task_dir: Path, trial_dir: Path, commands: tuple[str, ...] = ()) ->
     except (OSError, ValueError):
         return None
     repo = task_dir / "environment" / "repo"
-    workdir = tomllib.loads((task_dir / "task.toml").read_text()).get("environment", {}).get("workdir") or "/testbed"
+    workdir = task_workdir(task_dir, default="/testbed")
     collected = trial_dir / "artifacts" / workdir.strip("/")
     if not repo.is_dir() or not collected.is_dir():
         return None

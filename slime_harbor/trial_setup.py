@@ -22,6 +22,7 @@ from typing import Any
 from slime_harbor import terminus2
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.tasks.manifest import apply_manifest
+from slime_harbor.tasks.task_dir import discover_tasks
 
 DEFAULT_TASKS = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks"
 """The bundled example tasks."""
@@ -148,34 +149,6 @@ class RolloutConfig:
             raise ValueError("a hack judge needs both a URL and a model (--hack-judge-url, --hack-judge-model)")
         judge = [judge_detector(self.hack_judge_url, self.hack_judge_model)] if self.hack_judge_url else []
         return [*BUILTIN_DETECTORS.values(), *(load_detector(spec) for spec in self.hack_detectors), *judge]
-
-
-def discover_tasks(tasks_dir: Path, names: list[str] | None = None, exclude: list[str] | None = None) -> list[Path]:
-    """The task dirs (dirs with task.toml) in `tasks_dir`: only `names` if given, less `exclude`;
-    a name in either that is not a task there is a FileNotFoundError (a typo never runs everything)."""
-    tasks_dir = Path(tasks_dir)
-    if not tasks_dir.is_dir():
-        raise FileNotFoundError(f"tasks dir {tasks_dir} does not exist")
-    tasks = sorted(p for p in tasks_dir.iterdir() if (p / "task.toml").is_file())
-    missing = (set(names or []) | set(exclude or [])) - {p.name for p in tasks}
-    if missing:
-        raise FileNotFoundError(f"tasks not found in {tasks_dir}: {sorted(missing)}")
-    if names:
-        tasks = [p for p in tasks if p.name in names]
-    tasks = [p for p in tasks if p.name not in (exclude or [])]
-    if not tasks:
-        raise FileNotFoundError(f"no Harbor tasks (dirs with task.toml) in {tasks_dir}")
-    return tasks
-
-
-def task_workdir(task_dir: Path) -> str:
-    """Where the task's agent works: task.toml's [environment] workdir (/app, the bundled tasks' and
-    families', where it sets none or cannot be read)."""
-    try:
-        config = tomllib.loads((Path(task_dir) / "task.toml").read_text())
-    except (OSError, ValueError):
-        return "/app"
-    return (config.get("environment") or {}).get("workdir") or "/app"
 
 
 def is_native(agent: str) -> bool:

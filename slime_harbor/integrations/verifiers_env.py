@@ -39,7 +39,8 @@ from verifiers.v1.trace import AgentInfo, TraceTask
 
 from slime_harbor.integrations.verifiers_trace import fill_trace
 from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
-from slime_harbor.trial_setup import DEFAULT_TASKS, discover_tasks, RolloutConfig, uses_gateway
+from slime_harbor.tasks.task_dir import discover_tasks
+from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig, uses_gateway
 
 
 class HarborTrialsConfig(vf.TasksetConfig):

@@ -73,7 +73,7 @@ from slime_harbor.filters import apply_limit_filters, drop_zero_std_groups, mask
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.canaries import canary_counts
-from slime_harbor.trial_setup import discover_tasks
+from slime_harbor.tasks.task_dir import discover_tasks
 from slime_harbor.trainers.async_loop import train_async
 from slime_harbor.trainers.evaluate import evaluation
 from slime_harbor.samples import TrainingSample, read_jsonl, write_jsonl

@@ -262,7 +262,7 @@ def resolve_device(device: str) -> str:
 
 def check_canaries(cfg: LocalTrainConfig) -> None:
     from slime_harbor.canaries import is_canary
-    from slime_harbor.trial_setup import discover_tasks
+    from slime_harbor.tasks.task_dir import discover_tasks
 
     if not 0 < cfg.canary_share <= 1:
         raise ConfigError(f"canary_share must be in (0, 1], got {cfg.canary_share}")
