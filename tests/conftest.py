@@ -10,6 +10,23 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import pytest
 
 
+def served(model_dir):
+    """Yields the base URL (http://127.0.0.1:PORT) of an embedded policy server on `model_dir`,
+    stopped when the fixture ends: every server fixture below is one of these."""
+    from slime_harbor.policy.server import EmbeddedPolicyServer
+
+    with EmbeddedPolicyServer(model_dir) as server:
+        yield server.url
+
+
+def trainer_view(model_dir):
+    """The model in fp32, eval mode: the trainer's view, for recomputing logprobs (read-only)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """The tiny Qwen3 policy (weights, tokenizer, chat template), built once per test session."""
@@ -24,13 +41,7 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture
 def policy_server(tiny_model_dir):
     """Base URL (http://127.0.0.1:PORT) of an embedded policy server on the tiny model."""
-    from slime_harbor.policy.server import EmbeddedPolicyServer
-
-    server = EmbeddedPolicyServer(tiny_model_dir)
-    try:
-        yield server.url
-    finally:
-        server.stop()
+    yield from served(tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +54,9 @@ def tokenizer(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def model(tiny_model_dir):
-    """The tiny model in fp32, eval mode: the trainer's view, for recomputing logprobs. One per
-    module, and read-only (a module that trains a model overrides this with its own copy)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    """The tiny model, the trainer's view. One per module, and read-only (a module that trains a
+    model overrides this with its own copy)."""
+    return trainer_view(tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
@@ -83,18 +91,12 @@ def responsive_model_dir(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def responsive_server(responsive_model_dir):
-    from slime_harbor.policy.server import EmbeddedPolicyServer
-
-    with EmbeddedPolicyServer(responsive_model_dir) as server:
-        yield server.url
+    yield from served(responsive_model_dir)
 
 
 @pytest.fixture(scope="module")
 def hf_model(responsive_model_dir):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(responsive_model_dir, dtype=torch.float32).eval()
+    return trainer_view(responsive_model_dir)
 
 
 @pytest.fixture(scope="module")
@@ -126,24 +128,15 @@ def tool_model_dir(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tool_server(tool_model_dir):
-    from slime_harbor.policy.server import EmbeddedPolicyServer
-
-    with EmbeddedPolicyServer(tool_model_dir) as server:
-        yield server.url
+    yield from served(tool_model_dir)
 
 
 @pytest.fixture(scope="module")
 def tool_model(tool_model_dir):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tool_model_dir, dtype=torch.float32).eval()
+    return trainer_view(tool_model_dir)
 
 
 @pytest.fixture(scope="module")
 def base_server(tiny_model_dir):
     """The untrained tiny model: it rarely ends a turn, so its replies run to max_tokens."""
-    from slime_harbor.policy.server import EmbeddedPolicyServer
-
-    with EmbeddedPolicyServer(tiny_model_dir) as server:
-        yield server.url
+    yield from served(tiny_model_dir)
