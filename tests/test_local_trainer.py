@@ -48,6 +48,28 @@ def trained_run(tiny_model_dir, tmp_path_factory):
     return out, summary
 
 
+def test_loading_lora_adapters_prints_no_third_party_warning(trained_run, tiny_model_dir):
+    """peft reads transformers' deprecated is_gradient_checkpointing when it wraps a model, which
+    printed a FutureWarning into train-local's and the demo's output; fresh adapters, a checkpoint's
+    and the engine's loaded adapter each load without one."""
+    import warnings
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from slime_harbor.policy.engine import SamplingEngine
+
+    out, _ = trained_run
+    cfg = run_config(tiny_model_dir, out)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Policy.load(cfg, str(tiny_model_dir), "cpu")
+        Policy.load(cfg, str(tiny_model_dir), "cpu", checkpoint=out / "checkpoint_2")
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        with SamplingEngine(base, AutoTokenizer.from_pretrained(tiny_model_dir)) as engine:
+            engine.load_lora_adapter("step_2", str(out / "checkpoint_2"))
+    assert [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))] == []
+
+
 @pytest.mark.slow
 def test_run_writes_metrics_checkpoints_and_final(trained_run):
     out, summary = trained_run

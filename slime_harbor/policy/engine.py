@@ -52,6 +52,7 @@ import torch
 # The decode loop's tensors (the running batch, truncated sampling) live in decode.py.
 from slime_harbor.policy.decode import Batch, cache_tensors, eos_token_ids, sample_tokens, Truncation
 from slime_harbor.policy.sampling import Generation, SamplingParams
+from slime_harbor.policy.weights import peft_quietly
 
 
 def _cache_argument() -> str:
@@ -298,7 +299,7 @@ class SamplingEngine:
 
         if name in self.lora_adapters:
             raise ValueError(f"a LoRA adapter named {name!r} is already loaded")
-        with self.paused():
+        with self.paused(), peft_quietly():
             if isinstance(self.model, PeftModel):
                 self.model.load_adapter(path, adapter_name=name)
             else:

@@ -22,9 +22,11 @@ shared mount at the same path). SGLang serves LoRA only when started with --enab
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import shutil
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +34,18 @@ import httpx
 
 
 MODES = ("auto", "lora", "disk", "none")
+
+
+@contextlib.contextmanager
+def peft_quietly():
+    """Around a peft call that wraps a model in LoRA adapters (get_peft_model, PeftModel's
+    from_pretrained / load_adapter): peft's PeftModel reads transformers' deprecated
+    ``is_gradient_checkpointing``, which prints a FutureWarning into the CLI's output once per
+    process (peft 0.18 with transformers 5.x). Only that warning, only there, is silenced: the
+    code is peft's, and it reads the same value as the new name."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
 
 
 class WeightSyncError(RuntimeError):

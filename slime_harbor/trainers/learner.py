@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from slime_harbor.grpo import episode_advantages, grpo_loss, masked_mean, rft_loss
+from slime_harbor.policy.weights import peft_quietly
 from slime_harbor.samples import TrainingSample
 from slime_harbor.trainers.local_config import TRAINER_STATE, LocalTrainConfig
 
@@ -109,13 +110,12 @@ class Policy:
         if cfg.lora:
             from peft import LoraConfig, PeftModel, get_peft_model
 
-            if checkpoint is not None:
-                model = PeftModel.from_pretrained(base, checkpoint, is_trainable=True)
-            else:
-                # lora_dropout 0: the trained forward pass must be the one the engine sampled with.
-                lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
-                                  target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")
-                model = get_peft_model(base, lora)
+            # lora_dropout 0: the trained forward pass must be the one the engine sampled with.
+            lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
+                              target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")
+            with peft_quietly():
+                model = (PeftModel.from_pretrained(base, checkpoint, is_trainable=True) if checkpoint is not None
+                         else get_peft_model(base, lora))
             reference = None
         else:
             model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).to(device) if checkpoint else base
