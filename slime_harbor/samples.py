@@ -183,30 +183,3 @@ def write_jsonl(path, samples: list[TrainingSample]) -> None:
 def read_jsonl(path) -> list[TrainingSample]:
     with open(path) as f:
         return [TrainingSample.from_dict(json.loads(line)) for line in f if line.strip()]
-
-
-@dataclass
-class Episode:
-    """What one trial produced."""
-
-    task_name: str
-    group_index: int
-    index: int
-    status: SampleStatus
-    reward: float | None
-    samples: list[TrainingSample]
-    seconds: float
-    trial_dir: str | None = None
-    error: str | None = None
-
-    def retries_spent(self, why: str) -> None:
-        """An aborted episode that will not run again (its task's retry budget is spent): FAILED,
-        which nothing retries, with `why` before the abort's own reason. Its status stays what
-        converter.episode_end decided otherwise: only the retry policy, which the episode cannot
-        know, changes."""
-        assert self.status == SampleStatus.ABORTED, self.status
-        self.status = SampleStatus.FAILED
-        for segment in self.samples:
-            segment.status = SampleStatus.FAILED
-            segment.metadata["status_reason"] = f"{why}; last: {segment.metadata.get('status_reason')}"
-            segment.metadata["retry_budget_spent"] = True
