@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slime_harbor import terminus2
-from slime_harbor.samples import SCORED_STATUSES, SampleStatus, TrainingSample, top_p_offsets_ok
+from slime_harbor.samples import SampleStatus, TrainingSample, is_scored, top_p_offsets_ok
 
 # Transient infrastructure failures: the policy is not to blame and a new trial may well succeed
 # (sandbox start, policy server unreachable, cancellation). Status ABORTED: never trained, and the
@@ -304,12 +304,7 @@ class Episode:
     @property
     def scored(self) -> bool:
         """The verifier scored the episode: its reward is trained and counted."""
-        return self.end.status in SCORED_STATUSES and self.reward is not None
-
-    @property
-    def key(self) -> tuple:
-        """The episode's key, as samples.episode_key reads it from any of its samples."""
-        return self.group_index, self.rollout_id if self.rollout_id is not None else self.index
+        return is_scored(self)
 
     @property
     def error(self) -> str | None:
@@ -331,12 +326,9 @@ class Episode:
         episode_end decided otherwise: only the retry policy, which the episode cannot know,
         changes."""
         assert self.end.status == SampleStatus.ABORTED, self.end.status
-        self._outcome_open()
+        assert "samples" not in self.__dict__, "the episode's samples were built already; change the episode first"
         self.end = dataclasses.replace(self.end, status=SampleStatus.FAILED, why=f"{why}; last: {self.end.why}")
         self.metadata["retry_budget_spent"] = True
-
-    def _outcome_open(self) -> None:
-        assert "samples" not in self.__dict__, "the episode's samples were built already; change the episode first"
 
     def ended_metadata(self) -> dict[str, Any]:
         """The metadata every sample of the episode carries: `metadata` and how it ended."""
