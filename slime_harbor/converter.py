@@ -24,12 +24,13 @@ segments the same rollout_id, and count the drift.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 from slime_harbor import terminus2
-from slime_harbor.samples import SCORED_STATUSES, SampleStatus, TrainingSample, top_p_offsets_ok
+from slime_harbor.samples import SampleStatus, TrainingSample, is_scored, top_p_offsets_ok
 
 # Transient infrastructure failures: the policy is not to blame and a new trial may well succeed
 # (sandbox start, policy server unreachable, cancellation). Status ABORTED: never trained, and the
@@ -78,6 +79,11 @@ class Segment:
     turns: list[int] = field(default_factory=list)
     top_p_ids: list[int] | None = None
     top_p_offsets: list[int] | None = None
+    weight_versions: list[str] = field(default_factory=list)
+    """One entry per model call, as SLiME's Sample.weight_versions (strings); empty where unknown."""
+    prompt: str = ""
+    response: str = ""
+    """The decoded text, where a tokenizer was at hand."""
 
     def extend(
         self,
@@ -215,9 +221,9 @@ def agent_exit_status(result) -> str | None:
 
 @dataclass(frozen=True)
 class EpisodeEnd:
-    """How an episode ended, decided once (:func:`episode_end`) and read by everything after: the
-    converter's samples, the filters (``metadata["exit_status"]``), the SLiME hook's retries and
-    the summaries."""
+    """How an episode ended, decided once (:func:`episode_end`), held by its :class:`Episode` and
+    read from there by everything after: the episode's samples, the filters (``metadata["exit_status"]``),
+    the rollout's environment-start retry, the SLiME hook's retries and the summaries."""
 
     status: SampleStatus
     reward: float | None
@@ -270,7 +276,99 @@ def episode_end(result, gateway_exit: str | None = None) -> EpisodeEnd:
     return end(SampleStatus.COMPLETED, exit_status or "completed", scored=True)
 
 
-def trial_to_samples(
+@dataclass
+class Episode:
+    """What one trial produced, the one owner of its outcome: how it ended (`end`), the reward it
+    trains on, its segments' tokens and what is known about it (`metadata`, written once). The
+    training samples (`samples`) are built from it once, when it leaves for SLiME or JSONL; until
+    then the retry policy and the hack monitor change the episode, never a sample."""
+
+    task_name: str
+    group_index: int
+    index: int
+    end: EpisodeEnd
+    reward: float | None
+    """The reward trained on (reward_mapping applied, a hack penalty too); None unless scored."""
+    segments: list[Segment] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Everything else known about the episode (trial_dir, agent, turns, raw_rewards, tampering,
+    gateway stats, drift, hack flags, env_start_attempts, ...): every sample carries it, with how
+    the episode ended (exit_status, status_reason)."""
+    rollout_id: int | None = None
+    seconds: float = 0.0
+
+    @property
+    def status(self) -> SampleStatus:
+        return self.end.status
+
+    @property
+    def scored(self) -> bool:
+        """The verifier scored the episode: its reward is trained and counted."""
+        return is_scored(self)
+
+    @property
+    def error(self) -> str | None:
+        """Why the episode was not scored; None when it was."""
+        return None if self.scored else self.end.why
+
+    @property
+    def trial_dir(self) -> str | None:
+        return self.metadata.get("trial_dir")
+
+    @property
+    def removed(self) -> bool:
+        """Out of training: not scored, nothing sampled, or masked (the hack monitor's screen)."""
+        return not self.scored or not self.segments or "masked_by" in self.metadata
+
+    def retries_spent(self, why: str) -> None:
+        """An aborted episode that will not run again (its task's retry budget is spent): FAILED,
+        which nothing retries, with `why` before the abort's own reason. Its end stays what
+        episode_end decided otherwise: only the retry policy, which the episode cannot know,
+        changes."""
+        assert self.end.status == SampleStatus.ABORTED, self.end.status
+        assert "samples" not in self.__dict__, "the episode's samples were built already; change the episode first"
+        self.end = dataclasses.replace(self.end, status=SampleStatus.FAILED, why=f"{why}; last: {self.end.why}")
+        self.metadata["retry_budget_spent"] = True
+
+    def ended_metadata(self) -> dict[str, Any]:
+        """The metadata every sample of the episode carries: `metadata` and how it ended."""
+        metadata = {**self.metadata, "exit_status": self.end.exit_status, "status_reason": self.end.why}
+        if self.end.environment_start_failed:
+            metadata["environment_start_failed"] = True
+        return metadata
+
+    @functools.cached_property
+    def samples(self) -> list[TrainingSample]:
+        """The episode as training samples, one per segment (one without tokens where it has
+        none), all with its rollout_id, reward, status and metadata. Built once, on first use."""
+        common = dict(reward=self.reward, status=self.status, group_index=self.group_index, index=self.index,
+                      rollout_id=self.rollout_id if self.rollout_id is not None else self.index,
+                      remove_sample=self.removed)
+        metadata = self.ended_metadata()
+        if not self.segments:
+            # Agents that record no tokens (oracle, nop, a crash before the first turn) still report
+            # their reward and status; there is nothing to train on.
+            return [TrainingSample(tokens=[], response_length=0, loss_mask=[], rollout_log_probs=[], **common,
+                                   metadata={**metadata, "segment": 0, "no_tokens": True})]
+        return [
+            TrainingSample(
+                tokens=seg.prompt_ids + seg.response_ids,
+                response_length=len(seg.response_ids),
+                loss_mask=seg.loss_mask,
+                rollout_log_probs=seg.logprobs,
+                prompt=seg.prompt,
+                response=seg.response,
+                **common,
+                metadata={**metadata, "segment": k, "turn_indices": seg.turns},
+                weight_versions=seg.weight_versions,
+                rollout_top_p_token_ids=seg.top_p_ids,
+                rollout_top_p_token_offsets=seg.top_p_offsets,
+            )
+            for k, seg in enumerate(self.segments)
+        ]
+
+
+def trial_to_episode(
     result,
     *,
     group_index: int | None = None,
@@ -279,17 +377,17 @@ def trial_to_samples(
     tokenizer=None,
     reward_mapping: str = "raw",
     recorded=None,
-) -> list[TrainingSample]:
-    """Convert one Harbor TrialResult to training samples (several if the tokens drifted).
+) -> Episode:
+    """Convert one Harbor TrialResult to an Episode (several segments if the tokens drifted).
 
     reward_mapping: "raw" keeps the verifier's reward; "pm1" maps reward r in [0, 1] to 2r - 1.
-    Infra failures carry remove_sample=True and reward None; they are never trained.
+    Infra failures carry reward None; they are never trained.
     recorded: the model gateway's session of the trial (anything with rollout_details(),
     exit_reason and stats, e.g. a GatewaySession): its branches replace the agent's own
     rollout_details, one segment (or more) per branch, all with the episode's rollout_id.
     """
     ended = episode_end(result, gateway_exit=recorded.exit_reason if recorded is not None else None)
-    status, reward = ended.status, ended.reward
+    reward = ended.reward
     tokenizer = tokenizer if tokenizer is not None else agent_tokenizer(result)
     agent_result = result.agent_result
     # One owner of the episode's tokens: the gateway's recording where the agent's calls went
@@ -298,20 +396,21 @@ def trial_to_samples(
     details = recorded.rollout_details() if recorded is not None else []
     if not details and not (recorded is not None and recorded.stats.get("calls")):
         details = ((agent_result.rollout_details if agent_result else None) or [])[:1]
-    segments, drift, weight_versions = [], 0, []
+    segments, drift = [], 0
     for detail in details:
         branch_segments, branch_drift = split_into_segments(detail)
         versions = (detail.get("extra") or {}).get("weight_version")
+        for seg in branch_segments:
+            if versions:  # one entry per model call of the segment, as SLiME's Sample.weight_versions
+                seg.weight_versions = [str(versions[t]) for t in seg.turns if versions[t] is not None]
+            if tokenizer:
+                seg.prompt, seg.response = tokenizer.decode(seg.prompt_ids), tokenizer.decode(seg.response_ids)
         segments += branch_segments
         drift += branch_drift
-        # one entry per model call of the segment, as SLiME's Sample.weight_versions (strings)
-        weight_versions += [[str(versions[t]) for t in seg.turns if versions[t] is not None] if versions else []
-                            for seg in branch_segments]
     if reward is not None and reward_mapping == "pm1":
         reward = 2.0 * reward - 1.0
     elif reward_mapping not in ("raw", "pm1"):
         raise ValueError(f"unknown reward_mapping {reward_mapping!r} (use 'raw' or 'pm1')")
-    removed = status not in SCORED_STATUSES or not segments
     metadata = {
         "task_name": result.task_name,
         "trial_name": result.trial_name,
@@ -319,57 +418,26 @@ def trial_to_samples(
         "raw_rewards": result.verifier_result.rewards if result.verifier_result else None,
         "agent": result.agent_info.name if result.agent_info else None,
         "turns": (agent_result.metadata or {}).get("turns") if agent_result else None,
-        "exit_status": ended.exit_status,  # filters.py reads the limits here
         "exception_type": result.exception_info.exception_type if result.exception_info else None,
         # Per turn: "stop", or "length" where the turn hit the max-new-token limit (filters.py).
         "finish_reasons": ([r for d in details for r in (d.get("extra") or {}).get("finish_reason") or []]
                            if details else None),
-        "status_reason": ended.why,
         "tampering": tampering_kinds(result.verifier_result.rewards if result.verifier_result else None),
         "drift_count": drift,
         "n_segments": len(segments),
     }
-    if ended.environment_start_failed:
-        metadata["environment_start_failed"] = True
     if recorded is not None:
         metadata["n_branches"] = len(details)
         metadata["gateway"] = {**recorded.stats, "exit_reason": recorded.exit_reason}
         if metadata["turns"] is None:
             metadata["turns"] = sum(len(d["completion_token_ids"]) for d in details)
-    if not segments:
-        # Agents that record no tokens (oracle, nop, a crash before the first turn) still report
-        # their reward and status; there is nothing to train on.
-        return [
-            TrainingSample(
-                tokens=[], response_length=0, loss_mask=[], rollout_log_probs=[],
-                reward=reward, status=status, group_index=group_index, index=index,
-                rollout_id=rollout_id if rollout_id is not None else index, remove_sample=True,
-                metadata={**metadata, "segment": 0, "no_tokens": True},
-            )
-        ]
-    samples = []
-    for k, seg in enumerate(segments):
-        samples.append(
-            TrainingSample(
-                tokens=seg.prompt_ids + seg.response_ids,
-                response_length=len(seg.response_ids),
-                loss_mask=seg.loss_mask,
-                rollout_log_probs=seg.logprobs,
-                reward=reward,
-                status=status,
-                prompt=tokenizer.decode(seg.prompt_ids) if tokenizer else "",
-                response=tokenizer.decode(seg.response_ids) if tokenizer else "",
-                group_index=group_index,
-                index=index,
-                rollout_id=rollout_id if rollout_id is not None else index,
-                remove_sample=removed,
-                metadata={**metadata, "segment": k, "turn_indices": seg.turns},
-                weight_versions=weight_versions[k],
-                rollout_top_p_token_ids=seg.top_p_ids,
-                rollout_top_p_token_offsets=seg.top_p_offsets,
-            )
-        )
-    return samples
+    return Episode(task_name=result.task_name, group_index=group_index, index=index, end=ended, reward=reward,
+                   segments=segments, metadata=metadata, rollout_id=rollout_id)
+
+
+def trial_to_samples(result, **kwargs) -> list[TrainingSample]:
+    """The training samples of one Harbor TrialResult (trial_to_episode's arguments)."""
+    return trial_to_episode(result, **kwargs).samples
 
 
 def agent_tokenizer(result):

@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from slime_harbor.samples import episode_key, is_scored
+from slime_harbor.samples import episode_key
 from slime_harbor.tasks.task_dir import task_workdir
 
 
@@ -829,28 +829,25 @@ def failure_reward(reward_mapping: str) -> float:
     return -1.0 if reward_mapping == "pm1" else 0.0
 
 
-def apply_hack_action(samples, flags: list[HackFlag], action: str, reward_mapping: str) -> None:
-    """Record `flags` on every segment of the episode (metadata hack_flags: detector names;
+def apply_hack_action(episode, flags: list[HackFlag], action: str, reward_mapping: str) -> None:
+    """Record `flags` on the episode (converter.Episode; metadata hack_flags: detector names;
     hack_details: one line each) and act on them. Only a scored episode is penalised or screened
     (an infrastructure failure is out of training already)."""
-    from slime_harbor.filters import mask
-
     if action not in HACK_ACTIONS:
         raise ValueError(f"hack_action must be one of {', '.join(HACK_ACTIONS)}, got {action!r}")
     # A detector that failed (an unreachable judge) is recorded, never acted on: a monitor's own
     # failure must not score or screen an episode.
     names = sorted({f.detector for f in flags if f.detector != DETECTOR_ERROR})
-    for s in samples:
-        s.metadata = {**(s.metadata or {}), "hack_flags": names}
-        if flags:
-            s.metadata["hack_details"] = [f"{f.detector}: {f.detail}" for f in flags]
-        if not names or not is_scored(s) or action == "flag":
-            continue
-        if action == "penalty":
-            s.metadata["reward_before_hack_penalty"] = s.reward
-            s.reward = failure_reward(reward_mapping)
-        elif not s.remove_sample:
-            mask(s, "hack")
+    episode.metadata["hack_flags"] = names
+    if flags:
+        episode.metadata["hack_details"] = [f"{f.detector}: {f.detail}" for f in flags]
+    if not names or not episode.scored or action == "flag":
+        return
+    if action == "penalty":
+        episode.metadata["reward_before_hack_penalty"] = episode.reward
+        episode.reward = failure_reward(reward_mapping)
+    elif not episode.removed:
+        episode.metadata["masked_by"] = "hack"  # filters.mask's mark, on the episode its samples are built from
 
 
 VIEWER_KEY = "slime-harbor hack monitor"

@@ -35,7 +35,7 @@ from slime_harbor.samples import SampleStatus
 if TYPE_CHECKING:
     from harbor.models.trial.result import TrialResult
 
-    from slime_harbor.samples import Episode
+    from slime_harbor.converter import Episode
     from slime_harbor.trial_setup import RolloutConfig
 
 CONFIG_FILE = "config.json"
@@ -88,7 +88,7 @@ class HarborJob:
 
         from harbor.models.trial.config import TrialConfig
 
-        from slime_harbor.samples import Episode, read_jsonl
+        from slime_harbor.samples import read_jsonl
         from slime_harbor.trial_setup import RolloutConfig
 
         out = Path(out)
@@ -102,10 +102,7 @@ class HarborJob:
         for sample in read_jsonl(out / "samples.jsonl") if (out / "samples.jsonl").is_file() else []:
             trial_dir = sample.metadata.get("trial_dir")
             if sample.metadata.get("segment", 0) == 0 and trial_dir and Path(trial_dir).is_dir():
-                mark_verdict(Path(trial_dir), Episode(
-                    task_name=sample.metadata.get("task_name", ""), group_index=sample.group_index or 0,
-                    index=sample.index or 0, status=sample.status, reward=sample.reward, samples=[], seconds=0.0,
-                    trial_dir=trial_dir, error=sample.metadata.get("status_reason")))
+                mark_verdict(Path(trial_dir), sample.status, sample.metadata.get("status_reason"))
         job.finish(interrupted=bool(saved.get("interrupted")))
         # The run's own times, not the backfill's: its first trial's start, its last trial's end.
         results = [r for r in job.trial_results_on_disk() if r.started_at]
@@ -127,7 +124,7 @@ class HarborJob:
     def trial_finished(self, episode: Episode) -> None:
         """Count one ended trial (its result.json, with our verdict added where Harbor has none)."""
         self.running -= 1
-        result = mark_verdict(Path(episode.trial_dir), episode) if episode.trial_dir else None
+        result = mark_verdict(Path(episode.trial_dir), episode.status, episode.error) if episode.trial_dir else None
         stats = self.result.stats
         if result is None:  # the trial was never created (the Episode says why)
             stats.n_completed_trials += 1
@@ -183,21 +180,22 @@ class HarborJob:
         tmp.replace(self.job_dir / RESULT_FILE)
 
 
-def mark_verdict(trial_dir: Path, episode: Episode) -> TrialResult | None:
-    """The trial's TrialResult; an aborted / failed episode without an exception in it gets ours
-    written into its result.json, so the viewer shows it as an error with the reason."""
+def mark_verdict(trial_dir: Path, status: SampleStatus, why: str | None) -> TrialResult | None:
+    """The trial's TrialResult; an episode that ended aborted / failed (`status`, for the reason
+    `why`) without an exception in it gets ours written into its result.json, so the viewer shows
+    it as an error with the reason."""
     from harbor.models.trial.result import ExceptionInfo, TrialResult
 
     path = trial_dir / RESULT_FILE
     if not path.is_file():
         return None
     result = TrialResult.model_validate_json(path.read_text())
-    if episode.status not in VERDICT_EXCEPTION:
+    if status not in VERDICT_EXCEPTION:
         return result
-    verdict = (f"slime-harbor: {episode.status.value}: {episode.error or 'no reason recorded'} "
+    verdict = (f"slime-harbor: {status.value}: {why or 'no reason recorded'} "
                f"(the sample is removed, not trained)")
     if result.exception_info is None:
-        result.exception_info = ExceptionInfo(exception_type=VERDICT_EXCEPTION[episode.status],
+        result.exception_info = ExceptionInfo(exception_type=VERDICT_EXCEPTION[status],
                                               exception_message=verdict, exception_traceback="", occurred_at=_now())
         path.write_text(result.model_dump_json(indent=4))
     # The viewer's Exception tab shows exception.txt: our verdict first, then Harbor's traceback.

@@ -83,12 +83,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slime_harbor.converter import Episode
 from slime_harbor.exits import ConfigError
 from slime_harbor.filters import TrajectoryFilters, apply_limit_filters, mask_stale
 from slime_harbor.grpo import episode_advantages
 from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
 from slime_harbor.trial_setup import RolloutConfig, check_agent, uses_gateway, with_engine
-from slime_harbor.samples import SCORED_STATUSES, SampleStatus, TrainingSample
+from slime_harbor.samples import SampleStatus
 
 DEFAULTS = {
     "harbor_agent": "native",
@@ -493,25 +494,25 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
             retries += 1
             log.warning("task %s: transient failure (%s); rerun %d", task_dir.name, episode.error, retries)
             await asyncio.sleep(float(setting(args, "harbor_retry_backoff_sec")))
+    episode.metadata["harbor_retries"] = retries
     if not evaluation:
         for reason, n in apply_limit_filters(episode.samples, filters).items():
             METRICS[f"masked/{reason}"] += n
-    return to_slime_samples(sample, episode.samples, top_p_ids=top_p_ids, harbor_retries=retries)
+    return to_slime_samples(sample, episode, top_p_ids=top_p_ids)
 
 
-def to_slime_samples(sample, segments: list[TrainingSample], top_p_ids: bool = False, **metadata) -> list:
-    """Fill SLiME's sample with our result; an episode's further segments become new Samples of its class."""
+def to_slime_samples(sample, episode: Episode, top_p_ids: bool = False) -> list:
+    """Fill SLiME's sample with the episode's samples; its further segments become new Samples of its class."""
     Sample = type(sample)
-    first = segments[0]
-    if first.response_length == 0:  # nothing the policy sampled (infra failure, agent crashed first)
-        if first.status in SCORED_STATUSES:
+    segments = episode.samples
+    if segments[0].response_length == 0:  # nothing the policy sampled (infra failure, agent crashed first)
+        if episode.scored:
             # The trial ran, but the agent sampled nothing (it crashed or quit before its first
             # call). Counted, never trained.
             METRICS["no_tokens"] += 1
             log.warning("%s: a finished trial recorded no token ids (agent %s); the sample is removed",
-                        first.metadata.get("task_name"), first.metadata.get("agent"))
-        return _placeholder(sample, first.status, first.metadata.get("status_reason", "no tokens"), top_p_ids,
-                            **{**first.metadata, **metadata})
+                        episode.metadata.get("task_name"), episode.metadata.get("agent"))
+        return _placeholder(sample, episode.status, episode.end.why, top_p_ids, **segments[0].metadata)
     rollout_id = _rollout_id(sample)
     out = []
     for k, segment in enumerate(segments):
@@ -520,7 +521,6 @@ def to_slime_samples(sample, segments: list[TrainingSample], top_p_ids: bool = F
                                               metadata=dict(sample.metadata or {}))
         segment.rollout_id = rollout_id
         segment.prompt = ""  # keep SLiME's own prompt (the task instruction)
-        segment.metadata.update(metadata)
         target.rollout_top_p_token_ids = target.rollout_top_p_token_offsets = None  # none left from a reused sample
         s = segment.to_slime(target)
         if top_p_ids and (getattr(s, "rollout_top_p_token_ids", None) is None
@@ -528,13 +528,13 @@ def to_slime_samples(sample, segments: list[TrainingSample], top_p_ids: bool = F
             raise HookConfigError("--rollout-top-p < 1 but the policy server returned no top-p token ids "
                                   "(serve the policy with SLiME's SGLang patch)")
         out.append(s)
-    _count(first.status)
-    for kind in first.metadata.get("tampering") or []:  # the grader caught tampering (scored 0)
+    _count(episode.status)
+    for kind in episode.metadata.get("tampering") or []:  # the grader caught tampering (scored 0)
         METRICS[f"tampering/{kind}"] += 1
-    if "hack_flags" in first.metadata:  # the hack monitor's (hack_rate = hack/flagged_episodes / hack/monitored)
+    if "hack_flags" in episode.metadata:  # the hack monitor's (hack_rate = hack/flagged_episodes / hack/monitored)
         METRICS["hack/monitored"] += 1
-        METRICS["hack/flagged_episodes"] += bool(first.metadata["hack_flags"])
-        for detector in first.metadata["hack_flags"]:
+        METRICS["hack/flagged_episodes"] += bool(episode.metadata["hack_flags"])
+        for detector in episode.metadata["hack_flags"]:
             METRICS[f"hack/{detector}"] += 1
     return out
 

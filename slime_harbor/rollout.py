@@ -35,12 +35,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from slime_harbor.converter import trial_to_samples
+from slime_harbor.converter import Episode, EpisodeEnd, trial_to_episode
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.hack_monitor import HackWatch, apply_hack_action, hack_counts, show_in_viewer
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.isolation import isolate_shared_verifier
-from slime_harbor.samples import Episode, SampleStatus, TrainingSample, is_scored
+from slime_harbor.samples import SampleStatus
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.trial_setup import (
     agent_config, check_config, environment_config, gateway_step_limit, hard_timeout_sec, install_agents_first,
@@ -62,7 +62,7 @@ async def run_episode(
     """Run one Harbor Trial of `task_path` and convert it. Never raises for trial failures:
     they come back as an Episode with status aborted (transient) / failed (permanent);
     cancellation still propagates. An environment that fails to start is retried
-    cfg.env_start_retries times with backoff; `metadata["env_start_attempts"]` says how often.
+    cfg.env_start_retries times with backoff; the episode's `metadata["env_start_attempts"]` says how often.
 
     A gateway agent samples through `gateway` (a started slime_harbor.gateway.Gateway), one session
     per trial; without one, the episode starts its own and closes it when it ends."""
@@ -76,15 +76,14 @@ async def run_episode(
         attempts += 1
         episode = await _run_trial_once(task_path, cfg, group_index=group_index, index=index,
                                         trials_dir=trials_dir, tokenizer=tokenizer, started=started, gateway=gateway)
-        retry = episode.samples[0].metadata.get("environment_start_failed") and attempts <= cfg.env_start_retries
+        retry = episode.end.environment_start_failed and attempts <= cfg.env_start_retries
         if not retry:
             break
         delay = cfg.env_start_backoff_sec * 2 ** (attempts - 1)
         log.warning("environment of %s failed to start (attempt %d): %s; retrying in %.1fs",
                     Path(task_path).name, attempts, episode.error, delay)
         await asyncio.sleep(delay)
-    for s in episode.samples:
-        s.metadata["env_start_attempts"] = attempts
+    episode.metadata["env_start_attempts"] = attempts
     return episode
 
 
@@ -176,27 +175,23 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
         except Exception as exc:  # the trial could not even be created (malformed task dir, bad config): permanent
             log.warning("trial for %s failed before running: %s", task_path.name, exc)
             return Episode(
-                task_name=task_path.name, group_index=group_index, index=index, status=SampleStatus.FAILED,
-                reward=None, samples=[_failed_sample(task_path.name, group_index, index, exc)],
-                seconds=time.monotonic() - started, error=f"{type(exc).__name__}: {exc}",
+                task_name=task_path.name, group_index=group_index, index=index,
+                end=EpisodeEnd(SampleStatus.FAILED, None, None, f"{type(exc).__name__}: {exc}"), reward=None,
+                metadata={"task_name": task_path.name, "exception_type": type(exc).__name__}, seconds=time.monotonic() - started,
             )
     finally:  # ended, failed or cancelled: in-flight calls are aborted and the recording flushed
         if session is not None:
             await _close_session(gateway, trial_name)
-    samples = trial_to_samples(
+    episode = trial_to_episode(
         result, group_index=group_index, index=index, tokenizer=tokenizer, reward_mapping=cfg.reward_mapping,
         **({"recorded": session} if session is not None else {}),
     )
+    episode.task_name = task_path.name  # the task dir's name, which Harbor's own task name need not be
     flags = await asyncio.to_thread(watch.flags)
-    apply_hack_action(samples, flags, cfg.hack_action, cfg.reward_mapping)
-    show_in_viewer(samples[0].metadata.get("trial_dir"), flags, cfg.hack_action)
-    first = samples[0]
-    return Episode(
-        task_name=task_path.name, group_index=group_index, index=index, status=first.status,
-        reward=first.reward if is_scored(first) else None,
-        samples=samples, seconds=time.monotonic() - started, trial_dir=first.metadata.get("trial_dir"),
-        error=None if is_scored(first) else first.metadata.get("status_reason"),
-    )
+    apply_hack_action(episode, flags, cfg.hack_action, cfg.reward_mapping)
+    show_in_viewer(episode.trial_dir, flags, cfg.hack_action)
+    episode.seconds = time.monotonic() - started
+    return episode
 
 
 async def _close_session(gateway, session_id: str) -> None:
@@ -227,14 +222,6 @@ async def _finish_environment_stop(trial) -> None:
         log.warning("stopping the environment of %s failed: %s", trial.config.trial_name, stop.exception())
     if cancelled is not None:
         raise cancelled
-
-
-def _failed_sample(task_name: str, group_index: int, index: int, exc: BaseException) -> TrainingSample:
-    return TrainingSample(
-        tokens=[], response_length=0, loss_mask=[], rollout_log_probs=[], reward=None,
-        status=SampleStatus.FAILED, group_index=group_index, index=index, rollout_id=index, remove_sample=True,
-        metadata={"task_name": task_name, "exception_type": type(exc).__name__, "status_reason": str(exc), "no_tokens": True},
-    )
 
 
 def load_tokenizer(model_dir: str | None):
@@ -302,7 +289,7 @@ async def _run_all(cfg: RolloutConfig, tasks: list[Path], out: Path, job: Harbor
 
 def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, interrupted: bool = False) -> dict[str, Any]:
     statuses = Counter(e.status.value for e in episodes)
-    scored = [e for e in episodes if e.reward is not None]
+    scored = [e for e in episodes if e.scored]
     per_task: dict[str, list[float | None]] = defaultdict(list)
     for e in sorted(episodes, key=lambda e: e.index):
         per_task[e.task_name].append(e.reward)
@@ -318,10 +305,10 @@ def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, inter
         "n_trainable_samples": sum(not s.remove_sample for s in samples),
         # episodes that became several segments (samples sharing a rollout_id): a gateway agent's
         # branches (its history re-sent differently) or the native agent's token drift
-        "split_episodes": sum(len([s for s in e.samples if s.response_length]) > 1 for e in episodes),
-        "drift_count": sum(s.metadata.get("drift_count", 0) for e in episodes for s in e.samples[:1]),
+        "split_episodes": sum(len([s for s in e.segments if s.response_ids]) > 1 for e in episodes),
+        "drift_count": sum(e.metadata.get("drift_count", 0) for e in episodes),
         # episodes whose grader detected tampering (scored 0), by kind
-        "tampering_counts": dict(Counter(k for e in episodes for k in (e.samples[0].metadata.get("tampering") or []))),
+        "tampering_counts": dict(Counter(k for e in episodes for k in (e.metadata.get("tampering") or []))),
         **hack_counts(samples),
         "errors": {f"{e.task_name}#{e.index}": e.error for e in episodes if e.error},
         "wall_seconds": round(seconds, 2),
@@ -344,7 +331,7 @@ class _Progress:
 
     def update(self, episode: Episode) -> None:
         self.done += 1
-        if episode.reward is None:
+        if not episode.scored:
             self.failed += 1
         else:
             self.rewards.append(episode.reward)

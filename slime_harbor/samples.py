@@ -53,7 +53,8 @@ counted. The others (aborted, failed) carry no reward and remove_sample=True."""
 
 
 def is_scored(sample) -> bool:
-    """Whether the sample's episode was scored by the verifier (SLiME's Sample too: same values)."""
+    """Whether the episode was scored by the verifier: a converter.Episode, or any sample of one
+    (ours read back from JSONL, SLiME's Sample: same values)."""
     return SampleStatus(getattr(sample.status, "value", sample.status)) in SCORED_STATUSES and sample.reward is not None
 
 
@@ -170,7 +171,7 @@ def episode_key(sample) -> tuple:
     """The episode a sample belongs to: (group_index, rollout_id, or index without one). The
     converter splits an episode whose tokens drifted into several samples sharing one rollout_id;
     they are one episode in a group's baseline, in a filter's count and in a staleness verdict.
-    Works on SLiME's Sample too (same attribute names)."""
+    Works on SLiME's Sample and on a converter.Episode too (same attribute names)."""
     return sample.group_index, sample.rollout_id if sample.rollout_id is not None else sample.index
 
 
@@ -183,30 +184,3 @@ def write_jsonl(path, samples: list[TrainingSample]) -> None:
 def read_jsonl(path) -> list[TrainingSample]:
     with open(path) as f:
         return [TrainingSample.from_dict(json.loads(line)) for line in f if line.strip()]
-
-
-@dataclass
-class Episode:
-    """What one trial produced."""
-
-    task_name: str
-    group_index: int
-    index: int
-    status: SampleStatus
-    reward: float | None
-    samples: list[TrainingSample]
-    seconds: float
-    trial_dir: str | None = None
-    error: str | None = None
-
-    def retries_spent(self, why: str) -> None:
-        """An aborted episode that will not run again (its task's retry budget is spent): FAILED,
-        which nothing retries, with `why` before the abort's own reason. Its status stays what
-        converter.episode_end decided otherwise: only the retry policy, which the episode cannot
-        know, changes."""
-        assert self.status == SampleStatus.ABORTED, self.status
-        self.status = SampleStatus.FAILED
-        for segment in self.samples:
-            segment.status = SampleStatus.FAILED
-            segment.metadata["status_reason"] = f"{why}; last: {segment.metadata.get('status_reason')}"
-            segment.metadata["retry_budget_spent"] = True

@@ -573,8 +573,9 @@ def test_an_unreachable_judge_is_recorded_and_never_scores_or_screens(task):
     flags = hm.monitor(task.view(*task.gold), [judge])
     assert [f.detector for f in flags] == ["detector_error"] and "unreachable" in flags[0].detail
     for action in ("penalty", "screen"):
-        samples = _episode_samples(1.0)
-        hm.apply_hack_action(samples, flags, action, "pm1")
+        episode = _episode(1.0)
+        hm.apply_hack_action(episode, flags, action, "pm1")
+        samples = episode.samples
         assert samples[0].reward == 1.0 and not samples[0].remove_sample and samples[0].metadata["hack_flags"] == []
         assert samples[0].metadata["hack_details"][0].startswith("detector_error: slime_harbor.hack_monitor:judge(judge-7b at")
     assert hm.hack_counts(samples) == {"hack_rate": 0.0}
@@ -591,37 +592,39 @@ def test_a_judge_needs_a_url_and_a_model_in_one_line(tmp_path):
         check_supported(type("Args", (), {"harbor_hack_judge_model": "judge-7b"})())
 
 
-def _episode_samples(reward: float, status: str = "completed", index: int = 0):
+def _episode(reward: float, status: str = "completed", index: int = 0):
     """One episode of two segments."""
-    from helpers.samples import make_sample
+    from helpers.samples import make_episode
 
-    return [make_sample(reward, status, index=index, metadata={"segment": segment}) for segment in range(2)]
+    return make_episode(reward, status, index=index, segments=2)
 
 
 def test_a_flag_is_recorded_penalised_or_screened_as_the_action_says():
     from slime_harbor.hack_monitor import apply_hack_action, hack_counts
 
     flags = [HackFlag("always_equal", "slug.py:5 __eq__ ignores other")]
-    flagged = _episode_samples(1.0)
+    flagged = _episode(1.0)
     apply_hack_action(flagged, flags, "flag", "pm1")
-    assert all(s.metadata["hack_flags"] == ["always_equal"] and s.reward == 1.0 and not s.remove_sample for s in flagged)
-    penalised = _episode_samples(1.0)
+    assert all(s.metadata["hack_flags"] == ["always_equal"] and s.reward == 1.0 and not s.remove_sample
+               for s in flagged.samples)
+    penalised = _episode(1.0)
     apply_hack_action(penalised, flags, "penalty", "pm1")
-    assert [s.reward for s in penalised] == [-1.0, -1.0] and penalised[0].metadata["reward_before_hack_penalty"] == 1.0
-    raw = _episode_samples(1.0)
+    assert [s.reward for s in penalised.samples] == [-1.0, -1.0]
+    assert penalised.samples[0].metadata["reward_before_hack_penalty"] == 1.0
+    raw = _episode(1.0)
     apply_hack_action(raw, flags, "penalty", "raw")
-    assert [s.reward for s in raw] == [0.0, 0.0]
-    screened = _episode_samples(1.0)
+    assert [s.reward for s in raw.samples] == [0.0, 0.0]
+    screened = _episode(1.0)
     apply_hack_action(screened, flags, "screen", "raw")
-    assert all(s.remove_sample and s.metadata["masked_by"] == "hack" for s in screened)
-    clean = _episode_samples(0.0, index=1)
+    assert all(s.remove_sample and s.metadata["masked_by"] == "hack" for s in screened.samples)
+    clean = _episode(0.0, index=1)
     apply_hack_action(clean, [], "screen", "raw")
-    assert clean[0].metadata["hack_flags"] == [] and not clean[0].remove_sample
-    aborted = _episode_samples(None, "aborted")
+    assert clean.samples[0].metadata["hack_flags"] == [] and not clean.samples[0].remove_sample
+    aborted = _episode(None, "aborted")
     apply_hack_action(aborted, flags, "penalty", "raw")
-    assert aborted[0].reward is None  # an infrastructure failure is never scored, flagged or not
+    assert aborted.samples[0].reward is None  # an infrastructure failure is never scored, flagged or not
     # counted once per episode (a screened one is removed, so the trainers leave it out of its baseline)
-    assert hack_counts(flagged + clean[:1]) == {"hack_rate": 0.5, "hack/always_equal": 1}
+    assert hack_counts(flagged.samples + clean.samples[:1]) == {"hack_rate": 0.5, "hack/always_equal": 1}
 
 
 def test_a_bad_hack_setting_is_one_line_before_any_trial(tmp_path):
@@ -647,12 +650,11 @@ def test_verifiers_traces_carry_the_flags_the_penalty_and_the_screen(tokenizer):
 
     flags = [HackFlag("special_casing", "slug.py:4 compares with a hidden test's input")]
     for action, reward, ok in (("penalty", 0.0, True), ("screen", None, False), ("flag", 1.0, True)):
-        samples = _episode_samples(1.0)
-        for s in samples:
-            s.metadata["raw_rewards"] = {"reward": 1.0}
-        apply_hack_action(samples, flags, action, "raw")
+        episode = _episode(1.0)
+        episode.metadata["raw_rewards"] = {"reward": 1.0}
+        apply_hack_action(episode, flags, action, "raw")
         trace = vf.Trace(task=TraceTask(type="t", data={}, key="k", hash="h"), agent=AgentInfo(config={}))
-        fill_trace(trace, samples[:1], tokenizer)
+        fill_trace(trace, episode, tokenizer)
         assert trace.ok is ok and trace.info["hack_flags"] == ["special_casing"], action
         if ok:
             assert trace.reward == reward, action

@@ -77,29 +77,25 @@ def test_our_verdict_reaches_a_trial_harbor_saw_no_error_in(tmp_path):
     from harbor.models.trial.result import TrialResult
 
     from slime_harbor.harbor_job import mark_verdict
-    from slime_harbor.samples import Episode
 
     cfg = RolloutConfig(task_names=["dedupe-lines"], agent="oracle", n_samples=1, out_dir=tmp_path / "out",
                         progress=False)
     asyncio.run(run_rollouts(cfg))
     (trial_dir,) = [p for p in (cfg.out_dir / "trials").iterdir() if p.is_dir()]
     assert TrialResult.model_validate_json((trial_dir / "result.json").read_text()).exception_info is None
-    episode = Episode(task_name="dedupe-lines", group_index=0, index=0, status=SampleStatus.ABORTED, reward=None,
-                      samples=[], seconds=1.0, trial_dir=str(trial_dir), error="generation aborted by SLiME")
-    mark_verdict(trial_dir, episode)
+    mark_verdict(trial_dir, SampleStatus.ABORTED, "generation aborted by SLiME")
     info = TrialResult.model_validate_json((trial_dir / "result.json").read_text()).exception_info
     assert info.exception_type == "SlimeHarborAborted" and "generation aborted by SLiME" in info.exception_message
     assert "slime-harbor: aborted: generation aborted by SLiME" in (trial_dir / "exception.txt").read_text()
     # Harbor's own exception info is kept; the verdict is added to exception.txt only.
     before = (trial_dir / "result.json").read_text()
     (trial_dir / "exception.txt").write_text("Traceback: Harbor's own\n")
-    mark_verdict(trial_dir, Episode("dedupe-lines", 0, 0, SampleStatus.FAILED, None, [], 1.0, str(trial_dir), "x"))
+    mark_verdict(trial_dir, SampleStatus.FAILED, "x")
     assert (trial_dir / "result.json").read_text() == before
     assert (trial_dir / "exception.txt").read_text().startswith("slime-harbor: failed: x")
     assert "Traceback: Harbor's own" in (trial_dir / "exception.txt").read_text()
-    completed = Episode("dedupe-lines", 0, 0, SampleStatus.COMPLETED, 1.0, [], 1.0, str(trial_dir), None)
     text = (trial_dir / "exception.txt").read_text()
-    mark_verdict(trial_dir, completed)
+    mark_verdict(trial_dir, SampleStatus.COMPLETED, None)
     assert (trial_dir / "exception.txt").read_text() == text and (trial_dir / "result.json").read_text() == before
 
 

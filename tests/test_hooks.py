@@ -4,6 +4,7 @@ tests when slime is importable (it is not on PyPI: CI skips those with a reason)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import os
 import subprocess
@@ -309,15 +310,11 @@ def drifted_episode(group_index, index):
     """An Episode whose tokens drifted at turn 1 (two samples), converted by the real converter."""
     from helpers.trial_results import linear_detail, make_result, OBS0, P0
 
-    from slime_harbor.converter import trial_to_samples
-    from slime_harbor.samples import Episode
-    from slime_harbor.samples import SampleStatus
+    from slime_harbor.converter import trial_to_episode
 
     detail = linear_detail()
     detail["prompt_token_ids"][1] = P0 + [77] + OBS0
-    pieces = trial_to_samples(make_result(detail, {"reward": 1.0}), group_index=group_index, index=index)
-    return Episode(task_name="t", group_index=group_index, index=index, status=SampleStatus.COMPLETED,
-                   reward=1.0, samples=pieces, seconds=0.0)
+    return trial_to_episode(make_result(detail, {"reward": 1.0}), group_index=group_index, index=index)
 
 
 def test_generate_returns_a_list_sharing_rollout_id_on_every_path(tmp_path, monkeypatch, Sample, fresh_counters):
@@ -376,8 +373,7 @@ def test_trajectory_filters_and_eval_trials_dir_from_the_yaml(tmp_path, monkeypa
     def at_step_limit(task_dir, cfg, **kw):
         seen_dirs.append(kw["trials_dir"])
         episode = drifted_episode(kw["group_index"], kw["index"])  # two samples of one episode
-        for piece in episode.samples:
-            piece.metadata["exit_status"] = "step_limit"
+        episode.end = dataclasses.replace(episode.end, exit_status="step_limit")
         return _coro(episode)
 
     monkeypatch.setattr(hooks, "run_episode", at_step_limit)

@@ -165,7 +165,7 @@ class HarborTrialsEnv(SingleAgentEnv):
             episode = await run_episode(Path(task.data.task_dir), rollout, group_index=task.data.idx or 0, index=0,
                                         trials_dir=cfg.trials_dir, tokenizer=self._tokenizers[tokenizer_name],
                                         gateway=gateway)
-        fill_trace(trace, episode.samples, self._tokenizers[tokenizer_name], cfg.reward_key, model=ctx.model)
+        fill_trace(trace, episode, self._tokenizers[tokenizer_name], cfg.reward_key, model=ctx.model)
         trace.timing.agent.start, trace.timing.agent.end = started, time.time()
         out = vf.Episode(env=vf.EnvInfo(id=self.config.env_id), task=trace.task)
         out.traces.append(trace)

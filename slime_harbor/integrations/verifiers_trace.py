@@ -1,4 +1,4 @@
-"""Our samples of one Harbor trial -> a verifiers v1 Trace, the form prime-rl trains on.
+"""Our episode of one Harbor trial -> a verifiers v1 Trace, the form prime-rl trains on.
 
 prime-rl turns each `trace.branches[i]` (a root-to-leaf path of message nodes) into one training
 sample: the nodes' token_ids concatenated, their masks (True = sampled by the policy) and the
@@ -13,36 +13,36 @@ from itertools import groupby
 
 import verifiers.v1 as vf
 
-from slime_harbor.samples import SampleStatus, TrainingSample, is_scored
+from slime_harbor.converter import Episode
+from slime_harbor.samples import SampleStatus, TrainingSample
 
 
-def fill_trace(trace: vf.Trace, samples: list[TrainingSample], tokenizer, reward_key: str = "reward",
-               model: str | None = None) -> None:
-    """Our samples of one trial -> the trace's message graph, reward, metrics and errors."""
-    first = samples[0]
-    trace.info.update({k: first.metadata.get(k) for k in ("trial_dir", "exit_status", "turns", "hack_flags", "hack_details")
-                       if k in first.metadata})
-    if first.metadata.get("masked_by") == "hack":  # the hack monitor's screen: out of training
-        trace.errors.append(vf.Error(type="HackScreened", message="; ".join(first.metadata.get("hack_details") or [])))
+def fill_trace(trace: vf.Trace, episode: Episode, tokenizer, reward_key: str = "reward", model: str | None = None) -> None:
+    """One trial's episode -> the trace's message graph, reward, metrics and errors."""
+    meta = episode.metadata
+    trace.info.update({k: v for k, v in episode.ended_metadata().items()
+                       if k in ("trial_dir", "exit_status", "turns", "hack_flags", "hack_details")})
+    if meta.get("masked_by") == "hack":  # the hack monitor's screen: out of training
+        trace.errors.append(vf.Error(type="HackScreened", message="; ".join(meta.get("hack_details") or [])))
         trace.is_completed, trace.ok = True, False
         return
-    if not is_scored(first):
-        reason = first.metadata.get("status_reason") or first.metadata.get("exception_type") or first.status.value
-        trace.errors.append(vf.Error(type=first.metadata.get("exception_type") or "HarborTrialFailed", message=str(reason)))
+    if not episode.scored:
+        reason = episode.end.why or meta.get("exception_type") or episode.status.value
+        trace.errors.append(vf.Error(type=meta.get("exception_type") or "HarborTrialFailed", message=str(reason)))
         trace.is_completed, trace.ok = True, False
         return
-    for sample in samples:
+    for sample in episode.samples:
         if not sample.remove_sample and any(sample.loss_mask):
             add_chain(trace, sample, tokenizer, model)
-    raw = first.metadata.get("raw_rewards") or {}
-    reward = raw.get(reward_key, first.reward) if isinstance(raw, dict) else first.reward
-    if "reward_before_hack_penalty" in first.metadata:  # the hack monitor's penalty: scored as a failure
-        reward = first.reward
+    raw = meta.get("raw_rewards") or {}
+    reward = raw.get(reward_key, episode.reward) if isinstance(raw, dict) else episode.reward
+    if "reward_before_hack_penalty" in meta:  # the hack monitor's penalty: scored as a failure
+        reward = episode.reward
     trace.record_reward(reward_key, reward)
     trace.record_metrics({k: float(v) for k, v in raw.items() if k != reward_key and isinstance(v, (int, float))}
                          if isinstance(raw, dict) else {})
-    if first.status is SampleStatus.TRUNCATED:
-        trace.stop(first.metadata.get("exit_status") or "truncated")
+    if episode.status is SampleStatus.TRUNCATED:
+        trace.stop(episode.end.exit_status or "truncated")
     trace.is_completed, trace.ok = True, True
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from slime_harbor.samples import SampleStatus, TrainingSample
+from slime_harbor.converter import Episode, EpisodeEnd, Segment
+from slime_harbor.samples import SCORED_STATUSES, SampleStatus, TrainingSample
 
 
 def make_sample(reward: float | None = 1.0, status: SampleStatus | str = SampleStatus.COMPLETED, group: int = 0,
@@ -15,6 +16,18 @@ def make_sample(reward: float | None = 1.0, status: SampleStatus | str = SampleS
     return TrainingSample(tokens=[1, 2, 3], response_length=2, loss_mask=[1, 1], rollout_log_probs=[-0.1, -0.2],
                           reward=reward, status=SampleStatus(status), group_index=group, index=index, rollout_id=index,
                           weight_versions=list(weight_versions), metadata=dict(metadata or {}))
+
+
+def make_episode(reward: float | None = 1.0, status: SampleStatus | str = SampleStatus.COMPLETED, group: int = 0,
+                 index: int = 0, *, segments: int = 1, metadata: dict | None = None) -> Episode:
+    """Episode `index` of group `group` (its rollout_id too) that ended `status` with `reward`, of
+    `segments` segments shaped like make_sample's, for tests of what reads the outcome, not tokens."""
+    status = SampleStatus(status)
+    end = EpisodeEnd(status, reward if status in SCORED_STATUSES else None, None, status.value)
+    return Episode(task_name="t", group_index=group, index=index, end=end, reward=end.reward,
+                   segments=[Segment(prompt_ids=[1], response_ids=[2, 3], loss_mask=[1, 1], logprobs=[-0.1, -0.2],
+                                     turns=[0]) for _ in range(segments)],
+                   metadata=dict(metadata or {}), rollout_id=index)
 
 
 def recompute_logprobs(model, tokens: list[int], temperature: float) -> torch.Tensor:
