@@ -86,6 +86,7 @@ from typing import Any
 from slime_harbor.exits import ConfigError
 from slime_harbor.filters import TrajectoryFilters, apply_limit_filters, mask_stale
 from slime_harbor.grpo import episode_advantages
+from slime_harbor.policy.sampling import episode_sampling
 from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
 from slime_harbor.trial_setup import RolloutConfig, check_agent, uses_gateway, with_engine
 from slime_harbor.samples import SCORED_STATUSES, SampleStatus, TrainingSample
@@ -202,6 +203,13 @@ def trials_dir(args, evaluation: bool) -> Path:
     if not evaluation:
         return train_dir
     return Path(setting(args, "harbor_eval_trials_dir") or train_dir / "eval")
+
+
+SLIME_SAMPLING = ("temperature", "top_p", "top_k", "max_new_tokens", "stop", "stop_token_ids", "sampling_seed")
+"""What the episodes take of SLiME's sampling params (SamplingParams' fields of those names; a
+missing one keeps episode_sampling's). skip_special_tokens and no_stop_trim change only the text
+SGLang returns, never the token ids; the native agent and the gateway decode the ids themselves,
+so they need nothing from them."""
 
 
 def wants_top_p_ids(sampling_params: dict) -> bool:
@@ -321,25 +329,16 @@ def _close_gateways_at_exit() -> None:
 
 
 def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
-    """SLiME args + per-call sampling params (+ the sample's routing key) -> our RolloutConfig.
-
-    skip_special_tokens and no_stop_trim change only the text SGLang returns, never the token ids;
-    the native agent and the gateway decode the ids themselves, so they need nothing from them."""
+    """SLiME args + per-call sampling params (+ the sample's routing key) -> our RolloutConfig."""
     router = f"http://{getattr(args, 'sglang_router_ip', None)}:{getattr(args, 'sglang_router_port', None)}"
     return with_engine(RolloutConfig(
         agent=agent_for(args, sample),
         env=setting(args, "harbor_env"),
         policy_url=router,
         model_dir=getattr(args, "hf_checkpoint", None),
-        temperature=float(sampling_params.get("temperature", 1.0)),
-        top_p=float(sampling_params.get("top_p", 1.0)),
-        top_k=int(sampling_params.get("top_k", -1)),
-        max_new_tokens=int(sampling_params.get("max_new_tokens", 512)),
+        sampling=episode_sampling(**{k: sampling_params[k] for k in SLIME_SAMPLING if sampling_params.get(k) is not None},
+                                  return_top_p_token_ids=wants_top_p_ids(sampling_params)),
         max_context_len=getattr(args, "rollout_max_context_len", None),
-        stop=list(sampling_params.get("stop") or []),
-        stop_token_ids=list(sampling_params.get("stop_token_ids") or []),
-        return_top_p_token_ids=wants_top_p_ids(sampling_params),
-        sampling_seed=sampling_params.get("sampling_seed"),
         routing_key=getattr(sample, "session_id", None),
         step_limit=int(setting(args, "harbor_step_limit")),
         timeout_multiplier=float(setting(args, "harbor_trial_timeout_multiplier")),
