@@ -34,7 +34,7 @@ from harbor.models.agent.context import AgentContext
 from harbor.models.trajectories import (Agent, FinalMetrics, Metrics, Observation, ObservationResult, Step,
                                         ToolCall, Trajectory)
 from harbor.utils.trajectory_utils import format_trajectory_json
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from slime_harbor.policy.client import PolicyClient
 from slime_harbor.policy.sampling import episode_sampling, SamplingParams, turn_seed
@@ -163,6 +163,13 @@ class NativeAgentOptions(AgentOptions):
         description="Sent as X-SMG-Routing-Key with every turn (SLiME sends sample.session_id under "
         "--router-policy consistent_hashing), so one episode stays on one engine; None = no header.",
     )
+    @field_validator("sampling", mode="before")
+    @classmethod
+    def _over_episode_defaults(cls, value):
+        """A partial dict (Harbor's --agent-kwarg 'sampling={"temperature": 0.7}') keeps
+        episode_sampling's values for the fields it leaves out, as a missing option would."""
+        return {**dataclasses.asdict(episode_sampling()), **value} if isinstance(value, dict) else value
+
     command_timeout_sec: float = Field(default=60.0, description="Timeout of one bash command in the sandbox.")
     max_observation_chars: int = Field(
         default=2000, description="Tool output longer than this keeps its head and tail only."

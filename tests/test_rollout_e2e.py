@@ -236,3 +236,18 @@ def test_native_agent_seeded_episodes_replay_and_stop_at_the_context_limit(
     assert s.metadata["exit_status"] == "context_limit" and s.metadata["turns"] == 1
     assert s.status == SampleStatus.TRUNCATED and s.reward is not None and not s.remove_sample
     assert len(s.tokens) <= len(prompt) + 12
+
+
+def test_native_agent_sampling_option_keeps_the_episode_defaults_it_does_not_name():
+    """Harbor's --agent-kwarg 'sampling={"temperature": 0.7}' changes that field only (512 tokens a
+    turn stay), and a value SamplingParams refuses is refused as the option."""
+    from pydantic import ValidationError
+
+    from slime_harbor.agent import NativeAgentOptions
+    from slime_harbor.policy.sampling import episode_sampling
+
+    options = NativeAgentOptions.model_validate({"sampling": {"temperature": 0.7}})
+    assert options.sampling == episode_sampling(temperature=0.7) and options.sampling.max_new_tokens == 512
+    assert NativeAgentOptions().sampling == episode_sampling()
+    with pytest.raises(ValidationError, match="temperature must be >= 0"):
+        NativeAgentOptions.model_validate({"sampling": {"temperature": -1}})
