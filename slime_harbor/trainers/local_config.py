@@ -353,5 +353,9 @@ def check_train_config(cfg: LocalTrainConfig) -> None:
     if cfg.eval_tasks is not None:
         if cfg.eval_n_samples < 1:
             raise ConfigError(f"eval_n_samples must be >= 1, got {cfg.eval_n_samples}")
-        check_config(cfg.eval_rollout("http://embedded", cfg.model or "embedded", Path("unused")))
+        try:  # --eval-temperature, --eval-top-p, ...: SamplingParams' own checks
+            evaluation = cfg.eval_rollout("http://embedded", cfg.model or "embedded", Path("unused"))
+        except ValueError as exc:
+            raise ConfigError(f"evaluation sampling: {exc}") from None
+        check_config(evaluation)
     check_environment_runs(cfg.env)
