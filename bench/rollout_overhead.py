@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from slime_harbor.trial_setup import policy_endpoint
+from slime_harbor.policy.sampling import episode_sampling
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.tasks.task_dir import discover_tasks
 from slime_harbor.trial_setup import agent_config, DEFAULT_TASKS, environment_config, RolloutConfig
@@ -101,7 +102,8 @@ def main() -> None:
             tasks_dir = public_copies(discover_tasks(a.tasks, a.task_names), Path(tmp) / "tasks")
         cfg = RolloutConfig(
             tasks_dir=tasks_dir, task_names=a.task_names, agent=a.agent, n_samples=a.n_samples,
-            concurrency=a.concurrency, env=a.env, step_limit=a.step_limit, max_new_tokens=a.max_new_tokens,
+            concurrency=a.concurrency, env=a.env, step_limit=a.step_limit,
+            sampling=episode_sampling(max_new_tokens=a.max_new_tokens),
             out_dir=Path(tmp) / "ours", progress=False,
         )  # fmt: skip
         with policy_endpoint(cfg) as cfg:

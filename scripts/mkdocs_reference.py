@@ -1,10 +1,10 @@
 """MkDocs hook: docs/reference.md's tables, generated at build time from the code itself.
 
 Every subcommand's flags come from slime_harbor.cli.build_parser() (train-local's from
-trainers/local.py's build_parser), the SLiME hook's YAML keys from slime_harbor.hooks (DEFAULTS and
-the key table in its docstring), the config fields from the dataclasses' own field docs. A flag or
-key added to the code appears here on the next build; tests/test_docs.py checks that every flag
-of every `--help` is in the built page.
+trainers/local.py's build_parser), the SLiME hook's YAML keys and the config fields from the
+dataclasses' own field docs (slime_harbor.hooks.HookSettings, RolloutConfig, ...). A flag or key
+added to the code appears here on the next build; tests/test_docs.py checks that every flag of
+every `--help` is in the built page.
 """
 
 from __future__ import annotations
@@ -52,26 +52,10 @@ def commands() -> str:
 
 
 def hook_keys() -> str:
-    """The hook's YAML keys: the table in slime_harbor.hooks' docstring, keyed by DEFAULTS."""
-    from slime_harbor import hooks
+    """The hook's YAML keys: slime_harbor.hooks.HookSettings' fields."""
+    from slime_harbor.hooks import HookSettings
 
-    described: dict[str, list[str]] = {}
-    key = None
-    for line in (hooks.__doc__ or "").splitlines():
-        m = re.match(r"^    (harbor_\w+)\s+(.*)$", line)
-        if m:
-            key = m.group(1)
-            described[key] = [m.group(2)]
-        elif key and line.startswith("     ") and line.strip():
-            described[key].append(line.strip())
-        else:
-            key = None
-    rows = ["| key | default | what it does |", "|---|---|---|"]
-    for name, default in hooks.DEFAULTS.items():
-        text = " ".join(described.get(name, []))
-        text = re.sub(r"\s*\([^()]*\)\s*$", "", text)  # the docstring's "(default)" column
-        rows.append(f"| `{name}` | `{default}` | {_cell(text)} |")
-    return "\n".join(rows)
+    return dataclass_table(HookSettings).replace("| field |", "| key |", 1)
 
 
 def dataclass_table(cls) -> str:

@@ -34,10 +34,10 @@ from harbor.models.agent.context import AgentContext
 from harbor.models.trajectories import (Agent, FinalMetrics, Metrics, Observation, ObservationResult, Step,
                                         ToolCall, Trajectory)
 from harbor.utils.trajectory_utils import format_trajectory_json
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from slime_harbor.policy.client import PolicyClient
-from slime_harbor.policy.sampling import SamplingParams, turn_seed
+from slime_harbor.policy.sampling import episode_sampling, SamplingParams, turn_seed
 
 SYSTEM_PROMPT = """You are a coding agent working in a Linux shell. Solve the task step by step.
 Every reply has two parts: a short THOUGHT, then exactly ONE bash command in a ```bash block.
@@ -143,35 +143,33 @@ class NativeAgentOptions(AgentOptions):
         "under asynchronous training); off, an aborted turn ends the episode."
     )
     step_limit: int = Field(default=30, description="Most model turns per episode.")
-    temperature: float = Field(default=1.0, description="Sampling temperature.")
-    top_p: float = Field(default=1.0, description="Nucleus sampling cut-off (1.0 = off).")
-    top_k: int = Field(default=-1, description="Top-k cut-off (-1 = off).")
-    max_new_tokens: int = Field(default=512, description="Most tokens sampled per turn.")
+    sampling: SamplingParams = Field(
+        default_factory=episode_sampling,
+        description="Every turn's sampling (policy/sampling.py's SamplingParams, as a dict of its fields: "
+        "temperature, top_p, top_k, max_new_tokens, stop, stop_token_ids, return_top_p_token_ids, ...). Its "
+        "sampling_seed is the episode's (SLiME's under deterministic inference; None = random): turn t sends "
+        "turn_seed(seed, t), so turns draw different noise and the episode replays exactly. With "
+        "return_top_p_token_ids (SLiME's top-p replay, needed when --rollout-top-p != 1) the server reports "
+        "logprobs renormalised over the kept ids. A turn gets at most the context's room as max_new_tokens.",
+    )
     max_context_len: int | None = Field(
         default=None,
         description="Prompt+completion token limit of the episode (SLiME's --rollout-max-context-len); default: "
         "the model's max_position_embeddings. A turn gets at most the room left as max_new_tokens, and the "
         "episode ends with exit status context_limit (truncated, still verified) once no room is left.",
     )
-    stop: list[str] = Field(default_factory=list, description="Extra stop strings (SLiME's --rollout-stop).")
-    stop_token_ids: list[int] = Field(
-        default_factory=list, description="Extra stop token ids (SLiME's --rollout-stop-token-ids)."
-    )
-    sampling_seed: int | None = Field(
-        default=None,
-        description="Seed of the episode (SLiME's sampling_seed under deterministic inference); None = random. "
-        "Turn t sends turn_seed(seed, t): turns draw different noise, and the episode replays exactly.",
-    )
-    return_top_p_token_ids: bool = Field(
-        default=False,
-        description="Record the ids the top-k/top-p filter kept per sampled token (SLiME's top-p replay, needed "
-        "when --rollout-top-p != 1). The server then reports logprobs renormalised over those ids.",
-    )
     routing_key: str | None = Field(
         default=None,
         description="Sent as X-SMG-Routing-Key with every turn (SLiME sends sample.session_id under "
         "--router-policy consistent_hashing), so one episode stays on one engine; None = no header.",
     )
+    @field_validator("sampling", mode="before")
+    @classmethod
+    def _over_episode_defaults(cls, value):
+        """A partial dict (Harbor's --agent-kwarg 'sampling={"temperature": 0.7}') keeps
+        episode_sampling's values for the fields it leaves out, as a missing option would."""
+        return {**dataclasses.asdict(episode_sampling()), **value} if isinstance(value, dict) else value
+
     command_timeout_sec: float = Field(default=60.0, description="Timeout of one bash command in the sandbox.")
     max_observation_chars: int = Field(
         default=2000, description="Tool output longer than this keeps its head and tail only."
@@ -210,15 +208,7 @@ class NativeAgent(BaseAgent):
         self.max_context_len = opts.max_context_len or AutoConfig.from_pretrained(
             tokenizer_path
         ).max_position_embeddings
-        self.params = SamplingParams(
-            temperature=opts.temperature,
-            top_p=opts.top_p,
-            top_k=opts.top_k,
-            max_new_tokens=opts.max_new_tokens,
-            stop=list(opts.stop),
-            stop_token_ids=list(opts.stop_token_ids),
-            return_top_p_token_ids=opts.return_top_p_token_ids,
-        )
+        self.params = opts.sampling
         self._eos_ids = {self.tokenizer.convert_tokens_to_ids("<|im_end|>"), self.tokenizer.eos_token_id}
 
     async def setup(self, environment: BaseEnvironment) -> None:
@@ -235,7 +225,7 @@ class NativeAgent(BaseAgent):
         # Filled in place every turn, so a timeout or crash still leaves every finished turn.
         detail: dict[str, Any] = {"prompt_token_ids": [], "completion_token_ids": [], "logprobs": [],
                                   "extra": {"finish_reason": [], "weight_version": []}}
-        if self.options.return_top_p_token_ids:
+        if self.params.return_top_p_token_ids:
             # Per turn, flat kept ids and their len(completion) + 1 offsets (None: nothing truncated).
             detail["extra"]["top_p_token_ids"] = []
             detail["extra"]["top_p_token_offsets"] = []
@@ -263,7 +253,7 @@ class NativeAgent(BaseAgent):
         if room <= 0:  # the prompt fills the context: no token could be sampled
             raise _EpisodeEnd("context_limit")
         turn = context.metadata["turns"]
-        seed = self.options.sampling_seed
+        seed = self.params.sampling_seed  # the episode's
         params = dataclasses.replace(
             self.params,
             max_new_tokens=min(self.params.max_new_tokens, room),
@@ -276,7 +266,7 @@ class NativeAgent(BaseAgent):
         detail["logprobs"].append(gen.logprobs)
         detail["extra"]["finish_reason"].append(gen.finish_reason)
         detail["extra"]["weight_version"].append(gen.weight_version)  # the weights that sampled this turn
-        if self.options.return_top_p_token_ids:
+        if self.params.return_top_p_token_ids:
             detail["extra"]["top_p_token_ids"].append(gen.top_p_token_ids)
             detail["extra"]["top_p_token_offsets"].append(gen.top_p_token_offsets)
         context.metadata["turns"] += 1

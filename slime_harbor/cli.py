@@ -21,6 +21,7 @@ from pathlib import Path
 from slime_harbor.exits import EXIT_USAGE, ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
 from slime_harbor.hack_monitor import HACK_ACTIONS
 from slime_harbor.policy.engines import ENGINES
+from slime_harbor.policy.sampling import episode_sampling, SamplingParams
 from slime_harbor.policy.tiny_model import build_tiny_model, ensure_tiny_model
 from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig
 
@@ -65,11 +66,11 @@ def add_rollout_args(p: argparse.ArgumentParser, defaults: RolloutConfig) -> Non
     p.add_argument("--env", default=defaults.env, help="local (bubblewrap) | docker (ours, Engine API) | harbor-docker (Harbor's compose-based) | <harbor env type> | module:Class")
     p.add_argument("--concurrency", type=int, default=defaults.concurrency, help="trials at once")
     p.add_argument("--out", type=Path, default=defaults.out_dir, help="output dir")
-    p.add_argument("--temperature", type=float, default=defaults.temperature)
-    p.add_argument("--top-p", type=float, default=defaults.top_p)
-    p.add_argument("--top-k", type=int, default=defaults.top_k)
+    p.add_argument("--temperature", type=float, default=defaults.sampling.temperature)
+    p.add_argument("--top-p", type=float, default=defaults.sampling.top_p)
+    p.add_argument("--top-k", type=int, default=defaults.sampling.top_k)
     p.add_argument("--step-limit", type=int, default=defaults.step_limit, help="agent turns per episode")
-    p.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help="tokens per turn")
+    p.add_argument("--max-new-tokens", type=int, default=defaults.sampling.max_new_tokens, help="tokens per turn")
     p.add_argument("--timeout-multiplier", type=float, default=defaults.timeout_multiplier,
                    help="scales the task's timeouts and the agent's setup budget")
     p.add_argument("--agent-setup-timeout", type=float, default=defaults.agent_setup_timeout_sec, metavar="SEC",
@@ -106,13 +107,21 @@ def rollout_config(a: argparse.Namespace) -> RolloutConfig:
     return RolloutConfig(
         tasks_dir=tasks_dir, task_names=task_names, agent=a.agent, n_samples=a.n_samples,
         policy_url=a.policy_url, model_dir=a.model, env=a.env, concurrency=a.concurrency, out_dir=a.out,
-        temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, step_limit=a.step_limit,
-        max_new_tokens=a.max_new_tokens, timeout_multiplier=a.timeout_multiplier,
+        sampling=sampling_from_flags(a), step_limit=a.step_limit, timeout_multiplier=a.timeout_multiplier,
         agent_setup_timeout_sec=a.agent_setup_timeout, hack_action=a.hack_action, hack_detectors=a.hack_detectors,
         hack_judge_url=a.hack_judge_url, hack_judge_model=a.hack_judge_model,
         reward_mapping=a.reward_mapping, progress=not a.no_progress, task_manifest=a.task_manifest,
         gateway_host=a.gateway_host,
     )
+
+
+def sampling_from_flags(a: argparse.Namespace) -> SamplingParams:
+    """--temperature, --top-p, --top-k, --max-new-tokens as the episodes' sampling (ConfigError in
+    one line for a value SamplingParams refuses)."""
+    try:
+        return episode_sampling(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_new_tokens)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def run_rollout_command(cfg: RolloutConfig, guard: SignalGuard) -> dict:

@@ -88,14 +88,15 @@ class HarborJob:
 
         from harbor.models.trial.config import TrialConfig
 
+        from slime_harbor.policy.sampling import SamplingParams
         from slime_harbor.samples import read_jsonl
         from slime_harbor.trial_setup import RolloutConfig
 
         out = Path(out)
         saved = json.loads((out / "summary.json").read_text())
         known = {f.name for f in dataclasses.fields(RolloutConfig)}
-        cfg = RolloutConfig(**{k: Path(v) if k in ("tasks_dir", "out_dir") else v
-                               for k, v in saved["config"].items() if k in known})
+        readers = {"tasks_dir": Path, "out_dir": Path, "sampling": lambda v: SamplingParams(**v)}
+        cfg = RolloutConfig(**{k: readers.get(k, lambda v: v)(v) for k, v in saved["config"].items() if k in known})
         trial_dirs = sorted(p for p in (out / "trials").iterdir() if (p / CONFIG_FILE).is_file())
         tasks = sorted({TrialConfig.model_validate_json((p / CONFIG_FILE).read_text()).task.path for p in trial_dirs})
         job = cls(out / "trials", cfg, tasks)

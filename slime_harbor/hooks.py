@@ -3,7 +3,7 @@
     --custom-generate-function-path        slime_harbor.hooks.generate
     --custom-reward-post-process-path      slime_harbor.hooks.reward_post_process
     --dynamic-sampling-filter-path         slime_harbor.hooks.dynamic_sampling_filter
-    --custom-config-path                   examples/harbor/configs/harbor_grpo.yaml  (keys below)
+    --custom-config-path                   examples/harbor/configs/harbor_grpo.yaml  (HookSettings)
     --rollout-function-path                slime_harbor.hooks.generate_rollout_fully_async
                                            (only with SLiME's fully-async training, train_async.py)
 
@@ -26,43 +26,8 @@ stop_token_ids, sampling_seed, custom_params.return_top_p_token_ids; sample.sess
 X-SMG-Routing-Key; --rollout-max-context-len). What cannot apply is a one-line HookConfigError on
 the first call: --use-rollout-routing-replay and --partial-rollout.
 
-Plugin settings, read from `args` (SLiME's --custom-config-path YAML), with their defaults:
-    harbor_agent                     native | mini-swe-agent | terminus-2 | <Harbor agent> | module:Class
-                                     (native; a prompt row's metadata.harbor_agent overrides it)
-    harbor_env                       local | docker | <harbor env type> | module:Class  (local)
-    harbor_tasks                     where task dirs named by the sample's label live: a directory, or
-                                     a Harbor dataset NAME[@VERSION], downloaded by Harbor into
-                                     $SLIME_HARBOR_CACHE on the first call (none: harbor_tasks_dir)
-    harbor_registry_path             with a dataset name: the registry JSON file it is in (Harbor's)
-    harbor_registry_url              with a dataset name: the registry JSON's URL      (Harbor's)
-    harbor_tasks_dir                 a directory of task dirs named by the sample's label (the
-                                     older key; harbor_tasks replaces it) (examples/harbor/tasks)
-    harbor_concurrency               trials running at once in this rollout worker (8)
-    harbor_trial_timeout_multiplier  scales task.toml timeouts and the agent's setup budget (1.0)
-    harbor_agent_setup_timeout_sec   the agent's setup budget, its install included (None: Harbor's)
-    harbor_reward_mapping            raw | pm1 (2r-1)                               (raw)
-    harbor_step_limit                agent turns per episode (30)
-    harbor_trials_dir                where Harbor writes trial dirs (runs/slime-trials)
-    harbor_max_retries_per_task      transient-failure reruns per task within its window (3)
-    harbor_retry_window_sec          the budget's sliding window: older reruns are forgotten (3600)
-    harbor_retry_backoff_sec         wait before a rerun (2.0)
-    harbor_env_start_retries         environment start retries inside one episode (2)
-    harbor_task_manifest             a `slime-harbor calibrate` manifest: its skipped tasks are not
-                                     run (a removed FAILED placeholder, skipped_by_manifest) (none)
-    harbor_eval_trials_dir           SLiME's evaluation trials' dir (<harbor_trials_dir>/eval)
-    harbor_mask_timeouts             mask episodes ended at the agent's time limit      (false)
-    harbor_mask_step_limit           mask episodes ended at the step limit              (false)
-    harbor_mask_length_limit         mask episodes with a turn cut at the context or max-new-token
-                                     limit (DAPO's overlong filter)                  (false)
-                                     (filters.py: removed from the loss and the group's baseline,
-                                     counted as masked/<reason>; never on evaluation trials)
-    harbor_max_staleness             generate_rollout_fully_async only: mask an episode with a call
-                                     sampled more than this many weight versions before the
-                                     engines' (masked/stale)                     (none: no bound)
-    harbor_hack_action               what a hack monitor flag does: flag | penalty | screen (flag)
-    harbor_hack_detectors            detectors besides the builtin ones, module:function each ([])
-    harbor_hack_judge_url            a judge model's OpenAI-compatible base URL, asked about every trial (none)
-    harbor_hack_judge_model          the judge's model name on that server (none)
+Plugin settings: the fields of HookSettings below (their names, defaults and docs; the YAML keys
+docs/reference.md lists are generated from it), read from `args`, set by SLiME from the YAML.
 
 Dynamic filtering: with --over-sampling-batch-size above --rollout-batch-size, use
 dynamic_sampling_filter (SLiME's check_reward_nonzero_std counts removed samples' 0.0 as rewards).
@@ -73,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import collections
+import dataclasses
 import functools
 import logging
 import sys
@@ -87,38 +53,79 @@ from slime_harbor.converter import Episode
 from slime_harbor.exits import ConfigError
 from slime_harbor.filters import TrajectoryFilters, apply_limit_filters, mask_stale
 from slime_harbor.grpo import episode_advantages
+from slime_harbor.policy.sampling import episode_sampling
 from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
 from slime_harbor.trial_setup import RolloutConfig, check_agent, uses_gateway, with_engine
 from slime_harbor.samples import SampleStatus
 
-DEFAULTS = {
-    "harbor_agent": "native",
-    "harbor_env": "local",
-    "harbor_tasks": None,
-    "harbor_registry_path": None,
-    "harbor_registry_url": None,
-    "harbor_tasks_dir": "examples/harbor/tasks",
-    "harbor_concurrency": 8,
-    "harbor_trial_timeout_multiplier": 1.0,
-    "harbor_agent_setup_timeout_sec": None,
-    "harbor_reward_mapping": "raw",
-    "harbor_step_limit": 30,
-    "harbor_trials_dir": "runs/slime-trials",
-    "harbor_max_retries_per_task": 3,
-    "harbor_retry_backoff_sec": 2.0,
-    "harbor_retry_window_sec": 3600.0,
-    "harbor_env_start_retries": 2,
-    "harbor_task_manifest": None,
-    "harbor_eval_trials_dir": None,
-    "harbor_mask_timeouts": False,
-    "harbor_mask_step_limit": False,
-    "harbor_mask_length_limit": False,
-    "harbor_max_staleness": None,
-    "harbor_hack_action": "flag",
-    "harbor_hack_detectors": [],
-    "harbor_hack_judge_url": None,
-    "harbor_hack_judge_model": None,
-}
+@dataclass(frozen=True)
+class HookSettings:
+    """The plugin's settings: each field a key of SLiME's --custom-config-path YAML, read off `args`
+    (`setting`); unset or null: the default here. Where a RolloutConfig field is the same knob, its
+    default is that field's."""
+
+    harbor_agent: str = RolloutConfig.agent
+    """native | mini-swe-agent | terminus-2 | <Harbor agent> | module:Class (a prompt row's
+    metadata.harbor_agent overrides it)."""
+    harbor_env: str = RolloutConfig.env
+    """local | docker | <harbor env type> | module:Class."""
+    harbor_tasks: str | None = None
+    """Where task dirs named by the sample's label live: a directory, or a Harbor dataset
+    NAME[@VERSION], downloaded by Harbor into $SLIME_HARBOR_CACHE on the first call (None:
+    harbor_tasks_dir)."""
+    harbor_registry_path: str | None = None
+    """With a dataset name: the registry JSON file it is in (None: Harbor's)."""
+    harbor_registry_url: str | None = None
+    """With a dataset name: the registry JSON's URL (None: Harbor's)."""
+    harbor_tasks_dir: str = "examples/harbor/tasks"
+    """A directory of task dirs named by the sample's label (the older key; harbor_tasks replaces it)."""
+    harbor_concurrency: int = 8
+    """Trials running at once in this rollout worker."""
+    harbor_trial_timeout_multiplier: float = RolloutConfig.timeout_multiplier
+    """Scales task.toml timeouts and the agent's setup budget."""
+    harbor_agent_setup_timeout_sec: float | None = RolloutConfig.agent_setup_timeout_sec
+    """The agent's setup budget, its install included (None: Harbor's)."""
+    harbor_reward_mapping: str = RolloutConfig.reward_mapping
+    """raw | pm1 (2r-1)."""
+    harbor_step_limit: int = RolloutConfig.step_limit
+    """Agent turns per episode."""
+    harbor_trials_dir: str = "runs/slime-trials"
+    """Where Harbor writes trial dirs."""
+    harbor_max_retries_per_task: int = 3
+    """Transient-failure reruns per task within its window."""
+    harbor_retry_backoff_sec: float = 2.0
+    """Wait before a rerun."""
+    harbor_retry_window_sec: float = 3600.0
+    """The retry budget's sliding window: older reruns are forgotten."""
+    harbor_env_start_retries: int = RolloutConfig.env_start_retries
+    """Environment start retries inside one episode."""
+    harbor_task_manifest: str | None = None
+    """A `slime-harbor calibrate` manifest: its skipped tasks are not run (a removed FAILED
+    placeholder, skipped_by_manifest)."""
+    harbor_eval_trials_dir: str | None = None
+    """SLiME's evaluation trials' dir (None: <harbor_trials_dir>/eval)."""
+    harbor_mask_timeouts: bool = False
+    """Mask episodes ended at the agent's time limit (filters.py: removed from the loss and the
+    group's baseline, counted as masked/<reason>; never on evaluation trials)."""
+    harbor_mask_step_limit: bool = False
+    """Mask episodes ended at the step limit."""
+    harbor_mask_length_limit: bool = False
+    """Mask episodes with a turn cut at the context or max-new-token limit (DAPO's overlong filter)."""
+    harbor_max_staleness: int | None = None
+    """generate_rollout_fully_async only: mask an episode with a call sampled more than this many
+    weight versions before the engines' (masked/stale); None: no bound."""
+    harbor_hack_action: str = RolloutConfig.hack_action
+    """What a hack monitor flag does: flag | penalty | screen."""
+    harbor_hack_detectors: list[str] = field(default_factory=list)
+    """Detectors besides the builtin ones, module:function each."""
+    harbor_hack_judge_url: str | None = RolloutConfig.hack_judge_url
+    """A judge model's OpenAI-compatible base URL, asked about every trial."""
+    harbor_hack_judge_model: str | None = RolloutConfig.hack_judge_model
+    """The judge's model name on that server."""
+
+
+DEFAULTS = dataclasses.asdict(HookSettings())
+"""Each setting's default, by key."""
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +210,13 @@ def trials_dir(args, evaluation: bool) -> Path:
     if not evaluation:
         return train_dir
     return Path(setting(args, "harbor_eval_trials_dir") or train_dir / "eval")
+
+
+SLIME_SAMPLING = ("temperature", "top_p", "top_k", "max_new_tokens", "stop", "stop_token_ids", "sampling_seed")
+"""What the episodes take of SLiME's sampling params (SamplingParams' fields of those names; a
+missing one keeps episode_sampling's). skip_special_tokens and no_stop_trim change only the text
+SGLang returns, never the token ids; the native agent and the gateway decode the ids themselves,
+so they need nothing from them."""
 
 
 def wants_top_p_ids(sampling_params: dict) -> bool:
@@ -322,25 +336,16 @@ def _close_gateways_at_exit() -> None:
 
 
 def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
-    """SLiME args + per-call sampling params (+ the sample's routing key) -> our RolloutConfig.
-
-    skip_special_tokens and no_stop_trim change only the text SGLang returns, never the token ids;
-    the native agent and the gateway decode the ids themselves, so they need nothing from them."""
+    """SLiME args + per-call sampling params (+ the sample's routing key) -> our RolloutConfig."""
     router = f"http://{getattr(args, 'sglang_router_ip', None)}:{getattr(args, 'sglang_router_port', None)}"
     return with_engine(RolloutConfig(
         agent=agent_for(args, sample),
         env=setting(args, "harbor_env"),
         policy_url=router,
         model_dir=getattr(args, "hf_checkpoint", None),
-        temperature=float(sampling_params.get("temperature", 1.0)),
-        top_p=float(sampling_params.get("top_p", 1.0)),
-        top_k=int(sampling_params.get("top_k", -1)),
-        max_new_tokens=int(sampling_params.get("max_new_tokens", 512)),
+        sampling=episode_sampling(**{k: sampling_params[k] for k in SLIME_SAMPLING if sampling_params.get(k) is not None},
+                                  return_top_p_token_ids=wants_top_p_ids(sampling_params)),
         max_context_len=getattr(args, "rollout_max_context_len", None),
-        stop=list(sampling_params.get("stop") or []),
-        stop_token_ids=list(sampling_params.get("stop_token_ids") or []),
-        return_top_p_token_ids=wants_top_p_ids(sampling_params),
-        sampling_seed=sampling_params.get("sampling_seed"),
         routing_key=getattr(sample, "session_id", None),
         step_limit=int(setting(args, "harbor_step_limit")),
         timeout_multiplier=float(setting(args, "harbor_trial_timeout_multiplier")),

@@ -116,16 +116,6 @@ async def start_gateway(cfg: RolloutConfig):
     return gateway
 
 
-def session_sampling(cfg: RolloutConfig):
-    """The run's sampling, which the gateway applies to every call of a session (the request's
-    own temperature / top-p / top-k are replaced, its max_tokens capped, its stop strings added)."""
-    from slime_harbor.policy.sampling import SamplingParams
-
-    return SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                          max_new_tokens=cfg.max_new_tokens, stop=list(cfg.stop),
-                          stop_token_ids=list(cfg.stop_token_ids), return_top_p_token_ids=cfg.return_top_p_token_ids)
-
-
 async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, trials_dir, tokenizer, started,
                           gateway=None) -> Episode:
     from harbor.models.trial.config import TaskConfig, TrialConfig, VerifierConfig
@@ -137,9 +127,11 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
     trial_name = f"{task_path.name}__g{group_index}_{index}__{uuid.uuid4().hex[:6]}"
     session = endpoint = None
     if gateway is not None:  # one session per trial, named after it, recorded in its agent dir
+        # The run's sampling replaces the agent's own on every call (its max_tokens capped, its stop
+        # strings added); each call's seed derives from the episode's.
         session = gateway.open_session(trial_name, record_dir=trials_dir / trial_name / "agent" / "gateway",
-                                       sampling=session_sampling(cfg), routing_key=cfg.routing_key,
-                                       sampling_seed=cfg.sampling_seed, max_context_len=cfg.max_context_len)
+                                       sampling=cfg.sampling, routing_key=cfg.routing_key,
+                                       sampling_seed=cfg.sampling.sampling_seed, max_context_len=cfg.max_context_len)
         endpoint = ModelEndpoint.of(gateway, trial_name)
     trial = None
     try:

@@ -21,6 +21,7 @@ from typing import Any
 
 from slime_harbor import terminus2
 from slime_harbor.exits import ConfigError, one_line
+from slime_harbor.policy.sampling import episode_sampling, SamplingParams
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.tasks.task_dir import discover_tasks
 
@@ -72,27 +73,18 @@ class RolloutConfig:
     """Trials running at once."""
     out_dir: Path = Path("runs/rollout")
     """Where samples.jsonl, summary.json and trials/ go."""
-    temperature: float = 1.0
-    """Sampling temperature (1.0: sample the policy itself)."""
-    top_p: float = 1.0
-    top_k: int = -1
+    sampling: SamplingParams = field(default_factory=episode_sampling)
+    """How every model call of an episode samples (policy/sampling.py: temperature, top_p, top_k,
+    max_new_tokens per turn, stop, stop_token_ids, return_top_p_token_ids, ...): the native agent's
+    options, and each gateway session's, which replaces a gateway agent's own. Its sampling_seed
+    seeds each episode run with this config (the SLiME hook builds one config per sample); None =
+    random. Every episode of one config gets the same seed: leave it None for run_rollouts."""
     step_limit: int = 30
     """Most agent turns per episode."""
-    max_new_tokens: int = 512
-    """Most tokens sampled per turn."""
-    # Every agent: the native agent takes them as its options of the same names (agent.NativeAgentOptions);
-    # the gateway applies them to every call of a gateway agent's session (rollout.session_sampling).
+    # Every agent: the native agent takes it as its option of the same name (agent.NativeAgentOptions);
+    # the gateway applies it to every call of a gateway agent's session.
     max_context_len: int | None = None
     """Prompt+completion token limit of an episode; None = the model's. Past it: context_limit."""
-    stop: list[str] = field(default_factory=list)
-    """Extra stop strings."""
-    stop_token_ids: list[int] = field(default_factory=list)
-    """Extra stop token ids."""
-    return_top_p_token_ids: bool = False
-    """Record the top-p kept ids per sampled token (SLiME's top-p replay, needed when top_p != 1)."""
-    sampling_seed: int | None = None
-    """Seed of each episode run with this config (the SLiME hook builds one config per sample);
-    None = random. Every episode of one config gets the same seed: leave it None for run_rollouts."""
     routing_key: str | None = None
     """X-SMG-Routing-Key sent with every turn (the SLiME hook: sample.session_id); None = none."""
     timeout_multiplier: float = 1.0
@@ -281,18 +273,11 @@ def _agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None):
                 "policy_url": cfg.policy_url,
                 "tokenizer_path": str(cfg.model_dir),
                 "step_limit": cfg.step_limit,
-                "temperature": cfg.temperature,
-                "top_p": cfg.top_p,
-                "top_k": cfg.top_k,
-                "max_new_tokens": cfg.max_new_tokens,
+                "sampling": dataclasses.asdict(cfg.sampling),  # plain JSON in the trial's config.json
                 "lora_path": cfg.lora_name,
                 "policy_api": cfg.policy_api,
                 "reissue_aborted_calls": cfg.reissue_aborted_calls,
                 "max_context_len": cfg.max_context_len,
-                "stop": list(cfg.stop),
-                "stop_token_ids": list(cfg.stop_token_ids),
-                "return_top_p_token_ids": cfg.return_top_p_token_ids,
-                "sampling_seed": cfg.sampling_seed,
                 "routing_key": cfg.routing_key,
                 **cfg.agent_kwargs,
             },
@@ -327,7 +312,8 @@ def _agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None):
             config.kwargs["step_limit"] = cfg.step_limit
     if cfg.agent == terminus2.NAME:
         config.kwargs.update(terminus2.agent_kwargs(cfg.max_context_len or _max_context(cfg.model_dir),
-                                                    cfg.max_new_tokens, cfg.temperature, cfg.step_limit))
+                                                    cfg.sampling.max_new_tokens, cfg.sampling.temperature,
+                                                    cfg.step_limit))
     for key, value in cfg.agent_kwargs.items():
         merge = isinstance(config.kwargs.get(key), dict) and isinstance(value, dict)
         config.kwargs[key] = {**config.kwargs[key], **value} if merge else value
@@ -445,10 +431,10 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
         (cfg.n_samples >= 1, f"n_samples must be at least 1, got {cfg.n_samples}"),
         (cfg.concurrency >= 1, f"concurrency must be at least 1, got {cfg.concurrency}"),
         (cfg.step_limit >= 1, f"step_limit must be at least 1, got {cfg.step_limit}"),
-        (cfg.max_new_tokens >= 1, f"max_new_tokens must be at least 1, got {cfg.max_new_tokens}"),
-        (cfg.temperature >= 0, f"temperature must be >= 0, got {cfg.temperature}"),
-        (0 < cfg.top_p <= 1, f"top_p must be in (0, 1], got {cfg.top_p}"),
-        (cfg.top_k == -1 or cfg.top_k >= 1, f"top_k must be -1 (off) or at least 1, got {cfg.top_k}"),
+        # temperature and top_p: SamplingParams refuses them when built; an episode's turns need more.
+        (cfg.sampling.max_new_tokens >= 1, f"max_new_tokens must be at least 1, got {cfg.sampling.max_new_tokens}"),
+        (cfg.sampling.top_k == -1 or cfg.sampling.top_k >= 1,
+         f"top_k must be -1 (off) or at least 1, got {cfg.sampling.top_k}"),
         (cfg.timeout_multiplier > 0, f"timeout_multiplier must be > 0, got {cfg.timeout_multiplier}"),
         (cfg.hack_action in HACK_ACTIONS, f"hack_action must be one of {', '.join(HACK_ACTIONS)}, got {cfg.hack_action!r}"),
         (cfg.agent_setup_timeout_sec is None or cfg.agent_setup_timeout_sec > 0,

@@ -61,12 +61,14 @@ def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
                                ["unreachable", "127.0.0.1:9"]),
         "not a number": (["--n-samples", "four"], ["--n-samples", "four"]),
         "bad reward mapping": (["--reward-mapping", "pm2"], ["pm2"]),
+        "negative temperature": (["--temperature", "-1"], ["temperature must be >= 0"]),
+        "top-p above 1": (["--top-p", "1.5"], ["top_p must be in (0, 1]"]),
     }
 
 
 BAD_INPUTS = ["concurrency 0", "negative n-samples", "step-limit 0", "missing tasks dir", "empty tasks dir",
               "malformed task.toml", "unknown env", "env import path", "unknown agent", "dead policy server",
-              "not a number", "bad reward mapping"]
+              "not a number", "bad reward mapping", "negative temperature", "top-p above 1"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
@@ -210,6 +212,10 @@ def test_train_local_bad_flag_is_one_line(extra, words):
     ({"lr": float("nan")}, "lr"), ({"device": "tpu"}, "tpu"), ({"agent": "oracle"}, "does not sample from the policy"),
     ({"resume": Path("/nonexistent/run")}, "/nonexistent/run"), ({"model": "/nonexistent/model"}, "/nonexistent/model"),
     ({"env": "bogus"}, "bogus"), ({"tasks_dir": Path("/nonexistent/tasks")}, "/nonexistent/tasks"),
+    ({"temperature": -1.0}, "temperature"), ({"temperature": float("nan")}, "temperature"),
+    ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"eval_tasks": DEFAULT_TASKS, "eval_top_p": 2.0}, "evaluation sampling: top_p"),
+    ({"eval_tasks": DEFAULT_TASKS, "eval_top_k": 0}, "top_k"),
 ])
 def test_train_local_config_check(flags, words):
     """The same check main() runs before loading a model (in-process: no torch import per case)."""

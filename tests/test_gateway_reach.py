@@ -246,14 +246,14 @@ def terminus2_trial(tmp_path: Path, cfg, environment_kwargs: dict):
     from harbor.models.trial.config import EnvironmentConfig, TaskConfig, TrialConfig
     from harbor.trial.trial import Trial
 
-    from slime_harbor.rollout import serving_gateway, session_sampling
+    from slime_harbor.rollout import serving_gateway
     from slime_harbor.trial_setup import ModelEndpoint
 
     async def run():
         async with serving_gateway(cfg) as gateway:
             name = f"t2-{uuid.uuid4().hex[:8]}"
             gateway.open_session(name, record_dir=tmp_path / "trials" / name / "agent" / "gateway",
-                                 sampling=session_sampling(cfg))  # fmt: skip
+                                 sampling=cfg.sampling)  # fmt: skip
             environment = EnvironmentConfig(import_path=DOCKER_SANDBOX, delete=True, kwargs=environment_kwargs)
             trial = await Trial.create(TrialConfig(task=TaskConfig(path=TASK), trial_name=name,
                                                    trials_dir=tmp_path / "trials",
@@ -298,5 +298,5 @@ def test_terminus2_trial_runs_in_a_no_network_container_with_tmux_provided(tmp_p
     trained = [s for s in samples if not s.remove_sample]
     assert trained, "terminus-2 produced no trainable sample"
     for sample in trained:
-        assert check_sample_against_model(sample, hf_model, cfg.temperature) < 1e-4
+        assert check_sample_against_model(sample, hf_model, cfg.sampling.temperature) < 1e-4
     assert containers_labelled(f"slime-harbor.trial={result.trial_name}") == []

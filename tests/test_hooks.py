@@ -17,6 +17,7 @@ from collections import Counter
 
 from slime_harbor import hooks
 from slime_harbor.cli import prepare_data
+from slime_harbor.policy.sampling import episode_sampling
 from slime_harbor.trial_setup import DEFAULT_TASKS
 from slime_harbor.hooks import HookConfigError, dynamic_sampling_filter, generate, reward_post_process
 from helpers.samples import recompute_logprobs
@@ -195,7 +196,7 @@ def test_a_slime_abort_stops_the_trial_and_tears_the_sandbox_down(tmp_path, poli
     from helpers.rollout import leftovers
 
     cfg = RolloutConfig(agent="native", policy_url=policy_server, model_dir=str(tiny_model_dir),
-                        step_limit=400, max_new_tokens=48, progress=False)
+                        step_limit=400, sampling=episode_sampling(max_new_tokens=48), progress=False)
     out = tmp_path / "out"
     started = time.monotonic()
     flag_at: list[float] = []
@@ -416,20 +417,18 @@ def test_slime_sampling_params_apply_to_every_agent(agent, Sample):
     """The gateway calls /generate itself, so top-p replay ids, stop_token_ids and sampling_seed
     reach every agent's sampling (the native agent's kwargs, else its gateway session), while a
     setting no agent can honour is still refused."""
+    from slime_harbor.agent import NativeAgentOptions
     from slime_harbor.hooks import rollout_config
-    from slime_harbor.rollout import session_sampling
     from slime_harbor.trial_setup import agent_config, uses_gateway
 
     args = SimpleNamespace(harbor_agent=agent)
     params = {"stop_token_ids": [7], "sampling_seed": 11, "custom_params": {"return_top_p_token_ids": True}}
     hooks.check_supported(args)
     cfg = rollout_config(args, params, Sample(index=0))
-    if uses_gateway(cfg.agent):
-        sampling = session_sampling(cfg)
-        assert sampling.stop_token_ids == [7] and sampling.return_top_p_token_ids and cfg.sampling_seed == 11
-    else:
-        kwargs = agent_config(cfg).kwargs
-        assert kwargs["stop_token_ids"] == [7] and kwargs["return_top_p_token_ids"] and kwargs["sampling_seed"] == 11
+    sampling = cfg.sampling  # a gateway agent's session's sampling
+    if not uses_gateway(cfg.agent):  # the native agent's option
+        sampling = NativeAgentOptions.model_validate(agent_config(cfg).kwargs).sampling
+    assert sampling.stop_token_ids == [7] and sampling.return_top_p_token_ids and sampling.sampling_seed == 11
     with pytest.raises(HookConfigError, match="routed experts"):
         hooks.check_supported(SimpleNamespace(harbor_agent=agent, use_rollout_routing_replay=True))
 
@@ -448,6 +447,7 @@ def test_a_prompt_rows_refused_agent_is_a_failed_sample_without_a_trial(tmp_path
 
 def test_sampling_params_reach_the_agent_config(Sample):
     """SLiME's per-request options become the agents' own kwargs (AgentConfig.kwargs)."""
+    from slime_harbor.agent import NativeAgentOptions
     from slime_harbor.hooks import rollout_config
     from slime_harbor.trial_setup import agent_config
 
@@ -456,18 +456,17 @@ def test_sampling_params_reach_the_agent_config(Sample):
               "skip_special_tokens": False, "no_stop_trim": True, "sampling_seed": 11,
               "custom_params": {"return_top_p_token_ids": True}}
     native = agent_config(rollout_config(SimpleNamespace(rollout_max_context_len=900), params, sample)).kwargs
-    assert native["temperature"] == 0.7 and native["top_p"] == 0.9 and native["max_new_tokens"] == 33
-    assert native["stop"] == ["</x>"] and native["stop_token_ids"] == [7] and native["sampling_seed"] == 11
-    assert native["return_top_p_token_ids"] is True and native["routing_key"] == "sess-1"
-    assert native["max_context_len"] == 900
+    options = NativeAgentOptions.model_validate(native)
+    assert (options.sampling.temperature, options.sampling.top_p, options.sampling.max_new_tokens) == (0.7, 0.9, 33)
+    assert options.sampling.stop == ["</x>"] and options.sampling.stop_token_ids == [7]
+    assert options.sampling.sampling_seed == 11 and options.sampling.return_top_p_token_ids is True
+    assert options.routing_key == "sess-1" and options.max_context_len == 900
     # A gateway agent: the run's sampling is its gateway session's, the routing key the session's too.
-    from slime_harbor.rollout import session_sampling
-
     cfg = rollout_config(SimpleNamespace(harbor_agent="terminus-2", rollout_max_context_len=900), params, sample)
-    sampling = session_sampling(cfg)
+    sampling = cfg.sampling
     assert (sampling.temperature, sampling.top_p, sampling.max_new_tokens) == (0.7, 0.9, 33)
     assert sampling.stop == ["</x>"] and sampling.stop_token_ids == [7] and sampling.return_top_p_token_ids
-    assert cfg.sampling_seed == 11 and cfg.routing_key == "sess-1" and cfg.max_context_len == 900
+    assert sampling.sampling_seed == 11 and cfg.routing_key == "sess-1" and cfg.max_context_len == 900
     term = agent_config(cfg).kwargs
     assert term["llm_call_kwargs"] == {"max_tokens": 33}  # stop strings and routing live in the gateway
     assert term["model_info"]["max_input_tokens"] == 900 and term["model_info"]["output_cost_per_token"] == 0.0

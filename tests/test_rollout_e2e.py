@@ -32,7 +32,7 @@ def test_native_agent_samples_are_token_exact(tmp_path, responsive_server, respo
         assert s.reward is not None and not s.remove_sample
         assert s.metadata["task_name"] in EASY_TASKS and Path(s.metadata["trial_dir"]).is_dir()
         assert s.group_index == EASY_TASKS.index(s.metadata["task_name"])
-        diffs.append(check_sample_against_model(s, hf_model, cfg.temperature))
+        diffs.append(check_sample_against_model(s, hf_model, cfg.sampling.temperature))
         # Every masked span is chat-template tokens wrapped around exactly the observation the
         # agent recorded in its ATIF trajectory.
         trajectory = json.loads((Path(s.metadata["trial_dir"]) / "agent" / "trajectory.json").read_text())
@@ -58,7 +58,7 @@ def test_terminus2_samples_hold_invariants(tmp_path, responsive_server, responsi
     trained = [s for s in samples if not s.remove_sample]
     assert trained, f"terminus-2 produced no trainable sample: {summary['errors']}"
     for s in trained:
-        assert check_sample_against_model(s, hf_model, cfg.temperature) < 1e-4
+        assert check_sample_against_model(s, hf_model, cfg.sampling.temperature) < 1e-4
     # Every turn's tokens land in exactly one sample: the drift count explains any split.
     assert len(trained) == 1 + trained[0].metadata["drift_count"]
 
@@ -189,7 +189,7 @@ def test_native_agent_top_p_replay_is_well_formed_and_slime_accepts_it(
         n = s.response_length
         with torch.no_grad():
             logits = hf_model(torch.tensor([s.tokens])).logits[0, -n - 1 : -1].float()
-        full = torch.log_softmax(logits / cfg.temperature, dim=-1)
+        full = torch.log_softmax(logits / cfg.sampling.temperature, dim=-1)
         sampled = [i for i, m in enumerate(s.loss_mask) if m]
         expected = torch.tensor([float(full[i, s.response_ids[i]] - full[i, kept[i]].logsumexp(-1)) for i in sampled])
         assert (expected - torch.tensor([s.rollout_log_probs[i] for i in sampled])).abs().mean() < 1e-4
@@ -236,3 +236,18 @@ def test_native_agent_seeded_episodes_replay_and_stop_at_the_context_limit(
     assert s.metadata["exit_status"] == "context_limit" and s.metadata["turns"] == 1
     assert s.status == SampleStatus.TRUNCATED and s.reward is not None and not s.remove_sample
     assert len(s.tokens) <= len(prompt) + 12
+
+
+def test_native_agent_sampling_option_keeps_the_episode_defaults_it_does_not_name():
+    """Harbor's --agent-kwarg 'sampling={"temperature": 0.7}' changes that field only (512 tokens a
+    turn stay), and a value SamplingParams refuses is refused as the option."""
+    from pydantic import ValidationError
+
+    from slime_harbor.agent import NativeAgentOptions
+    from slime_harbor.policy.sampling import episode_sampling
+
+    options = NativeAgentOptions.model_validate({"sampling": {"temperature": 0.7}})
+    assert options.sampling == episode_sampling(temperature=0.7) and options.sampling.max_new_tokens == 512
+    assert NativeAgentOptions().sampling == episode_sampling()
+    with pytest.raises(ValidationError, match="temperature must be >= 0"):
+        NativeAgentOptions.model_validate({"sampling": {"temperature": -1}})

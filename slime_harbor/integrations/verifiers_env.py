@@ -38,6 +38,7 @@ from verifiers.v1.envs.single_agent import SingleAgentEnv
 from verifiers.v1.trace import AgentInfo, TraceTask
 
 from slime_harbor.integrations.verifiers_trace import fill_trace
+from slime_harbor.policy.sampling import episode_sampling
 from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
 from slime_harbor.tasks.task_dir import discover_tasks
 from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig, uses_gateway
@@ -145,9 +146,10 @@ class HarborTrialsEnv(SingleAgentEnv):
         rollout = RolloutConfig(
             tasks_dir=cfg.tasks_dir, agent=cfg.agent, n_samples=1, policy_url=ctx.client.base_url,
             policy_api="openai", model_name=ctx.model, model_dir=tokenizer_name, env=cfg.environment_type,
-            step_limit=cfg.max_turns, temperature=1.0 if sampling.temperature is None else sampling.temperature,
-            top_p=1.0 if sampling.top_p is None else sampling.top_p,
-            max_new_tokens=sampling.max_tokens or cfg.max_new_tokens, progress=False,
+            step_limit=cfg.max_turns, progress=False,
+            sampling=episode_sampling(temperature=1.0 if sampling.temperature is None else sampling.temperature,
+                                      top_p=1.0 if sampling.top_p is None else sampling.top_p,
+                                      max_new_tokens=sampling.max_tokens or cfg.max_new_tokens),
             hack_action=cfg.hack_action, hack_detectors=list(cfg.hack_detectors),
             hack_judge_url=cfg.hack_judge_url, hack_judge_model=cfg.hack_judge_model,
         )

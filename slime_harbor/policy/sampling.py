@@ -46,7 +46,9 @@ class SamplingParams:
     custom_params.return_top_p_token_ids); logprobs are then renormalised over them."""
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
+        # The one range check of these settings: the CLI, train-local, the hook and the agents all
+        # build a SamplingParams (`not >=` also refuses nan).
+        if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -128,6 +130,14 @@ class Generation:
     reissued: int = 0
     """How often the server aborted this call on its own (a weight update) and the client had it
     sampled again."""
+
+
+def episode_sampling(**changes: Any) -> SamplingParams:
+    """An agent episode's sampling unless told otherwise (RolloutConfig.sampling's default and the
+    native agent's): SGLang's defaults, with 512 tokens a turn, room for a thought and a command.
+    In an episode's settings, sampling_seed is the episode's seed: turn t samples with
+    turn_seed(seed, t)."""
+    return SamplingParams(**{"max_new_tokens": 512, **changes})
 
 
 def turn_seed(seed: int, turn: int) -> int:

@@ -194,9 +194,10 @@ async def _scripted_trial(agent: str, env: str, task_dir: Path, work: Path, mode
     gateway = RecordingGateway(None, model_dir, served_model_name=model_name, upstream=policy)
     await gateway.start()
     try:
+        cfg = RolloutConfig(agent=agent, env=env, step_limit=3, model_name=model_name,
+                            sampling=SamplingParams(max_new_tokens=max_new_tokens))
         session = gateway.open_session(FORMAT_TRIAL, record_dir=work / "trials" / FORMAT_TRIAL / "agent" / "gateway",
-                                       sampling=SamplingParams(max_new_tokens=max_new_tokens))
-        cfg = RolloutConfig(agent=agent, env=env, step_limit=3, model_name=model_name, max_new_tokens=max_new_tokens)
+                                       sampling=cfg.sampling)
         agent_cfg = agent_config(cfg, ModelEndpoint.of(gateway, FORMAT_TRIAL))
         session.max_calls = gateway_step_limit(agent_cfg, cfg.step_limit)
         config = TrialConfig(task=TaskConfig(path=task_dir), trial_name=FORMAT_TRIAL, trials_dir=work / "trials",

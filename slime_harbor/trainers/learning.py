@@ -27,6 +27,7 @@ import torch
 
 from slime_harbor.tasks import families as task_families
 from slime_harbor.policy.engine import EngineConfig
+from slime_harbor.policy.sampling import episode_sampling
 from slime_harbor.trainers.local import train
 from slime_harbor.trainers.local_config import check_train_config, LocalTrainConfig
 from slime_harbor.policy.server import EmbeddedPolicyServer
@@ -226,8 +227,8 @@ def evaluate(cfg: LearningConfig, model_dir: Path, tasks_dir: Path, out: Path) -
     with EmbeddedPolicyServer(model_dir, engine_config=engine_config, model_name="policy") as server:
         rollout = RolloutConfig(
             tasks_dir=tasks_dir, agent=cfg.agent, env=cfg.env, n_samples=cfg.eval_samples, policy_url=server.url,
-            model_dir=str(model_dir), concurrency=cfg.concurrency, out_dir=out, temperature=cfg.temperature,
-            step_limit=cfg.step_limit, max_new_tokens=cfg.max_new_tokens, progress=False,
+            model_dir=str(model_dir), concurrency=cfg.concurrency, out_dir=out, step_limit=cfg.step_limit,
+            sampling=episode_sampling(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens), progress=False,
         )
         summary = asyncio.run(run_rollouts(rollout))
     by_family: dict[str, list[float]] = defaultdict(list)

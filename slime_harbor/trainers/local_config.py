@@ -16,6 +16,7 @@ import torch
 from slime_harbor.exits import ConfigError
 from slime_harbor.filters import TrajectoryFilters
 from slime_harbor.grpo import GRPOConfig
+from slime_harbor.policy.sampling import episode_sampling, SamplingParams
 from slime_harbor.trial_setup import (
     check_config, check_environment_runs, DEFAULT_TASKS, RolloutConfig, samples_policy,
 )
@@ -218,22 +219,25 @@ class LocalTrainConfig:
             tasks_dir=self.tasks_dir, task_names=task_names if task_names is not None else self.task_names,
             agent=self.agent, n_samples=self.n_samples,
             policy_url=policy_url, model_dir=model_dir, env=self.env, concurrency=self.concurrency,
-            out_dir=out_dir, temperature=self.temperature, step_limit=self.step_limit,
-            max_new_tokens=self.max_new_tokens, reward_mapping=self.reward_mapping, progress=self.progress,
+            out_dir=out_dir, step_limit=self.step_limit, reward_mapping=self.reward_mapping, progress=self.progress,
+            sampling=self.sampling(),
             gateway_host=self.gateway_host, hack_action=self.hack_action, hack_detectors=list(self.hack_detectors),
             hack_judge_url=self.hack_judge_url, hack_judge_model=self.hack_judge_model,
         )
 
     def eval_rollout(self, policy_url: str, model_dir: str, out_dir: Path, lora_name: str | None = None) -> RolloutConfig:
         """The evaluation's episodes: held-out tasks, eval_n_samples each, the eval sampling settings."""
+        given = {"temperature": self.eval_temperature, "top_p": self.eval_top_p, "top_k": self.eval_top_k,
+                 "max_new_tokens": self.eval_max_new_tokens}  # None: the training episodes' (top-p, top-k off)
+        sampling = dataclasses.replace(self.sampling(), **{k: v for k, v in given.items() if v is not None})
         return dataclasses.replace(
             self.rollout(policy_url, model_dir, out_dir, lora_name=lora_name), tasks_dir=self.eval_tasks, task_names=None,
-            n_samples=self.eval_n_samples,
-            temperature=self.temperature if self.eval_temperature is None else self.eval_temperature,
-            top_p=1.0 if self.eval_top_p is None else self.eval_top_p,
-            top_k=-1 if self.eval_top_k is None else self.eval_top_k,
-            max_new_tokens=self.max_new_tokens if self.eval_max_new_tokens is None else self.eval_max_new_tokens,
+            n_samples=self.eval_n_samples, sampling=sampling,
         )
+
+    def sampling(self) -> SamplingParams:
+        """The training episodes' sampling (ValueError in one line for a value SamplingParams refuses)."""
+        return episode_sampling(temperature=self.temperature, max_new_tokens=self.max_new_tokens)
 
     def filters(self) -> TrajectoryFilters:
         return TrajectoryFilters(mask_timeouts=self.mask_timeouts, mask_step_limit=self.mask_step_limit,
@@ -290,14 +294,18 @@ def with_tasks_selected(cfg: LocalTrainConfig) -> LocalTrainConfig:
 
 def check_train_config(cfg: LocalTrainConfig) -> None:
     """Refuse, before a model is loaded, a setting that cannot work (ConfigError, one line)."""
-    at_least_1 = ["num_rollouts", "n_samples", "concurrency", "step_limit", "max_new_tokens", "updates_per_rollout",
+    at_least_1 = ["num_rollouts", "n_samples", "concurrency", "step_limit", "updates_per_rollout",
                   "micro_batch_size", "lora_r", "lora_alpha"]
     for name in at_least_1:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
-    for name in ("lr", "weight_decay", "kl_coef", "eps_clip", "eps_clip_high", "temperature", "tis_clip", "tis_clip_low"):
+    for name in ("lr", "weight_decay", "kl_coef", "eps_clip", "eps_clip_high", "tis_clip", "tis_clip_low"):
         if not getattr(cfg, name) >= 0:  # also refuses nan
             raise ConfigError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    try:  # the sampling settings' own checks (max_new_tokens >= 1: check_config's, below)
+        cfg.sampling()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if not cfg.lr > 0:
         raise ConfigError(f"lr must be > 0, got {cfg.lr}")
     if cfg.canary_tasks is not None:
@@ -345,5 +353,9 @@ def check_train_config(cfg: LocalTrainConfig) -> None:
     if cfg.eval_tasks is not None:
         if cfg.eval_n_samples < 1:
             raise ConfigError(f"eval_n_samples must be >= 1, got {cfg.eval_n_samples}")
-        check_config(cfg.eval_rollout("http://embedded", cfg.model or "embedded", Path("unused")))
+        try:  # --eval-temperature, --eval-top-p, ...: SamplingParams' own checks
+            evaluation = cfg.eval_rollout("http://embedded", cfg.model or "embedded", Path("unused"))
+        except ValueError as exc:
+            raise ConfigError(f"evaluation sampling: {exc}") from None
+        check_config(evaluation)
     check_environment_runs(cfg.env)

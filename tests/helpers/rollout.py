@@ -3,11 +3,15 @@ replies the responsive model is taught, and what a rollout may leave behind."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
 
+from slime_harbor.policy.sampling import episode_sampling, SamplingParams
 from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig
+
+SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 
 EASY_TASKS = ["dedupe-lines", "fix-sort-key"]
 
@@ -31,10 +35,13 @@ def leftovers(out_dir: Path) -> tuple[list[str], list[str]]:
 
 
 def config(tmp_path, policy_server, tiny_model_dir, **overrides) -> RolloutConfig:
+    """A RolloutConfig for tests; SamplingParams' fields may be given flat (max_new_tokens=96), on
+    top of 48 tokens a turn."""
+    sampling = {k: overrides.pop(k) for k in list(overrides) if k in SAMPLING_FIELDS}
     base = dict(
         tasks_dir=DEFAULT_TASKS, task_names=EASY_TASKS[:1], agent="native", n_samples=2,
         policy_url=policy_server, model_dir=str(tiny_model_dir), concurrency=4, out_dir=tmp_path / "out",
-        step_limit=3, max_new_tokens=48, progress=False,
+        step_limit=3, sampling=episode_sampling(**{"max_new_tokens": 48, **sampling}), progress=False,
     )
     base.update(overrides)
     return RolloutConfig(**base)
