@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,7 @@ from slime_harbor.rollout import load_tokenizer, run_episode, serving_gateway
 from slime_harbor.trial_setup import RolloutConfig, with_engine
 from slime_harbor.samples import TrainingSample, write_jsonl
 from slime_harbor.trainers.evaluate import evaluation
-from slime_harbor.trainers.training_run import TaskStream, TrainingRun, eval_line, step_record, step_sampling
+from slime_harbor.trainers.training_run import TaskStream, TrainingRun, step_record, step_sampling
 
 
 @dataclass
@@ -186,11 +185,7 @@ async def evaluate_frozen(run: TrainingRun, version: int, record: dict) -> None:
             await asyncio.to_thread(server.stop)
     finally:
         engine.close()
-    result["weight_version"] = version
-    record["eval"] = result
-    record.setdefault("timings", {})["eval_s"] = result.pop("wall_s")
-    print(eval_line(record["step"], result), file=sys.stderr)
-    run.record_done(record)
+    run.record_eval(record, result, version)
 
 
 async def train_async(run: TrainingRun, tasks: dict[str, Path], stream: TaskStream) -> None:

@@ -78,7 +78,7 @@ from slime_harbor.trainers.async_loop import train_async
 from slime_harbor.trainers.evaluate import evaluation
 from slime_harbor.samples import TrainingSample, read_jsonl, write_jsonl
 from slime_harbor.trainers.training_run import (
-    TaskStream, TrainingRun, eval_line, run_summary, step_record, step_sampling,
+    TaskStream, TrainingRun, run_summary, step_record, step_sampling,
 )
 from slime_harbor.trainers.local_config import (
     check_train_config, find_checkpoint, LocalTrainConfig, OBJECTIVES, resolve_device, TEST_PRESET, TRAINER_STATE, with_tasks_selected,
@@ -265,16 +265,13 @@ def _train_synchronously(run: TrainingRun, guard: SignalGuard, runner: asyncio.R
 
     def evaluate(step: int) -> dict[str, Any]:
         # A signal cancels it like a rollout: the step stays recorded.
-        result = guard.run(evaluation(cfg, learner.url, run.base_model, out / "eval" / f"step_{step}",
-                                      learner.lora_name), runner)
-        result["weight_version"] = learner.weight_version
-        print(eval_line(step, result), file=sys.stderr)
-        return result
+        return guard.run(evaluation(cfg, learner.url, run.base_model, out / "eval" / f"step_{step}",
+                                    learner.lora_name), runner)
 
     if cfg.eval_tasks is not None and run.start == 0:  # step 0: the policy before any update
         result = evaluate(0)
-        run.metrics.append({"step": 0, "eval": result, "timings": {"eval_s": result.pop("wall_s")}})
-        run.record_done(run.metrics[-1])
+        run.metrics.append({"step": 0})
+        run.record_eval(run.metrics[-1], result, learner.weight_version)
     for step in range(run.start + 1, cfg.num_rollouts + 1):
         t0 = time.monotonic()
         sampled_version = learner.weight_version  # the version this step's rollout samples
@@ -293,9 +290,9 @@ def _train_synchronously(run: TrainingRun, guard: SignalGuard, runner: asyncio.R
                                  {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3)})
             run.finish_step(record)
         if cfg.eval_tasks is not None and run.eval_due(step):
-            record["eval"] = evaluate(step)
-            record["timings"]["eval_s"] = record["eval"].pop("wall_s")
-        run.record_done(record)
+            run.record_eval(record, evaluate(step), learner.weight_version)
+        else:
+            run.record_done(record)
 
 
 def resolve_model(model: str | None) -> Path:

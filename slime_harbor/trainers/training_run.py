@@ -54,6 +54,15 @@ class TrainingRun:
             self.learner.save_checkpoint(self.out / f"checkpoint_{step}", step, self.metrics)
             self.last_checkpoint = str(self.out / f"checkpoint_{step}")
 
+    def record_eval(self, record: dict, result: dict, version: int) -> None:
+        """A held-out evaluation of weight version `version` (trainers/evaluate.py's figures) into
+        the record of the step it follows (step 0: before any update), its line printed."""
+        result["weight_version"] = version
+        record["eval"] = result
+        record.setdefault("timings", {})["eval_s"] = result.pop("wall_s")
+        print(eval_line(record["step"], result), file=sys.stderr)
+        self.record_done(record)
+
     def eval_due(self, step: int) -> bool:
         """Whether the held-out evaluation runs after `step` (every eval_every steps, and the last)."""
         return step == self.cfg.num_rollouts or (self.cfg.eval_every > 0 and step % self.cfg.eval_every == 0)
