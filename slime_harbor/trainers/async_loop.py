@@ -229,8 +229,10 @@ async def train_async(run: TrainingRun, tasks: dict[str, Path], stream: TaskStre
                 run.finish_step(record)
                 if cancelled is not None:
                     raise cancelled
-                if cfg.eval_tasks is not None and run.eval_due(step):
+                if cfg.eval_tasks is not None and run.eval_due(step):  # recorded when its evaluation is in
                     evaluations.append(asyncio.create_task(evaluate_frozen(run, step, record)))
+                else:  # as the synchronous loop: wandb hears of every step
+                    run.record_done(record)
         except BaseException:  # a signal (cancelled) or a failure: the evaluations end too
             for task in evaluations:
                 task.cancel()
