@@ -42,7 +42,7 @@ def main() -> None:
 
     from slime_harbor.policy.tiny_model import TinyModelConfig, build_tiny_model, ensure_tiny_model
     from slime_harbor.tasks import families as task_families
-    from slime_harbor.trainers.learning import demo_defaults, sft_episodes
+    from slime_harbor.trainers.demo import demo_defaults, sft_episodes
     from slime_harbor.trainers.sft import SFTConfig, sft_sequences
 
     torch.manual_seed(a.seed)
@@ -53,7 +53,7 @@ def main() -> None:
         base = build_tiny_model(Path(tempfile.mkdtemp(prefix="tiny-model-")), seed=a.seed,
                                 config=TinyModelConfig(num_hidden_layers=a.layers))
     tokenizer = AutoTokenizer.from_pretrained(base)
-    # The demo's SFT data (learning.sft_episodes), probed on two training instances per family.
+    # The demo's SFT data (demo.sft_episodes), probed on two training instances per family.
     cfg = dataclasses.replace(demo_defaults(a.agent), env=a.env, seed=a.seed, sft_instances=a.sft_instances)
     probe = [inst for f in cfg.families for inst in task_families.instances(f, 2, a.seed, "train", strict=False)]
     sequences, probes, _ = sft_episodes(cfg, base, tokenizer, probe,

@@ -5,7 +5,7 @@ and episodes per update.
 Real agent trials have a long tail: most finish in seconds, a few wait for minutes (a long test
 suite, a command that hangs until its timeout). Here the tasks are the learning benchmark's
 procedural families (slime_harbor.tasks.families), warm-started by the same SFT
-(trainers/learning.py), and each training task's verifier first waits, in about one trial in
+(trainers/demo.py), and each training task's verifier first waits, in about one trial in
 ten chosen at random per trial, for 10-20x a fast trial's time (`sleep`: waiting inside the
 sandbox, not CPU work), so any task can be slow. Held-out tasks have no tail (they only measure).
 
@@ -45,9 +45,13 @@ from pathlib import Path
 from slime_harbor.policy.tiny_model import build_tiny_model
 from slime_harbor.samples import read_jsonl
 from slime_harbor.tasks import families as task_families
-from slime_harbor.trainers.learning import LearningConfig, evaluate, sft_warm_start
+from slime_harbor.trainers.demo import LearningConfig, sft_warm_start
 from slime_harbor.trainers.local import train
 from slime_harbor.trainers.local_config import LocalTrainConfig
+
+# The learning benchmark's held-out success (bench/learning.py: run as a script, this file's folder is on
+# the import path), so both benchmarks measure held-out tasks alike.
+from learning import evaluate
 
 
 @dataclasses.dataclass

@@ -77,7 +77,7 @@ def rollout_config() -> str:
 
 
 def learning_config() -> str:
-    from slime_harbor.trainers.learning import LearningConfig
+    from slime_harbor.trainers.demo import LearningConfig
 
     return dataclass_table(LearningConfig)
 

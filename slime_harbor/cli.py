@@ -293,7 +293,7 @@ def build_parser(demo_agent: str = "native") -> OneLineArgumentParser:
     p = sub.add_parser("demo", help="the main job on embedded defaults: SFT warm start, then a short GRPO run on "
                        "procedural tasks with real trials; held-out success before and after",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    from slime_harbor.trainers.learning import DEMO_WANDB_PROJECT, add_flags, demo_defaults
+    from slime_harbor.trainers.demo import DEMO_WANDB_PROJECT, add_flags, demo_defaults
 
     add_flags(p, demo_defaults(demo_agent), skip=("rft_arm",))  # the demo is GRPO only; bench/learning.py adds RFT
     p.add_argument("--wandb-project", default=DEMO_WANDB_PROJECT,
@@ -348,7 +348,7 @@ def build_parser(demo_agent: str = "native") -> OneLineArgumentParser:
 
 def _demo_agent(argv: list[str]) -> str:
     """The demo's --agent (its defaults depend on it); a name the demo cannot run is one line."""
-    from slime_harbor.trainers.learning import DEMO_AGENT_DEFAULTS
+    from slime_harbor.trainers.demo import DEMO_AGENT_DEFAULTS
 
     if argv[:1] != ["demo"]:
         return "native"
@@ -399,7 +399,7 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
     elif a.command == "rollout":
         run_rollout_command(rollout_config(a), guard)
     elif a.command == "demo":
-        from slime_harbor.trainers.learning import LearningConfig, run_demo
+        from slime_harbor.trainers.demo import LearningConfig, run_demo
 
         project, mapping = vars(a).pop("wandb_project"), vars(a).pop("reward_mapping")
         hack_action = vars(a).pop("hack_action")

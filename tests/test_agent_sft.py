@@ -193,7 +193,7 @@ def test_demo_takes_the_agents_defaults_and_refuses_an_agent_without_an_sft_form
     from helpers.cli import assert_one_line_error, run_cli
 
     from slime_harbor.cli import build_parser
-    from slime_harbor.trainers.learning import DEMO_DEFAULTS, demo_defaults
+    from slime_harbor.trainers.demo import DEMO_DEFAULTS, demo_defaults
 
     assert demo_defaults() == DEMO_DEFAULTS
     tuned = demo_defaults("mini-swe-agent")
@@ -213,7 +213,7 @@ def test_warm_start_learns_the_native_format_first_then_the_agents(tmp_path, tin
     import torch
     from transformers import AutoModelForCausalLM
 
-    from slime_harbor.trainers.learning import demo_defaults, sft_warm_start
+    from slime_harbor.trainers.demo import demo_defaults, sft_warm_start
 
     cfg = dataclasses.replace(demo_defaults("mini-swe-agent"), out=tmp_path, families=[FAMILY], sft_instances=4,
                               sft_native_steps=2, sft_max_steps=1, sft_check_every=1, sft_batch_size=2)

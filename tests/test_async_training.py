@@ -20,6 +20,7 @@ from slime_harbor.filters import mask_stale, staleness
 from slime_harbor.samples import SampleStatus, TrainingSample, read_jsonl
 from slime_harbor.trainers.local import train
 from slime_harbor.trainers.local_config import LocalTrainConfig
+from slime_harbor.trainers.tracking import read_offline_history
 from helpers.samples import call_runs, make_sample
 from helpers.training import model_at
 
@@ -178,6 +179,20 @@ def test_an_asynchronous_run_resumes_at_its_version_with_the_native_agent(tiny_m
     resumed = read_jsonl(out / "rollouts" / "step_3" / "samples.jsonl")
     assert resumed and {v for s in resumed for v in s.weight_versions} == {"2"}
     assert metrics[2]["skipped"] is None and metrics[2]["filters"]["stale"] == 0
+
+
+@pytest.mark.slow
+def test_every_update_of_an_asynchronous_run_reaches_wandb(tiny_model_dir, tmp_path, monkeypatch):
+    """As in the synchronous loop, wandb hears of every update as it is recorded, not only of the
+    updates a held-out evaluation follows (here none: no eval_tasks)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    out = tmp_path / "run"
+    train(run_config(tiny_model_dir, out, max_staleness=1, save_every=0, wandb_project="test-project",
+                     wandb_run_name="toy"))
+    (run_dir,) = (out / "wandb").glob("offline-run-*")
+    rows = [r for r in read_offline_history(run_dir)
+            if "rollout/step" in r and "rollout/reward_curve" not in "".join(r)]  # not the curve's image
+    assert [r["rollout/step"] for r in rows] == [1, 2]
 
 
 class QueuedGroups:

@@ -28,19 +28,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slime_harbor.filters import apply_limit_filters, drop_zero_std_groups, mask_counts, mask_stale, varying_groups
+from slime_harbor.filters import apply_limit_filters, mask_counts, mask_stale, varying_groups
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.rollout import load_tokenizer, run_episode, serving_gateway
 from slime_harbor.trial_setup import RolloutConfig, with_engine
 from slime_harbor.samples import TrainingSample, write_jsonl
 from slime_harbor.trainers.evaluate import evaluation
-from slime_harbor.trainers.training_run import TaskStream, TrainingRun, eval_line, rollout_stats, truncated_ratio
+from slime_harbor.trainers.training_run import TaskStream, TrainingRun, step_record, step_sampling
 
 
 @dataclass
@@ -165,10 +164,8 @@ async def take_groups(producer: GroupProducer, step: int, wanted: int) -> tuple[
         stale_groups += all((s.metadata or {}).get("masked_by") == "stale" for s in group.samples)
         groups.append(group)
     samples = [s for g in groups for s in g.samples]
-    masked["zero_std"] = drop_zero_std_groups(samples) if cfg.dynamic_sampling else 0
-
-    return groups, {"errors": sum(g.errors for g in groups), "n_groups_sampled": len(groups), "filters": masked,
-                    "truncated_ratio": truncated_ratio(samples)}, waited
+    sampling = step_sampling(samples, masked, sum(g.errors for g in groups), len(groups), cfg.dynamic_sampling)
+    return groups, sampling, waited
 
 
 async def evaluate_frozen(run: TrainingRun, version: int, record: dict) -> None:
@@ -188,11 +185,7 @@ async def evaluate_frozen(run: TrainingRun, version: int, record: dict) -> None:
             await asyncio.to_thread(server.stop)
     finally:
         engine.close()
-    result["weight_version"] = version
-    record["eval"] = result
-    record.setdefault("timings", {})["eval_s"] = result.pop("wall_s")
-    print(eval_line(record["step"], result), file=sys.stderr)
-    run.record_done(record)
+    run.record_eval(record, result, version)
 
 
 async def train_async(run: TrainingRun, tasks: dict[str, Path], stream: TaskStream) -> None:
@@ -228,17 +221,18 @@ async def train_async(run: TrainingRun, tasks: dict[str, Path], stream: TaskStre
                     cancelled, result = exc, await update
                 producer.published()
                 t2 = time.monotonic()
-                record = {"step": step, **rollout_stats(samples), **result, **sampling,
-                          "weight_version": step,
-                          "sampled_weight_versions": _version_counts(samples),
-                          "task_stream_position": stream.position,
-                          "timings": {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3),
-                                      "learner_wait_s": round(waited, 3)}}
+                record = step_record(step, samples, result, sampling,
+                                     {"weight_version": step, "sampled_weight_versions": _version_counts(samples)},
+                                     {"task_stream_position": stream.position},
+                                     {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3),
+                                      "learner_wait_s": round(waited, 3)})
                 run.finish_step(record)
                 if cancelled is not None:
                     raise cancelled
-                if cfg.eval_tasks is not None and run.eval_due(step):
+                if cfg.eval_tasks is not None and run.eval_due(step):  # recorded when its evaluation is in
                     evaluations.append(asyncio.create_task(evaluate_frozen(run, step, record)))
+                else:  # as the synchronous loop: wandb hears of every step
+                    run.record_done(record)
         except BaseException:  # a signal (cancelled) or a failure: the evaluations end too
             for task in evaluations:
                 task.cancel()

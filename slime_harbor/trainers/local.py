@@ -69,7 +69,7 @@ from typing import Any
 import torch
 
 from slime_harbor.exits import ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
-from slime_harbor.filters import apply_limit_filters, drop_zero_std_groups, mask_counts, varying_groups
+from slime_harbor.filters import apply_limit_filters, mask_counts, varying_groups
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.canaries import canary_counts
@@ -78,7 +78,7 @@ from slime_harbor.trainers.async_loop import train_async
 from slime_harbor.trainers.evaluate import evaluation
 from slime_harbor.samples import TrainingSample, read_jsonl, write_jsonl
 from slime_harbor.trainers.training_run import (
-    TaskStream, TrainingRun, eval_line, rollout_stats, run_summary, truncated_ratio,
+    TaskStream, TrainingRun, run_summary, step_record, step_sampling,
 )
 from slime_harbor.trainers.local_config import (
     check_train_config, find_checkpoint, LocalTrainConfig, OBJECTIVES, resolve_device, TEST_PRESET, TRAINER_STATE, with_tasks_selected,
@@ -122,7 +122,7 @@ def sample_step(guard: SignalGuard, runner: asyncio.Runner, cfg: LocalTrainConfi
     names = tasks if cfg.rollout_batch_size is None else stream.take(cfg.rollout_batch_size)
     wanted = len(names)
     samples: list[TrainingSample] = []
-    masked: dict[str, int] = {}
+    masked = mask_counts()
     errors = groups = 0
     rounds: list[tuple[Path, list[TrainingSample]]] = []
     for round_ in range(1 + (cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 0)):
@@ -133,15 +133,14 @@ def sample_step(guard: SignalGuard, runner: asyncio.Runner, cfg: LocalTrainConfi
         groups += len(names)
         errors += len(summary.get("errors") or {})
         for reason, n in apply_limit_filters(new, cfg.filters()).items():
-            masked[reason] = masked.get(reason, 0) + n
+            masked[reason] += n
         samples += new
         rounds.append((out_dir, new))
         missing = wanted - len(varying_groups(samples))
         if not cfg.dynamic_sampling or missing <= 0:
             break
         names = stream.take(missing)
-    if cfg.dynamic_sampling:
-        masked["zero_std"] = drop_zero_std_groups(samples)
+    sampling = step_sampling(samples, masked, errors, groups, cfg.dynamic_sampling)
     for out_dir, new in rounds:
         write_jsonl(out_dir / "samples.jsonl", new)
     canary = {}
@@ -151,9 +150,7 @@ def sample_step(guard: SignalGuard, runner: asyncio.Runner, cfg: LocalTrainConfi
                                       tasks_dir=cfg.canary_tasks)
         guard.run(run_rollouts(rollout), runner)
         canary = canary_counts(read_jsonl(step_dir / "canaries" / "samples.jsonl"))
-    return samples, {"errors": errors, "n_groups_sampled": groups,
-                     "filters": mask_counts(masked),
-                     "truncated_ratio": truncated_ratio(samples), **canary}
+    return samples, {**sampling, **canary}
 
 
 def _tracker(cfg: LocalTrainConfig, out: Path, base_model: str, device: str):
@@ -268,16 +265,13 @@ def _train_synchronously(run: TrainingRun, guard: SignalGuard, runner: asyncio.R
 
     def evaluate(step: int) -> dict[str, Any]:
         # A signal cancels it like a rollout: the step stays recorded.
-        result = guard.run(evaluation(cfg, learner.url, run.base_model, out / "eval" / f"step_{step}",
-                                      learner.lora_name), runner)
-        result["weight_version"] = learner.weight_version
-        print(eval_line(step, result), file=sys.stderr)
-        return result
+        return guard.run(evaluation(cfg, learner.url, run.base_model, out / "eval" / f"step_{step}",
+                                    learner.lora_name), runner)
 
     if cfg.eval_tasks is not None and run.start == 0:  # step 0: the policy before any update
         result = evaluate(0)
-        run.metrics.append({"step": 0, "eval": result, "timings": {"eval_s": result.pop("wall_s")}})
-        run.record_done(run.metrics[-1])
+        run.metrics.append({"step": 0})
+        run.record_eval(run.metrics[-1], result, learner.weight_version)
     for step in range(run.start + 1, cfg.num_rollouts + 1):
         t0 = time.monotonic()
         sampled_version = learner.weight_version  # the version this step's rollout samples
@@ -290,16 +284,15 @@ def _train_synchronously(run: TrainingRun, guard: SignalGuard, runner: asyncio.R
             t1 = time.monotonic()
             result = learner.train_step(samples, step)  # the next rollout samples from the new weights
             t2 = time.monotonic()
-            record = {"step": step, **rollout_stats(samples), **result, **sampling,
-                      "sampled_weight_version": sampled_version,
-                      "task_stream_position": stream.position,
-                      **({"canary_stream_position": canaries.position} if canaries else {}),
-                      "timings": {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3)}}
+            record = step_record(step, samples, result, sampling, {"sampled_weight_version": sampled_version},
+                                 {"task_stream_position": stream.position,
+                                  **({"canary_stream_position": canaries.position} if canaries else {})},
+                                 {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3)})
             run.finish_step(record)
         if cfg.eval_tasks is not None and run.eval_due(step):
-            record["eval"] = evaluate(step)
-            record["timings"]["eval_s"] = record["eval"].pop("wall_s")
-        run.record_done(record)
+            run.record_eval(record, evaluate(step), learner.weight_version)
+        else:
+            run.record_done(record)
 
 
 def resolve_model(model: str | None) -> Path:

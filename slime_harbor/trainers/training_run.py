@@ -1,7 +1,8 @@
 """What a local GRPO run records, shared by its two loops (synchronous in local.py, asynchronous
 in async_loop.py): the run itself (TrainingRun: its learner, its metrics.json records, its
-checkpoints), the rollout figures of a step (rollout_stats, truncated_ratio), the task stream
-steps draw from, the lines a step and an evaluation print, and the run's summary.json.
+checkpoints), the rollout figures of a step (rollout_stats, truncated_ratio), its sampling figures
+and its metrics.json record (step_sampling, step_record: one builder for both loops), the task
+stream steps draw from, the lines a step and an evaluation print, and the run's summary.json.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_harbor.hack_monitor import hack_counts
-from slime_harbor.filters import MASK_REASONS
+from slime_harbor.filters import MASK_REASONS, drop_zero_std_groups, mask_counts
 from slime_harbor.samples import TrainingSample, episode_key, is_scored
 from slime_harbor.trainers.local_config import LocalTrainConfig
 
@@ -52,6 +53,15 @@ class TrainingRun:
         if step == self.cfg.num_rollouts or (self.cfg.save_every > 0 and step % self.cfg.save_every == 0):
             self.learner.save_checkpoint(self.out / f"checkpoint_{step}", step, self.metrics)
             self.last_checkpoint = str(self.out / f"checkpoint_{step}")
+
+    def record_eval(self, record: dict, result: dict, version: int) -> None:
+        """A held-out evaluation of weight version `version` (trainers/evaluate.py's figures) into
+        the record of the step it follows (step 0: before any update), its line printed."""
+        result["weight_version"] = version
+        record["eval"] = result
+        record.setdefault("timings", {})["eval_s"] = result.pop("wall_s")
+        print(eval_line(record["step"], result), file=sys.stderr)
+        self.record_done(record)
 
     def eval_due(self, step: int) -> bool:
         """Whether the held-out evaluation runs after `step` (every eval_every steps, and the last)."""
@@ -105,6 +115,26 @@ def truncated_ratio(samples: Sequence[TrainingSample]) -> float | None:
     """Share of scored episodes that hit a limit (status truncated), as SLiME's rollout/truncated_ratio."""
     episodes = {episode_key(s): s.status.value for s in samples if is_scored(s)}
     return sum(v == "truncated" for v in episodes.values()) / len(episodes) if episodes else None
+
+
+def step_sampling(samples: Sequence[TrainingSample], masked: dict[str, int], errors: int, n_groups: int,
+                  dynamic_sampling: bool) -> dict[str, Any]:
+    """A step's sampling figures once all its groups are in, from either loop: the episodes the
+    trajectory filters masked (`masked`, per reason), with dynamic sampling the groups without
+    reward variance masked now (zero_std), the failed episodes and the groups sampled."""
+    masked = mask_counts(masked)
+    masked["zero_std"] = drop_zero_std_groups(samples) if dynamic_sampling else 0
+    return {"errors": errors, "n_groups_sampled": n_groups, "filters": masked,
+            "truncated_ratio": truncated_ratio(samples)}
+
+
+def step_record(step: int, samples: Sequence[TrainingSample], update: dict[str, Any], sampling: dict[str, Any],
+                versions: dict[str, Any], positions: dict[str, int], timings: dict[str, float]) -> dict[str, Any]:
+    """metrics.json's record of a trained step, from either loop: its rollout figures
+    (rollout_stats), the update's (Learner.train_step), its sampling figures (step_sampling), the
+    weight versions its episodes were sampled by, where the task streams stand after it (a
+    resumed run goes on from there) and its timings."""
+    return {"step": step, **rollout_stats(samples), **update, **sampling, **versions, **positions, "timings": timings}
 
 
 def step_line(r: dict) -> str:
