@@ -7,8 +7,9 @@
 
 Whose parts: rendering messages to token ids, bridging to the next turn and parsing replies
 (<tool_call> JSON, <think> blocks) are PyPI `renderers` (PrimeIntellect), one renderer per model
-family; the upstream call is our PolicyClient (SGLang /generate, or vLLM-style /v1/completions);
-the session matching that keeps an append-only conversation ONE sample is ours.
+family (policy/renderer.py); the upstream call is our PolicyClient (SGLang /generate, or
+vLLM-style /v1/completions); the session matching that keeps an append-only conversation ONE
+sample is ours.
 
 The dialects, on the same sessions: OpenAI Chat Completions (chat.py, most agents), Anthropic
 Messages (anthropic.py, Claude Code), OpenAI Responses (responses.py, Codex) and Google Gemini
@@ -18,7 +19,7 @@ session, asked, dialect)` serves it as one GatewayTurn (turn.py: admission, samp
 so rendering, branches, sampling and recording are shared.
 """
 
-from slime_harbor.gateway.server import RENDERER_FAMILIES, Gateway, GatewayError
+from slime_harbor.gateway.server import Gateway
 from slime_harbor.gateway.session import GatewaySession
 
-__all__ = ["Gateway", "GatewayError", "GatewaySession", "RENDERER_FAMILIES"]
+__all__ = ["Gateway", "GatewaySession"]

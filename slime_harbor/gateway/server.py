@@ -5,8 +5,8 @@ responses.py, gemini.py, each a wire.Dialect), the sessions (opened, found by UR
 key, closed with their calls in flight aborted), the upstream policy client, and the model
 family's renderer. Not responsible for: an API's wire format (the dialects), one turn from
 admission to delivery (turn.py: `Gateway.complete` builds a GatewayTurn), which tokens a prompt
-is (session.py: branches and bridges) or how messages become tokens (PyPI `renderers`, one
-renderer per model family)."""
+is (session.py: branches and bridges) or how messages become tokens (policy/renderer.py: PyPI
+`renderers`, one renderer per model family)."""
 
 from __future__ import annotations
 
@@ -28,41 +28,11 @@ from slime_harbor.gateway.session import GatewaySession
 from slime_harbor.gateway.turn import GatewayTurn, TurnRequest
 from slime_harbor.gateway.wire import Dialect
 from slime_harbor.policy.client import PolicyClient
+from slime_harbor.policy.renderer import make_renderer
 from slime_harbor.policy.sampling import Generation, SamplingParams
 
-# config.json model_type -> the renderers config that speaks the family's chat format. Qwen2.5 and
-# Qwen3 (dense and MoE) share ChatML with Hermes-style <tool_call> JSON; Qwen3's renderer also
-# handles <think> blocks. thinking_retention="all": a bridge keeps every sampled reasoning token
-# (the Jinja template would drop reasoning of earlier turns, which is a re-render, i.e. drift).
-RENDERER_FAMILIES = {"qwen2": "qwen3", "qwen3": "qwen3", "qwen3_moe": "qwen3"}
 ABORT_WAIT_SEC = 10.0
 """How long closing a session keeps aborting its calls in flight until the server has answered them."""
-
-
-class GatewayError(ValueError):
-    """The gateway cannot serve this model (one line, at construction)."""
-
-
-def make_renderer(model_dir: str | Path, tokenizer):
-    """The renderer of the model's family, read from its config.json model_type."""
-    from renderers import create_renderer
-    from renderers.configs import Qwen3RendererConfig
-
-    config_path = Path(model_dir) / "config.json"
-    try:
-        model_type = json.loads(config_path.read_text()).get("model_type")
-    except (OSError, ValueError) as error:
-        raise GatewayError(f"cannot read the model's config.json at {config_path}: {error}") from error
-    family = RENDERER_FAMILIES.get(model_type)
-    if family is None:
-        raise GatewayError(
-            f"the gateway has no chat renderer/parser for model family {model_type!r} ({model_dir}); "
-            f"supported model_type values: {', '.join(sorted(RENDERER_FAMILIES))}"
-        )
-    try:
-        return create_renderer(tokenizer, Qwen3RendererConfig(thinking_retention="all"))
-    except AssertionError as error:  # renderers asserts the family's special tokens exist
-        raise GatewayError(f"{model_dir}: the tokenizer lacks the {family} chat format's tokens ({error})") from error
 
 
 class _InLoopServer:
