@@ -38,7 +38,7 @@ def captured(instance, format_work, tiny_model_dir):
 def _renderer(model_dir):
     from transformers import AutoTokenizer
 
-    from slime_harbor.gateway.server import make_renderer
+    from slime_harbor.policy.renderer import make_renderer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return make_renderer(model_dir, tokenizer), tokenizer

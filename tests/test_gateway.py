@@ -13,7 +13,8 @@ import openai
 import pytest
 
 from slime_harbor.converter import trial_to_samples
-from slime_harbor.gateway import Gateway, GatewayError
+from slime_harbor.gateway import Gateway
+from slime_harbor.policy.renderer import RendererError
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.samples import SampleStatus
 from helpers.servers import free_port, port_is_free
@@ -511,7 +512,7 @@ def test_a_model_family_without_a_parser_is_one_clear_error(tiny_model_dir, tmp_
     shutil.copytree(tiny_model_dir, other)
     config = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
-    with pytest.raises(GatewayError, match="no chat renderer/parser for model family 'llama'.*supported"):
+    with pytest.raises(RendererError, match="no chat renderer/parser for model family 'llama'.*supported"):
         Gateway("http://127.0.0.1:1", other)
 
 

@@ -695,10 +695,10 @@ def test_a_stream_the_client_leaves_is_recorded_not_trained(base_server, tiny_mo
 def test_streams_keep_alive_while_the_policy_samples(base_server, tiny_model_dir, tmp_path, monkeypatch):
     """A long generation: Anthropic `ping` events and Responses `response.in_progress` events (with
     consecutive sequence numbers) until the reply, which both SDKs still assemble."""
-    import slime_harbor.gateway.wire as wire
+    import slime_harbor.gateway.turn as turn
     from slime_harbor.policy.sampling import SamplingParams
 
-    monkeypatch.setattr(wire, "KEEPALIVE_S", 0.005)
+    monkeypatch.setattr(turn, "KEEPALIVE_S", 0.005)
 
     async def scenario(gateway):
         session = gateway.open_session("alive", tmp_path / "gw", SamplingParams(max_new_tokens=200))

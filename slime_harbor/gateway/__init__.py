@@ -1,23 +1,25 @@
 """A recording model gateway: any agent that speaks an LLM API, trained token-exact.
 
-    agent --its API--> a dialect (chat.py, ...) --TurnRequest--> Gateway (server.py) --SGLang /generate--> policy
+    agent --its API--> a dialect (chat.py, ...) --TurnRequest--> GatewayTurn (turn.py) --SGLang /generate--> policy
                               |
                               +-- GatewaySession (session.py): branches of exact tokens, calls.jsonl,
                                   rollout_details() for the converter, an ATIF trajectory
 
 Whose parts: rendering messages to token ids, bridging to the next turn and parsing replies
 (<tool_call> JSON, <think> blocks) are PyPI `renderers` (PrimeIntellect), one renderer per model
-family; the upstream call is our PolicyClient (SGLang /generate, or vLLM-style /v1/completions);
-the session matching that keeps an append-only conversation ONE sample is ours.
+family (policy/renderer.py); the upstream call is our PolicyClient (SGLang /generate, or
+vLLM-style /v1/completions); the session matching that keeps an append-only conversation ONE
+sample is ours.
 
 The dialects, on the same sessions: OpenAI Chat Completions (chat.py, most agents), Anthropic
 Messages (anthropic.py, Claude Code), OpenAI Responses (responses.py, Codex) and Google Gemini
-generateContent (gemini.py, gemini-cli). Each declares its routes and translates its request into
-one TurnRequest that server.py serves (`Gateway.complete(request, session, turn, wire)`, wire.py),
+generateContent (gemini.py, gemini-cli). Each is one wire.Dialect class: it declares its routes,
+translates its request into one TurnRequest and writes the reply; `Gateway.complete(request,
+session, asked, dialect)` serves it as one GatewayTurn (turn.py: admission, sampling, delivery),
 so rendering, branches, sampling and recording are shared.
 """
 
-from slime_harbor.gateway.server import RENDERER_FAMILIES, Gateway, GatewayError
+from slime_harbor.gateway.server import Gateway
 from slime_harbor.gateway.session import GatewaySession
 
-__all__ = ["Gateway", "GatewayError", "GatewaySession", "RENDERER_FAMILIES"]
+__all__ = ["Gateway", "GatewaySession"]

@@ -5,7 +5,7 @@ Routes: `POST {root}/v1/messages` (streamed or not) and `{root}/v1/messages/coun
 without its `/v1`, since Anthropic SDKs append `/v1/messages` to their base URL), or nothing, the
 session then named by `x-api-key` or the bearer token (ANTHROPIC_AUTH_TOKEN); `HEAD /` (and the
 session root) answers 200 for clients that probe the base URL. `GET /v1/models` answers in
-Anthropic's shape when the request carries `anthropic-version` (server.Gateway.models). Errors
+Anthropic's shape when the request carries `anthropic-version` (chat.ChatCompletions.models). Errors
 are Anthropic's `{"type": "error", "error": {"type": ..., "message": ...}}`.
 
 A request becomes the chat-completions turn the gateway serves (same template, exact tokens for
@@ -31,23 +31,13 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
-from slime_harbor.gateway.session import PolicyUnavailable, normalise_messages
-from slime_harbor.gateway.wire import TurnRequest, Wire, function_tool, sse, tool_objects
+from slime_harbor.gateway.session import normalise_messages
+from slime_harbor.gateway.turn import GatewayTurn, TurnRequest
+from slime_harbor.gateway.wire import Dialect, function_tool, sse, status_of, tool_objects
 from slime_harbor.http_api import BadRequest, json_object
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "api_error"}
-
-
-def add_routes(gateway) -> None:
-    handler = MessagesAPI(gateway)
-    # "/s/{session_id}/v1/v1": a client handed the session's OpenAI base URL (ending in /v1) as its
-    # Anthropic base URL, to which the SDK appends /v1/messages again.
-    for prefix in ("/s/{session_id}/v1", "/v1", "/s/{session_id}/v1/v1"):
-        gateway.app.add_api_route(prefix + "/messages", handler.messages, methods=["POST"])
-        gateway.app.add_api_route(prefix + "/messages/count_tokens", handler.count_tokens, methods=["POST"])
-    for path in ("/", "/s/{session_id}", "/s/{session_id}/v1"):
-        gateway.app.add_api_route(path, handler.head, methods=["HEAD"])
 
 
 def anthropic_base_url(session, host: str | None = None) -> str:
@@ -150,25 +140,51 @@ def chat_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     return out or None
 
 
-def chat_turn(body: dict[str, Any]) -> TurnRequest:
-    max_tokens = body.get("max_tokens")
-    if max_tokens is None:
-        raise BadRequest("max_tokens: field required", param="max_tokens")
-    stop = body.get("stop_sequences") or []
-    if not isinstance(stop, list):
-        raise BadRequest("stop_sequences must be a list of strings", param="stop_sequences")
-    return TurnRequest(messages=chat_messages(body), tools=chat_tools(body), max_tokens=max_tokens, stop=stop,
-                       stream=body.get("stream", False), model=body.get("model"))
+class Messages(Dialect):
+    """Anthropic Messages (see the module docstring). A reply is an Anthropic Message, or its SSE
+    stream of events."""
 
+    def add_routes(self, app) -> None:
+        # "/s/{session_id}/v1/v1": a client handed the session's OpenAI base URL (ending in /v1) as its
+        # Anthropic base URL, to which the SDK appends /v1/messages again.
+        for prefix in ("/s/{session_id}/v1", "/v1", "/s/{session_id}/v1/v1"):
+            self.route(app, prefix + "/messages", self.messages, ["POST"])
+            self.route(app, prefix + "/messages/count_tokens", self.count_tokens, ["POST"])
+        for path in ("/", "/s/{session_id}", "/s/{session_id}/v1"):
+            self.route(app, path, self.head_probe, ["HEAD"])
 
-class MessagesWire(Wire):
-    """A call's reply as an Anthropic Message, or its SSE stream of events."""
+    def refusal(self, error: Exception) -> JSONResponse:
+        return error_response(*status_of(error))
 
-    def __init__(self, tokenizer, stop_sequences: list[str]):
-        self.tokenizer, self.stop_sequences = tokenizer, stop_sequences
+    @staticmethod
+    def parse(body: dict[str, Any]) -> TurnRequest:
+        max_tokens = body.get("max_tokens")
+        if max_tokens is None:
+            raise BadRequest("max_tokens: field required", param="max_tokens")
+        stop = body.get("stop_sequences") or []
+        if not isinstance(stop, list):
+            raise BadRequest("stop_sequences must be a list of strings", param="stop_sequences")
+        return TurnRequest(messages=chat_messages(body), tools=chat_tools(body), max_tokens=max_tokens, stop=stop,
+                           stream=body.get("stream", False), model=body.get("model"))
 
-    def _blocks(self, call) -> list[dict[str, Any]]:
-        message = call.message
+    async def head_probe(self, request: Request, session_id: str | None = None) -> Response:
+        return Response(status_code=200)
+
+    async def messages(self, request: Request, session_id: str | None = None):
+        return await self.serve(request, session_id, self.parse)
+
+    async def count_tokens(self, request: Request, session_id: str | None = None):
+        """The prompt's length as the policy's template renders it (a fresh render: a session's
+        bridged prompt can differ by a few template tokens). No session needed, nothing recorded."""
+        body = await json_object(request)
+        messages = chat_messages(body)
+        ids = self.gateway.renderer.render_ids(normalise_messages(messages), tools=chat_tools(body),
+                                               add_generation_prompt=True)
+        return JSONResponse({"input_tokens": len(ids)})
+
+    # ---- the reply ---------------------------------------------------------------------------------
+    @staticmethod
+    def _blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
         blocks: list[dict[str, Any]] = []
         if message.get("reasoning_content"):
             blocks.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": ""})
@@ -179,30 +195,33 @@ class MessagesWire(Wire):
                            "input": json.loads(tool_call["function"]["arguments"] or "{}")})
         return blocks
 
-    def _stop(self, call) -> tuple[str, str | None]:
+    def _stop(self, turn: GatewayTurn) -> tuple[str, str | None]:
+        call = turn.call
         if call.message.get("tool_calls"):
             return "tool_use", None
         if call.finish_reason == "length":
             return "max_tokens", None
-        text = self.tokenizer.decode(call.completion_ids, skip_special_tokens=True)
-        matched = next((s for s in self.stop_sequences if text.endswith(s)), None)
+        text = self.gateway.tokenizer.decode(call.completion_ids, skip_special_tokens=True)
+        matched = next((s for s in turn.asked.stop if text.endswith(s)), None)
         return ("stop_sequence", matched) if matched else ("end_turn", None)
 
-    def _message(self, call, model: str, content: list, stop: tuple[str | None, str | None], output: int):
-        return {"id": f"msg_{call.rid}", "type": "message", "role": "assistant", "model": model, "content": content,
-                "stop_reason": stop[0], "stop_sequence": stop[1],
+    @staticmethod
+    def _message(turn: GatewayTurn, content: list, stop: tuple[str | None, str | None], output: int):
+        call = turn.call
+        return {"id": f"msg_{call.rid}", "type": "message", "role": "assistant", "model": turn.model,
+                "content": content, "stop_reason": stop[0], "stop_sequence": stop[1],
                 "usage": {"input_tokens": len(call.prompt_ids), "output_tokens": output}}
 
-    def reply(self, call, model: str) -> dict[str, Any]:
-        return self._message(call, model, self._blocks(call), self._stop(call), len(call.completion_ids))
+    def reply(self, turn: GatewayTurn) -> dict[str, Any]:
+        call = turn.call
+        return self._message(turn, self._blocks(call.message), self._stop(turn), len(call.completion_ids))
 
-    def head(self, call, model: str) -> list[str]:
-        return [sse("message_start", {"type": "message_start",
-                                      "message": self._message(call, model, [], (None, None), 0)})]
+    def head(self, turn: GatewayTurn) -> list[str]:
+        return [sse("message_start", {"type": "message_start", "message": self._message(turn, [], (None, None), 0)})]
 
-    def events(self, call, model: str) -> list[str]:
+    def events(self, turn: GatewayTurn) -> list[str]:
         out = []
-        for index, block in enumerate(self._blocks(call)):
+        for index, block in enumerate(self._blocks(turn.call.message)):
             if block["type"] == "thinking":
                 start, deltas = {**block, "thinking": ""}, [{"type": "thinking_delta", "thinking": block["thinking"]},
                                                             {"type": "signature_delta", "signature": ""}]
@@ -216,48 +235,15 @@ class MessagesWire(Wire):
             out += [sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d})
                     for d in deltas]
             out.append(sse("content_block_stop", {"type": "content_block_stop", "index": index}))
-        stop_reason, stop_sequence = self._stop(call)
+        stop_reason, stop_sequence = self._stop(turn)
         out.append(sse("message_delta", {"type": "message_delta",
                                          "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                                         "usage": {"output_tokens": len(call.completion_ids)}}))
+                                         "usage": {"output_tokens": len(turn.call.completion_ids)}}))
         out.append(sse("message_stop", {"type": "message_stop"}))
         return out
 
-    def keepalive(self, call, model: str) -> str:
+    def keepalive(self, turn: GatewayTurn) -> str:
         return sse("ping", {"type": "ping"})
 
-    def error(self, message: str, kind: str) -> str:
+    def error_event(self, turn: GatewayTurn, message: str, kind: str) -> str:
         return sse("error", {"type": "error", "error": {"type": kind, "message": message}})
-
-
-class MessagesAPI:
-    def __init__(self, gateway):
-        self.gateway = gateway
-
-    async def head(self, request: Request, session_id: str | None = None) -> Response:
-        return Response(status_code=200)
-
-    async def messages(self, request: Request, session_id: str | None = None):
-        try:
-            session = self.gateway.session_of(request, session_id)
-            turn = chat_turn(await json_object(request))
-            return await self.gateway.complete(request, session, turn, MessagesWire(self.gateway.tokenizer, turn.stop))
-        except BadRequest as error:
-            return error_response(400, str(error))
-        except LookupError as error:
-            return error_response(404, str(error.args[0]))
-        except PolicyUnavailable as error:
-            return error_response(503, str(error))
-
-    async def count_tokens(self, request: Request, session_id: str | None = None):
-        """The prompt's length as the policy's template renders it (a fresh render: a session's
-        bridged prompt can differ by a few template tokens). No session needed, nothing recorded."""
-        try:
-            body = await json_object(request)
-            messages = chat_messages(body)
-            ids = self.gateway.renderer.render_ids(normalise_messages(messages), tools=chat_tools(body),
-                                                   add_generation_prompt=True)
-            return JSONResponse({"input_tokens": len(ids)})
-        except BadRequest as error:
-            return error_response(400, str(error))
-

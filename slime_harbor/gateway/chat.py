@@ -15,38 +15,15 @@ Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from slime_harbor.gateway.session import PolicyUnavailable
-from slime_harbor.gateway.wire import TurnRequest, Wire, openai_error_for, sse
-from slime_harbor.http_api import BadRequest, json_object
-
-
-def add_routes(gateway) -> None:
-    handler = ChatCompletionsAPI(gateway)
-    for prefix in ("/s/{session_id}/v1", "/v1"):
-        gateway.app.add_api_route(prefix + "/chat/completions", handler.chat_completions, methods=["POST"])
-        gateway.app.add_api_route(prefix + "/models", handler.models, methods=["GET"])
-
-
-def chat_turn(body: dict[str, Any]) -> TurnRequest:
-    if body.get("n") not in (None, 1):
-        raise BadRequest("only n=1 is supported", param="n")
-    tools = body.get("tools") or None
-    if tools is not None and (not isinstance(tools, list) or not all(
-            isinstance(t, dict) and isinstance((t.get("function") or {}).get("name"), str) for t in tools)):
-        raise BadRequest("tools must be a list of {type: function, function: {name, ...}}", param="tools")
-    options = body.get("stream_options")
-    stop = body.get("stop")
-    return TurnRequest(messages=body.get("messages"), tools=tools,
-                       max_tokens=body.get("max_completion_tokens", body.get("max_tokens")),
-                       stop=[stop] if isinstance(stop, str) else stop, stream=body.get("stream") or False,
-                       model=body.get("model"),
-                       include_usage=bool(options.get("include_usage")) if isinstance(options, dict) else False)
+from slime_harbor.gateway.anthropic import models_reply
+from slime_harbor.gateway.turn import GatewayTurn, TurnRequest
+from slime_harbor.gateway.wire import Dialect, openai_refusal, sse
+from slime_harbor.http_api import BadRequest
 
 
 def finish_reason(call) -> str:
@@ -55,73 +32,85 @@ def finish_reason(call) -> str:
     return "length" if call.finish_reason == "length" else "stop"
 
 
-class ChatCompletionWire(Wire):
-    """A call's reply as a chat.completion, or its SSE stream of chat.completion.chunk: the role
-    chunk at once, then (once sampled) reasoning / content / tool-call deltas, the finish chunk,
-    the usage chunk if asked, [DONE]."""
+class ChatCompletions(Dialect):
+    """OpenAI Chat Completions (see the module docstring). A reply is a chat.completion, or its SSE
+    stream of chat.completion.chunk: the role chunk at once, then (once sampled) reasoning /
+    content / tool-call deltas, the finish chunk, the usage chunk if asked, [DONE]."""
 
-    def __init__(self, include_usage: bool = False):
-        self.include_usage = include_usage
-        self.created = int(time.time())
+    def add_routes(self, app) -> None:
+        for prefix in ("/s/{session_id}/v1", "/v1"):
+            self.route(app, prefix + "/chat/completions", self.chat_completions, ["POST"])
+            self.route(app, prefix + "/models", self.models, ["GET"])
 
-    def _head(self, call, model: str) -> dict[str, Any]:
-        return {"id": f"chatcmpl-{call.rid}", "object": "chat.completion.chunk", "created": self.created,
-                "model": model}
+    def refusal(self, error: Exception) -> JSONResponse:
+        return openai_refusal(error)
 
-    def _chunk(self, call, model: str, delta: dict[str, Any], finish: str | None = None) -> str:
-        return sse(None, {**self._head(call, model), "choices": [
-            {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
-
-    def reply(self, call, model: str) -> dict[str, Any]:
-        return {"id": f"chatcmpl-{call.rid}", "object": "chat.completion", "created": self.created, "model": model,
-                "choices": [{"index": 0, "message": call.message, "finish_reason": finish_reason(call),
-                             "logprobs": None}],
-                "usage": call.usage()}
-
-    def head(self, call, model: str) -> list[str]:
-        return [self._chunk(call, model, {"role": "assistant", "content": ""})]
-
-    def events(self, call, model: str) -> list[str]:
-        message, out = call.message, []
-        if message.get("reasoning_content"):
-            out.append(self._chunk(call, model, {"reasoning_content": message["reasoning_content"]}))
-        if message.get("content"):
-            out.append(self._chunk(call, model, {"content": message["content"]}))
-        for k, tool_call in enumerate(message.get("tool_calls") or []):
-            function = tool_call["function"]
-            out.append(self._chunk(call, model, {"tool_calls": [{"index": k, "id": tool_call["id"], "type": "function",
-                                                                 "function": {"name": function["name"], "arguments": ""}}]}))
-            out.append(self._chunk(call, model, {"tool_calls": [{"index": k, "function": {"arguments": function["arguments"]}}]}))
-        out.append(self._chunk(call, model, {}, finish_reason(call)))
-        if self.include_usage:
-            out.append(sse(None, {**self._head(call, model), "choices": [], "usage": call.usage()}))
-        out.append("data: [DONE]\n\n")
-        return out
-
-    def keepalive(self, call, model: str) -> str:
-        return ": keepalive\n\n"  # an SSE comment: OpenAI's SDKs read only data: lines
-
-    def error(self, message: str, kind: str) -> str:
-        return sse(None, {"error": {"message": message, "type": kind, "param": None, "code": None}})
-
-
-class ChatCompletionsAPI:
-    def __init__(self, gateway):
-        self.gateway = gateway
+    @staticmethod
+    def parse(body: dict[str, Any]) -> TurnRequest:
+        if body.get("n") not in (None, 1):
+            raise BadRequest("only n=1 is supported", param="n")
+        tools = body.get("tools") or None
+        if tools is not None and (not isinstance(tools, list) or not all(
+                isinstance(t, dict) and isinstance((t.get("function") or {}).get("name"), str) for t in tools)):
+            raise BadRequest("tools must be a list of {type: function, function: {name, ...}}", param="tools")
+        options = body.get("stream_options")
+        stop = body.get("stop")
+        return TurnRequest(messages=body.get("messages"), tools=tools,
+                           max_tokens=body.get("max_completion_tokens", body.get("max_tokens")),
+                           stop=[stop] if isinstance(stop, str) else stop, stream=body.get("stream") or False,
+                           model=body.get("model"),
+                           include_usage=bool(options.get("include_usage")) if isinstance(options, dict) else False)
 
     async def chat_completions(self, request: Request, session_id: str | None = None):
-        try:
-            session = self.gateway.session_of(request, session_id)
-            turn = chat_turn(await json_object(request))
-            return await self.gateway.complete(request, session, turn, ChatCompletionWire(turn.include_usage))
-        except (BadRequest, LookupError, PolicyUnavailable) as error:
-            return openai_error_for(error)
+        return await self.serve(request, session_id, self.parse)
 
     async def models(self, request: Request, session_id: str | None = None) -> JSONResponse:
         if "anthropic-version" in request.headers:  # an Anthropic SDK lists models in its own shape
-            from slime_harbor.gateway.anthropic import models_reply
-
             return JSONResponse(models_reply(self.gateway.served_model_name))
         return JSONResponse({"object": "list", "data": [{
             "id": self.gateway.served_model_name, "object": "model", "created": 0, "owned_by": "slime-harbor",
             "max_model_len": self.gateway.max_context_len}]})
+
+    # ---- the reply ---------------------------------------------------------------------------------
+    def _head(self, turn: GatewayTurn) -> dict[str, Any]:
+        return {"id": f"chatcmpl-{turn.call.rid}", "object": "chat.completion.chunk", "created": turn.created,
+                "model": turn.model}
+
+    def _chunk(self, turn: GatewayTurn, delta: dict[str, Any], finish: str | None = None) -> str:
+        return sse(None, {**self._head(turn), "choices": [
+            {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
+
+    def reply(self, turn: GatewayTurn) -> dict[str, Any]:
+        call = turn.call
+        return {"id": f"chatcmpl-{call.rid}", "object": "chat.completion", "created": turn.created,
+                "model": turn.model,
+                "choices": [{"index": 0, "message": call.message, "finish_reason": finish_reason(call),
+                             "logprobs": None}],
+                "usage": call.usage()}
+
+    def head(self, turn: GatewayTurn) -> list[str]:
+        return [self._chunk(turn, {"role": "assistant", "content": ""})]
+
+    def events(self, turn: GatewayTurn) -> list[str]:
+        call = turn.call
+        message, out = call.message, []
+        if message.get("reasoning_content"):
+            out.append(self._chunk(turn, {"reasoning_content": message["reasoning_content"]}))
+        if message.get("content"):
+            out.append(self._chunk(turn, {"content": message["content"]}))
+        for k, tool_call in enumerate(message.get("tool_calls") or []):
+            function = tool_call["function"]
+            out.append(self._chunk(turn, {"tool_calls": [{"index": k, "id": tool_call["id"], "type": "function",
+                                                          "function": {"name": function["name"], "arguments": ""}}]}))
+            out.append(self._chunk(turn, {"tool_calls": [{"index": k, "function": {"arguments": function["arguments"]}}]}))
+        out.append(self._chunk(turn, {}, finish_reason(call)))
+        if turn.asked.include_usage:
+            out.append(sse(None, {**self._head(turn), "choices": [], "usage": call.usage()}))
+        out.append("data: [DONE]\n\n")
+        return out
+
+    def keepalive(self, turn: GatewayTurn) -> str:
+        return ": keepalive\n\n"  # an SSE comment: OpenAI's SDKs read only data: lines
+
+    def error_event(self, turn: GatewayTurn, message: str, kind: str) -> str:
+        return sse(None, {"error": {"message": message, "type": kind, "param": None, "code": None}})

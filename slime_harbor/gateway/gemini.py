@@ -42,20 +42,13 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from slime_harbor.gateway.session import PolicyUnavailable, normalise_messages
-from slime_harbor.gateway.wire import TurnRequest, Wire, function_tool, tool_objects
+from slime_harbor.gateway.session import GatewaySession, normalise_messages
+from slime_harbor.gateway.turn import GatewayTurn, TurnRequest
+from slime_harbor.gateway.wire import Dialect, function_tool, status_of, tool_objects
 from slime_harbor.http_api import BadRequest, json_object
 
 STATUSES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 503: "UNAVAILABLE"}
 ACTIONS = ("generateContent", "streamGenerateContent", "countTokens")
-
-
-def add_routes(gateway) -> None:
-    handler = GeminiAPI(gateway)
-    for root in ("/s/{session_id}", "", "/s/{session_id}/v1"):
-        gateway.app.add_api_route(root + "/v1beta/models/{model_action}", handler.post, methods=["POST"])
-        gateway.app.add_api_route(root + "/v1beta/models/{model_action}", handler.model, methods=["GET"])
-        gateway.app.add_api_route(root + "/v1beta/models", handler.models, methods=["GET"])
 
 
 def gemini_base_url(session, host: str | None = None) -> str:
@@ -70,14 +63,6 @@ def error_response(status: int, message: str, code: str | None = None) -> JSONRe
         error["details"] = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": code,
                              "domain": "slime-harbor"}]
     return JSONResponse(status_code=status, content={"error": error})
-
-
-def error_for(error: Exception) -> JSONResponse:
-    if isinstance(error, BadRequest):
-        return error_response(400, str(error), error.code)
-    if isinstance(error, LookupError):
-        return error_response(404, str(error.args[0]))
-    return error_response(503, str(error))
 
 
 def _parts(content: Any, where: str) -> list[dict[str, Any]]:
@@ -208,95 +193,53 @@ def chat_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     return out or None
 
 
-def chat_turn(body: dict[str, Any], model: str, stream: bool) -> TurnRequest:
-    config = body.get("generationConfig", body.get("generation_config")) or {}
-    if not isinstance(config, dict):
-        raise BadRequest("generationConfig must be an object", param="generationConfig")
-    stop = config.get("stopSequences") or []
-    if not isinstance(stop, list):
-        raise BadRequest("generationConfig.stopSequences must be a list of strings", param="generationConfig")
-    if config.get("candidateCount") not in (None, 1):
-        raise BadRequest("only candidateCount=1 is supported", param="generationConfig.candidateCount")
-    return TurnRequest(messages=chat_messages(body), tools=chat_tools(body), max_tokens=config.get("maxOutputTokens"),
-                       stop=stop, stream=stream, model=model)
-
-
-class GenerateContentWire(Wire):
-    """A call's reply as a GenerateContentResponse, or its SSE stream of them (a JSON array of
-    one for streamGenerateContent without alt=sse)."""
-
-    def __init__(self, array: bool = False):
-        self.array = array
-
-    def _parts(self, call) -> list[dict[str, Any]]:
-        message, parts = call.message, []
-        if message.get("reasoning_content"):
-            parts.append({"text": message["reasoning_content"], "thought": True})
-        if message.get("content"):
-            parts.append({"text": message["content"]})
-        for tool_call in message.get("tool_calls") or []:
-            parts.append({"functionCall": {"id": tool_call["id"], "name": tool_call["function"]["name"],
-                                           "args": json.loads(tool_call["function"]["arguments"] or "{}")}})
-        return parts
-
-    def _response(self, call, model: str, parts: list, last: bool) -> dict[str, Any]:
-        candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
-        response: dict[str, Any] = {"candidates": [candidate]}
-        if last:
-            length = call.finish_reason == "length" and not call.message.get("tool_calls")
-            candidate["finishReason"] = "MAX_TOKENS" if length else "STOP"
-            n_in, n_out = len(call.prompt_ids), len(call.completion_ids)
-            response["usageMetadata"] = {"promptTokenCount": n_in, "candidatesTokenCount": n_out,
-                                         "totalTokenCount": n_in + n_out}
-        response["modelVersion"] = model
-        response["responseId"] = call.rid
-        return response
-
-    def reply(self, call, model: str):
-        response = self._response(call, model, self._parts(call), last=True)
-        return [response] if self.array else response
-
-    def events(self, call, model: str) -> list[str]:
-        """One event per part, the last with finishReason and usage (as Gemini's own stream ends)."""
-        parts = self._parts(call) or [{"text": ""}]
-        return [_data(self._response(call, model, [part], last=k == len(parts) - 1)) for k, part in enumerate(parts)]
-
-    def keepalive(self, call, model: str) -> str:
-        return ": keepalive\n\n"  # an SSE comment: the SDK reads only data: events
-
-    def error(self, message: str, kind: str) -> str:
-        status = 503 if kind == "api_error" else 400
-        return _data({"error": {"code": status, "message": message, "status": STATUSES[status]}})
-
-
 def _data(payload: dict[str, Any]) -> str:
     return "data: " + json.dumps(payload, ensure_ascii=False) + "\r\n\r\n"
 
 
-class GeminiAPI:
-    def __init__(self, gateway):
-        self.gateway = gateway
 
-    def _session(self, request: Request, session_id: str | None):
+class GenerateContent(Dialect):
+    """Google Gemini generateContent (see the module docstring). A reply is a
+    GenerateContentResponse, or its SSE stream of them (a JSON array of one for
+    streamGenerateContent without alt=sse)."""
+
+    def add_routes(self, app) -> None:
+        for root in ("/s/{session_id}", "", "/s/{session_id}/v1"):
+            self.route(app, root + "/v1beta/models/{model_action}", self.post, ["POST"])
+            self.route(app, root + "/v1beta/models/{model_action}", self.model, ["GET"])
+            self.route(app, root + "/v1beta/models", self.models, ["GET"])
+
+    def refusal(self, error: Exception) -> JSONResponse:
+        status, message = status_of(error)
+        return error_response(status, message, error.code if isinstance(error, BadRequest) else None)
+
+    def session_of(self, request: Request, session_id: str | None) -> GatewaySession:
         if session_id is None:  # the key names it: gemini-cli sends x-goog-api-key, REST clients ?key=
             session_id = request.headers.get("x-goog-api-key") or request.query_params.get("key")
         return self.gateway.session_of(request, session_id)
+
+    @staticmethod
+    def parse(body: dict[str, Any], model: str, stream: bool) -> TurnRequest:
+        config = body.get("generationConfig", body.get("generation_config")) or {}
+        if not isinstance(config, dict):
+            raise BadRequest("generationConfig must be an object", param="generationConfig")
+        stop = config.get("stopSequences") or []
+        if not isinstance(stop, list):
+            raise BadRequest("generationConfig.stopSequences must be a list of strings", param="generationConfig")
+        if config.get("candidateCount") not in (None, 1):
+            raise BadRequest("only candidateCount=1 is supported", param="generationConfig.candidateCount")
+        return TurnRequest(messages=chat_messages(body), tools=chat_tools(body),
+                           max_tokens=config.get("maxOutputTokens"), stop=stop, stream=stream, model=model)
 
     async def post(self, request: Request, model_action: str, session_id: str | None = None):
         model, _, action = model_action.rpartition(":")
         if not model or action not in ACTIONS:
             return error_response(404, f"unknown method {model_action!r}: this gateway serves "
                                        f"models/<model>:{{{','.join(ACTIONS)}}}")
-        try:
-            if action == "countTokens":
-                return await self.count_tokens(request)
-            session = self._session(request, session_id)
-            stream = action == "streamGenerateContent"
-            sse = stream and request.query_params.get("alt") == "sse"
-            turn = chat_turn(await json_object(request), model, sse)
-            return await self.gateway.complete(request, session, turn, GenerateContentWire(array=stream and not sse))
-        except (BadRequest, LookupError, PolicyUnavailable) as error:
-            return error_for(error)
+        if action == "countTokens":
+            return await self.count_tokens(request)
+        sse = action == "streamGenerateContent" and request.query_params.get("alt") == "sse"
+        return await self.serve(request, session_id, lambda body: self.parse(body, model, sse))
 
     async def count_tokens(self, request: Request) -> JSONResponse:
         """The prompt's length as the policy's template renders it (a fresh render, like
@@ -321,3 +264,49 @@ class GeminiAPI:
 
     async def model(self, request: Request, model_action: str, session_id: str | None = None) -> JSONResponse:
         return JSONResponse(self._model(model_action))
+
+    # ---- the reply ---------------------------------------------------------------------------------
+    @staticmethod
+    def _reply_parts(message: dict[str, Any]) -> list[dict[str, Any]]:
+        parts = []
+        if message.get("reasoning_content"):
+            parts.append({"text": message["reasoning_content"], "thought": True})
+        if message.get("content"):
+            parts.append({"text": message["content"]})
+        for tool_call in message.get("tool_calls") or []:
+            parts.append({"functionCall": {"id": tool_call["id"], "name": tool_call["function"]["name"],
+                                           "args": json.loads(tool_call["function"]["arguments"] or "{}")}})
+        return parts
+
+    @staticmethod
+    def _response(turn: GatewayTurn, parts: list, last: bool) -> dict[str, Any]:
+        call = turn.call
+        candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
+        response: dict[str, Any] = {"candidates": [candidate]}
+        if last:
+            length = call.finish_reason == "length" and not call.message.get("tool_calls")
+            candidate["finishReason"] = "MAX_TOKENS" if length else "STOP"
+            n_in, n_out = len(call.prompt_ids), len(call.completion_ids)
+            response["usageMetadata"] = {"promptTokenCount": n_in, "candidatesTokenCount": n_out,
+                                         "totalTokenCount": n_in + n_out}
+        response["modelVersion"] = turn.model
+        response["responseId"] = call.rid
+        return response
+
+    def reply(self, turn: GatewayTurn):
+        """The response; streamGenerateContent without alt=sse (a whole reply) as a JSON array of one."""
+        response = self._response(turn, self._reply_parts(turn.call.message), last=True)
+        array = turn.request.path_params.get("model_action", "").endswith(":streamGenerateContent")
+        return [response] if array else response
+
+    def events(self, turn: GatewayTurn) -> list[str]:
+        """One event per part, the last with finishReason and usage (as Gemini's own stream ends)."""
+        parts = self._reply_parts(turn.call.message) or [{"text": ""}]
+        return [_data(self._response(turn, [part], last=k == len(parts) - 1)) for k, part in enumerate(parts)]
+
+    def keepalive(self, turn: GatewayTurn) -> str:
+        return ": keepalive\n\n"  # an SSE comment: the SDK reads only data: events
+
+    def error_event(self, turn: GatewayTurn, message: str, kind: str) -> str:
+        status = 503 if kind == "api_error" else 400
+        return _data({"error": {"code": status, "message": message, "status": STATUSES[status]}})

@@ -25,23 +25,16 @@ or function calls.
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from fastapi import Request, WebSocket
+from fastapi.responses import JSONResponse
 
-from slime_harbor.gateway.session import PolicyUnavailable
-from slime_harbor.gateway.wire import TurnRequest, Wire, function_tool, openai_error_for, sse, tool_objects
-from slime_harbor.http_api import BadRequest, json_object, openai_error
+from slime_harbor.gateway.turn import GatewayTurn, TurnRequest
+from slime_harbor.gateway.wire import Dialect, function_tool, openai_refusal, sse, tool_objects
+from slime_harbor.http_api import BadRequest, openai_error
 
 ASSISTANT_ITEMS = ("reasoning", "function_call")
-
-
-def add_routes(gateway) -> None:
-    handler = ResponsesAPI(gateway)
-    for prefix in ("/s/{session_id}/v1", "/v1"):
-        gateway.app.add_api_route(prefix + "/responses", handler.responses, methods=["POST"])
-        gateway.app.add_api_websocket_route(prefix + "/responses", refuse_websocket)
 
 
 async def refuse_websocket(websocket: WebSocket, session_id: str | None = None) -> None:
@@ -123,119 +116,122 @@ def chat_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     return out or None
 
 
-def chat_turn(body: dict[str, Any]) -> TurnRequest:
-    if body.get("previous_response_id"):
-        raise BadRequest("previous_response_id is not supported: send the whole conversation as input "
-                         "(store=false)", param="previous_response_id")
-    return TurnRequest(messages=chat_messages(body), tools=chat_tools(body), max_tokens=body.get("max_output_tokens"),
-                       stream=body.get("stream", False), model=body.get("model"))
+class Responses(Dialect):
+    """OpenAI Responses (see the module docstring). A reply is a Response object, or its SSE
+    stream of events."""
 
+    def add_routes(self, app) -> None:
+        for prefix in ("/s/{session_id}/v1", "/v1"):
+            self.route(app, prefix + "/responses", self.responses, ["POST"])
+            app.add_api_websocket_route(prefix + "/responses", refuse_websocket)
 
-class ResponsesWire(Wire):
-    """A call's reply as a Response object, or its SSE stream of events."""
+    def refusal(self, error: Exception) -> JSONResponse:
+        return openai_refusal(error)
 
-    def __init__(self, body: dict[str, Any]):
-        self.request = body
-        self.created = int(time.time())
-        self.sequence = 0
+    @staticmethod
+    def parse(body: dict[str, Any]) -> TurnRequest:
+        if body.get("previous_response_id"):
+            raise BadRequest("previous_response_id is not supported: send the whole conversation as input "
+                             "(store=false)", param="previous_response_id")
+        return TurnRequest(messages=chat_messages(body), tools=chat_tools(body),
+                           max_tokens=body.get("max_output_tokens"), stream=body.get("stream", False),
+                           model=body.get("model"), body=body)
 
-    def _items(self, call) -> list[dict[str, Any]]:
-        message, items = call.message, []
+    async def responses(self, request: Request, session_id: str | None = None):
+        return await self.serve(request, session_id, self.parse)
+
+    # ---- the reply ---------------------------------------------------------------------------------
+    @staticmethod
+    def _items(turn: GatewayTurn) -> list[dict[str, Any]]:
+        rid, message, items = turn.call.rid, turn.call.message, []
         if message.get("reasoning_content"):
-            items.append({"type": "reasoning", "id": f"rs_{call.rid}", "summary": [
+            items.append({"type": "reasoning", "id": f"rs_{rid}", "summary": [
                 {"type": "summary_text", "text": message["reasoning_content"]}]})
         if message.get("content"):
-            items.append({"type": "message", "id": f"msg_{call.rid}", "role": "assistant", "status": "completed",
+            items.append({"type": "message", "id": f"msg_{rid}", "role": "assistant", "status": "completed",
                           "content": [{"type": "output_text", "text": message["content"], "annotations": [],
                                        "logprobs": []}]})
         for k, tool_call in enumerate(message.get("tool_calls") or []):
-            items.append({"type": "function_call", "id": f"fc_{call.rid}_{k}", "call_id": tool_call["id"],
+            items.append({"type": "function_call", "id": f"fc_{rid}_{k}", "call_id": tool_call["id"],
                           "name": tool_call["function"]["name"], "arguments": tool_call["function"]["arguments"],
                           "status": "completed"})
         return items
 
-    def _response(self, call, model: str, output: list | None) -> dict[str, Any]:
+    @staticmethod
+    def _response(turn: GatewayTurn, output: list | None) -> dict[str, Any]:
         """The Response object; `output` None: still in progress. A reply cut at the token limit is
         `incomplete` (OpenAI's status) but still ends with response.completed, as a chat reply
         with finish_reason length is still a reply the agent goes on from."""
+        call, asked = turn.call, turn.asked.body
         done = output is not None
         length = done and call.finish_reason == "length" and not call.message.get("tool_calls")
         n_in, n_out = len(call.prompt_ids), len(call.completion_ids) if done else 0
         return {
-            "id": f"resp_{call.rid}", "object": "response", "created_at": self.created, "model": model,
+            "id": f"resp_{call.rid}", "object": "response", "created_at": turn.created, "model": turn.model,
             "status": "incomplete" if length else "completed" if done else "in_progress",
             "incomplete_details": {"reason": "max_output_tokens"} if length else None, "error": None,
-            "output": output or [], "instructions": self.request.get("instructions"),
-            "max_output_tokens": self.request.get("max_output_tokens"), "parallel_tool_calls": True,
-            "tool_choice": self.request.get("tool_choice") or "auto", "tools": self.request.get("tools") or [],
-            "store": False, "metadata": self.request.get("metadata") or {}, "text": {"format": {"type": "text"}},
+            "output": output or [], "instructions": asked.get("instructions"),
+            "max_output_tokens": asked.get("max_output_tokens"), "parallel_tool_calls": True,
+            "tool_choice": asked.get("tool_choice") or "auto", "tools": asked.get("tools") or [],
+            "store": False, "metadata": asked.get("metadata") or {}, "text": {"format": {"type": "text"}},
             "usage": {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": n_out,
                       "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": n_in + n_out} if done else None,
         }
 
-    def reply(self, call, model: str) -> dict[str, Any]:
-        return self._response(call, model, self._items(call))
+    def reply(self, turn: GatewayTurn) -> dict[str, Any]:
+        return self._response(turn, self._items(turn))
 
-    def _event(self, kind: str, **payload) -> str:
-        event = sse(kind, {"type": kind, "sequence_number": self.sequence, **payload})
-        self.sequence += 1
-        return event
+    @staticmethod
+    def _event(turn: GatewayTurn, kind: str, **payload) -> str:
+        return sse(kind, {"type": kind, "sequence_number": next(turn.sequence), **payload})
 
-    def head(self, call, model: str) -> list[str]:
-        response = self._response(call, model, None)
-        return [self._event("response.created", response=response),
-                self._event("response.in_progress", response=response)]
+    def head(self, turn: GatewayTurn) -> list[str]:
+        response = self._response(turn, None)
+        return [self._event(turn, "response.created", response=response),
+                self._event(turn, "response.in_progress", response=response)]
 
-    def keepalive(self, call, model: str) -> str:
-        return self._event("response.in_progress", response=self._response(call, model, None))
+    def keepalive(self, turn: GatewayTurn) -> str:
+        return self._event(turn, "response.in_progress", response=self._response(turn, None))
 
-    def events(self, call, model: str) -> list[str]:
-        out, items = [], self._items(call)
+    def events(self, turn: GatewayTurn) -> list[str]:
+        out, items = [], self._items(turn)
         for index, item in enumerate(items):
             ids = {"item_id": item["id"], "output_index": index}
             if item["type"] == "message":
                 text = item["content"][0]["text"]
                 empty = {**item["content"][0], "text": ""}
-                out += [self._event("response.output_item.added", output_index=index,
+                out += [self._event(turn, "response.output_item.added", output_index=index,
                                     item={**item, "status": "in_progress", "content": []}),
-                        self._event("response.content_part.added", **ids, content_index=0, part=empty),
-                        self._event("response.output_text.delta", **ids, content_index=0, delta=text, logprobs=[]),
-                        self._event("response.output_text.done", **ids, content_index=0, text=text, logprobs=[]),
-                        self._event("response.content_part.done", **ids, content_index=0, part=item["content"][0])]
+                        self._event(turn, "response.content_part.added", **ids, content_index=0, part=empty),
+                        self._event(turn, "response.output_text.delta", **ids, content_index=0, delta=text,
+                                    logprobs=[]),
+                        self._event(turn, "response.output_text.done", **ids, content_index=0, text=text,
+                                    logprobs=[]),
+                        self._event(turn, "response.content_part.done", **ids, content_index=0,
+                                    part=item["content"][0])]
             elif item["type"] == "function_call":
-                out += [self._event("response.output_item.added", output_index=index,
+                out += [self._event(turn, "response.output_item.added", output_index=index,
                                     item={**item, "status": "in_progress", "arguments": ""}),
-                        self._event("response.function_call_arguments.delta", **ids, delta=item["arguments"]),
-                        self._event("response.function_call_arguments.done", **ids, name=item["name"],
+                        self._event(turn, "response.function_call_arguments.delta", **ids, delta=item["arguments"]),
+                        self._event(turn, "response.function_call_arguments.done", **ids, name=item["name"],
                                     arguments=item["arguments"])]
             else:  # reasoning: its summary as one part
                 text = item["summary"][0]["text"]
-                out += [self._event("response.output_item.added", output_index=index, item={**item, "summary": []}),
-                        self._event("response.reasoning_summary_part.added", **ids, summary_index=0,
+                out += [self._event(turn, "response.output_item.added", output_index=index,
+                                    item={**item, "summary": []}),
+                        self._event(turn, "response.reasoning_summary_part.added", **ids, summary_index=0,
                                     part={"type": "summary_text", "text": ""}),
-                        self._event("response.reasoning_summary_text.delta", **ids, summary_index=0, delta=text),
-                        self._event("response.reasoning_summary_text.done", **ids, summary_index=0, text=text),
-                        self._event("response.reasoning_summary_part.done", **ids, summary_index=0,
+                        self._event(turn, "response.reasoning_summary_text.delta", **ids, summary_index=0,
+                                    delta=text),
+                        self._event(turn, "response.reasoning_summary_text.done", **ids, summary_index=0, text=text),
+                        self._event(turn, "response.reasoning_summary_part.done", **ids, summary_index=0,
                                     part=item["summary"][0])]
-            out.append(self._event("response.output_item.done", output_index=index, item=item))
-        out.append(self._event("response.completed", response=self._response(call, model, items)))
+            out.append(self._event(turn, "response.output_item.done", output_index=index, item=item))
+        out.append(self._event(turn, "response.completed", response=self._response(turn, items)))
         return out
 
-    def error(self, message: str, kind: str) -> str:
+    def error_event(self, turn: GatewayTurn, message: str, kind: str) -> str:
         # response.failed is what Responses clients (Codex) act on.
-        return self._event("response.failed", response={
-            "id": "resp_failed", "object": "response", "created_at": self.created, "status": "failed", "output": [],
+        return self._event(turn, "response.failed", response={
+            "id": "resp_failed", "object": "response", "created_at": turn.created, "status": "failed", "output": [],
             "error": {"code": "server_error" if kind == "api_error" else "invalid_request", "message": message}})
-
-
-class ResponsesAPI:
-    def __init__(self, gateway):
-        self.gateway = gateway
-
-    async def responses(self, request: Request, session_id: str | None = None):
-        try:
-            session = self.gateway.session_of(request, session_id)
-            body = await json_object(request)
-            return await self.gateway.complete(request, session, chat_turn(body), ResponsesWire(body))
-        except (BadRequest, LookupError, PolicyUnavailable) as error:
-            return openai_error_for(error)

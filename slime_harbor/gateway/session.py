@@ -31,7 +31,9 @@ whole prompt's length. The converter reads the in-memory session (rollout_detail
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import uuid
 import threading
 import time
 from dataclasses import dataclass, field
@@ -45,7 +47,7 @@ from harbor.models.trajectories import (Agent, FinalMetrics, Metrics, Observatio
 from harbor.utils.trajectory_utils import format_trajectory_json
 
 from slime_harbor.http_api import BadRequest
-from slime_harbor.policy.sampling import SamplingParams
+from slime_harbor.policy.sampling import Generation, SamplingParams
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -172,6 +174,14 @@ class Call:
     # (a continuation or a retry); calls.jsonl then holds only the rest of the prompt.
     prompt_prefix: tuple[int, int] | None = None
 
+    def sampled(self, generation: Generation) -> None:
+        """What the upstream call returned."""
+        self.latency_s = time.monotonic() - self.started
+        self.completion_ids, self.logprobs = generation.token_ids, generation.logprobs
+        self.finish_reason, self.weight_version = generation.finish_reason, generation.weight_version
+        self.reissued = generation.reissued
+        self.top_p_token_ids, self.top_p_token_offsets = generation.top_p_token_ids, generation.top_p_token_offsets
+
     def usage(self) -> dict[str, int]:
         n_prompt, n_out = len(self.prompt_ids), len(self.completion_ids)
         return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
@@ -209,7 +219,7 @@ class Branch:
 
 
 @dataclass
-class Turn:
+class Placement:
     """Where one request's prompt comes from (GatewaySession.resolve)."""
 
     branch: Branch
@@ -246,22 +256,66 @@ class GatewaySession:
     def openai_base_url(self, host: str | None = None) -> str:
         return f"http://{host or self.gateway.host}:{self.gateway.port}/s/{self.session_id}/v1"
 
+    # ---- admitting a call -------------------------------------------------------------------
+    def admit(self, messages: list[dict], tools: list | None) -> tuple[Placement, Call]:
+        """A request's call, opened: checked against the session's limits (a lost policy, the step
+        limit, the context limit), its prompt placed among the branches (`resolve`)."""
+        if self.exit_reason == "policy_unavailable":  # the trial is aborted: fail fast
+            raise PolicyUnavailable("the policy server is unavailable")
+        if self.max_calls is not None and (self.steps_taken(tools) or 0) >= self.max_calls:
+            # The agent has no turn limit of its own (Codex): the episode ends here, scored truncated.
+            # Its side calls neither count nor are refused.
+            self.exit_reason = "step_limit"
+            raise BadRequest(f"the episode's step limit ({self.max_calls} model calls) is reached",
+                             code=STEP_LIMIT_CODE)
+        request = tuple(canonical(m) for m in messages)
+        placement = self.resolve(messages, request, tools)
+        prompt = placement.prompt_ids
+        if self.max_context_len - len(prompt) <= 0:
+            self.exit_reason = "context_limit"
+            self.count_error()
+            raise BadRequest(
+                f"This model's maximum context length is {self.max_context_len} tokens. However, your request "
+                f"has {len(prompt)} input tokens. Please reduce the length of the input messages.",
+                param="messages", code="context_length_exceeded")
+        index = len(self.calls)
+        call = Call(index=index, branch=placement.branch.index, prompt_ids=prompt, request=request,
+                    rid=f"{self.session_id}-{index}-{uuid.uuid4().hex[:8]}", prompt_prefix=placement.prefix)
+        call.new_messages = placement.supersedes.new_messages if placement.supersedes \
+            else _new_messages(messages, placement)
+        self.calls.append(call)
+        self.open_calls.add(call.index)
+        return placement, call
+
+    @contextlib.contextmanager
+    def upstream_call(self, call: Call, task: asyncio.Task):
+        """While the call samples upstream: closing the session aborts it."""
+        self.in_flight[call.rid] = task
+        try:
+            yield
+        finally:
+            self.in_flight.pop(call.rid, None)
+
+    def policy_lost(self) -> None:
+        """The policy server is unavailable: the trial is aborted, later calls fail fast."""
+        self.exit_reason = "policy_unavailable"
+
     # ---- branches -------------------------------------------------------------------------
-    def resolve(self, messages: list[dict], request: tuple, tools: list | None) -> Turn:
+    def resolve(self, messages: list[dict], request: tuple, tools: list | None) -> Placement:
         """The prompt of a request: an identical retry, a continuation (bridged), or a new branch."""
         key = tools_key(tools)
         for branch in reversed(self.branches):
             if branch.tools != key:
                 continue
             if not branch.calls and branch.canon == request:  # its first call was never delivered
-                return Turn(branch, branch.first_prompt, branch.version)
+                return Placement(branch, branch.first_prompt, branch.version)
             for position, call in enumerate(branch.calls):
                 # Lengths first: a continuation shares every message of an earlier request, and a
                 # tuple compare walks that shared history (the long task prompt) before it differs.
                 if len(call.request) != len(request) or call.request != request:
                     continue
                 if position == len(branch.calls) - 1:
-                    return Turn(branch, call.prompt_ids, branch.version, supersedes=call,
+                    return Placement(branch, call.prompt_ids, branch.version, supersedes=call,
                                 prefix=(call.index, len(call.prompt_ids)))
                 # A retry of an older call after later ones: a fork from that call's exact prompt.
                 return self._new_branch(key, request, call.prompt_ids)
@@ -283,7 +337,7 @@ class GatewaySession:
             # tokens follow the completion like any template token. Anything else is no extension.
             if bridged is not None and bridged.token_ids[: len(tail)] == tail and \
                     bridged.token_ids[len(tail):so_far] == last.completion_ids:
-                return Turn(branch, last.prompt_ids[:cut] + bridged.token_ids, branch.version,
+                return Placement(branch, last.prompt_ids[:cut] + bridged.token_ids, branch.version,
                             prefix=(last.index, len(last.prompt_ids) + len(last.completion_ids)))
         prompt = self.gateway.renderer.render_ids(messages, tools=tools, add_generation_prompt=True)
         return self._new_branch(key, request, prompt)
@@ -296,20 +350,21 @@ class GatewaySession:
                 return i
         return 0
 
-    def _new_branch(self, key: str, request: tuple, prompt: list[int]) -> Turn:
+    def _new_branch(self, key: str, request: tuple, prompt: list[int]) -> Placement:
         branch = Branch(index=len(self.branches), tools=key, canon=request, first_prompt=list(prompt))
         self.branches.append(branch)
-        return Turn(branch, branch.first_prompt, branch.version)
+        return Placement(branch, branch.first_prompt, branch.version)
 
-    def commit(self, turn: Turn, call: Call, reply: tuple) -> None:
+    def commit(self, placement: Placement, call: Call) -> None:
         """A delivered reply joins its branch (and is trained): the branch now stands for the
         request's messages + this reply."""
-        branch = turn.branch
-        if branch.version != turn.version:
+        reply = canonical(normalise_messages([call.message])[0])
+        branch = placement.branch
+        if branch.version != placement.version:
             # Another call of the same state committed meanwhile (the agent sampled in parallel):
             # this one is a sample of its own, from its exact prompt.
             branch = self._new_branch(branch.tools, call.request, call.prompt_ids).branch
-        elif turn.supersedes is not None:
+        elif placement.supersedes is not None:
             old = branch.calls.pop()
             old.trained, old.superseded_by = False, call.index
             self._queue({"event": "superseded", "session": self.session_id, "call": old.index, "by": call.index})
@@ -390,6 +445,8 @@ class GatewaySession:
     # ---- files ----------------------------------------------------------------------------
     def finished(self, call: Call) -> None:
         """A call is over (delivered or not): its line goes to calls.jsonl, off the event loop."""
+        if not call.delivered:
+            call.error = call.error or "the client left before the reply was sent"
         self.open_calls.discard(call.index)
         self._queue(call)
 
@@ -485,6 +542,12 @@ class GatewaySession:
             # ATIF has no field for why the session ended or for the gateway's call counts.
             extra={"exit_reason": self.exit_reason, "gateway": self.stats},
         )
+
+
+def _new_messages(messages: list[dict], placement: Placement) -> list[dict]:
+    """The messages this request adds to its branch (all of them on a new branch): the ATIF steps."""
+    known = len(placement.branch.canon) if placement.branch.calls else 0
+    return messages[known:] if known <= len(messages) else messages
 
 
 def _arguments_dict(arguments: str | dict) -> dict[str, Any]:

@@ -1,102 +1,96 @@
-"""What the gateway's dialects share: the turn they translate a request into, and one turn's reply streamed.
+"""What the gateway's dialects share: the `Dialect` base class, one subclass per API.
 
-A dialect (chat.py, anthropic.py, responses.py, gemini.py) declares its routes (`add_routes`),
-translates its request into one `TurnRequest` (chat-completions messages and function tools, the
-format the renderer takes) and serves it with `Gateway.complete(request, session, turn, wire)`:
-the same rendering, branches, sampling and recording for every API. Its `Wire` writes the
-finished call back in the dialect's format: `reply()` for a JSON answer, `head()` / `events()` /
-`keepalive()` / `error()` for its SSE stream, whose bookkeeping is `Wire.stream`, one for all.
+A dialect (chat.py, anthropic.py, responses.py, gemini.py) is the single place an API lives: it
+declares its routes (`add_routes`), translates its request into one `TurnRequest` (turn.py:
+chat-completions messages and function tools, the format the renderer takes) served by
+`Gateway.complete` as one `GatewayTurn` (the same rendering, branches, sampling and recording for
+every API), and writes that turn's reply in its format: `reply()` for a JSON answer, `head()` /
+`events()` / `keepalive()` / `error_event()` for its SSE stream (delivered by `GatewayTurn.deliver`,
+one path for all). A refused request (400 malformed, 404 unknown session, 503 the policy cannot
+answer) is answered in the dialect's error shape (`refusal`) by every route it registers with
+`route`, written once here.
 """
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
-from dataclasses import dataclass
 from typing import Any
 
-from fastapi.responses import JSONResponse
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
 
-from slime_harbor.gateway.session import PolicyUnavailable, canonical, normalise_messages
-from slime_harbor.http_api import BadRequest, bad_request_reply, openai_error
+from slime_harbor.gateway.session import GatewaySession, PolicyUnavailable
+from slime_harbor.gateway.turn import GatewayTurn, TurnRequest
+from slime_harbor.http_api import BadRequest, bad_request_reply, json_object, openai_error
 
-# While the policy samples, a stream sends the dialect's keepalive this often: clients with an
-# idle timer (Codex resets its own only on data events) must not give up on a long generation.
-KEEPALIVE_S = 10.0
-
-
-@dataclass
-class TurnRequest:
-    """One model call as every dialect asks for it. Fields are as the client sent them (after the
-    dialect's translation); `Gateway.complete` checks them."""
-
-    messages: Any
-    """Chat-completions messages (system, user, assistant with tool_calls / reasoning_content, tool)."""
-    tools: list[dict[str, Any]] | None = None
-    """Function tools: `{"type": "function", "function": {"name", "description"?, "parameters"}}`."""
-    max_tokens: Any = None
-    """The client's cap on new tokens (None: the run's); never above the run's."""
-    stop: Any = None
-    """The client's stop strings, added to the run's."""
-    stream: Any = False
-    model: str | None = None
-    """The model name the reply echoes (None: the served name)."""
-    include_usage: bool = False
-    """Chat's stream_options.include_usage: a usage chunk ends the stream."""
+REFUSED = (BadRequest, LookupError, PolicyUnavailable)
+"""What a route answers with the dialect's error reply instead of raising."""
 
 
-class Wire:
-    """One request's reply in a dialect's format (subclassed per dialect)."""
+class Dialect:
+    """One API on the gateway's sessions (see the module docstring); subclassed per API."""
 
-    def reply(self, call, model: str) -> dict[str, Any]:
+    def __init__(self, gateway):
+        self.gateway = gateway
+
+    def add_routes(self, app) -> None:
+        """Register the dialect's routes on `app` (with `route`)."""
         raise NotImplementedError
 
-    def head(self, call, model: str) -> list[str]:
+    def route(self, app, path: str, handler, methods: list[str]) -> None:
+        """`handler` served at `path`, a refused request answered by `refusal`."""
+
+        @functools.wraps(handler)  # FastAPI reads the handler's parameters through the wrapper
+        async def refusing(*args, **kwargs):
+            try:
+                return await handler(*args, **kwargs)
+            except REFUSED as error:
+                return self.refusal(error)
+
+        app.add_api_route(path, refusing, methods=methods)
+
+    def refusal(self, error: Exception) -> Response:
+        """The dialect's error reply: 400 for a BadRequest, 404 for an unknown session (LookupError),
+        503 when the policy cannot answer (PolicyUnavailable)."""
+        raise NotImplementedError
+
+    def session_of(self, request: Request, session_id: str | None) -> GatewaySession:
+        return self.gateway.session_of(request, session_id)
+
+    async def serve(self, request: Request, session_id: str | None, parse) -> Response:
+        """One turn: the session (404 first), the body `parse`d into a TurnRequest, the turn's reply."""
+        session = self.session_of(request, session_id)
+        asked: TurnRequest = parse(await json_object(request))
+        return await self.gateway.complete(request, session, asked, self)
+
+    # ---- the turn's reply in the dialect's format ------------------------------------------------
+    def reply(self, turn: GatewayTurn) -> Any:
+        raise NotImplementedError
+
+    def head(self, turn: GatewayTurn) -> list[str]:
         """SSE events sent before sampling starts."""
         return []
 
-    def events(self, call, model: str) -> list[str]:
+    def events(self, turn: GatewayTurn) -> list[str]:
         """SSE events of the sampled reply, to the stream's last one."""
         raise NotImplementedError
 
-    def keepalive(self, call, model: str) -> str:
+    def keepalive(self, turn: GatewayTurn) -> str:
         raise NotImplementedError
 
-    def error(self, message: str, kind: str) -> str:
+    def error_event(self, turn: GatewayTurn, message: str, kind: str) -> str:
+        """The stream's error once headers are sent; `kind` is invalid_request_error or api_error."""
         raise NotImplementedError
 
-    async def stream(self, gateway, request, session, turn, call, params, tools, model: str):
-        """Every dialect's SSE stream: the head at once, keepalives while the policy samples, the
-        dialect's events, or its error event once headers are sent. The reply counts as delivered
-        once its last event is sent, and is trained only then; a client that leaves mid-generation
-        has its upstream call aborted."""
-        delivered = False
-        task = None
-        try:
-            for event in self.head(call, model):
-                yield event
-            task = asyncio.get_running_loop().create_task(gateway.generate_call(request, session, call, params, tools))
-            while not (await asyncio.wait({task}, timeout=KEEPALIVE_S))[0]:
-                yield self.keepalive(call, model)
-            try:
-                task.result()
-            except BadRequest as error:  # headers are sent: the error goes in the stream
-                yield self.error(str(error), "invalid_request_error")
-                return
-            except PolicyUnavailable as error:
-                yield self.error(str(error), "api_error")
-                return
-            for event in self.events(call, model):
-                yield event
-            session.commit(turn, call, canonical(normalise_messages([call.message])[0]))
-            delivered = True
-        finally:
-            if task is not None and not task.done():  # the client left mid-generation: the task aborts upstream
-                task.cancel()
-            if not delivered:
-                call.delivered = False
-                call.error = call.error or "the client left before the reply was sent"
-            session.finished(call)
+
+def status_of(error: Exception) -> tuple[int, str]:
+    """A refused request's HTTP status and message (see Dialect.refusal)."""
+    if isinstance(error, BadRequest):
+        return 400, str(error)
+    if isinstance(error, LookupError):
+        return 404, str(error.args[0])
+    return 503, str(error)
 
 
 def sse(event: str | None, payload: dict[str, Any]) -> str:
@@ -124,12 +118,11 @@ def function_tool(name: Any, description: Any, parameters: Any, where: str) -> d
     return {"type": "function", "function": function}
 
 
-def openai_error_for(error: Exception) -> JSONResponse:
-    """The OpenAI-shaped answer (chat completions, Responses) to a request the gateway refused:
-    400 a malformed request, 404 an unknown session, 503 the policy cannot answer."""
-    if isinstance(error, BadRequest):
+def openai_refusal(error: Exception) -> JSONResponse:
+    """The OpenAI-shaped answer (chat completions, Responses) to a request the gateway refused."""
+    status, message = status_of(error)
+    if status == 400:
         return bad_request_reply(error)
-    if isinstance(error, LookupError):
-        return openai_error(404, str(error.args[0]), "not_found_error", None, "session_not_found")
-    return openai_error(503, str(error), "service_unavailable", None, "policy_unavailable")
-
+    if status == 404:
+        return openai_error(404, message, "not_found_error", None, "session_not_found")
+    return openai_error(503, message, "service_unavailable", None, "policy_unavailable")

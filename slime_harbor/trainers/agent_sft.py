@@ -137,9 +137,9 @@ class RecordingGateway(Gateway):
         super().__init__(*args, **kwargs)
         self.requests: list[dict[str, Any]] = []
 
-    async def complete(self, request, session, asked, wire):
+    async def complete(self, request, session, asked, dialect):
         self.requests.append({"messages": copy.deepcopy(asked.messages), "tools": copy.deepcopy(asked.tools)})
-        return await super().complete(request, session, asked, wire)
+        return await super().complete(request, session, asked, dialect)
 
 
 def capture_format(agent: str, env: str, inst: task_families.Instance, work: Path, model_name: str = "policy",

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from slime_harbor.tasks import families as task_families
+from slime_harbor.policy.renderer import make_renderer
 from slime_harbor.trainers.local import field_docs, train
 from slime_harbor.trainers.local_config import check_train_config, LocalTrainConfig
 from slime_harbor.trainers.sft import SFTConfig, sequence_logprob, sft_model_dir
@@ -149,7 +150,6 @@ def sft_episodes(cfg: LearningConfig, base: Path, tokenizer, probe: list[task_fa
         def episode(inst, command=None):
             return task_families.oracle_episode(tokenizer, inst, command)
     else:  # the agent's own format, read off one real trial of it in the run's sandbox
-        from slime_harbor.gateway.server import make_renderer
         from slime_harbor.trainers.agent_sft import capture_format, oracle_agent_episode
 
         fmt = capture_format(cfg.agent, cfg.env, probe[0], work, max_new_tokens=cfg.max_new_tokens, model_dir=base)
