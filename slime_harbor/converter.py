@@ -29,7 +29,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime_harbor import terminus2
+from slime_harbor.host_agents import HOST_GATEWAY_AGENTS
 from slime_harbor.samples import SampleStatus, TrainingSample, is_scored, top_p_offsets_ok
 
 # Transient infrastructure failures: the policy is not to blame and a new trial may well succeed
@@ -214,8 +214,9 @@ def agent_exit_status(result) -> str | None:
     meta = (result.agent_result.metadata if result.agent_result else None) or {}
     if meta.get("exit_status") is not None:
         return meta["exit_status"]
-    if result.agent_info is not None and result.agent_info.name == terminus2.NAME:
-        return terminus2.exit_status(result)
+    host_agent = HOST_GATEWAY_AGENTS.get(result.agent_info.name) if result.agent_info is not None else None
+    if host_agent is not None:
+        return host_agent.exit_status(result)
     return None
 
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slime_harbor import terminus2
 from slime_harbor.exits import ConfigError, one_line
+from slime_harbor.host_agents import HOST_GATEWAY_AGENTS
 from slime_harbor.policy.sampling import episode_sampling, SamplingParams
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.tasks.task_dir import discover_tasks
@@ -32,7 +32,6 @@ DOCKER_SANDBOX = "slime_harbor.environments.docker:DockerEnvironment"
 NATIVE_AGENT = "slime_harbor.agent:NativeAgent"
 NO_MODEL_AGENTS = frozenset({"oracle", "nop"})
 """Harbor agents that never call a model: they need no policy and no gateway."""
-HOST_GATEWAY_AGENTS = frozenset({terminus2.NAME})
 """Harbor agents that run in the trial's process (nothing to install in the sandbox) and sample
 through the gateway, which they get as their ``api_base`` kwarg."""
 SANDBOX_LOOPBACK = "127.0.0.1"
@@ -156,7 +155,7 @@ def harbor_agent_place(name: str) -> str | None:
 
     if name in RECIPES:
         return "recipe"
-    if name in NO_MODEL_AGENTS | HOST_GATEWAY_AGENTS:
+    if name in NO_MODEL_AGENTS or name in HOST_GATEWAY_AGENTS:
         return "ours"
     if name in UNAVAILABLE:
         return "refused"
@@ -310,10 +309,10 @@ def _agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None):
         config.env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "HOSTED_VLLM_API_KEY": endpoint.api_key}
         if takes_step_limit(agent_class(config)):  # a user's agent with a limit of its own
             config.kwargs["step_limit"] = cfg.step_limit
-    if cfg.agent == terminus2.NAME:
-        config.kwargs.update(terminus2.agent_kwargs(cfg.max_context_len or _max_context(cfg.model_dir),
-                                                    cfg.sampling.max_new_tokens, cfg.sampling.temperature,
-                                                    cfg.step_limit))
+    if host_agent := HOST_GATEWAY_AGENTS.get(cfg.agent):
+        config.kwargs.update(host_agent.agent_kwargs(cfg.max_context_len or _max_context(cfg.model_dir),
+                                                     cfg.sampling.max_new_tokens, cfg.sampling.temperature,
+                                                     cfg.step_limit))
     for key, value in cfg.agent_kwargs.items():
         merge = isinstance(config.kwargs.get(key), dict) and isinstance(value, dict)
         config.kwargs[key] = {**config.kwargs[key], **value} if merge else value
@@ -353,8 +352,8 @@ def environment_config(env: str, gateway=None, agent=None):
     from slime_harbor.installed_agents.installs import environment_kwargs
 
     ours = {"gateway_port": gateway.port, "gateway_host": connect_host(gateway)} if gateway is not None else {}
-    if agent is not None and agent.name == terminus2.NAME:
-        ours.update(terminus2.ENVIRONMENT_KWARGS)
+    if agent is not None and (host_agent := HOST_GATEWAY_AGENTS.get(agent.name)):
+        ours.update(host_agent.ENVIRONMENT_KWARGS)
     ours.update(environment_kwargs(agent) if agent is not None else {})
     if env == "local":
         return EnvironmentConfig(import_path=LOCAL_SANDBOX, delete=True, kwargs=ours)

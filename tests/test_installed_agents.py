@@ -105,11 +105,12 @@ def test_every_harbor_agent_name_is_a_recipe_ours_or_refused_with_a_reason():
     from harbor.models.agent.name import AgentName
 
     from slime_harbor.installed_agents.recipes import UNAVAILABLE
-    from slime_harbor.trial_setup import harbor_agent_place, HOST_GATEWAY_AGENTS, NO_MODEL_AGENTS
+    from slime_harbor.host_agents import HOST_GATEWAY_AGENTS
+    from slime_harbor.trial_setup import harbor_agent_place, NO_MODEL_AGENTS
 
     assert {name: harbor_agent_place(name) for name in AgentName.values() if harbor_agent_place(name) is None} == {}
     for name in AgentName.values():
-        places = (name in RECIPES, name in NO_MODEL_AGENTS | HOST_GATEWAY_AGENTS, name in UNAVAILABLE)
+        places = (name in RECIPES, name in NO_MODEL_AGENTS or name in HOST_GATEWAY_AGENTS, name in UNAVAILABLE)
         assert places.count(True) == 1, (name, places)
     assert harbor_agent_place("not-an-agent") is None
     # a recipe runs the class Harbor maps its name to (the recipe's name is Harbor's, not a near miss)
