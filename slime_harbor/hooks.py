@@ -37,12 +37,10 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import collections
 import dataclasses
 import functools
 import logging
 import sys
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -54,6 +52,7 @@ from slime_harbor.exits import ConfigError
 from slime_harbor.filters import TrajectoryFilters, apply_limit_filters, mask_stale
 from slime_harbor.grpo import episode_advantages
 from slime_harbor.policy.sampling import episode_sampling
+from slime_harbor.retries import RetryBudget
 from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
 from slime_harbor.trial_setup import RolloutConfig, check_agent, uses_gateway, with_engine
 from slime_harbor.samples import SampleStatus
@@ -91,11 +90,11 @@ class HookSettings:
     """Agent turns per episode."""
     harbor_trials_dir: str = "runs/slime-trials"
     """Where Harbor writes trial dirs."""
-    harbor_max_retries_per_task: int = 3
+    harbor_max_retries_per_task: int = RolloutConfig.max_retries_per_task
     """Transient-failure reruns per task within its window."""
-    harbor_retry_backoff_sec: float = 2.0
+    harbor_retry_backoff_sec: float = RolloutConfig.retry_backoff_sec
     """Wait before a rerun."""
-    harbor_retry_window_sec: float = 3600.0
+    harbor_retry_window_sec: float = RolloutConfig.retry_window_sec
     """The retry budget's sliding window: older reruns are forgotten."""
     harbor_env_start_retries: int = RolloutConfig.env_start_retries
     """Environment start retries inside one episode."""
@@ -130,43 +129,13 @@ DEFAULTS = dataclasses.asdict(HookSettings())
 log = logging.getLogger(__name__)
 
 METRICS: Counter = Counter()
-"""Process-wide counts, for logs and tests: episodes, status/<status>, tampering/<kind>, retries,
-retry_budget_exhausted. `hook_metrics()` returns a copy."""
-
-
-class RetryBudget:
-    """Transient-failure reruns per task: at most ``budget`` in any ``window_sec`` (a sliding
-    window), so a few blips early in a multi-day run do not disable a task's retries for good,
-    while a task that keeps failing stops being rerun until its window clears."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic, window_sec: float = 3600.0):
-        self.clock = clock
-        self.window_sec = window_sec
-        """The window reruns were last budgeted in (harbor_retry_window_sec), for metrics()."""
-        self.spent: dict[str, collections.deque] = {}
-
-    def recent(self, task: str) -> int:
-        """Reruns of `task` within the window (older ones forgotten)."""
-        times = self.spent.setdefault(task, collections.deque())
-        while times and times[0] <= self.clock() - self.window_sec:
-            times.popleft()
-        return len(times)
-
-    def try_spend(self, task: str, budget: int, window_sec: float) -> bool:
-        """Spend one rerun of `task` if the window (now `window_sec`) has room; False when it has none."""
-        self.window_sec = window_sec
-        if self.recent(task) >= budget:
-            return False
-        self.spent[task].append(self.clock())
-        return True
-
-    def metrics(self) -> dict[str, int]:
-        """Each task's reruns in the window."""
-        return {f"retries/{task}": self.recent(task) for task in list(self.spent)}
+"""Process-wide counts, for logs and tests: episodes, status/<status>, tampering/<kind>.
+`hook_metrics()` returns a copy, with RETRY_BUDGET's `retries` and `retry_budget_exhausted`."""
 
 
 RETRY_BUDGET = RetryBudget()
-"""The process's retry budget (the SLiME rollout workers run one hook process each)."""
+"""The process's retry budget (the SLiME rollout workers run one hook process each): run_episode
+spends it on reruns of aborted episodes and counts `retries` and `retry_budget_exhausted` in it."""
 
 
 class HookConfigError(ValueError):
@@ -174,8 +143,8 @@ class HookConfigError(ValueError):
 
 
 def hook_metrics() -> dict[str, int]:
-    """The process's counts, with each task's reruns in its current retry window."""
-    return {**METRICS, **RETRY_BUDGET.metrics()}
+    """The process's counts, with the reruns and each task's reruns in its current retry window."""
+    return {**METRICS, **RETRY_BUDGET.counts, **RETRY_BUDGET.metrics()}
 
 
 @functools.lru_cache(maxsize=4)
@@ -357,6 +326,9 @@ def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
         hack_judge_url=setting(args, "harbor_hack_judge_url"), hack_judge_model=setting(args, "harbor_hack_judge_model"),
         progress=False,
         env_start_retries=int(setting(args, "harbor_env_start_retries")),
+        max_retries_per_task=int(setting(args, "harbor_max_retries_per_task")),
+        retry_window_sec=float(setting(args, "harbor_retry_window_sec")),
+        retry_backoff_sec=float(setting(args, "harbor_retry_backoff_sec")),
         # SLiME's fully-async rollout updates weights under running trials (pause_generation aborts
         # their calls); elsewhere an abort ends the round and the episode.
         reissue_aborted_calls=str(getattr(args, "rollout_function_path", "")).endswith("generate_rollout_fully_async"),
@@ -471,35 +443,20 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
     if state.trials is None:
         state.trials = asyncio.Semaphore(int(setting(args, "harbor_concurrency")))
     semaphore = state.trials
-    budget = int(setting(args, "harbor_max_retries_per_task"))
-    window = float(setting(args, "harbor_retry_window_sec"))
-    retries = 0
     async with semaphore:
-        while True:
-            if slime_rollout_aborted():
-                return _placeholder(sample, SampleStatus.ABORTED, "rollout aborted by SLiME before the trial started",
-                                    top_p_ids, harbor_retries=retries)
-            episode = await run_unless_aborted(
-                run_episode(task_dir, cfg, group_index=sample.group_index or 0, index=sample.index or 0,
-                            trials_dir=trials_dir(args, evaluation), tokenizer=_tokenizer(cfg.model_dir),
-                            gateway=gateway),
-                slime_rollout_aborted,
-            )
-            if episode is None:
-                return _placeholder(sample, SampleStatus.ABORTED, "rollout aborted by SLiME during the trial",
-                                    top_p_ids, harbor_retries=retries)
-            if episode.status != SampleStatus.ABORTED or slime_rollout_aborted():
-                break
-            # A transient infra failure: run the task again while its budget lasts.
-            if not RETRY_BUDGET.try_spend(task_dir.name, budget, window):
-                METRICS["retry_budget_exhausted"] += 1
-                episode.retries_spent(f"retry budget of {budget} per {window:g} s for {task_dir.name} spent")
-                break
-            METRICS["retries"] += 1
-            retries += 1
-            log.warning("task %s: transient failure (%s); rerun %d", task_dir.name, episode.error, retries)
-            await asyncio.sleep(float(setting(args, "harbor_retry_backoff_sec")))
-    episode.metadata["harbor_retries"] = retries
+        if slime_rollout_aborted():
+            return _placeholder(sample, SampleStatus.ABORTED, "rollout aborted by SLiME before the trial started",
+                                top_p_ids, harbor_retries=0)
+        # An aborted episode runs again within the task's budget (run_episode), unless SLiME ended the round.
+        episode = await run_unless_aborted(
+            run_episode(task_dir, cfg, group_index=sample.group_index or 0, index=sample.index or 0,
+                        trials_dir=trials_dir(args, evaluation), tokenizer=_tokenizer(cfg.model_dir),
+                        gateway=gateway, retry_budget=RETRY_BUDGET, stop_retrying=slime_rollout_aborted),
+            slime_rollout_aborted,
+        )
+        if episode is None:
+            return _placeholder(sample, SampleStatus.ABORTED, "rollout aborted by SLiME during the trial", top_p_ids)
+    episode.metadata["harbor_retries"] = episode.metadata.pop("retries", 0)
     if not evaluation:
         for reason, n in apply_limit_filters(episode.samples, filters).items():
             METRICS[f"masked/{reason}"] += n

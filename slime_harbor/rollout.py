@@ -9,7 +9,8 @@ One episode = one real Harbor Trial (agent + sandbox + verifier) = `run_episode`
                         verifier output) with the job's config.json and result.json beside them
                         (harbor_job.py), so `harbor view OUT` / `slime-harbor view OUT` show the run
 
-`run_episode` is the unit the SLiME hook (hooks.py) and the local trainer call too. What a trial is
+`run_episode` is the unit the SLiME hook (hooks.py) and the local trainer call too; it reruns an
+aborted episode (a transient failure) within the task's RetryBudget (retries.py). What a trial is
 made of (RolloutConfig, the agent's and the sandbox's Harbor configs, the config checks) is in
 trial_setup.py.
 
@@ -31,6 +32,7 @@ import logging
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.hack_monitor import HackWatch, apply_hack_action, hack_counts, show_in_viewer
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.isolation import isolate_shared_verifier
+from slime_harbor.retries import RetryBudget
 from slime_harbor.samples import SampleStatus
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.trial_setup import (
@@ -58,18 +61,52 @@ async def run_episode(
     trials_dir: Path,
     tokenizer=None,
     gateway=None,
+    retry_budget: RetryBudget | None = None,
+    stop_retrying: Callable[[], bool] = lambda: False,
 ) -> Episode:
     """Run one Harbor Trial of `task_path` and convert it. Never raises for trial failures:
     they come back as an Episode with status aborted (transient) / failed (permanent);
     cancellation still propagates. An environment that fails to start is retried
     cfg.env_start_retries times with backoff; the episode's `metadata["env_start_attempts"]` says how often.
 
+    With a `retry_budget`, an aborted episode runs again (a new trial, cfg.retry_backoff_sec
+    later) while the budget has room for its task (cfg.max_retries_per_task per
+    cfg.retry_window_sec) and `stop_retrying()` is false; once the budget is spent it is FAILED
+    (Episode.retries_spent). `metadata["retries"]` says how many reruns it took.
+
     A gateway agent samples through `gateway` (a started slime_harbor.gateway.Gateway), one session
     per trial; without one, the episode starts its own and closes it when it ends."""
     if gateway is None and uses_gateway(cfg.agent):
         async with serving_gateway(cfg) as gateway:
             return await run_episode(task_path, cfg, group_index=group_index, index=index, trials_dir=trials_dir,
-                                     tokenizer=tokenizer, gateway=gateway)
+                                     tokenizer=tokenizer, gateway=gateway, retry_budget=retry_budget,
+                                     stop_retrying=stop_retrying)
+    task = Path(task_path).name
+    retries = 0
+    while True:
+        episode = await _run_starting_environment(task_path, cfg, group_index=group_index, index=index,
+                                                  trials_dir=trials_dir, tokenizer=tokenizer, gateway=gateway)
+        if retry_budget is None or episode.status != SampleStatus.ABORTED or stop_retrying():
+            break
+        # A transient infra failure: run the task again while its budget lasts.
+        if not retry_budget.try_spend(task, cfg.max_retries_per_task, cfg.retry_window_sec):
+            episode.retries_spent(f"retry budget of {cfg.max_retries_per_task} per {cfg.retry_window_sec:g} s "
+                                  f"for {task} spent")
+            break
+        retries += 1
+        # info, not a warning: the reruns are counted (summary.json, hook_metrics) and a failing
+        # run's stderr stays its one-line error
+        log.info("task %s: transient failure (%s); rerun %d", task, episode.error, retries)
+        await asyncio.sleep(cfg.retry_backoff_sec)
+        if stop_retrying():
+            break
+    episode.metadata["retries"] = retries
+    return episode
+
+
+async def _run_starting_environment(task_path: Path, cfg: RolloutConfig, *, group_index, index, trials_dir,
+                                    tokenizer, gateway) -> Episode:
+    """One episode, its trial run again while its environment fails to start (cfg.env_start_retries)."""
     started = time.monotonic()
     attempts = 0
     while True:
@@ -240,6 +277,7 @@ async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
 async def _run_all(cfg: RolloutConfig, tasks: list[Path], out: Path, job: HarborJob, tokenizer, gateway,
                    skipped_tasks: dict[str, str]) -> dict[str, Any]:
     semaphore = asyncio.Semaphore(cfg.concurrency)
+    retry_budget = RetryBudget()
     episodes: list[Episode] = []
     bar = _Progress(len(tasks) * cfg.n_samples, enabled=cfg.progress)
     started = time.monotonic()
@@ -251,7 +289,8 @@ async def _run_all(cfg: RolloutConfig, tasks: list[Path], out: Path, job: Harbor
             async with semaphore:
                 job.trial_started()
                 episode = await run_episode(task_path, cfg, group_index=group_index, index=index,
-                                            trials_dir=out / "trials", tokenizer=tokenizer, gateway=gateway)
+                                            trials_dir=out / "trials", tokenizer=tokenizer, gateway=gateway,
+                                            retry_budget=retry_budget)
             episodes.append(episode)
             job.trial_finished(episode)
             for s in episode.samples:  # written as soon as the trial ends: Ctrl-C loses nothing finished
@@ -299,6 +338,8 @@ def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, inter
         # branches (its history re-sent differently) or the native agent's token drift
         "split_episodes": sum(len([s for s in e.segments if s.response_ids]) > 1 for e in episodes),
         "drift_count": sum(e.metadata.get("drift_count", 0) for e in episodes),
+        # reruns of aborted episodes (transient failures), within each task's retry budget
+        "retries": sum(e.metadata.get("retries", 0) for e in episodes),
         # episodes whose grader detected tampering (scored 0), by kind
         "tampering_counts": dict(Counter(k for e in episodes for k in (e.metadata.get("tampering") or []))),
         **hack_counts(samples),

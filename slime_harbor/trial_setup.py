@@ -119,6 +119,14 @@ class RolloutConfig:
     after the last one the episode is ABORTED (removed, counted, never scored)."""
     env_start_backoff_sec: float = 1.0
     """Wait before the first retry of an environment start; doubled for each further retry."""
+    max_retries_per_task: int = 3
+    """Reruns of an ABORTED episode (a transient infra failure: the sandbox did not start after its
+    env_start_retries, the policy server was unreachable, the trial was cut off) per task within
+    retry_window_sec; once spent, the episode is FAILED (never rerun, never scored)."""
+    retry_window_sec: float = 3600.0
+    """The retry budget's sliding window: older reruns are forgotten."""
+    retry_backoff_sec: float = 2.0
+    """Wait before a rerun."""
     gateway_host: str = "127.0.0.1"
     """Address the model gateway binds (gateway agents). Loopback: our sandboxes reach it through
     their forward; a sandbox elsewhere (Modal, Daytona, E2B) needs an address it can reach."""

@@ -99,7 +99,8 @@ def test_every_trial_failed_exits_nonzero_with_the_reason(tmp_path):
 
 def test_policy_server_failing_every_generation_exits_nonzero_with_the_reason(tmp_path, tiny_model_dir):
     """A server that is up (it passes the start-up check) but fails every /generate: the episodes
-    come back aborted, nothing hangs, and the run exits 1 naming the server's error."""
+    come back aborted, run again within the task's retry budget, nothing hangs, and the run exits
+    1 naming the server's error."""
     import http.server
     import threading
 
@@ -127,7 +128,9 @@ def test_policy_server_failing_every_generation_exits_nonzero_with_the_reason(tm
         server.shutdown()
     assert_one_line_error(proc, 1, "all 2 trials", "HTTP 503", "engine overloaded")
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status_counts"]["aborted"] == 2 and summary["n_trainable_samples"] == 0
+    # Each abort ran again while the task's budget (3 reruns) lasted; then both were FAILED.
+    assert summary["status_counts"]["failed"] == 2 and summary["n_trainable_samples"] == 0
+    assert summary["retries"] == 3
     assert leftovers(out) == ([], [])
 
 

@@ -18,6 +18,7 @@ from collections import Counter
 from slime_harbor import hooks
 from slime_harbor.cli import prepare_data
 from slime_harbor.policy.sampling import episode_sampling
+from slime_harbor.retries import RetryBudget
 from slime_harbor.trial_setup import DEFAULT_TASKS
 from slime_harbor.hooks import HookConfigError, dynamic_sampling_filter, generate, reward_post_process
 from helpers.samples import recompute_logprobs
@@ -40,7 +41,7 @@ def Sample():
 @pytest.fixture
 def fresh_counters(monkeypatch):
     monkeypatch.setattr(hooks, "METRICS", Counter())
-    monkeypatch.setattr(hooks, "RETRY_BUDGET", hooks.RetryBudget())
+    monkeypatch.setattr(hooks, "RETRY_BUDGET", RetryBudget())
 
 
 def fake_samples(specs):
@@ -492,7 +493,7 @@ def test_a_tasks_retry_budget_recovers_as_its_window_slides():
     """Reruns are budgeted per task per sliding window: spent, the task is not rerun; once its
     oldest rerun leaves the window, it may be rerun again. Another task has its own budget."""
     now = [0.0]
-    budget = hooks.RetryBudget(clock=lambda: now[0])
+    budget = RetryBudget(clock=lambda: now[0])
     assert budget.try_spend("a", 2, 100.0) and budget.try_spend("a", 2, 100.0)
     assert not budget.try_spend("a", 2, 100.0) and budget.try_spend("b", 2, 100.0)
     assert budget.metrics() == {"retries/a": 2, "retries/b": 1}
@@ -507,7 +508,7 @@ def test_a_tasks_reruns_leave_its_window_one_at_a_time():
     """Reruns spent at different times leave the window each at its own time, oldest first: not
     all at once when the newest does, nor all at once when the oldest does."""
     now = [0.0]
-    budget = hooks.RetryBudget(clock=lambda: now[0])
+    budget = RetryBudget(clock=lambda: now[0])
     assert budget.try_spend("a", 2, 100.0)
     now[0] = 50.0
     assert budget.try_spend("a", 2, 100.0) and not budget.try_spend("a", 2, 100.0)

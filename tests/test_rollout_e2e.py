@@ -81,13 +81,28 @@ def test_eight_concurrent_trials_complete(tmp_path, policy_server, tiny_model_di
     assert most_at_once >= 4, spans
 
 
-def test_dead_policy_server_is_aborted_not_penalised(tmp_path, tiny_model_dir):
-    cfg = config(tmp_path, "http://127.0.0.1:9", tiny_model_dir, n_samples=1)
+def test_dead_policy_server_is_not_penalised(tmp_path, tiny_model_dir):
+    """A transient failure is never scored; with no reruns allowed it is FAILED at once."""
+    cfg = config(tmp_path, "http://127.0.0.1:9", tiny_model_dir, n_samples=1, max_retries_per_task=0)
     summary = asyncio.run(run_rollouts(cfg))
     (s,) = read_jsonl(cfg.out_dir / "samples.jsonl")
-    assert s.status == SampleStatus.ABORTED and s.remove_sample and s.reward is None
-    assert "unreachable" in s.metadata["status_reason"]
-    assert summary["status_counts"]["aborted"] == 1 and summary["mean_reward"] is None
+    assert s.status == SampleStatus.FAILED and s.remove_sample and s.reward is None
+    assert "unreachable" in s.metadata["status_reason"] and "retry budget of 0" in s.metadata["status_reason"]
+    assert summary["status_counts"]["failed"] == 1 and summary["mean_reward"] is None and summary["retries"] == 0
+
+
+def test_an_aborted_episode_runs_again_within_its_tasks_retry_budget(tmp_path, tiny_model_dir):
+    """The rollout reruns a transient failure as the SLiME hook does: a dead policy server aborts
+    the episode, it runs again while the task's budget lasts, then it is FAILED (never scored)."""
+    cfg = config(tmp_path, "http://127.0.0.1:9", tiny_model_dir, n_samples=1, max_retries_per_task=1,
+                 retry_backoff_sec=0.0)
+    summary = asyncio.run(run_rollouts(cfg))
+    (s,) = read_jsonl(cfg.out_dir / "samples.jsonl")
+    assert s.status == SampleStatus.FAILED and s.remove_sample and s.reward is None
+    assert "retry budget of 1" in s.metadata["status_reason"] and "unreachable" in s.metadata["status_reason"]
+    assert s.metadata["retries"] == 1 and s.metadata["retry_budget_spent"]
+    assert len(trial_names(cfg.out_dir)) == 2  # the first run and one rerun
+    assert summary["retries"] == 1 and summary["status_counts"]["failed"] == 1 and summary["n_trials"] == 1
 
 
 def test_cancelled_rollout_leaves_nothing_and_keeps_finished_samples(tmp_path, policy_server, tiny_model_dir):

@@ -42,6 +42,7 @@ import pytest
 
 from slime_harbor import hooks
 from slime_harbor.cli import prepare_data
+from slime_harbor.retries import RetryBudget
 from slime_harbor.trial_setup import DEFAULT_TASKS
 
 try:
@@ -139,7 +140,7 @@ def fresh_state(monkeypatch):
     """SLiME's GenerateState is a process-wide singleton (it holds the router address and the
     abort flag); each test starts without one, and our hook's counters start at zero."""
     monkeypatch.setattr(hooks, "METRICS", Counter())
-    monkeypatch.setattr(hooks, "RETRY_BUDGET", hooks.RetryBudget())
+    monkeypatch.setattr(hooks, "RETRY_BUDGET", RetryBudget())
     yield
     from slime.utils.misc import SingletonMeta
 

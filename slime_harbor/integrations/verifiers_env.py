@@ -39,6 +39,7 @@ from verifiers.v1.trace import AgentInfo, TraceTask
 
 from slime_harbor.integrations.verifiers_trace import fill_trace
 from slime_harbor.policy.sampling import episode_sampling
+from slime_harbor.retries import RetryBudget
 from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
 from slime_harbor.tasks.task_dir import discover_tasks
 from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig, uses_gateway
@@ -106,6 +107,8 @@ class HarborTrialsEnv(SingleAgentEnv):
         self._gateways: dict[tuple, object] = {}
         """Started gateways by (upstream URL, model, tokenizer): one per policy the env samples from."""
         self._gateway_lock = asyncio.Lock()
+        self._retry_budget = RetryBudget()
+        """Reruns of aborted episodes, per task, over the env's life (RolloutConfig.max_retries_per_task)."""
 
     @contextlib.asynccontextmanager
     async def serving(self):
@@ -166,7 +169,7 @@ class HarborTrialsEnv(SingleAgentEnv):
         async with self._gate:
             episode = await run_episode(Path(task.data.task_dir), rollout, group_index=task.data.idx or 0, index=0,
                                         trials_dir=cfg.trials_dir, tokenizer=self._tokenizers[tokenizer_name],
-                                        gateway=gateway)
+                                        gateway=gateway, retry_budget=self._retry_budget)
         fill_trace(trace, episode, self._tokenizers[tokenizer_name], cfg.reward_key, model=ctx.model)
         trace.timing.agent.start, trace.timing.agent.end = started, time.time()
         out = vf.Episode(env=vf.EnvInfo(id=self.config.env_id), task=trace.task)

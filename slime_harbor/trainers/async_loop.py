@@ -35,6 +35,7 @@ from typing import Any
 
 from slime_harbor.filters import apply_limit_filters, mask_counts, mask_stale, varying_groups
 from slime_harbor.harbor_job import HarborJob
+from slime_harbor.retries import RetryBudget
 from slime_harbor.rollout import load_tokenizer, run_episode, serving_gateway
 from slime_harbor.trial_setup import RolloutConfig, with_engine
 from slime_harbor.samples import TrainingSample, write_jsonl
@@ -67,6 +68,8 @@ class GroupProducer:
         self.run, self.rollout, self.tasks, self.stream, self.wanted = run, rollout, tasks, stream, wanted
         self.lookahead = (run.cfg.max_staleness + 1) * wanted
         self.gateway, self.tokenizer = gateway, tokenizer
+        self.retry_budget = RetryBudget()
+        """Reruns of aborted episodes, per task, over the whole run (RolloutConfig.max_retries_per_task)."""
         self.trials_dir = run.out / "rollouts" / "trials"
         self.job = HarborJob(self.trials_dir, self.rollout, list(tasks.values()), n_trials=0)
         self.completed: asyncio.Queue[Group | BaseException] = asyncio.Queue()  # or why production stopped
@@ -127,7 +130,8 @@ class GroupProducer:
             self.job.add_trials(1)
             self.job.trial_started()
             episode = await run_episode(self.tasks[name], self.rollout, group_index=group_index, index=index,
-                                        trials_dir=self.trials_dir, tokenizer=self.tokenizer, gateway=self.gateway)
+                                        trials_dir=self.trials_dir, tokenizer=self.tokenizer, gateway=self.gateway,
+                                        retry_budget=self.retry_budget)
         self.job.trial_finished(episode)
         return episode
 
