@@ -57,6 +57,7 @@ from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
 from slime_harbor.trial_setup import RolloutConfig, check_agent, uses_gateway, with_engine
 from slime_harbor.samples import SampleStatus
 
+
 @dataclass(frozen=True)
 class HookSettings:
     """The plugin's settings: each field a key of SLiME's --custom-config-path YAML, read off `args`
