@@ -7,11 +7,12 @@ message. `edit_via_str_replace` edits files safely; `submit` ends the episode.
 Why token-in-token-out: the loss must be computed on exactly the tokens the policy sampled. The
 agent never re-renders the conversation. It keeps one growing list of token ids:
 
-    ids = chat_template(system, instruction) + sampled_1 + obs_1 + sampled_2 + obs_2 + ...
+    ids = render(system, instruction) + sampled_1 + obs_1 + sampled_2 + obs_2 + ...
 
 and sends the whole list as `input_ids` each turn. Observation tokens (the tool output wrapped in
-the chat template's user turn) are tokenized once and appended, so turn t+1's prompt extends
-turn t's prompt + completion exactly, and the converter can mask them out without guessing.
+the chat format's user turn) are bridged on by the model family's renderer, the one the gateway
+uses (policy/renderer.py), so turn t+1's prompt extends turn t's prompt + completion exactly, and
+the converter can mask them out without guessing.
 
 Use from Harbor's CLI:
     harbor run -p TASK --agent-import-path slime_harbor.agent:NativeAgent \
@@ -37,6 +38,7 @@ from harbor.utils.trajectory_utils import format_trajectory_json
 from pydantic import Field, field_validator
 
 from slime_harbor.policy.client import PolicyClient
+from slime_harbor.policy.renderer import bridge_ids, make_renderer
 from slime_harbor.policy.sampling import episode_sampling, SamplingParams, turn_seed
 
 SYSTEM_PROMPT = """You are a coding agent working in a Linux shell. Solve the task step by step.
@@ -89,16 +91,16 @@ print(f"edited {path}")
 BASH_BLOCK = re.compile(r"```bash\s*\n(.*?)\n?```", re.DOTALL)
 
 
-def initial_prompt_ids(tokenizer, instruction: str) -> list[int]:
-    """System prompt + task instruction, rendered by the model's chat template, ready to generate."""
-    messages = [
+def initial_messages(instruction: str) -> list[dict]:
+    return [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": INSTANCE_PROMPT.format(instruction=instruction)},
     ]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
-        ids = ids["input_ids"]
-    return list(ids)
+
+
+def initial_prompt_ids(renderer, instruction: str) -> list[int]:
+    """System prompt + task instruction, rendered by the model family's renderer, ready to generate."""
+    return list(renderer.render_ids(initial_messages(instruction), add_generation_prompt=True))
 
 
 def format_observation(returncode: int, output: str, max_chars: int = 2000) -> str:
@@ -111,15 +113,18 @@ def format_observation(returncode: int, output: str, max_chars: int = 2000) -> s
     return OBSERVATION_TEMPLATE.format(returncode=returncode, output=output)
 
 
-def observation_ids(tokenizer, observation: str, closed: bool) -> list[int]:
-    """Template tokens that close the assistant turn and wrap the observation as a user turn.
+def next_prompt_ids(renderer, messages: list[dict], prompt_ids: list[int], completion_ids: list[int]) -> list[int]:
+    """The next turn's prompt: `messages` so far (the last one the observation), as tokens.
 
-    Rendered the way the chat template renders the next user message, then tokenized once; the
-    policy never generated these tokens, so the converter masks them. `closed`: the sampled
-    completion already ended with <|im_end|>.
+    The renderer's bridge (the gateway's, policy/renderer.py) appends the template tokens that
+    close the sampled turn and wrap the observation as a user turn to prompt + completion, so the
+    next prompt extends this one and the converter masks the new tokens without guessing. Where no
+    bridge extends it (a reply the family cannot close, e.g. an open <think> then end-of-turn), the
+    conversation is rendered anew, as the gateway starts a branch: the converter starts a new
+    sample there.
     """
-    text = ("" if closed else "<|im_end|>") + "\n<|im_start|>user\n" + observation + "<|im_end|>\n<|im_start|>assistant\n"
-    return tokenizer.encode(text, add_special_tokens=False)
+    bridged = bridge_ids(renderer, prompt_ids, completion_ids, messages[-1:])
+    return bridged if bridged is not None else list(renderer.render_ids(messages, add_generation_prompt=True))
 
 
 class NativeAgentOptions(AgentOptions):
@@ -209,7 +214,8 @@ class NativeAgent(BaseAgent):
             tokenizer_path
         ).max_position_embeddings
         self.params = opts.sampling
-        self._eos_ids = {self.tokenizer.convert_tokens_to_ids("<|im_end|>"), self.tokenizer.eos_token_id}
+        # The gateway's choice of chat format for this model family (RendererError for one it lacks).
+        self.renderer = make_renderer(tokenizer_path, self.tokenizer)
 
     async def setup(self, environment: BaseEnvironment) -> None:
         tool = self.logs_dir / "edit_via_str_replace"
@@ -221,7 +227,8 @@ class NativeAgent(BaseAgent):
 
     # ---- the loop -------------------------------------------------------------------------
     async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
-        ids = initial_prompt_ids(self.tokenizer, instruction)
+        self._messages = initial_messages(instruction)
+        ids = initial_prompt_ids(self.renderer, instruction)
         # Filled in place every turn, so a timeout or crash still leaves every finished turn.
         detail: dict[str, Any] = {"prompt_token_ids": [], "completion_token_ids": [], "logprobs": [],
                                   "extra": {"finish_reason": [], "weight_version": []}}
@@ -276,10 +283,9 @@ class NativeAgent(BaseAgent):
         step = self._add_step("agent", text, model_name=self.model_name, metrics=Metrics(
             prompt_tokens=len(ids), completion_tokens=len(gen.token_ids),
             completion_token_ids=gen.token_ids, logprobs=gen.logprobs))
-        ids = ids + gen.token_ids
         if gen.finish_reason == "abort":
             raise _EpisodeEnd("aborted")
-        if gen.finish_reason == "length" and len(ids) >= self.max_context_len:
+        if gen.finish_reason == "length" and len(ids) + len(gen.token_ids) >= self.max_context_len:
             raise _EpisodeEnd("context_limit")
 
         blocks = BASH_BLOCK.findall(text)
@@ -295,7 +301,8 @@ class NativeAgent(BaseAgent):
             observation = await self._execute(command, environment)
         step.observation = Observation(results=[ObservationResult(content=observation)])
         self._write_trajectory(context)
-        return ids + self._observation_ids(observation, closed=bool(gen.token_ids) and gen.token_ids[-1] in self._eos_ids)
+        self._messages += [{"role": "assistant", "content": text}, {"role": "user", "content": observation}]
+        return next_prompt_ids(self.renderer, self._messages, ids, gen.token_ids)
 
     async def _execute(self, command: str, environment: BaseEnvironment) -> str:
         timeout = self.options.command_timeout_sec
@@ -310,9 +317,6 @@ class NativeAgent(BaseAgent):
             return format_observation(124, f"command timed out after {timeout:g}s", self.options.max_observation_chars)
         output = (result.stdout or "") + (result.stderr or "")
         return format_observation(result.return_code, output, self.options.max_observation_chars)
-
-    def _observation_ids(self, observation: str, closed: bool) -> list[int]:
-        return observation_ids(self.tokenizer, observation, closed)
 
     # ---- ATIF trajectory (Harbor's models: harbor.models.trajectories) -----------------------
     def _add_step(self, source: str, message: str, **fields) -> Step:

@@ -53,6 +53,14 @@ def tokenizer(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
+def renderer(tiny_model_dir, tokenizer):
+    """The tiny model's chat renderer (its family's, as the gateway and the native agent pick it)."""
+    from slime_harbor.policy.renderer import make_renderer
+
+    return make_renderer(tiny_model_dir, tokenizer)
+
+
+@pytest.fixture(scope="module")
 def model(tiny_model_dir):
     """The tiny model, the trainer's view. One per module, and read-only (a module that trains a
     model overrides this with its own copy)."""
@@ -67,16 +75,18 @@ def responsive_model_dir(tiny_model_dir, tmp_path_factory):
     from transformers import AutoTokenizer
 
     from slime_harbor.agent import initial_prompt_ids
+    from slime_harbor.policy.renderer import make_renderer
     from slime_harbor.trainers.sft import SFTConfig, sft_model_dir
     from slime_harbor.trial_setup import DEFAULT_TASKS
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    renderer = make_renderer(tiny_model_dir, tok)
     pairs = []
     for task in sorted(DEFAULT_TASKS.iterdir()):
         if not (task / "instruction.md").is_file():
             continue
         instruction = (task / "instruction.md").read_text()
-        pairs.append((initial_prompt_ids(tok, instruction), tok.encode(NATIVE_REPLY, add_special_tokens=False)))
+        pairs.append((initial_prompt_ids(renderer, instruction), tok.encode(NATIVE_REPLY, add_special_tokens=False)))
         prompt = tok.apply_chat_template(
             [{"role": "user", "content": f"You are an AI assistant solving command-line tasks.\n{instruction}"}],
             add_generation_prompt=True, tokenize=True,

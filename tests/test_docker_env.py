@@ -367,12 +367,13 @@ def ls_policy(tiny_model_dir, tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from slime_harbor.agent import initial_prompt_ids
+    from slime_harbor.policy.renderer import make_renderer
     from slime_harbor.policy.server import EmbeddedPolicyServer
     from slime_harbor.trainers.sft import SFTConfig, sft_model_dir
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     instruction = (DEFAULT_TASKS / "dedupe-lines" / "instruction.md").read_text()
-    pairs = [(initial_prompt_ids(tok, instruction), tok.encode(NATIVE_REPLY, add_special_tokens=False))]
+    pairs = [(initial_prompt_ids(make_renderer(tiny_model_dir, tok), instruction), tok.encode(NATIVE_REPLY, add_special_tokens=False))]
     out = tmp_path_factory.mktemp("ls_policy")
     losses = sft_model_dir(tiny_model_dir, out, pairs, SFTConfig(steps=15, batch_size=1))
     assert losses[-1] < 0.05 * losses[0]

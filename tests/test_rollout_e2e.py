@@ -219,7 +219,7 @@ def test_native_agent_top_p_replay_is_well_formed_and_slime_accepts_it(
 
 
 def test_native_agent_seeded_episodes_replay_and_stop_at_the_context_limit(
-    tmp_path, responsive_server, responsive_model_dir, tokenizer
+    tmp_path, responsive_server, responsive_model_dir, renderer
 ):
     from slime_harbor.agent import initial_prompt_ids
     from slime_harbor.policy.sampling import turn_seed
@@ -245,7 +245,7 @@ def test_native_agent_seeded_episodes_replay_and_stop_at_the_context_limit(
 
     # A context just big enough for the first prompt and 12 tokens: the episode stops there,
     # truncated but still verified.
-    prompt = initial_prompt_ids(tokenizer, (task / "instruction.md").read_text())
+    prompt = initial_prompt_ids(renderer, (task / "instruction.md").read_text())
     limited = asyncio.run(episode("limited", 3, max_context_len=len(prompt) + 12, step_limit=5))
     (s,) = limited.samples
     assert s.metadata["exit_status"] == "context_limit" and s.metadata["turns"] == 1

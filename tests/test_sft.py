@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slime_harbor.agent import BASH_BLOCK, format_observation, initial_prompt_ids, observation_ids
+from slime_harbor.agent import BASH_BLOCK, format_observation, initial_prompt_ids, SYSTEM_PROMPT
 from slime_harbor.trainers.sft import (
     SFTConfig, agent_reply, completion_nll, masked_token_logprobs, native_agent_episode, sequence_logprob,
     sequence_nll, sft, sft_model_dir, sft_sequences,
@@ -25,25 +25,31 @@ def model(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def episode(tokenizer):
-    return native_agent_episode(tokenizer, INSTRUCTION, REPLIES, [(0, "")])
+def episode(renderer, tokenizer):
+    return native_agent_episode(renderer, tokenizer, INSTRUCTION, REPLIES, [(0, "")])
 
 
 def test_agent_reply_parses_as_one_command():
     assert [BASH_BLOCK.findall(r) for r in REPLIES] == [["mv water.txt house.txt"], ["submit"]]
 
 
-def test_episode_is_prompt_replies_and_observation_with_mask_on_replies(tokenizer, episode):
+def test_episode_is_prompt_replies_and_observation_with_mask_on_replies(renderer, tokenizer, episode):
     ids, mask = episode
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    prompt = initial_prompt_ids(tokenizer, INSTRUCTION)
+    # What the chat template renders for the same conversation: the episode is its tokens.
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": INSTRUCTION},
+                {"role": "assistant", "content": REPLIES[0]}, {"role": "user", "content": format_observation(0, "")}]
+    prompt = tokenizer.apply_chat_template(messages[:2], add_generation_prompt=True, tokenize=True)["input_ids"]
+    so_far = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"]
     reply_1 = tokenizer.encode(REPLIES[0], add_special_tokens=False) + [im_end]
-    observation = observation_ids(tokenizer, format_observation(0, ""), closed=True)
+    observation = so_far[len(prompt) + len(reply_1):]
+    assert so_far[: len(prompt) + len(reply_1)] == prompt + reply_1
     reply_2 = tokenizer.encode(REPLIES[1], add_special_tokens=False) + [im_end]
+    assert initial_prompt_ids(renderer, INSTRUCTION) == prompt
     assert ids == prompt + reply_1 + observation + reply_2
     assert mask == [0] * len(prompt) + [1] * len(reply_1) + [0] * len(observation) + [1] * len(reply_2)
     with pytest.raises(ValueError):
-        native_agent_episode(tokenizer, INSTRUCTION, REPLIES, [])
+        native_agent_episode(renderer, tokenizer, INSTRUCTION, REPLIES, [])
 
 
 def test_loss_counts_masked_in_tokens_only(model, episode):
@@ -88,8 +94,8 @@ def test_sft_on_episodes_lowers_their_nll(model, episode):
     assert after < 0.2 * before and losses[-1] < losses[0]
 
 
-def test_sft_on_pairs_lowers_completion_nll(model, tokenizer):
-    prompt = initial_prompt_ids(tokenizer, INSTRUCTION)
+def test_sft_on_pairs_lowers_completion_nll(model, renderer, tokenizer):
+    prompt = initial_prompt_ids(renderer, INSTRUCTION)
     pairs = [(prompt, tokenizer.encode(REPLIES[0], add_special_tokens=False))]
     with torch.no_grad():
         before = completion_nll(model, pairs).item()

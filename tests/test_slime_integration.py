@@ -69,6 +69,7 @@ def policy_dir(tiny_model_dir, tmp_path_factory):
     from transformers import AutoTokenizer
 
     from slime_harbor.agent import initial_prompt_ids
+    from slime_harbor.policy.renderer import make_renderer
     from slime_harbor.trainers.sft import SFTConfig, sft_model_dir
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -89,7 +90,7 @@ def policy_dir(tiny_model_dir, tmp_path_factory):
     body = TERMINUS_REPLY.removesuffix("<|im_end|>")
     char_ids = [i for ch in body for i in tok.encode(ch, add_special_tokens=False)]
     assert char_ids != tok.encode(body, add_special_tokens=False) and tok.decode(char_ids) == body
-    pairs = [(initial_prompt_ids(tok, instruction), tok.encode(NATIVE_REPLY, add_special_tokens=False)),
+    pairs = [(initial_prompt_ids(make_renderer(tiny_model_dir, tok), instruction), tok.encode(NATIVE_REPLY, add_special_tokens=False)),
              (list(terminus_prompt), char_ids + tok.encode("<|im_end|>", add_special_tokens=False))]
     out = tmp_path_factory.mktemp("policy")
     sft_model_dir(tiny_model_dir, out, pairs, SFTConfig(steps=40, batch_size=2))

@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 from harbor.models.task.task import Task
 
-from slime_harbor.tasks import families as tf
-from slime_harbor.agent import BASH_BLOCK, SUBMIT_COMMAND, format_observation, initial_prompt_ids, observation_ids
+from slime_harbor.agent import (BASH_BLOCK, format_observation, initial_messages, initial_prompt_ids, next_prompt_ids,
+                                SUBMIT_COMMAND)
+from slime_harbor.policy.renderer import make_renderer
 from slime_harbor.policy.sampling import episode_sampling
 from slime_harbor.rollout import run_rollouts
+from slime_harbor.tasks import families as tf
 from slime_harbor.trial_setup import RolloutConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,7 +103,8 @@ def test_a_native_agent_trial_sees_the_prompt_of_the_oracle_episode(tasks, tiny_
                         out_dir=tmp_path, progress=False)
     asyncio.run(run_rollouts(cfg))
     [sample] = read_jsonl(tmp_path / "samples.jsonl")
-    ids, mask = tf.oracle_episode(AutoTokenizer.from_pretrained(tiny_model_dir), instance_of(path))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids, mask = tf.oracle_episode(make_renderer(tiny_model_dir, tokenizer), tokenizer, instance_of(path))
     prompt = sample.tokens[: len(sample.tokens) - sample.response_length]
     assert prompt == ids[: mask.index(1)]
 
@@ -148,16 +151,17 @@ def test_a_family_runs_out_of_instances():
     assert 0 < len(tf.instances("make-dirs", n, seed=0, strict=False)) < n
 
 
-def test_oracle_episode_is_the_native_agent_token_format():
-    from transformers import AutoTokenizer
-
-    from slime_harbor.policy.tiny_model import ensure_tiny_model
-
-    tok = AutoTokenizer.from_pretrained(ensure_tiny_model())
+def test_oracle_episode_is_the_native_agent_token_format(renderer, tokenizer):
+    tok = tokenizer
     inst = tf.instances("rename-file", 1, seed=0)[0]
-    ids, mask = tf.oracle_episode(tok, inst)
-    prompt = initial_prompt_ids(tok, inst.instruction)
-    observation = observation_ids(tok, format_observation(0, ""), closed=True)
+    ids, mask = tf.oracle_episode(renderer, tok, inst)
+    prompt = initial_prompt_ids(renderer, inst.instruction)
+    first_reply = ids[len(prompt): mask.index(0, len(prompt))]
+    # The observation as the agent bridges it on after its first reply.
+    messages = initial_messages(inst.instruction) + [
+        {"role": "assistant", "content": tok.decode(first_reply, skip_special_tokens=True)},
+        {"role": "user", "content": format_observation(0, "")}]
+    observation = next_prompt_ids(renderer, messages, prompt, first_reply)[len(prompt) + len(first_reply):]
     assert ids[: len(prompt)] == prompt and not any(mask[: len(prompt)])
     # prompt | reply 1 | observation | reply 2: replies (closed by <|im_end|>) trained on, the rest not
     first_reply_end = mask.index(0, len(prompt))

@@ -47,6 +47,7 @@ from harbor.models.trajectories import (Agent, FinalMetrics, Metrics, Observatio
 from harbor.utils.trajectory_utils import format_trajectory_json
 
 from slime_harbor.http_api import BadRequest
+from slime_harbor.policy.renderer import bridge_ids
 from slime_harbor.policy.sampling import Generation, SamplingParams
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -324,31 +325,13 @@ class GatewaySession:
         if candidates:
             branch = max(candidates, key=lambda b: len(b.canon))
             last = branch.calls[-1]
-            # The bridge reads the prompt only back to its last end-of-turn token (where the
-            # assistant header starts): given just that tail, its cost follows the new tokens, not
-            # the history. The history before the tail is put back in front unchanged.
-            cut = self._last_turn_end(last.prompt_ids)
-            tail = last.prompt_ids[cut:]
-            bridged = self.gateway.renderer.bridge_to_next_turn(
-                tail, last.completion_ids, messages[len(branch.canon):], tools=tools
-            )
-            so_far = len(tail) + len(last.completion_ids)
-            # The bridge may close a truncated turn (a synthesised <|im_end|>, a </think>): those
-            # tokens follow the completion like any template token. Anything else is no extension.
-            if bridged is not None and bridged.token_ids[: len(tail)] == tail and \
-                    bridged.token_ids[len(tail):so_far] == last.completion_ids:
-                return Placement(branch, last.prompt_ids[:cut] + bridged.token_ids, branch.version,
-                            prefix=(last.index, len(last.prompt_ids) + len(last.completion_ids)))
+            bridged = bridge_ids(self.gateway.renderer, last.prompt_ids, last.completion_ids,
+                                 messages[len(branch.canon):], tools=tools)
+            if bridged is not None:
+                return Placement(branch, bridged, branch.version,
+                                 prefix=(last.index, len(last.prompt_ids) + len(last.completion_ids)))
         prompt = self.gateway.renderer.render_ids(messages, tools=tools, add_generation_prompt=True)
         return self._new_branch(key, request, prompt)
-
-    def _last_turn_end(self, prompt: list[int]) -> int:
-        """Index of the prompt's last end-of-turn token (0 if it has none)."""
-        stops = self.gateway.stop_token_ids
-        for i in range(len(prompt) - 1, -1, -1):
-            if prompt[i] in stops:
-                return i
-        return 0
 
     def _new_branch(self, key: str, request: tuple, prompt: list[int]) -> Placement:
         branch = Branch(index=len(self.branches), tools=key, canon=request, first_prompt=list(prompt))

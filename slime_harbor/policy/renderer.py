@@ -1,7 +1,8 @@
 """Which chat renderer speaks the policy's model family: its chat format (messages to token ids,
 bridged to the next turn) and its reply parser, PyPI `renderers` chosen by config.json's
-model_type. Read by the gateway (every dialect's turns) and by agent SFT (an agent's episodes
-rendered as the gateway renders them), so both speak the same format.
+model_type. Read by the gateway (every dialect's turns), the native agent (its prompts and the
+observations it bridges on) and agent SFT (an agent's episodes rendered as the gateway renders
+them), so all of them speak one format.
 """
 
 from __future__ import annotations
@@ -40,3 +41,24 @@ def make_renderer(model_dir: str | Path, tokenizer):
         return create_renderer(tokenizer, Qwen3RendererConfig(thinking_retention="all"))
     except AssertionError as error:  # renderers asserts the family's special tokens exist
         raise RendererError(f"{model_dir}: the tokenizer lacks the {family} chat format's tokens ({error})") from error
+
+
+def bridge_ids(renderer, prompt_ids: list[int], completion_ids: list[int], new_messages: list[dict],
+               tools: list | None = None) -> list[int] | None:
+    """prompt + completion + the template tokens of `new_messages` and the next generation prompt:
+    the renderer's bridge to the next turn, or None where it does not extend prompt + completion
+    (the caller renders the conversation anew, which starts a new sample).
+
+    The bridge is given the prompt only back to its last end-of-turn token (where the assistant
+    header starts), so its cost follows the new tokens, not the history; the history before that
+    tail is put back in front unchanged. It may close a truncated turn (a synthesised end-of-turn,
+    a </think>): those tokens follow the completion like any template token.
+    """
+    stops = set(renderer.get_stop_token_ids())
+    cut = next((i for i in range(len(prompt_ids) - 1, -1, -1) if prompt_ids[i] in stops), 0)
+    tail = prompt_ids[cut:]
+    bridged = renderer.bridge_to_next_turn(tail, completion_ids, new_messages, tools=tools)
+    so_far = len(tail) + len(completion_ids)
+    if bridged is None or bridged.token_ids[: len(tail)] != tail or bridged.token_ids[len(tail):so_far] != completion_ids:
+        return None
+    return prompt_ids[:cut] + list(bridged.token_ids)

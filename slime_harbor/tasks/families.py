@@ -324,7 +324,7 @@ def generate(out_dir: Path, n: int, seed: int, split: str = "train",
 DONE_THOUGHT = "The task is done."
 
 
-def oracle_episode(tokenizer, inst: Instance, command: str | None = None):
+def oracle_episode(renderer, tokenizer, inst: Instance, command: str | None = None):
     """The native agent's token sequence of an oracle-style episode and its loss mask: the
     instance's command (or `command`, e.g. inst.near_miss), its observation, then `submit`. Every
     family's command and near miss is silent and succeeds, so the observation is return code 0
@@ -333,7 +333,7 @@ def oracle_episode(tokenizer, inst: Instance, command: str | None = None):
     from slime_harbor.trainers.sft import agent_reply, native_agent_episode
 
     replies = [agent_reply(inst.thought, command or inst.command), agent_reply(DONE_THOUGHT, SUBMIT_COMMAND)]
-    return native_agent_episode(tokenizer, inst.instruction, replies, [(0, "")])
+    return native_agent_episode(renderer, tokenizer, inst.instruction, replies, [(0, "")])
 
 
 def main(argv: list[str] | None = None) -> None:

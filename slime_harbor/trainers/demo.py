@@ -146,14 +146,14 @@ def sft_episodes(cfg: LearningConfig, base: Path, tokenizer, probe: list[task_fa
              for family in cfg.families
              for inst in task_families.instances(family, cfg.sft_instances, cfg.seed + 1, "train", strict=False)
              if inst.name not in unseen]
+    renderer = make_renderer(base, tokenizer)
     if cfg.agent == "native":
         def episode(inst, command=None):
-            return task_families.oracle_episode(tokenizer, inst, command)
+            return task_families.oracle_episode(renderer, tokenizer, inst, command)
     else:  # the agent's own format, read off one real trial of it in the run's sandbox
         from slime_harbor.trainers.agent_sft import capture_format, oracle_agent_episode
 
         fmt = capture_format(cfg.agent, cfg.env, probe[0], work, max_new_tokens=cfg.max_new_tokens, model_dir=base)
-        renderer = make_renderer(base, tokenizer)
 
         def episode(inst, command=None):
             return oracle_agent_episode(fmt, renderer, tokenizer, inst, command)

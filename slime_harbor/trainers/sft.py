@@ -9,8 +9,9 @@ on what "the policy's tokens" are. Two shapes of example:
                                    (`sft_sequences`, e.g. from `native_agent_episode`)
 
 `native_agent_episode` renders an episode in the native agent's exact token format (its prompt,
-its replies closed by <|im_end|>, the observation tokens it appends between turns), so SFT trains
-on the very token sequences the agent later samples and the converter trains on.
+its replies closed by the end-of-turn token, the observation tokens it bridges on between turns,
+all by the agent's own functions), so SFT trains on the very token sequences the agent later
+samples and the converter trains on.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from slime_harbor.agent import format_observation, initial_prompt_ids, observation_ids
+from slime_harbor.agent import format_observation, initial_messages, initial_prompt_ids, next_prompt_ids
 from slime_harbor.grpo import masked_mean
 
 Pair = tuple[list[int], list[int]]  # (prompt ids, completion ids)
@@ -51,27 +52,33 @@ def agent_reply(thought: str, command: str) -> str:
     return f"THOUGHT: {thought}\n```bash\n{command}\n```"
 
 
-def native_agent_episode(tokenizer, instruction: str, replies: Sequence[str],
+def native_agent_episode(renderer, tokenizer, instruction: str, replies: Sequence[str],
                          outputs: Sequence[tuple[int, str]]) -> MaskedSequence:
     """The ids of a native-agent episode and its loss mask (1 on the agent's own tokens).
 
-    `replies[i]` is the agent's i-th reply text (closed here by <|im_end|>, as a sampled turn
-    ends); `outputs[i]` = (return code, output) of the command of reply i, rendered and tokenized
-    by the agent's own functions. Give one output fewer than replies when the last reply submits.
+    `replies[i]` is the agent's i-th reply text (closed here by the family's end-of-turn token, the
+    renderer's first stop token, as a sampled turn ends); `outputs[i]` = (return code, output) of
+    the command of reply i, rendered and bridged on by the agent's own functions. Give one output
+    fewer than replies when the last reply submits.
     """
     if len(outputs) not in (len(replies), len(replies) - 1):
         raise ValueError("give one (returncode, output) per reply, or one fewer when the last reply submits")
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    ids = initial_prompt_ids(tokenizer, instruction)
+    end_of_turn = renderer.get_stop_token_ids()[0]
+    messages = initial_messages(instruction)
+    ids = initial_prompt_ids(renderer, instruction)
     mask = [0] * len(ids)
     for i, reply in enumerate(replies):
-        sampled = tokenizer.encode(reply, add_special_tokens=False) + [im_end]
-        ids += sampled
-        mask += [1] * len(sampled)
+        sampled = tokenizer.encode(reply, add_special_tokens=False) + [end_of_turn]
         if i < len(outputs):
-            obs = observation_ids(tokenizer, format_observation(*outputs[i]), closed=True)
-            ids += obs
-            mask += [0] * len(obs)
+            messages += [{"role": "assistant", "content": reply},
+                         {"role": "user", "content": format_observation(*outputs[i])}]
+            bridged = next_prompt_ids(renderer, messages, ids, sampled)
+            if bridged[: len(ids) + len(sampled)] != ids + sampled:
+                raise ValueError(f"reply {i} cannot be closed by the chat format: no SFT example of it")
+            mask += [1] * len(sampled) + [0] * (len(bridged) - len(ids) - len(sampled))
+            ids = bridged
+        else:
+            ids, mask = ids + sampled, mask + [1] * len(sampled)
     return ids, mask
 
 
