@@ -59,7 +59,7 @@ def hook_keys() -> str:
 
 
 def dataclass_table(cls) -> str:
-    from slime_harbor.trainers.local import field_docs
+    from slime_harbor.config_docs import field_docs
 
     docs = field_docs(cls)
     rows = ["| field | default | what it is |", "|---|---|---|"]

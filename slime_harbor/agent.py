@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import typing
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -35,11 +36,13 @@ from harbor.models.agent.context import AgentContext
 from harbor.models.trajectories import (Agent, FinalMetrics, Metrics, Observation, ObservationResult, Step,
                                         ToolCall, Trajectory)
 from harbor.utils.trajectory_utils import format_trajectory_json
-from pydantic import Field, field_validator
+from pydantic import create_model, Field, field_validator, model_validator
 
+from slime_harbor.config_docs import field_docs
 from slime_harbor.policy.client import PolicyClient
 from slime_harbor.policy.renderer import bridge_ids, make_renderer
 from slime_harbor.policy.sampling import episode_sampling, SamplingParams, turn_seed
+from slime_harbor.trial_setup import AGENT_SETTINGS, check_agent_settings, RolloutConfig
 
 SYSTEM_PROMPT = """You are a coding agent working in a Linux shell. Solve the task step by step.
 Every reply has two parts: a short THOUGHT, then exactly ONE bash command in a ```bash block.
@@ -127,8 +130,8 @@ def next_prompt_ids(renderer, messages: list[dict], prompt_ids: list[int], compl
     return bridged if bridged is not None else list(renderer.render_ids(messages, add_generation_prompt=True))
 
 
-class NativeAgentOptions(AgentOptions):
-    """Harbor `AgentConfig.kwargs` of the native agent."""
+class _NativeOptions(AgentOptions):
+    """The native agent's own options; NativeAgentOptions adds the run's agent settings."""
 
     policy_url: str | None = Field(
         default=None, description="Base URL of the SGLang router or embedded policy server (env SLIME_HARBOR_POLICY_URL)."
@@ -136,18 +139,6 @@ class NativeAgentOptions(AgentOptions):
     tokenizer_path: str | None = Field(
         default=None, description="HF model/tokenizer dir of the policy (env SLIME_HARBOR_TOKENIZER)."
     )
-    policy_api: str = Field(
-        default="sglang", description="sglang: /generate at policy_url; openai: /v1/completions with token-id "
-        "prompts (vLLM), policy_url being the OpenAI base URL (…/v1) and the agent's model_name the model."
-    )
-    lora_path: str | None = Field(
-        default=None, description="LoRA adapter (by name) loaded on the policy server to sample from; None = base."
-    )
-    reissue_aborted_calls: bool = Field(
-        default=False, description="Sample again a turn the server aborted on its own (a weight update "
-        "under asynchronous training); off, an aborted turn ends the episode."
-    )
-    step_limit: int = Field(default=30, description="Most model turns per episode.")
     sampling: SamplingParams = Field(
         default_factory=episode_sampling,
         description="Every turn's sampling (policy/sampling.py's SamplingParams, as a dict of its fields: "
@@ -157,17 +148,11 @@ class NativeAgentOptions(AgentOptions):
         "return_top_p_token_ids (SLiME's top-p replay, needed when --rollout-top-p != 1) the server reports "
         "logprobs renormalised over the kept ids. A turn gets at most the context's room as max_new_tokens.",
     )
-    max_context_len: int | None = Field(
-        default=None,
-        description="Prompt+completion token limit of the episode (SLiME's --rollout-max-context-len); default: "
-        "the model's max_position_embeddings. A turn gets at most the room left as max_new_tokens, and the "
-        "episode ends with exit status context_limit (truncated, still verified) once no room is left.",
+    command_timeout_sec: float = Field(default=60.0, description="Timeout of one bash command in the sandbox.")
+    max_observation_chars: int = Field(
+        default=2000, description="Tool output longer than this keeps its head and tail only."
     )
-    routing_key: str | None = Field(
-        default=None,
-        description="Sent as X-SMG-Routing-Key with every turn (SLiME sends sample.session_id under "
-        "--router-policy consistent_hashing), so one episode stays on one engine; None = no header.",
-    )
+
     @field_validator("sampling", mode="before")
     @classmethod
     def _over_episode_defaults(cls, value):
@@ -175,10 +160,32 @@ class NativeAgentOptions(AgentOptions):
         episode_sampling's values for the fields it leaves out, as a missing option would."""
         return {**dataclasses.asdict(episode_sampling()), **value} if isinstance(value, dict) else value
 
-    command_timeout_sec: float = Field(default=60.0, description="Timeout of one bash command in the sandbox.")
-    max_observation_chars: int = Field(
-        default=2000, description="Tool output longer than this keeps its head and tail only."
-    )
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, values):
+        """lora_path: the option's name before it was RolloutConfig's lora_name (launch scripts keep it)."""
+        if isinstance(values, dict) and "lora_path" in values and "lora_name" not in values:
+            values = {**values, "lora_name": values["lora_path"]}
+            del values["lora_path"]
+        return values
+
+    @model_validator(mode="after")
+    def _checked(self):
+        check_agent_settings(self)  # RolloutConfig's own checks of the same settings
+        return self
+
+
+def _agent_setting_fields() -> dict[str, tuple]:
+    """RolloutConfig's agent settings as pydantic fields: its types, defaults and docstrings."""
+    types, docs, defaults = typing.get_type_hints(RolloutConfig), field_docs(RolloutConfig), RolloutConfig()
+    return {name: (types[name], Field(default=getattr(defaults, name), description=docs[name]))
+            for name in AGENT_SETTINGS}
+
+
+NativeAgentOptions = create_model("NativeAgentOptions", __base__=_NativeOptions, __module__=__name__,
+                                  __doc__="Harbor `AgentConfig.kwargs` of the native agent: its own options and "
+                                  "RolloutConfig's agent settings (trial_setup.AGENT_SETTINGS), as declared there.",
+                                  **_agent_setting_fields())
 
 
 class _EpisodeEnd(Exception):
@@ -242,7 +249,7 @@ class NativeAgent(BaseAgent):
         self._steps: list[Step] = []
         self._add_step("system", SYSTEM_PROMPT)
         self._add_step("user", INSTANCE_PROMPT.format(instruction=instruction))
-        client = PolicyClient(self.policy_url, lora_path=self.options.lora_path, api=self.options.policy_api,
+        client = PolicyClient(self.policy_url, lora_path=self.options.lora_name, api=self.options.policy_api,
                               reissue_aborted=self.options.reissue_aborted_calls,
                               model=self.model_name)
         try:

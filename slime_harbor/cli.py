@@ -15,15 +15,17 @@ import argparse
 import dataclasses
 import json
 import sys
+import typing
 from collections import Counter
 from pathlib import Path
 
+from slime_harbor.config_docs import field_docs
 from slime_harbor.exits import EXIT_USAGE, ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
 from slime_harbor.hack_monitor import HACK_ACTIONS
 from slime_harbor.policy.engines import ENGINES
 from slime_harbor.policy.sampling import episode_sampling, SamplingParams
 from slime_harbor.policy.tiny_model import build_tiny_model, ensure_tiny_model
-from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig
+from slime_harbor.trial_setup import DEFAULT_TASKS, REWARD_MAPPINGS, RolloutConfig
 
 PROG = "slime-harbor"
 EXIT_ALL_FAILED = 1
@@ -56,63 +58,67 @@ def selected_tasks(a: argparse.Namespace) -> tuple[Path, list[str] | None]:
                         a.registry_path, a.registry_url)
 
 
+# The rollout command's flags, each one RolloutConfig field (or SamplingParams field of its
+# sampling) under the name users type: its type, default and help are the field's declaration.
+ROLLOUT_FLAGS = {
+    "agent": "--agent", "n_samples": "--n-samples", "policy_url": "--policy-url", "model_dir": "--model",
+    "env": "--env", "concurrency": "--concurrency", "out_dir": "--out", "step_limit": "--step-limit",
+    "timeout_multiplier": "--timeout-multiplier", "agent_setup_timeout_sec": "--agent-setup-timeout",
+    "gateway_host": "--gateway-host", "reward_mapping": "--reward-mapping", "task_manifest": "--task-manifest",
+}
+HACK_FLAGS = {"hack_action": "--hack-action", "hack_detectors": "--hack-detector",
+              "hack_judge_url": "--hack-judge-url", "hack_judge_model": "--hack-judge-model"}
+SAMPLING_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
+                  "max_new_tokens": "--max-new-tokens"}
+# What the command line adds to a field's own help.
+FLAG_CHOICES = {"reward_mapping": REWARD_MAPPINGS, "hack_action": HACK_ACTIONS}
+FLAG_METAVARS = {"agent_setup_timeout_sec": "SEC", "hack_detectors": "MODULE:FUNCTION", "hack_judge_url": "URL",
+                 "hack_judge_model": "NAME", "out_dir": "DIR", "model_dir": "DIR", "task_manifest": "FILE"}
+FLAG_DEFAULTS = {"policy_url": "an embedded policy server of --model", "model_dir": "the tiny offline model"}
+
+
+def add_field_flags(p: argparse.ArgumentParser, config_class: type, flags: dict[str, str], defaults) -> None:
+    """One flag per field of `config_class` in `flags` (field -> flag): type, default and help from
+    the field's declaration; a list field takes the flag once per item."""
+    hints, docs = typing.get_type_hints(config_class), field_docs(config_class)
+    for name, flag in flags.items():
+        default = getattr(defaults, name)
+        hint = hints[name]
+        shown = FLAG_DEFAULTS.get(name, default)
+        kwargs: dict = {"dest": name, "help": f"{docs[name]} (default: {shown})" if shown not in (None, []) else docs[name]}
+        if name in FLAG_METAVARS:
+            kwargs["metavar"] = FLAG_METAVARS[name]
+        if typing.get_origin(hint) is list:
+            kwargs["help"] += " Repeatable."
+            p.add_argument(flag, action="append", default=list(default), **kwargs)
+            continue
+        kind = next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
+        if name in FLAG_CHOICES:
+            kwargs["choices"] = FLAG_CHOICES[name]
+        p.add_argument(flag, type=kind, default=default, **kwargs)
+
+
 def add_rollout_args(p: argparse.ArgumentParser, defaults: RolloutConfig) -> None:
     add_task_source_args(p)
-    p.add_argument("--agent", default=defaults.agent, help="native | terminus-2 | mini-swe-agent | oracle | nop | another Harbor agent | module:Class "
-                   "(all but native / oracle / nop sample through the recording gateway)")
-    p.add_argument("--n-samples", type=int, default=defaults.n_samples, help="episodes per task (GRPO group size)")
-    p.add_argument("--policy-url", default=None, help="SGLang router / policy server URL (default: embedded)")
-    p.add_argument("--model", default=None, help="policy HF dir (default: the tiny offline model)")
-    p.add_argument("--env", default=defaults.env, help="local (bubblewrap) | docker (ours, Engine API) | harbor-docker (Harbor's compose-based) | <harbor env type> | module:Class")
-    p.add_argument("--concurrency", type=int, default=defaults.concurrency, help="trials at once")
-    p.add_argument("--out", type=Path, default=defaults.out_dir, help="output dir")
-    p.add_argument("--temperature", type=float, default=defaults.sampling.temperature)
-    p.add_argument("--top-p", type=float, default=defaults.sampling.top_p)
-    p.add_argument("--top-k", type=int, default=defaults.sampling.top_k)
-    p.add_argument("--step-limit", type=int, default=defaults.step_limit, help="agent turns per episode")
-    p.add_argument("--max-new-tokens", type=int, default=defaults.sampling.max_new_tokens, help="tokens per turn")
-    p.add_argument("--timeout-multiplier", type=float, default=defaults.timeout_multiplier,
-                   help="scales the task's timeouts and the agent's setup budget")
-    p.add_argument("--agent-setup-timeout", type=float, default=defaults.agent_setup_timeout_sec, metavar="SEC",
-                   help="the agent's setup budget, its install included (default: Harbor's for the agent, 360 s for most)")
-    p.add_argument("--gateway-host", default=defaults.gateway_host,
-                   help="address the model gateway binds (gateway agents); sandboxes off this host need a reachable one")
-    add_reward_mapping_arg(p, defaults.reward_mapping)
-    p.add_argument("--no-progress", action="store_true")
+    add_field_flags(p, RolloutConfig, ROLLOUT_FLAGS, defaults)
+    add_field_flags(p, SamplingParams, SAMPLING_FLAGS, defaults.sampling)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_hack_args(p, defaults)
-    p.add_argument("--task-manifest", type=Path, default=None,
-                   help="a `calibrate` manifest: skip the tasks it marks broken, hackable or flaky")
 
 
 def add_hack_args(p: argparse.ArgumentParser, defaults: RolloutConfig) -> None:
-    p.add_argument("--hack-action", choices=HACK_ACTIONS, default=defaults.hack_action,
-                   help="what a hack monitor flag does: flag (recorded, counted), penalty (scored as a failure), "
-                   "screen (out of training and its group's baseline)")
-    p.add_argument("--hack-detector", action="append", default=list(defaults.hack_detectors), metavar="MODULE:FUNCTION",
-                   dest="hack_detectors", help="a detector of your own besides the builtin ones (repeatable)")
-    p.add_argument("--hack-judge-url", default=defaults.hack_judge_url, metavar="URL",
-                   help="also ask a judge model at this OpenAI-compatible base URL (.../v1) about every trial")
-    p.add_argument("--hack-judge-model", default=defaults.hack_judge_model, metavar="NAME",
-                   help="the judge's model name on that server")
+    add_field_flags(p, RolloutConfig, HACK_FLAGS, defaults)
 
 
 def add_reward_mapping_arg(p: argparse.ArgumentParser, default: str) -> None:
-    p.add_argument("--reward-mapping", choices=["raw", "pm1"], default=default,
-                   help="raw: the verifier's reward as is; pm1: r in [0,1] -> 2r-1 (pass +1, fail -1)")
+    add_field_flags(p, RolloutConfig, {"reward_mapping": "--reward-mapping"}, RolloutConfig(reward_mapping=default))
 
 
 def rollout_config(a: argparse.Namespace) -> RolloutConfig:
     """The flags' RolloutConfig; a dataset named with --tasks is downloaded first (ConfigError if it cannot be)."""
     tasks_dir, task_names = selected_tasks(a)
-    return RolloutConfig(
-        tasks_dir=tasks_dir, task_names=task_names, agent=a.agent, n_samples=a.n_samples,
-        policy_url=a.policy_url, model_dir=a.model, env=a.env, concurrency=a.concurrency, out_dir=a.out,
-        sampling=sampling_from_flags(a), step_limit=a.step_limit, timeout_multiplier=a.timeout_multiplier,
-        agent_setup_timeout_sec=a.agent_setup_timeout, hack_action=a.hack_action, hack_detectors=a.hack_detectors,
-        hack_judge_url=a.hack_judge_url, hack_judge_model=a.hack_judge_model,
-        reward_mapping=a.reward_mapping, progress=not a.no_progress, task_manifest=a.task_manifest,
-        gateway_host=a.gateway_host,
-    )
+    return RolloutConfig(tasks_dir=tasks_dir, task_names=task_names, sampling=sampling_from_flags(a),
+                         progress=not a.no_progress, **{name: getattr(a, name) for name in {**ROLLOUT_FLAGS, **HACK_FLAGS}})
 
 
 def sampling_from_flags(a: argparse.Namespace) -> SamplingParams:

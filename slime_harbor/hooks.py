@@ -65,63 +65,81 @@ class HookSettings:
     default is that field's."""
 
     harbor_agent: str = RolloutConfig.agent
-    """native | mini-swe-agent | terminus-2 | <Harbor agent> | module:Class (a prompt row's
-    metadata.harbor_agent overrides it)."""
+    """Agent that runs each trial: native (slime-harbor's token-exact agent), mini-swe-agent,
+    terminus-2, another Harbor agent, or an import path module:Class of a Harbor agent. All but
+    native sample through slime-harbor's recording gateway in front of SLiME's router (token-exact
+    samples). A prompt row's metadata.harbor_agent overrides it."""
     harbor_env: str = RolloutConfig.env
-    """local | docker | <harbor env type> | module:Class."""
+    """Sandbox of each trial: local (bubblewrap on the rollout host, needs bwrap), docker (needs a
+    reachable Docker daemon), another Harbor environment type, or module:Class."""
     harbor_tasks: str | None = None
-    """Where task dirs named by the sample's label live: a directory, or a Harbor dataset
-    NAME[@VERSION], downloaded by Harbor into $SLIME_HARBOR_CACHE on the first call (None:
-    harbor_tasks_dir)."""
+    """Where the tasks prompts name (by their dir name) live: a directory of Harbor task dirs, or a
+    dataset NAME[@VERSION] in a Harbor registry (e.g. terminal-bench@2.0), downloaded by Harbor
+    into $SLIME_HARBOR_CACHE on the first call. null: harbor_tasks_dir."""
     harbor_registry_path: str | None = None
-    """With a dataset name: the registry JSON file it is in (None: Harbor's)."""
+    """With a dataset name in harbor_tasks: the registry JSON file it is in. null: Harbor's registry."""
     harbor_registry_url: str | None = None
-    """With a dataset name: the registry JSON's URL (None: Harbor's)."""
+    """With a dataset name in harbor_tasks: the URL of the registry JSON it is in. null: Harbor's registry."""
     harbor_tasks_dir: str = "examples/harbor/tasks"
-    """A directory of task dirs named by the sample's label (the older key; harbor_tasks replaces it)."""
+    """Directory of Harbor task dirs (each with task.toml), when harbor_tasks is null (the older key)."""
     harbor_concurrency: int = 8
-    """Trials running at once in this rollout worker."""
+    """Trials running at once in one rollout worker (each holds a sandbox and agent turns in flight)."""
     harbor_trial_timeout_multiplier: float = RolloutConfig.timeout_multiplier
-    """Scales task.toml timeouts and the agent's setup budget."""
+    """Multiplies the agent/verifier/build timeouts of every task.toml and the agent's setup budget
+    (raise it on a slow cluster)."""
     harbor_agent_setup_timeout_sec: float | None = RolloutConfig.agent_setup_timeout_sec
-    """The agent's setup budget, its install included (None: Harbor's)."""
+    """The agent's setup budget in seconds, its install included (a Docker layer, a host venv): never
+    the task's build timeout. null: Harbor's default for the agent (360 s for most) x the multiplier."""
     harbor_reward_mapping: str = RolloutConfig.reward_mapping
-    """raw | pm1 (2r-1)."""
+    """Verifier reward -> training reward: raw (as the verifier wrote it) or pm1 (2r - 1, so a
+    failure is -1)."""
     harbor_step_limit: int = RolloutConfig.step_limit
-    """Agent turns per episode."""
+    """Agent turns per episode before the trial is cut (status truncated, still verified)."""
     harbor_trials_dir: str = "runs/slime-trials"
-    """Where Harbor writes trial dirs."""
+    """Where Harbor writes trial dirs (config, logs, verifier output) for inspection."""
     harbor_max_retries_per_task: int = RolloutConfig.max_retries_per_task
-    """Transient-failure reruns per task within its window."""
-    harbor_retry_backoff_sec: float = RolloutConfig.retry_backoff_sec
-    """Wait before a rerun."""
+    """A transient infra failure (sandbox did not start, policy server unreachable, cancellation)
+    runs the task again while its budget lasts: reruns per task within a sliding window. Once spent,
+    the task's transient failures are FAILED (removed) until its oldest rerun leaves the window.
+    Permanent failures (no such task, image that does not build, verifier without a reward) are
+    never retried."""
     harbor_retry_window_sec: float = RolloutConfig.retry_window_sec
-    """The retry budget's sliding window: older reruns are forgotten."""
+    """The retry budget's window in seconds: reruns older than this no longer count."""
+    harbor_retry_backoff_sec: float = RolloutConfig.retry_backoff_sec
+    """Seconds before such a rerun."""
     harbor_env_start_retries: int = RolloutConfig.env_start_retries
-    """Environment start retries inside one episode."""
+    """Environment start failures retried inside one episode (with doubling backoff) before it aborts."""
     harbor_task_manifest: str | None = None
-    """A `slime-harbor calibrate` manifest: its skipped tasks are not run (a removed FAILED
-    placeholder, skipped_by_manifest)."""
+    """A `slime-harbor calibrate` manifest (JSON): samples of the tasks it marks broken, hackable or
+    flaky are skipped (FAILED, removed, skipped_by_manifest) and counted; tasks it does not list
+    run. null: every task runs."""
     harbor_eval_trials_dir: str | None = None
-    """SLiME's evaluation trials' dir (None: <harbor_trials_dir>/eval)."""
+    """Where SLiME's evaluation trials (--eval-prompt-data; the hook's evaluation=True) are written,
+    apart from the training ones. null: <harbor_trials_dir>/eval."""
     harbor_mask_timeouts: bool = False
-    """Mask episodes ended at the agent's time limit (filters.py: removed from the loss and the
-    group's baseline, counted as masked/<reason>; never on evaluation trials)."""
+    """Trajectory filters (train-local's --mask-*: filters.py): a masked episode gets no loss and no
+    say in its group's baseline, counted as masked/<reason>; never applied to evaluation trials.
+    Mask episodes Harbor ended at the agent's time limit."""
     harbor_mask_step_limit: bool = False
-    """Mask episodes ended at the step limit."""
+    """Mask episodes that used every turn (harbor_step_limit) without finishing."""
     harbor_mask_length_limit: bool = False
     """Mask episodes with a turn cut at the context or max-new-token limit (DAPO's overlong filter)."""
     harbor_max_staleness: int | None = None
-    """generate_rollout_fully_async only: mask an episode with a call sampled more than this many
-    weight versions before the engines' (masked/stale); None: no bound."""
+    """Fully-async rollout only (slime_harbor.hooks.generate_rollout_fully_async): mask episodes with
+    a model call more than this many weight versions behind the engines' (masked/stale). null: no
+    bound."""
     harbor_hack_action: str = RolloutConfig.hack_action
-    """What a hack monitor flag does: flag | penalty | screen."""
+    """The hack monitor (slime_harbor/hack_monitor.py) looks at every trial. What a flag does: flag
+    (recorded in metadata.hack_flags, counted as hack/<detector>), penalty (scored as a failure)
+    or screen (removed from training and its group's baseline, masked_by hack)."""
     harbor_hack_detectors: list[str] = field(default_factory=list)
-    """Detectors besides the builtin ones, module:function each."""
+    """Detectors besides the builtin ones: module:function each, a function of a TrialView
+    returning HackFlags."""
     harbor_hack_judge_url: str | None = RolloutConfig.hack_judge_url
-    """A judge model's OpenAI-compatible base URL, asked about every trial."""
+    """A judge model asked about every trial besides the detectors: its OpenAI-compatible base URL
+    (.../v1); set with harbor_hack_judge_model or not at all. Nothing is sent anywhere while unset."""
     harbor_hack_judge_model: str | None = RolloutConfig.hack_judge_model
-    """The judge's model name on that server."""
+    """The model the judge's server serves, by name."""
 
 
 DEFAULTS = dataclasses.asdict(HookSettings())

@@ -52,8 +52,8 @@ class RolloutConfig:
     task_names: list[str] | None = None
     """Only these tasks (dir names); None = all tasks in tasks_dir."""
     task_manifest: Path | None = None
-    """A `slime-harbor calibrate` manifest: tasks it marks broken or flaky are skipped (and named in
-    summary.json); tasks it does not list run."""
+    """A `slime-harbor calibrate` manifest: tasks it marks broken, hackable or flaky are skipped
+    (and named in summary.json); tasks it does not list run."""
     agent: str = "native"
     """native | terminus-2 | mini-swe-agent | oracle | nop | any Harbor agent name | module:Class import
     path. Every one but native / oracle / nop samples through the recording gateway."""
@@ -78,31 +78,35 @@ class RolloutConfig:
     options, and each gateway session's, which replaces a gateway agent's own. Its sampling_seed
     seeds each episode run with this config (the SLiME hook builds one config per sample); None =
     random. Every episode of one config gets the same seed: leave it None for run_rollouts."""
+    # The agent settings (AGENT_SETTINGS, from step_limit to lora_name): the native agent's options
+    # of the same names are these declarations (agent.NativeAgentOptions); the gateway holds a
+    # gateway agent's session to them.
     step_limit: int = 30
     """Most agent turns per episode."""
-    # Every agent: the native agent takes it as its option of the same name (agent.NativeAgentOptions);
-    # the gateway applies it to every call of a gateway agent's session.
     max_context_len: int | None = None
-    """Prompt+completion token limit of an episode; None = the model's. Past it: context_limit."""
+    """Prompt+completion token limit of an episode (SLiME's --rollout-max-context-len); None = the
+    model's max_position_embeddings. A turn gets at most the room left as max_new_tokens; once no
+    room is left the episode ends with exit status context_limit (truncated, still verified)."""
     routing_key: str | None = None
-    """X-SMG-Routing-Key sent with every turn (the SLiME hook: sample.session_id); None = none."""
+    """X-SMG-Routing-Key sent with every turn (the SLiME hook sends sample.session_id under
+    --router-policy consistent_hashing, so one episode stays on one engine); None = no header."""
+    policy_api: str = "sglang"
+    """How agents reach policy_url: sglang (its root; /generate, and /v1 for terminus-2) | openai
+    (an OpenAI-compatible base URL ending in /v1, e.g. vLLM's: the native agent sends token ids to
+    /v1/completions, naming the agent's model_name as the model)."""
+    reissue_aborted_calls: bool = False
+    """Sample again, whole, a model call the policy server aborted on its own: on while weights are
+    updated under running trials (train-local --max-staleness, SLiME's fully-async rollout), where
+    such an abort is SGLang's pause_generation for an update; off, an aborted call ends the episode."""
+    lora_name: str | None = None
+    """LoRA adapter (by name) loaded on the policy server to sample from (SGLang's /generate
+    lora_path; the OpenAI model name for terminus-2); None = the served model itself."""
     timeout_multiplier: float = 1.0
     """Scales the task.toml agent/verifier/build timeouts and the agent's setup budget."""
     agent_setup_timeout_sec: float | None = None
     """The agent's setup budget in seconds (Harbor's override_setup_timeout_sec): it bounds the
     agent's install (a Docker layer, a host venv) and Harbor's agent setup. None = Harbor's
     default for the agent (BaseAgent's 360 s, some agents more), times timeout_multiplier."""
-    policy_api: str = "sglang"
-    """How agents reach policy_url: sglang (its root; /generate, and /v1 for terminus-2) | openai
-    (an OpenAI-compatible base URL ending in /v1, e.g. vLLM's: the native agent sends token ids to
-    /v1/completions)."""
-    reissue_aborted_calls: bool = False
-    """Sample again, whole, a model call the policy server aborted on its own: on while weights are
-    updated under running trials (train-local --max-staleness, SLiME's fully-async rollout), where
-    such an abort is SGLang's pause_generation for an update; off, an aborted call ends the episode."""
-    lora_name: str | None = None
-    """LoRA adapter loaded on the policy server to sample from (SGLang's /generate lora_path; the
-    OpenAI model name for terminus-2); None = the served model itself."""
     verifier_timeout_sec: float | None = None
     """The verifier's time limit in seconds, instead of the task's [verifier] timeout_sec."""
     reward_mapping: str = "raw"
@@ -148,6 +152,25 @@ class RolloutConfig:
             raise ValueError("a hack judge needs both a URL and a model (--hack-judge-url, --hack-judge-model)")
         judge = [judge_detector(self.hack_judge_url, self.hack_judge_model)] if self.hack_judge_url else []
         return [*BUILTIN_DETECTORS.values(), *(load_detector(spec) for spec in self.hack_detectors), *judge]
+
+
+AGENT_SETTINGS = ("step_limit", "max_context_len", "routing_key", "policy_api", "reissue_aborted_calls", "lora_name")
+"""The RolloutConfig fields an agent is held to, each declared (type, default, docs) there and
+checked by check_agent_settings; the native agent takes them as its options of the same names."""
+
+POLICY_APIS = ("sglang", "openai")
+REWARD_MAPPINGS = ("raw", "pm1")
+
+
+def check_agent_settings(settings) -> None:
+    """The agent settings' checks, for a RolloutConfig and the native agent's options alike
+    (ValueError in one line)."""
+    if not settings.step_limit >= 1:
+        raise ValueError(f"step_limit must be at least 1, got {settings.step_limit}")
+    if settings.max_context_len is not None and not settings.max_context_len >= 1:
+        raise ValueError(f"max_context_len must be at least 1 (or None: the model's), got {settings.max_context_len}")
+    if settings.policy_api not in POLICY_APIS:
+        raise ValueError(f"policy_api must be one of {', '.join(POLICY_APIS)}, got {settings.policy_api!r}")
 
 
 def is_native(agent: str) -> bool:
@@ -279,13 +302,8 @@ def _agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None):
             kwargs={
                 "policy_url": cfg.policy_url,
                 "tokenizer_path": str(cfg.model_dir),
-                "step_limit": cfg.step_limit,
                 "sampling": dataclasses.asdict(cfg.sampling),  # plain JSON in the trial's config.json
-                "lora_path": cfg.lora_name,
-                "policy_api": cfg.policy_api,
-                "reissue_aborted_calls": cfg.reissue_aborted_calls,
-                "max_context_len": cfg.max_context_len,
-                "routing_key": cfg.routing_key,
+                **{name: getattr(cfg, name) for name in AGENT_SETTINGS},
                 **cfg.agent_kwargs,
             },
         )
@@ -437,7 +455,6 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
     checks = [
         (cfg.n_samples >= 1, f"n_samples must be at least 1, got {cfg.n_samples}"),
         (cfg.concurrency >= 1, f"concurrency must be at least 1, got {cfg.concurrency}"),
-        (cfg.step_limit >= 1, f"step_limit must be at least 1, got {cfg.step_limit}"),
         # temperature and top_p: SamplingParams refuses them when built; an episode's turns need more.
         (cfg.sampling.max_new_tokens >= 1, f"max_new_tokens must be at least 1, got {cfg.sampling.max_new_tokens}"),
         (cfg.sampling.top_k == -1 or cfg.sampling.top_k >= 1,
@@ -446,11 +463,15 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
         (cfg.hack_action in HACK_ACTIONS, f"hack_action must be one of {', '.join(HACK_ACTIONS)}, got {cfg.hack_action!r}"),
         (cfg.agent_setup_timeout_sec is None or cfg.agent_setup_timeout_sec > 0,
          f"agent_setup_timeout_sec must be > 0, got {cfg.agent_setup_timeout_sec}"),
-        (cfg.reward_mapping in ("raw", "pm1"), f"reward_mapping must be raw or pm1, got {cfg.reward_mapping!r}"),
+        (cfg.reward_mapping in REWARD_MAPPINGS, f"reward_mapping must be raw or pm1, got {cfg.reward_mapping!r}"),
     ]
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    try:
+        check_agent_settings(cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if samples_policy(cfg.agent) and not (cfg.policy_url and cfg.model_dir):
         raise ConfigError(f"agent {cfg.agent} needs policy_url and model_dir")
     try:

@@ -297,9 +297,12 @@ def test_default_prompt_data_follows_the_configured_tasks_and_a_named_file_is_ke
 def test_plugin_config_sets_every_hook_setting_and_documents_it():
     import yaml
 
+    from scripts.hook_config import hook_config_yaml
     from slime_harbor.hooks import DEFAULTS
 
     path = REPO / "examples" / "harbor" / "configs" / "harbor_grpo.yaml"
+    # Generated from HookSettings (its defaults, its docstrings as the comments), never edited by hand.
+    assert path.read_text() == hook_config_yaml(), "regenerate it: .venv/bin/python scripts/hook_config.py"
     config = yaml.safe_load(path.read_text())
     assert config == DEFAULTS  # the shipped config is the hooks' defaults, spelled out
     lines = path.read_text().splitlines()

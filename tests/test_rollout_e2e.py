@@ -266,3 +266,33 @@ def test_native_agent_sampling_option_keeps_the_episode_defaults_it_does_not_nam
     assert NativeAgentOptions().sampling == episode_sampling()
     with pytest.raises(ValidationError, match="temperature must be >= 0"):
         NativeAgentOptions.model_validate({"sampling": {"temperature": -1}})
+
+
+def test_the_run_settings_reach_the_native_agent_as_options_declared_once():
+    """Each agent setting is RolloutConfig's field, and the native agent's option of the same name
+    is that declaration: its default, its docs, its check. A config's values reach the agent
+    through its AgentConfig; a value the config's check refuses is refused as an option, with the
+    same message; an old launch script's lora_path still names the adapter."""
+    from pydantic import ValidationError
+
+    from slime_harbor.agent import NativeAgentOptions
+    from slime_harbor.config_docs import field_docs
+    from slime_harbor.exits import ConfigError
+    from slime_harbor.trial_setup import agent_config, AGENT_SETTINGS, check_config, RolloutConfig
+
+    docs, defaults = field_docs(RolloutConfig), RolloutConfig()
+    for name in AGENT_SETTINGS:
+        option = NativeAgentOptions.model_fields[name]
+        assert (option.default, option.description) == (getattr(defaults, name), docs[name])
+    given = dict(step_limit=7, max_context_len=900, routing_key="sess-1", policy_api="openai",
+                 reissue_aborted_calls=True, lora_name="policy-step3")
+    options = NativeAgentOptions.model_validate(agent_config(RolloutConfig(**given)).kwargs)
+    assert {name: getattr(options, name) for name in AGENT_SETTINGS} == given
+    for bad, message in [({"step_limit": 0}, "step_limit must be at least 1, got 0"),
+                         ({"policy_api": "grpc"}, "policy_api must be one of sglang, openai, got 'grpc'"),
+                         ({"max_context_len": 0}, "max_context_len must be at least 1")]:
+        with pytest.raises(ValidationError, match=message):
+            NativeAgentOptions.model_validate(bad)
+        with pytest.raises(ConfigError, match=message):
+            check_config(RolloutConfig(**bad))
+    assert NativeAgentOptions.model_validate({"lora_path": "policy-step3"}).lora_name == "policy-step3"

@@ -25,7 +25,8 @@ import torch
 
 from slime_harbor.tasks import families as task_families
 from slime_harbor.policy.renderer import make_renderer
-from slime_harbor.trainers.local import field_docs, train
+from slime_harbor.config_docs import field_docs
+from slime_harbor.trainers.local import train
 from slime_harbor.trainers.local_config import check_train_config, LocalTrainConfig
 from slime_harbor.trainers.sft import SFTConfig, sequence_logprob, sft_model_dir
 from slime_harbor.policy.tiny_model import build_tiny_model

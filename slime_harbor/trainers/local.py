@@ -68,6 +68,7 @@ from typing import Any
 
 import torch
 
+from slime_harbor.config_docs import field_docs
 from slime_harbor.exits import ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
 from slime_harbor.filters import apply_limit_filters, mask_counts, varying_groups
 from slime_harbor.tasks.manifest import apply_manifest
@@ -312,20 +313,6 @@ def jsonable(d: dict) -> dict:
 # Command line: one flag per field, help from the field's docstring.
 
 
-def field_docs(config_class: type | None = None) -> dict[str, str]:
-    """The docstring under each field of a config dataclass (LocalTrainConfig by default), read from the source."""
-    import ast
-    import inspect
-
-    tree = ast.parse(inspect.getsource(config_class or LocalTrainConfig))
-    body = tree.body[0].body
-    docs = {}
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-            docs[node.target.id] = " ".join(str(nxt.value.value).split())
-    return docs
-
-
 FLAG_NAMES = {"tasks_dir": "--tasks", "lora": "--no-lora", "verifier_timeout": "--eval-timeout"}
 # Names users already type (other GRPO scripts), accepted as well.
 FLAG_ALIASES = {"policy_url": ["--vllm-url"], "step_limit": ["--agent-step-limit"]}
@@ -340,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--test", action="store_true",
                    help=f"quick run: {', '.join(f'{k}={v}' for k, v in TEST_PRESET.items())}; other flags override")
-    docs = field_docs()
+    docs = field_docs(LocalTrainConfig)
     defaults = LocalTrainConfig()
     for f in dataclasses.fields(LocalTrainConfig):
         flag = FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-"))
