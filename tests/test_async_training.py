@@ -74,7 +74,8 @@ def test_with_k0_the_same_samples_are_trained_with_the_same_metrics_as_before(ti
         samples = read_jsonl(out / "rollouts" / f"step_{m['step']}" / "samples.jsonl")
         tokens = "".join(sorted(json.dumps(s.tokens) for s in samples))
         got.append((m["reward_mean"], m["loss"], m["n_tokens"], m["kl"], hashlib.sha1(tokens.encode()).hexdigest()[:12]))
-        assert m["sampled_weight_version"] == m["step"] - 1 and "learner_wait_s" not in m["timings"]
+        # K = 0: every call of step N's episodes was sampled by the weights of the step before.
+        assert set(m["sampled_weight_versions"]) == {str(m["step"] - 1)} and m["weight_version"] == m["step"]
     for (reward, loss, n, kl, digest), want in zip(got, BEFORE_ASYNC):
         assert (digest, n) == (want[4], want[2])
         assert reward == pytest.approx(want[0], abs=1e-6) and loss == pytest.approx(want[1], rel=1e-3, abs=1e-7)
@@ -196,7 +197,8 @@ def test_every_update_of_an_asynchronous_run_reaches_wandb(tiny_model_dir, tmp_p
 
 
 class QueuedGroups:
-    """What take_groups reads of a GroupProducer: its config, its queue of complete groups, take()."""
+    """What take_groups reads of a GroupProducer: its config, its queue of complete groups, take(),
+    request() (every group asked for is already queued here)."""
 
     def __init__(self, cfg: LocalTrainConfig, groups):
         import asyncio
@@ -210,6 +212,9 @@ class QueuedGroups:
 
     def take(self, group) -> None:
         self.taken.append(group.index)
+
+    def request(self, needed: int) -> None:
+        pass
 
 
 def group_of(index: int, rewards: list[float], versions: str = "3", exit_status: str | None = None):
@@ -261,3 +266,44 @@ def test_a_group_gone_stale_is_replaced_so_every_update_trains_as_many_groups(tm
     groups, sampling, _ = asyncio.run(take_groups(queued, step=3, wanted=2))
     assert [g.index for g in groups] == [0, 3, 2] and sampling["filters"]["stale"] == 2
     assert {s.group_index for g in groups for s in g.samples if not s.remove_sample} == {3, 2}
+
+
+def test_with_k0_an_update_that_needs_more_groups_gets_exactly_those(tmp_path):
+    """K = 0 keeps no group beyond the running update's: once it holds its 2 groups nothing starts,
+    not even after its update moved the version (before it is published). When dynamic sampling
+    masks one, the update asks for 1 more and exactly 1 starts (the synchronous loop's refill);
+    after publishing, the next update's 2 start."""
+    import types
+
+    from slime_harbor.trainers.async_loop import GroupProducer
+    from slime_harbor.trainers.training_run import TaskStream
+    from slime_harbor.trial_setup import RolloutConfig
+
+    learner = types.SimpleNamespace(weight_version=0, lora_name=None)
+    run = types.SimpleNamespace(cfg=LocalTrainConfig(tasks_dir=FIXTURE_TASKS, max_staleness=0, n_samples=2),
+                                learner=learner, out=tmp_path)
+    producer = GroupProducer(run, RolloutConfig(), {"vowel-share": FIXTURE_TASKS / "vowel-share"},
+                             TaskStream(["vowel-share"], 0), wanted=2, gateway=None, tokenizer=None)
+
+    def start_while_room() -> int:
+        started = 0
+        while producer._has_room():
+            producer.requested = max(0, producer.requested - 1)
+            producer.open[producer.started] = learner.weight_version
+            producer.started += 1
+            started += 1
+        return started
+
+    assert start_while_room() == 2
+    for index in (0, 1):
+        producer.take(types.SimpleNamespace(index=index))
+    assert start_while_room() == 0
+    producer.request(1)  # one of the two was masked
+    assert start_while_room() == 1
+    producer.request(1)  # asked again before it completed: it is on its way
+    assert start_while_room() == 0
+    producer.take(types.SimpleNamespace(index=2))
+    learner.weight_version = 1  # the update ran; not yet published
+    assert start_while_room() == 0
+    producer.published()
+    assert start_while_room() == 2

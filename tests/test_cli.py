@@ -262,11 +262,12 @@ def test_train_local_sigterm_keeps_metrics_and_checkpoints(tmp_path):
             "--step-limit", "30", "--max-new-tokens", "16", "--output-dir", str(out)]
     proc = subprocess.Popen(command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
                             cwd=REPO)
-    step2 = out / "rollouts" / "step_2"
+    rollouts = out / "rollouts"
     try:
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline and proc.poll() is None:
-            if (step2 / "trials").is_dir() and len([d for d in (step2 / "trials").iterdir() if d.is_dir()]) == 2:
+            # Step 1's two trials, then step 2's two (every trial of a run is under rollouts/trials).
+            if (rollouts / "trials").is_dir() and len([d for d in (rollouts / "trials").iterdir() if d.is_dir()]) == 4:
                 break
             time.sleep(0.2)
         else:
@@ -286,8 +287,8 @@ def test_train_local_sigterm_keeps_metrics_and_checkpoints(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True and summary["last_step"] == 1 and summary["final"] is None
     assert not (out / "final").exists()
-    assert json.loads((step2 / "summary.json").read_text())["interrupted"] is True
-    assert leftovers(step2) == ([], [])
+    assert not (rollouts / "step_2").exists()  # no update took step 2's groups
+    assert leftovers(rollouts) == ([], [])
 
 
 # ------------------------------------------------------------------------------------------

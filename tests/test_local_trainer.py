@@ -82,11 +82,11 @@ def test_run_writes_metrics_checkpoints_and_final(trained_run):
         assert m["reward_mean"] is not None and m["reward_std"] > 0  # the group had a signal
         for key in ("loss", "pg_loss", "kl", "clipfrac", "ppo_kl", "abs_ppo_kl", "ratio_mean"):
             assert key in m
-        assert set(m["timings"]) == {"rollout_s", "train_s"}
+        assert set(m["timings"]) == {"rollout_s", "train_s", "learner_wait_s"}
         assert (out / "rollouts" / f"step_{m['step']}" / "samples.jsonl").is_file()
     # The engine was handed the updated module after step 1 (version 0 = as loaded), and every
     # sample says so per model call (SLiME's Sample.weight_versions: one string per call).
-    assert [m["sampled_weight_version"] for m in metrics] == [0, 1]
+    assert [m["sampled_weight_versions"] for m in metrics] == [{"0": 4}, {"1": 4}]
     for step, version in ((1, "0"), (2, "1")):
         for s in read_jsonl(out / "rollouts" / f"step_{step}" / "samples.jsonl"):
             assert s.weight_versions == [version] * len(s.metadata["turn_indices"]), s.weight_versions

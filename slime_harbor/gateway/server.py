@@ -115,6 +115,13 @@ class Gateway:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def sample_adapter(self, lora_name: str | None) -> None:
+        """Later calls sample from this LoRA adapter on the upstream (train-local pushes one per
+        update under a new name, between updates); None = the served model itself."""
+        if not isinstance(self.upstream, PolicyClient):
+            raise ValueError("an Upstream object picks its own weights")
+        self.upstream.lora_path = lora_name
+
     async def start(self) -> None:
         # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
         # without it every reply waits ~40 ms for the client's delayed ACK (Nagle).

@@ -1,5 +1,5 @@
-"""Asynchronous GRPO for train-local (--max-staleness K >= 1): rollouts never stop, so an update
-never waits for the slowest trial of a batch.
+"""The training loop of train-local: GRPO updates on groups of Harbor trials, synchronous
+(--max-staleness 0, the default) or asynchronous (K >= 1), one loop either way.
 
     the event loop                                   a worker thread
     GroupProducer: trials at `concurrency`, group    Learner.train_step(N): the update on top of
@@ -7,21 +7,28 @@ never waits for the slowest trial of a batch.
     complete when its n_samples episodes are in      calls in flight finish on N-1, later ones
     (groups complete out of order)                   are sampled by N; trials go on across it
 
+The producer keeps at most K + 1 updates' worth of groups in flight or waiting (more would only be
+masked as stale). K = 0 is the synchronous loop: an update's groups are all that run, the next
+ones start once its weights are published (so nothing samples while it trains), and nothing
+spans an update.
+
 Update N takes the first groups to complete (rollout_batch_size of them, or one per task), masks
-them with the trajectory filters and the staleness bound (filters.mask_stale: an episode with a
-call sampled by a version older than N-1-K is masked_by stale, out of its group's baseline; a
-group gone stale whole is replaced by the next to complete), with --dynamic-sampling masks the
-groups without reward variance and takes more (at most dynamic_sampling_max_rounds more
-batches' worth), and writes them, as trained, to
-rollouts/step_N/samples.jsonl; every trial is under rollouts/trials/. The producer keeps at most
-K + 1 updates' worth of groups in flight or waiting: more would only be masked as stale.
+them with the trajectory filters and, K >= 1, the staleness bound (filters.mask_stale: an episode
+with a call sampled by a version older than N-1-K is masked_by stale, out of its group's baseline;
+a group gone stale whole is replaced by the next to complete); with --dynamic-sampling it masks
+the groups without reward variance and takes more (at most dynamic_sampling_max_rounds more
+batches' worth; the producer starts them when none is on its way), and writes them, as trained, to
+rollouts/step_N/samples.jsonl; every trial is under rollouts/trials/. With --canary-tasks, impossible
+tasks run beside each update's groups (rollouts/step_N/canaries/), counted, never trained on.
 
-Held-out evaluations sample a frozen copy of the version they measure from a second embedded
-server, beside the training; each says which version it measured (eval.weight_version).
+Held-out evaluations: K = 0, on the learner's own server between updates, nothing else sampling
+(as a synchronous step always did); K >= 1, on a frozen copy of the version they measure from a
+second embedded server, beside the training. Each says which version it measured
+(eval.weight_version).
 
-What an update in flight does on a signal, what a resume restarts: as the synchronous loop
-(trainers/local.py), except that the trials in flight when the run ends are not trained, and
-the groups that completed but no update took are kept in rollouts/not_consumed.jsonl.
+On a signal an update in flight finishes with its metrics and scheduled checkpoint; the trials in
+flight are not trained, and the groups that completed but no update took are kept in
+rollouts/not_consumed.jsonl.
 """
 
 from __future__ import annotations
@@ -33,12 +40,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slime_harbor.canaries import canary_counts
 from slime_harbor.filters import apply_limit_filters, mask_counts, mask_stale, varying_groups
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.retries import RetryBudget
-from slime_harbor.rollout import load_tokenizer, run_episode, serving_gateway
+from slime_harbor.rollout import load_tokenizer, run_episode, run_rollouts, serving_gateway
+from slime_harbor.tasks.task_dir import discover_tasks
 from slime_harbor.trial_setup import RolloutConfig, with_engine
-from slime_harbor.samples import TrainingSample, write_jsonl
+from slime_harbor.samples import read_jsonl, TrainingSample, write_jsonl
 from slime_harbor.trainers.evaluate import evaluation
 from slime_harbor.trainers.training_run import TaskStream, TrainingRun, step_record, step_sampling
 
@@ -61,7 +70,8 @@ class GroupProducer:
     running when the version has moved more than K past the one it started under (a slow one) can
     only come back stale: it no longer holds room, so the tail does not throttle the fast groups.
     The groups an update takes beyond `wanted` (refills for masked ones) free their room at once,
-    so a refill never waits on itself. Complete groups go to `completed`."""
+    so a refill never waits on itself; an update that needs more groups than are on their way
+    (K = 0 has none spare) asks for them (`request`). Complete groups go to `completed`."""
 
     def __init__(self, run: TrainingRun, rollout: RolloutConfig, tasks: dict[str, Path], stream: TaskStream,
                  wanted: int, gateway, tokenizer):
@@ -74,6 +84,8 @@ class GroupProducer:
         self.job = HarborJob(self.trials_dir, self.rollout, list(tasks.values()), n_trials=0)
         self.completed: asyncio.Queue[Group | BaseException] = asyncio.Queue()  # or why production stopped
         self.started = 0  # groups
+        self.taken = 0  # groups an update took
+        self.requested = 0  # groups an update asked for beyond the room, not started yet
         self.open: dict[int, int] = {}  # groups started, not yet trained on: index -> version when started
         self.held: list[int] = []  # groups the running update took
         self._unstarted_trials = 0  # created, waiting for a trial slot
@@ -83,20 +95,41 @@ class GroupProducer:
     def take(self, group: Group) -> None:
         """The running update took a complete group."""
         self.held.append(group.index)
+        self.taken += 1
         self._room.set()
 
+    def request(self, needed: int) -> None:
+        """The running update needs `needed` more groups: start those not already on their way."""
+        on_their_way = self.started - self.taken + self.requested
+        if needed > on_their_way:
+            self.requested += needed - on_their_way
+            self._room.set()
+
     def published(self) -> None:
-        """The running update has published its weights: its groups are trained on."""
+        """The running update has published its weights: its groups are trained on, and later
+        trials sample from the adapter it pushed (a server that takes LoRA adapters gets each
+        update's under a new name; K = 0 only, so no trial is running)."""
         for index in self.held:
             self.open.pop(index, None)
         self.held = []
+        lora_name = self.run.learner.lora_name
+        if lora_name != self.rollout.lora_name:
+            self.rollout = dataclasses.replace(self.rollout, lora_name=lora_name)
+            if self.gateway is not None:
+                self.gateway.sample_adapter(lora_name)
         self._room.set()
 
-    def _has_room(self) -> bool:
-        version = self.run.learner.weight_version
-        live = sum(version - started <= self.run.cfg.max_staleness for started in self.open.values())
+    def _within_lookahead(self) -> bool:
+        version, held = self.run.learner.weight_version, set(self.held)
+        # A held group is live until its update publishes (the version moves when the update ends,
+        # before it is published: K = 0 starts nothing before that).
+        live = sum(index in held or version - started <= self.run.cfg.max_staleness
+                   for index, started in self.open.items())
         refills = max(0, len(self.held) - self.wanted)
-        return self._unstarted_trials == 0 and live - refills < self.lookahead
+        return live - refills < self.lookahead
+
+    def _has_room(self) -> bool:
+        return self._unstarted_trials == 0 and (self._within_lookahead() or self.requested > 0)
 
     async def run_forever(self) -> None:
         """Start groups until cancelled; cancelling ends every trial in flight (sandboxes torn down)."""
@@ -106,6 +139,7 @@ class GroupProducer:
                     while not self._has_room():
                         self._room.clear()
                         await self._room.wait()
+                    self.requested = max(0, self.requested - 1)  # a group started answers a request
                     name = self.stream.take(1)[0]
                     index, self.started = self.started, self.started + 1
                     self.open[index] = self.run.learner.weight_version
@@ -155,6 +189,7 @@ async def take_groups(producer: GroupProducer, step: int, wanted: int) -> tuple[
             have = len(groups) - stale_groups
         if have >= wanted or len(groups) - stale_groups >= limit:
             break
+        producer.request(min(wanted - have, limit - (len(groups) - stale_groups)))
         t = time.monotonic()
         group = await producer.completed.get()
         if isinstance(group, BaseException):
@@ -163,8 +198,10 @@ async def take_groups(producer: GroupProducer, step: int, wanted: int) -> tuple[
         waited += time.monotonic() - t
         for reason, n in apply_limit_filters(group.samples, cfg.filters()).items():
             masked[reason] += n
-        # Update `step` trains on top of version step - 1.
-        masked["stale"] += mask_stale(group.samples, step - 1, cfg.max_staleness)
+        # Update `step` trains on top of version step - 1. K = 0: no trial spans an update, and a
+        # server that takes no weights (--weight-sync none) reports one version all run long.
+        if cfg.max_staleness > 0:
+            masked["stale"] += mask_stale(group.samples, step - 1, cfg.max_staleness)
         stale_groups += all((s.metadata or {}).get("masked_by") == "stale" for s in group.samples)
         groups.append(group)
     samples = [s for g in groups for s in g.samples]
@@ -192,21 +229,56 @@ async def evaluate_frozen(run: TrainingRun, version: int, record: dict) -> None:
     run.record_eval(record, result, version)
 
 
-async def train_async(run: TrainingRun, tasks: dict[str, Path], stream: TaskStream) -> None:
+async def evaluate_live(run: TrainingRun, version: int, record: dict) -> None:
+    """Held-out evaluation of the learner's current weights (version `version`) on its own server,
+    K = 0: between updates, nothing else sampling."""
+    learner = run.learner
+    result = await evaluation(run.cfg, learner.url, run.base_model, run.out / "eval" / f"step_{version}",
+                              learner.lora_name)
+    run.record_eval(record, result, version)
+
+
+def canary_stream(run: TrainingRun) -> TaskStream | None:
+    """The impossible tasks' stream (--canary-tasks), resumed where the last step left it."""
+    if run.cfg.canary_tasks is None:
+        return None
+    position = run.metrics[-1].get("canary_stream_position", 0) if run.metrics else 0
+    return TaskStream([p.name for p in discover_tasks(run.cfg.canary_tasks)], run.cfg.seed, position)
+
+
+async def run_canaries(run: TrainingRun, rollout: RolloutConfig, canaries: TaskStream, wanted: int,
+                       step_dir: Path) -> dict[str, Any]:
+    """This step's canary groups (canary_share of its groups, at least one) into step_dir/canaries:
+    counted, never trained on."""
+    names = canaries.take(max(1, round(run.cfg.canary_share * wanted)))
+    out = step_dir / "canaries"
+    await run_rollouts(dataclasses.replace(rollout, tasks_dir=run.cfg.canary_tasks, task_names=names, out_dir=out))
+    return canary_counts(read_jsonl(out / "samples.jsonl"))
+
+
+async def train_loop(run: TrainingRun, tasks: dict[str, Path], stream: TaskStream) -> None:
     """Updates start+1 .. num_rollouts, as the module doc says."""
     cfg, learner = run.cfg, run.learner
+    synchronous = cfg.max_staleness == 0
+    evaluate = evaluate_live if synchronous else evaluate_frozen
     wanted = cfg.rollout_batch_size or len(tasks)
     evaluations: list[asyncio.Task] = []
+    canaries = canary_stream(run)
+    # K >= 1: a call the server aborts for a weight update is sampled again; K = 0 has no update
+    # under a running trial, so an abort there is the server's failure and ends the episode.
     rollout = dataclasses.replace(cfg.rollout(learner.url, run.base_model, run.out / "rollouts",
-                                              lora_name=learner.lora_name), reissue_aborted_calls=True)
+                                              lora_name=learner.lora_name), reissue_aborted_calls=not synchronous)
     rollout = await asyncio.to_thread(with_engine, rollout)  # as run_rollouts does: what serves learner.url
     async with serving_gateway(rollout) as gateway:
         producer = GroupProducer(run, rollout, tasks, stream, wanted, gateway, load_tokenizer(run.base_model))
-        producing = asyncio.create_task(producer.run_forever())
+        producing = None
         try:
             if cfg.eval_tasks is not None and run.start == 0:  # version 0: the policy before any update
                 run.metrics.append({"step": 0})
-                evaluations.append(asyncio.create_task(evaluate_frozen(run, 0, run.metrics[-1])))
+                evaluations.append(asyncio.create_task(evaluate(run, 0, run.metrics[-1])))
+                if synchronous:  # before any trial samples
+                    await evaluations[-1]
+            producing = asyncio.create_task(producer.run_forever())
             for step in range(run.start + 1, cfg.num_rollouts + 1):
                 t0 = time.monotonic()
                 groups, sampling, waited = await take_groups(producer, step, wanted)
@@ -214,6 +286,8 @@ async def train_async(run: TrainingRun, tasks: dict[str, Path], stream: TaskStre
                 step_dir = run.out / "rollouts" / f"step_{step}"
                 step_dir.mkdir(parents=True, exist_ok=True)
                 write_jsonl(step_dir / "samples.jsonl", samples)
+                if canaries is not None:
+                    sampling.update(await run_canaries(run, producer.rollout, canaries, wanted, step_dir))
                 t1 = time.monotonic()
                 # The update runs in a thread while the trials go on. A signal (the task cancelled)
                 # lets it finish and be recorded, then stops the run.
@@ -223,27 +297,32 @@ async def train_async(run: TrainingRun, tasks: dict[str, Path], stream: TaskStre
                     result = await asyncio.shield(update)
                 except asyncio.CancelledError as exc:
                     cancelled, result = exc, await update
-                producer.published()
                 t2 = time.monotonic()
+                positions = {"task_stream_position": stream.position,
+                             **({"canary_stream_position": canaries.position} if canaries else {})}
                 record = step_record(step, samples, result, sampling,
                                      {"weight_version": step, "sampled_weight_versions": _version_counts(samples)},
-                                     {"task_stream_position": stream.position},
-                                     {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3),
-                                      "learner_wait_s": round(waited, 3)})
+                                     positions, {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3),
+                                                 "learner_wait_s": round(waited, 3)})
                 run.finish_step(record)
                 if cancelled is not None:
                     raise cancelled
-                if cfg.eval_tasks is not None and run.eval_due(step):  # recorded when its evaluation is in
-                    evaluations.append(asyncio.create_task(evaluate_frozen(run, step, record)))
-                else:  # as the synchronous loop: wandb hears of every step
+                due = cfg.eval_tasks is not None and run.eval_due(step)
+                if due:  # recorded when its evaluation is in
+                    evaluations.append(asyncio.create_task(evaluate(run, step, record)))
+                    if synchronous:  # before the next groups start sampling
+                        await evaluations[-1]
+                else:  # wandb hears of every step
                     run.record_done(record)
+                producer.published()
         except BaseException:  # a signal (cancelled) or a failure: the evaluations end too
             for task in evaluations:
                 task.cancel()
             raise
         finally:
-            producing.cancel()
-            await asyncio.gather(producing, return_exceptions=True)  # trials torn down
+            if producing is not None:
+                producing.cancel()
+                await asyncio.gather(producing, return_exceptions=True)  # trials torn down
             _keep_not_consumed(producer, run.out / "rollouts" / "not_consumed.jsonl")
             done = await asyncio.gather(*evaluations, return_exceptions=True)
         for outcome in done:  # the evaluations belong to the run: one that failed fails it

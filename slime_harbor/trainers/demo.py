@@ -339,7 +339,7 @@ def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT
             "wandb_run": summary.get("wandb_dir"),
             "metrics": str(grpo_dir / "metrics.json"),
             "heldout_trials": str(grpo_dir / "eval"),
-            "training_trials": str(grpo_dir / "rollouts"),
+            "training_trials": str(grpo_dir / "rollouts" / "trials"),
             "final_model": summary["final"],
             "sft_model": str(sft_dir),
             "results": str(cfg.out / "results.json"),
@@ -367,7 +367,7 @@ def demo_report(results: dict) -> None:
     print(f"  wandb run                 {o['wandb_run']}{wandb_note}")
     print(f"  per-step metrics          {o['metrics']}")
     print(f"  held-out trials           {o['heldout_trials']}/step_N/trials")
-    print(f"  training trials           {o['training_trials']}/step_N/trials")
+    print(f"  training trials           {o['training_trials']}")
     print(f"  models                    {o['sft_model']} (after SFT), {o['final_model']} (after GRPO)")
     print(f"  summary                   {o['results']}")
     print(f"held-out success: {f(s['sft_only'])} (after SFT) -> {f(s['sft_grpo'])} (after GRPO) "

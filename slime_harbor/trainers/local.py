@@ -10,11 +10,12 @@ core (rollout.run_rollouts: Harbor Trials, agent, sandbox, verifier, converter) 
       `-- trained in place by AdamW: after each step the engine is told (update_model), so the
           next rollout samples from the updated weights
 
-One step N:
-    1. rollout: n_samples Harbor trials per task (every task, or rollout_batch_size of them) ->
-       output_dir/rollouts/step_N/samples.jsonl; the trajectory filters (filters.py) mask
-       episodes that hit an enabled limit; with dynamic sampling, groups whose kept rewards do
-       not vary are masked and more tasks are sampled (step_N/refill_R/) to fill the step
+One step N (trainers/async_loop.py runs them, synchronously unless --max-staleness K >= 1):
+    1. rollout: n_samples Harbor trials per task (a group; one per task, or rollout_batch_size of
+       them, from the shuffled task stream) -> output_dir/rollouts/step_N/samples.jsonl, the
+       trials under rollouts/trials/; the trajectory filters (filters.py) mask episodes that hit
+       an enabled limit; with dynamic sampling, groups whose kept rewards do not vary are masked
+       and more tasks are sampled to fill the step
     2. advantages: reward minus the mean reward of the task's episodes (grpo.episode_advantages);
        removed samples (infra failures: counted as aborted; masked: counted per filter) are dropped
     3. update: recompute the logprobs of the sampled tokens (log_softmax(logits / T), exactly as
@@ -35,20 +36,20 @@ weights the way SGLang takes them (policy/weights.py: LoRA adapters via /load_lo
 (--weight-sync none) keeps sampling its own: the old logprobs are then recomputed from the trained
 policy, and every step logs server_logprob_gap, how far the server's logprobs are from ours.
 
-Asynchronous (--max-staleness K >= 1, trainers/async_loop.py): the rollouts never stop; each
-update trains on the first groups to complete, in a thread while trials go on, masks episodes with
-a call more than K versions behind (masked_by stale) and publishes the next version, which the
-server takes between calls. Weight version N = the weights after N updates = checkpoint_N.
+Asynchronous (--max-staleness K >= 1): the rollouts never stop; each update trains on the first
+groups to complete, in a thread while trials go on, masks episodes with a call more than K
+versions behind (masked_by stale) and publishes the next version, which the server takes between
+calls. Weight version N = the weights after N updates = checkpoint_N.
 
-SIGINT / SIGTERM (from the command line): a rollout in flight is cancelled (sandboxes torn down,
-the step is not counted); an update in flight finishes with its metrics and scheduled checkpoint.
+SIGINT / SIGTERM (from the command line): trials in flight are cancelled (sandboxes torn down, not
+trained); an update in flight finishes with its metrics and scheduled checkpoint.
 Then summary.json is written with "interrupted": true, no final/, and the process exits 130 / 143;
 `--resume` continues from the last checkpoint.
 
 Where each part lives: local_config.py (LocalTrainConfig, its checks), learner.py (the policy, the
 update step, checkpoints, weight sync: Learner), training_run.py (what a run records: step figures,
-the task stream, its lines and summary), async_loop.py (the asynchronous loop), this file (the
-synchronous loop, the CLI).
+the task stream, its lines and summary), async_loop.py (the loop, K = 0 or more), this file (the
+run around it, the CLI).
 
 Run: `slime-harbor train-local --test` (or examples/harbor/harbor_grpo_local.py).
 """
@@ -70,17 +71,10 @@ import torch
 
 from slime_harbor.config_docs import field_docs
 from slime_harbor.exits import ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
-from slime_harbor.filters import apply_limit_filters, mask_counts, varying_groups
 from slime_harbor.tasks.manifest import apply_manifest
-from slime_harbor.rollout import run_rollouts
-from slime_harbor.canaries import canary_counts
 from slime_harbor.tasks.task_dir import discover_tasks
-from slime_harbor.trainers.async_loop import train_async
-from slime_harbor.trainers.evaluate import evaluation
-from slime_harbor.samples import TrainingSample, read_jsonl, write_jsonl
-from slime_harbor.trainers.training_run import (
-    TaskStream, TrainingRun, run_summary, step_record, step_sampling,
-)
+from slime_harbor.trainers.async_loop import train_loop
+from slime_harbor.trainers.training_run import TaskStream, TrainingRun, run_summary
 from slime_harbor.trainers.local_config import (
     check_train_config, find_checkpoint, LocalTrainConfig, OBJECTIVES, resolve_device, TEST_PRESET, TRAINER_STATE, with_tasks_selected,
 )
@@ -88,70 +82,7 @@ from slime_harbor.trainers.learner import Learner, restore_rng
 
 
 # --------------------------------------------------------------------------------------------
-# Samples -> tensors -> logprobs.
-
-
-# --------------------------------------------------------------------------------------------
-# The policy: the module being trained, its reference, and its optimizer.
-
-
-# --------------------------------------------------------------------------------------------
-# Checkpoints.
-
-
-# --------------------------------------------------------------------------------------------
-# The loop.
-
-
-def _rebase(samples: list[TrainingSample], group_offset: int, n_samples: int) -> None:
-    """Give a later rollout's groups indices after those of the rollouts before it in the step."""
-    for s in samples:
-        s.group_index += group_offset
-        s.index += group_offset * n_samples
-        if s.rollout_id is not None:
-            s.rollout_id += group_offset * n_samples
-
-
-def sample_step(guard: SignalGuard, runner: asyncio.Runner, cfg: LocalTrainConfig, policy_url: str, model_dir: str,
-                step_dir: Path, tasks: list[str], stream: TaskStream,
-                lora_name: str | None = None, canaries: TaskStream | None = None) -> tuple[list[TrainingSample], dict[str, Any]]:
-    """One step's episodes, with the trajectory filters applied. The step's tasks are every task or
-    the next rollout_batch_size of the stream; with dynamic sampling, groups without reward
-    variance are dropped and the stream's next tasks are sampled to take their place, at most
-    dynamic_sampling_max_rounds more rollouts (step_dir/refill_R/). Each rollout's samples.jsonl is
-    rewritten after the filters: what was not trained carries remove_sample and masked_by."""
-    names = tasks if cfg.rollout_batch_size is None else stream.take(cfg.rollout_batch_size)
-    wanted = len(names)
-    samples: list[TrainingSample] = []
-    masked = mask_counts()
-    errors = groups = 0
-    rounds: list[tuple[Path, list[TrainingSample]]] = []
-    for round_ in range(1 + (cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 0)):
-        out_dir = step_dir if round_ == 0 else step_dir / f"refill_{round_}"
-        summary = guard.run(run_rollouts(cfg.rollout(policy_url, model_dir, out_dir, names, lora_name)), runner)
-        new = read_jsonl(out_dir / "samples.jsonl")
-        _rebase(new, groups, cfg.n_samples)
-        groups += len(names)
-        errors += len(summary.get("errors") or {})
-        for reason, n in apply_limit_filters(new, cfg.filters()).items():
-            masked[reason] += n
-        samples += new
-        rounds.append((out_dir, new))
-        missing = wanted - len(varying_groups(samples))
-        if not cfg.dynamic_sampling or missing <= 0:
-            break
-        names = stream.take(missing)
-    sampling = step_sampling(samples, masked, errors, groups, cfg.dynamic_sampling)
-    for out_dir, new in rounds:
-        write_jsonl(out_dir / "samples.jsonl", new)
-    canary = {}
-    if canaries is not None:  # impossible tasks: run beside the step's, counted, never trained on
-        names = canaries.take(max(1, round(cfg.canary_share * wanted)))
-        rollout = dataclasses.replace(cfg.rollout(policy_url, model_dir, step_dir / "canaries", names, lora_name),
-                                      tasks_dir=cfg.canary_tasks)
-        guard.run(run_rollouts(rollout), runner)
-        canary = canary_counts(read_jsonl(step_dir / "canaries" / "samples.jsonl"))
-    return samples, {**sampling, **canary}
+# The run.
 
 
 def _tracker(cfg: LocalTrainConfig, out: Path, base_model: str, device: str):
@@ -221,10 +152,7 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_facto
     try:
         run.tracker = _tracker(cfg, out, base_model, device)
         with asyncio.Runner() as runner:
-            if cfg.max_staleness > 0:
-                guard.run(train_async(run, {p.name: p for p in task_paths}, stream), runner)
-            else:
-                _train_synchronously(run, guard, runner, tasks, stream)
+            guard.run(train_loop(run, {p.name: p for p in task_paths}, stream), runner)
     except Interrupted as exc:
         interrupted = exc
     except BaseException:
@@ -253,47 +181,6 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_facto
               f"last checkpoint {run.last_checkpoint or 'none'}", file=sys.stderr)
         raise interrupted
     return summary
-
-
-def _train_synchronously(run: TrainingRun, guard: SignalGuard, runner: asyncio.Runner, tasks: list[str],
-                         stream: TaskStream) -> None:
-    """max_staleness 0: each step's rollout from the current weights, then its update."""
-    cfg, learner, out = run.cfg, run.learner, run.out
-    canaries = None
-    if cfg.canary_tasks is not None:
-        position = run.metrics[-1].get("canary_stream_position", 0) if run.metrics else 0
-        canaries = TaskStream([p.name for p in discover_tasks(cfg.canary_tasks)], cfg.seed, position)
-
-    def evaluate(step: int) -> dict[str, Any]:
-        # A signal cancels it like a rollout: the step stays recorded.
-        return guard.run(evaluation(cfg, learner.url, run.base_model, out / "eval" / f"step_{step}",
-                                    learner.lora_name), runner)
-
-    if cfg.eval_tasks is not None and run.start == 0:  # step 0: the policy before any update
-        result = evaluate(0)
-        run.metrics.append({"step": 0})
-        run.record_eval(run.metrics[-1], result, learner.weight_version)
-    for step in range(run.start + 1, cfg.num_rollouts + 1):
-        t0 = time.monotonic()
-        sampled_version = learner.weight_version  # the version this step's rollout samples
-        step_dir = out / "rollouts" / f"step_{step}"
-        samples, sampling = sample_step(guard, runner, cfg, learner.url, run.base_model, step_dir, tasks, stream,
-                                        learner.lora_name, canaries)
-        # From here the step runs to its end (update, metrics, checkpoint) even if a signal
-        # arrives; the signal is raised after it.
-        with guard.deferred():
-            t1 = time.monotonic()
-            result = learner.train_step(samples, step)  # the next rollout samples from the new weights
-            t2 = time.monotonic()
-            record = step_record(step, samples, result, sampling, {"sampled_weight_version": sampled_version},
-                                 {"task_stream_position": stream.position,
-                                  **({"canary_stream_position": canaries.position} if canaries else {})},
-                                 {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3)})
-            run.finish_step(record)
-        if cfg.eval_tasks is not None and run.eval_due(step):
-            run.record_eval(record, evaluate(step), learner.weight_version)
-        else:
-            run.record_done(record)
 
 
 def resolve_model(model: str | None) -> Path:
