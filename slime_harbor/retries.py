@@ -2,7 +2,7 @@
 start, a policy server that did not answer, a trial cut off) may run again, per task.
 
 `rollout.run_episode` spends it, for every runner that hands it one (the SLiME hook, `rollout`,
-train-local and its asynchronous loop, the verifiers environment); the limits are RolloutConfig's
+train-local, the verifiers environment); the limits are RolloutConfig's
 max_retries_per_task / retry_window_sec / retry_backoff_sec.
 """
 

@@ -218,7 +218,7 @@ class QueuedGroups:
 
 
 def group_of(index: int, rewards: list[float], versions: str = "3", exit_status: str | None = None):
-    from slime_harbor.trainers.async_loop import Group
+    from slime_harbor.trainers.loop import Group
 
     samples = []
     for k, r in enumerate(rewards):
@@ -236,7 +236,7 @@ def test_an_update_takes_groups_in_completion_order_with_the_filters_and_dynamic
     more groups are taken until two varying, kept ones are in."""
     import asyncio
 
-    from slime_harbor.trainers.async_loop import take_groups
+    from slime_harbor.trainers.loop import take_groups
 
     cfg = LocalTrainConfig(tasks_dir=FIXTURE_TASKS, max_staleness=1, dynamic_sampling=True, mask_step_limit=True,
                            dynamic_sampling_max_rounds=2)
@@ -258,7 +258,7 @@ def test_a_group_gone_stale_is_replaced_so_every_update_trains_as_many_groups(tm
     taken: the update trains 2 groups, as a synchronous step would."""
     import asyncio
 
-    from slime_harbor.trainers.async_loop import take_groups
+    from slime_harbor.trainers.loop import take_groups
 
     cfg = LocalTrainConfig(tasks_dir=FIXTURE_TASKS, max_staleness=1)
     queued = QueuedGroups(cfg, [group_of(0, [1.0, 0.0], versions="0"), group_of(3, [0.0, 1.0], versions="2"),
@@ -275,7 +275,7 @@ def test_with_k0_an_update_that_needs_more_groups_gets_exactly_those(tmp_path):
     after publishing, the next update's 2 start."""
     import types
 
-    from slime_harbor.trainers.async_loop import GroupProducer
+    from slime_harbor.trainers.loop import GroupProducer
     from slime_harbor.trainers.training_run import TaskStream
     from slime_harbor.trial_setup import RolloutConfig
 

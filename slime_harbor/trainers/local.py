@@ -10,7 +10,7 @@ core (rollout.run_rollouts: Harbor Trials, agent, sandbox, verifier, converter) 
       `-- trained in place by AdamW: after each step the engine is told (update_model), so the
           next rollout samples from the updated weights
 
-One step N (trainers/async_loop.py runs them, synchronously unless --max-staleness K >= 1):
+One step N (trainers/loop.py runs them, synchronously unless --max-staleness K >= 1):
     1. rollout: n_samples Harbor trials per task (a group; one per task, or rollout_batch_size of
        them, from the shuffled task stream) -> output_dir/rollouts/step_N/samples.jsonl, the
        trials under rollouts/trials/; the trajectory filters (filters.py) mask episodes that hit
@@ -48,7 +48,7 @@ Then summary.json is written with "interrupted": true, no final/, and the proces
 
 Where each part lives: local_config.py (LocalTrainConfig, its checks), learner.py (the policy, the
 update step, checkpoints, weight sync: Learner), training_run.py (what a run records: step figures,
-the task stream, its lines and summary), async_loop.py (the loop, K = 0 or more), this file (the
+the task stream, its lines and summary), loop.py (the loop, K = 0 or more), this file (the
 run around it, the CLI).
 
 Run: `slime-harbor train-local --test` (or examples/harbor/harbor_grpo_local.py).
@@ -73,7 +73,7 @@ from slime_harbor.config_docs import field_docs
 from slime_harbor.exits import ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.tasks.task_dir import discover_tasks
-from slime_harbor.trainers.async_loop import train_loop
+from slime_harbor.trainers.loop import train_loop
 from slime_harbor.trainers.training_run import TaskStream, TrainingRun, run_summary
 from slime_harbor.trainers.local_config import (
     check_train_config, find_checkpoint, LocalTrainConfig, OBJECTIVES, resolve_device, TEST_PRESET, TRAINER_STATE, with_tasks_selected,

@@ -1,8 +1,8 @@
-"""What a local GRPO run records, shared by its two loops (synchronous in local.py, asynchronous
-in async_loop.py): the run itself (TrainingRun: its learner, its metrics.json records, its
-checkpoints), the rollout figures of a step (rollout_stats, truncated_ratio), its sampling figures
-and its metrics.json record (step_sampling, step_record: one builder for both loops), the task
-stream steps draw from, the lines a step and an evaluation print, and the run's summary.json.
+"""What a local GRPO run records (its loop is loop.py, for every K): the run itself (TrainingRun:
+its learner, its metrics.json records, its checkpoints), the rollout figures of a step
+(rollout_stats, truncated_ratio), its sampling figures and its metrics.json record
+(step_sampling, step_record), the task stream steps draw from, the lines a step and an
+evaluation print, and the run's summary.json.
 """
 
 from __future__ import annotations
