@@ -25,6 +25,7 @@ import torch
 
 from slime_harbor.tasks import families as task_families
 from slime_harbor.policy.renderer import make_renderer
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.config_docs import field_docs
 from slime_harbor.trainers.local import train
 from slime_harbor.trainers.local_config import check_train_config, LocalTrainConfig
@@ -95,7 +96,7 @@ class LearningConfig:
     """Agent turns per episode (the oracle needs 2: the command, then submit)."""
     max_new_tokens: int = 48
     """Tokens per turn (the longest oracle reply is ~40)."""
-    temperature: float = 1.0
+    temperature: float = SamplingParams.temperature
     """Sampling temperature of GRPO rollouts and of the evaluations."""
     concurrency: int = 16
     """Trials at once (the engine batches their generations)."""

@@ -31,9 +31,14 @@ OBJECTIVES = ("grpo", "rft")
 TRAINER_STATE = "trainer_state.json"  # marks a checkpoint dir: step, base model, metrics so far
 
 
+EPISODE_SAMPLING = episode_sampling()
+
+
 @dataclass
 class LocalTrainConfig:
-    """Every knob of a local GRPO run. Each field is a command-line flag (underscores -> dashes)."""
+    """Every knob of a local GRPO run. Each field is a command-line flag (underscores -> dashes).
+    Where a RolloutConfig or SamplingParams field is the same knob, its default is that field's;
+    sampling() and rollout() turn these into what a rollout takes, the checks are theirs."""
 
     # --- what to train on ---
     tasks_dir: Path | str = DEFAULT_TASKS
@@ -50,26 +55,26 @@ class LocalTrainConfig:
     """With a dataset name: the URL of the registry JSON it is found in; None = Harbor's registry."""
     task_manifest: Path | None = None
     """A `slime-harbor calibrate` manifest: the tasks it marks broken or flaky are not trained on."""
-    agent: str = "native"
+    agent: str = RolloutConfig.agent
     """native | terminus-2 | mini-swe-agent | another Harbor agent | module:Class: an agent that samples
     from the policy being trained (all but native through the recording gateway)."""
-    env: str = "local"
+    env: str = RolloutConfig.env
     """Where trials run: local (bubblewrap) | docker | <harbor env type> | module:Class."""
-    n_samples: int = 4
+    n_samples: int = RolloutConfig.n_samples
     """Episodes per task per step: the GRPO group size."""
-    concurrency: int = 4
+    concurrency: int = RolloutConfig.concurrency
     """Trials running at once."""
-    step_limit: int = 30
+    step_limit: int = RolloutConfig.step_limit
     """Most agent turns per episode."""
-    max_new_tokens: int = 512
+    max_new_tokens: int = EPISODE_SAMPLING.max_new_tokens
     """Most tokens sampled per agent turn."""
-    temperature: float = 1.0
+    temperature: float = EPISODE_SAMPLING.temperature
     """Sampling temperature; the trainer scales logits by the same 1/T, so logprobs agree."""
-    reward_mapping: str = "raw"
+    reward_mapping: str = RolloutConfig.reward_mapping
     """raw: the verifier's reward as is; pm1: reward r in [0, 1] -> 2r - 1 (pass +1, fail -1)."""
     verifier_timeout: float | None = None
     """The verifier's time limit in seconds (flag --eval-timeout); None = each task's own."""
-    hack_action: str = "flag"
+    hack_action: str = RolloutConfig.hack_action
     """What a hack monitor flag does (hack_monitor.py): flag (recorded, counted) | penalty (scored as
     a failure) | screen (out of training and its group's baseline)."""
     hack_detectors: list[str] = field(default_factory=list)
@@ -91,7 +96,7 @@ class LocalTrainConfig:
     one; it must serve --model. After each optimizer step the weights are written under
     OUTPUT_DIR/weights and the server is told to load them (see --weight-sync): the server reads
     that path itself, so it must run on this host or see it on a shared filesystem."""
-    gateway_host: str = "127.0.0.1"
+    gateway_host: str = RolloutConfig.gateway_host
     """Address the model gateway binds (agents other than native); a sandbox off this host needs
     an address it can reach."""
     weight_sync: str = "auto"
