@@ -96,7 +96,6 @@ class Gateway:
         self.model_dir = str(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.renderer = make_renderer(self.model_dir, self.tokenizer)
-        self.stop_token_ids = frozenset(self.renderer.get_stop_token_ids())
         config = json.loads((Path(self.model_dir) / "config.json").read_text())
         self.max_context_len = int(config.get("max_position_embeddings") or self.tokenizer.model_max_length)
         self.served_model_name = served_model_name
