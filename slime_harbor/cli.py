@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import typing
 from collections import Counter
@@ -25,6 +26,7 @@ from slime_harbor.hack_monitor import HACK_ACTIONS
 from slime_harbor.policy.engines import ENGINES
 from slime_harbor.policy.sampling import episode_sampling, SamplingParams
 from slime_harbor.policy.tiny_model import build_tiny_model, ensure_tiny_model
+from slime_harbor.policy.weight_check import WeightMismatch
 from slime_harbor.trial_setup import DEFAULT_TASKS, REWARD_MAPPINGS, RolloutConfig
 
 PROG = "slime-harbor"
@@ -258,6 +260,10 @@ def main(argv: list[str] | None = None) -> None:
     """Run one command. Bad input ends in one line on stderr (never a traceback); SIGINT and
     SIGTERM stop it in order (see exits.py) with exit code 128 + the signal."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    # transformers draws a "Loading weights" bar on stderr for every model it loads (the trainer's,
+    # each pushed checkpoint's): noise between the commands' own lines, and two lines more before
+    # a one-line error. (Set before transformers is imported, which reads it then.)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         with SignalGuard() as guard:
             run_command(argv, guard)
@@ -269,6 +275,9 @@ def main(argv: list[str] | None = None) -> None:
     except CommandFailed as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         raise SystemExit(exc.exit_code) from None
+    except WeightMismatch as exc:  # the served weights are not the trained ones: the run stopped before training on them
+        print(f"{PROG}: error: weight check: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def build_parser(demo_agent: str = "native") -> OneLineArgumentParser:

@@ -29,10 +29,15 @@ FIXTURE_TASKS = REPO / "tests" / "fixtures" / "tasks"
 @pytest.fixture
 def serve_process(tiny_model_dir):
     """`slime-harbor serve` on the tiny model, in a process of its own; killed in finally."""
+    yield from serve(tiny_model_dir)
+
+
+def serve(model_dir):
+    """Yields the URL of `slime-harbor serve --model model_dir` in a process of its own; killed in finally."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "slime_harbor.cli", "serve", "--model", str(tiny_model_dir), "--port", str(port)],
+        [sys.executable, "-m", "slime_harbor.cli", "serve", "--model", str(model_dir), "--port", str(port)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
@@ -88,6 +93,8 @@ def test_trainer_pushes_weights_to_a_separate_server(serve_process, tiny_model_d
     metrics = json.loads((out / "metrics.json").read_text())
     assert [m["skipped"] for m in metrics] == [None, None]
     assert metrics[0]["weights_pushed"] is True
+    # The weight check scored its probe on the server after each push: the trained weights.
+    assert all(m["weight_sync/probe_gap"] < 1e-4 for m in metrics), [m["weight_sync/probe_gap"] for m in metrics]
     # Step 2's rollout came from the server after it took step 1's weights: the trainer saw no gap.
     assert metrics[1]["server_logprob_gap"] < 1e-4, metrics[1]["server_logprob_gap"]
 
@@ -100,6 +107,63 @@ def test_trainer_pushes_weights_to_a_separate_server(serve_process, tiny_model_d
     if lora:  # the previous step's adapter was unloaded; only the current one is left
         info = httpx.get(serve_process + "/get_model_info").json()
         assert list(info["lora_adapters"]) == ["policy-step2"]  # pushed after each step, the last one too
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_a_server_on_another_model_stops_the_run_before_its_first_rollout(tiny_model_dir, tmp_path, lora):
+    """`train-local --policy-url` at a server started on another model than --model: the weight
+    check before the first rollout stops the run in one line naming the engine, the version, the
+    gap and the cause; no trial ran, no step trained, no process is left."""
+    from helpers.cli import assert_one_line_error, command, env
+
+    from slime_harbor.policy.tiny_model import build_tiny_model
+
+    other = build_tiny_model(tmp_path / "other_model", seed=1)
+    out = tmp_path / "run"
+    for url in serve(other):
+        proc = subprocess.run(command("train-local", "--tasks", str(FIXTURE_TASKS), "--model", str(tiny_model_dir),
+                                      "--policy-url", url, "--num-rollouts", "1", "--n-samples", "2",
+                                      "--output-dir", str(out), *([] if lora else ["--no-lora"])),
+                              capture_output=True, text=True, env=env(), timeout=300)
+    line = assert_one_line_error(proc, 1, "weight check", "embedded at", "version 0", "bound 1e-03 for float32")
+    assert ("the server's base model is not --model" if lora else "started on another model than --model") in line
+    assert not (out / "rollouts").exists() and not (out / "metrics.json").exists()
+
+
+def test_the_weight_check_compares_the_served_logprobs_with_the_trainers(tiny_model_dir, tmp_path, capsys):
+    """Through the embedded server's SGLang /generate (input_token_logprobs) and vLLM-style
+    /v1/completions (prompt_logprobs): the same model agrees to float precision, another one is a
+    WeightMismatch in mode error, a warning in mode warn, nothing in mode off."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from slime_harbor.policy.server import EmbeddedPolicyServer
+    from slime_harbor.policy.tiny_model import build_tiny_model
+    from slime_harbor.policy.weight_check import PROBE_TOKENS, WeightCheck, WeightMismatch, served_logprobs
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ours = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    other = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "other", seed=1), dtype=torch.float32).eval()
+    with EmbeddedPolicyServer(tiny_model_dir) as server:
+        check = WeightCheck(server.url)
+        figures = check.check(ours, tokenizer, 0)
+        assert figures["weight_sync/probe_gap"] < 1e-5 and figures["weight_sync/probe_ms"] > 0
+        tokens = tokenizer.encode("def add(a, b):\n    return a + b\n" * 40)
+        check.fix_probe(tokens)
+        check.fix_probe(tokens[5:])  # only the run's first trained sample counts
+        assert check.probe == tokens[:PROBE_TOKENS] and len(check.probe) == PROBE_TOKENS
+        sglang_api = served_logprobs(server.url, check.probe, "sglang")
+        openai_api = served_logprobs(server.url, check.probe, "openai", "policy")
+        assert len(sglang_api) == PROBE_TOKENS - 1 and sglang_api == pytest.approx(openai_api, abs=1e-6)
+        assert check.check(ours, tokenizer, 1)["weight_sync/probe_gap"] < 1e-5
+        with pytest.raises(WeightMismatch, match=r"version 2: mean \|logprob gap\| .* over 255 probe tokens .*"
+                                                 r"likely cause: a test"):
+            check.check(other, tokenizer, 2, "a test")
+        check.mode = "warn"
+        assert check.check(other, tokenizer, 3)["weight_sync/probe_gap"] > 1e-1
+        assert "weight check: embedded at" in capsys.readouterr().err
+        check.mode = "off"
+        assert check.check(other, tokenizer, 4) == {}
 
 
 @pytest.mark.slow

@@ -39,6 +39,14 @@ GAP_LIMIT = 1e-3
 """Mean |engine logprob - trainer's float32 recomputation| allowed on this CPU."""
 
 
+def check_probe_gaps(what: str, steps: list[dict]) -> None:
+    """The weight check ran after every update and found the served weights equal to the trained ones."""
+    gaps = [m["weight_sync/probe_gap"] for m in steps]
+    print(f"\n{what}: weight check after each update, probe gap {['%.1e' % g for g in gaps]}, "
+          f"cost {[m['weight_sync/probe_ms'] for m in steps]} ms")
+    assert len(gaps) == len(steps) and max(gaps) < GAP_LIMIT, gaps
+
+
 def start_engine(engine: str, model_dir, log_dir: Path, extra_args: list[str] = ()) -> EngineProcess:
     try:
         return EngineProcess(engine, model_dir, port=free_port(), log_path=log_dir / f"{engine}.log",
@@ -304,14 +312,15 @@ def test_asynchronous_training_against_sglang_judges_staleness_on_its_versions(s
 
     out = tmp_path / "run"
     train(LocalTrainConfig(
-        tasks_dir=FIXTURE_TASKS, model=str(tiny_model_dir), n_samples=4, num_rollouts=3, lr=1e-2,
+        tasks_dir=FIXTURE_TASKS, model=str(tiny_model_dir), n_samples=4, num_rollouts=4, lr=1e-2,
         updates_per_rollout=1, step_limit=1, max_new_tokens=24, save_every=1, output_dir=out, device="cpu",
         kl_coef=0.0, policy_url=sglang.url, weight_sync="disk", max_staleness=1, concurrency=4, use_tis=True,
     ))
     metrics = json.loads((out / "metrics.json").read_text())
     steps = [m for m in metrics if m["step"] > 0]
-    assert [m["weight_version"] for m in steps] == [1, 2, 3] and all(m["weights_pushed"] for m in steps)
-    assert weight_version(sglang.url) == "3"
+    assert [m["weight_version"] for m in steps] == [1, 2, 3, 4] and all(m["weights_pushed"] for m in steps)
+    assert weight_version(sglang.url) == "4"
+    check_probe_gaps("SGLang, full weights from disk", steps)
     seen, models = set(), {}
     for m in steps:
         for s in read_jsonl(out / "rollouts" / f"step_{m['step']}" / "samples.jsonl"):
@@ -329,6 +338,34 @@ def test_asynchronous_training_against_sglang_judges_staleness_on_its_versions(s
     assert all(t["tis_abs"] and t["tis_abs"] > 0 for t in tis)  # a real rollout/trainer gap, not a zero one
 
 
+@pytest.mark.slow
+def test_sglang_takes_weights_as_tensors_with_tied_embeddings(tiny_model_dir, tmp_path):
+    """SLiME's colocated path: weights handed to SGLang as tensors (update_weights_from_tensor,
+    through SGLang's own offline Engine, whose scheduler shares the caller's process tree as a
+    colocated trainer's does; across unrelated processes a CPU tensor cannot be shared). The tied
+    LM head follows: the served prompt logprobs equal the moved weights' float32 ones."""
+    import subprocess
+
+    from slime_harbor.policy.engines import engine_command
+
+    moved, tokenizer = trained_copy(tiny_model_dir, seed=2)
+    moved.save_pretrained(tmp_path / "moved")
+    try:
+        _, env = engine_command("sglang", tiny_model_dir, "127.0.0.1", 0, gpu=False)
+    except EngineMissing as exc:
+        pytest.skip(str(exc))
+    from slime_harbor.policy.engines import engine_python
+
+    script = Path(__file__).parent / "helpers" / "sglang_tensor_update.py"
+    proc = subprocess.run([str(engine_python("sglang")), str(script), str(tiny_model_dir), str(tmp_path / "moved")],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    gaps = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"\nSGLang from tensors: prompt logprob gap to the moved weights {gaps['before']:.1e} before, "
+          f"{gaps['after']:.1e} after the update")
+    assert gaps["before"] > 1e-2 and gaps["after"] < GAP_LIMIT
+
+
 # --- vLLM ----------------------------------------------------------------------------------------
 
 
@@ -336,7 +373,17 @@ def test_asynchronous_training_against_sglang_judges_staleness_on_its_versions(s
 def vllm(responsive_model_dir, tmp_path_factory):
     """A real vLLM (CPU build) on the tiny model after a few SFT steps (so the native agent's turns
     parse in the verifiers test), served as "policy" as Prime-RL names it."""
-    server = start_engine("vllm", responsive_model_dir, tmp_path_factory.mktemp("vllm"), ["--served-model-name", "policy"])
+    # LoRA enabled, adapters loaded at run time (the LoRA weight-sync test); the base is served as without.
+    previous = os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
+    os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    try:
+        server = start_engine("vllm", responsive_model_dir, tmp_path_factory.mktemp("vllm"),
+                              ["--served-model-name", "policy", "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"])
+    finally:
+        if previous is None:
+            os.environ.pop("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
+        else:
+            os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = previous
     try:
         yield server
     finally:
@@ -404,6 +451,67 @@ def test_verifiers_eval_samples_from_vllm(vllm, responsive_model_dir, hf_model, 
 
 
 @pytest.mark.slow
+def test_lora_adapters_pushed_to_vllm_are_served_as_trained(vllm, responsive_model_dir, tmp_path):
+    """train-local --weight-sync lora against vLLM (adapters loaded by name under /v1, rollouts
+    naming each update's adapter): the weight check finds the served adapter equal to the trained
+    one after every update, and step 2's samples are those of checkpoint_1's adapter."""
+    from helpers.samples import call_runs
+    from helpers.training import model_at
+
+    from slime_harbor.trainers.local import train
+    from slime_harbor.trainers.local_config import LocalTrainConfig
+
+    out = tmp_path / "run"
+    train(LocalTrainConfig(
+        tasks_dir=FIXTURE_TASKS, model=str(responsive_model_dir), n_samples=4, num_rollouts=2, lr=1e-2,
+        updates_per_rollout=1, step_limit=1, max_new_tokens=24, save_every=1, output_dir=out, device="cpu",
+        kl_coef=0.0, policy_url=vllm.url, weight_sync="lora", concurrency=4,
+    ))
+    steps = [m for m in json.loads((out / "metrics.json").read_text()) if m["step"] > 0]
+    assert all(m["weights_pushed"] for m in steps)
+    check_probe_gaps("vLLM, LoRA adapters", steps)
+    model = model_at(out, 1, responsive_model_dir)
+    for s in read_jsonl(out / "rollouts" / "step_2" / "samples.jsonl"):
+        if s.remove_sample:
+            continue
+        (run,) = call_runs(s)
+        recomputed = recompute_logprobs(model, s.tokens, 1.0)[-s.response_length:]
+        assert (recomputed[run] - torch.tensor(s.rollout_log_probs)[run]).abs().mean().item() < GAP_LIMIT
+
+
+# Below, the module's vLLM takes other base weights: these tests come last.
+
+
+@pytest.mark.slow
+def test_vllms_own_reload_keeps_a_tied_lm_head_the_check_stops_it_and_our_reload_moves_it(vllm, responsive_model_dir,
+                                                                                            tmp_path):
+    """vLLM 0.32's reload_weights (what a vLLM started without our worker extension runs) moves
+    every layer but the LM head of a model with tied embeddings: the weight check finds the
+    served model is not the trained one and stops in one line. WeightSync's reload (the worker
+    extension, policy/vllm_worker.py) leaves the served weights equal to the trained ones."""
+    from slime_harbor.policy.weight_check import WeightCheck, WeightMismatch
+    from slime_harbor.policy.weights import WeightSync
+
+    moved, tokenizer = trained_copy(responsive_model_dir, seed=1)
+    moved.save_pretrained(tmp_path / "moved")
+    tokenizer.save_pretrained(tmp_path / "moved")
+    reply = httpx.post(vllm.url + "/collective_rpc", timeout=300,
+                       json={"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path / "moved")}})
+    assert reply.status_code == 200, reply.text
+    check = WeightCheck(vllm.url)
+    with pytest.raises(WeightMismatch, match=r"^vllm at .* version 1: mean \|logprob gap\| .* likely cause: a reload"):
+        check.check(moved, tokenizer, 1, "a reload")
+    check.mode = "warn"
+    stale = check.check(moved, tokenizer, 1)["weight_sync/probe_gap"]
+    WeightSync(vllm.url, "disk", tmp_path / "weights").push(moved, tokenizer, 1)
+    check.mode = "error"
+    synced = check.check(moved, tokenizer, 1)
+    print(f"\nvLLM tied LM head: probe gap {stale:.1e} after its own reload_weights, "
+          f"{synced['weight_sync/probe_gap']:.1e} after ours ({synced['weight_sync/probe_ms']} ms)")
+    assert stale > 1e-2 and synced["weight_sync/probe_gap"] < GAP_LIMIT
+
+
+@pytest.mark.slow
 def test_asynchronous_training_against_vllm_reloads_and_labels_each_update(vllm, responsive_model_dir, tmp_path):
     """train-local --vllm-url <root> --weight-sync disk --max-staleness 1: each update goes over
     with reload_weights (calls in flight aborted and sampled again), labelled with its count, and
@@ -416,13 +524,14 @@ def test_asynchronous_training_against_vllm_reloads_and_labels_each_update(vllm,
 
     out = tmp_path / "run"
     train(LocalTrainConfig(
-        tasks_dir=FIXTURE_TASKS, model=str(responsive_model_dir), n_samples=4, num_rollouts=3, lr=1e-2,
+        tasks_dir=FIXTURE_TASKS, model=str(responsive_model_dir), n_samples=4, num_rollouts=4, lr=1e-2,
         updates_per_rollout=1, step_limit=1, max_new_tokens=24, save_every=1, output_dir=out, device="cpu",
         kl_coef=0.0, policy_url=vllm.url, weight_sync="disk", max_staleness=1, concurrency=4,
     ))
     steps = [m for m in json.loads((out / "metrics.json").read_text()) if m["step"] > 0]
-    assert [m["weight_version"] for m in steps] == [1, 2, 3] and all(m["weights_pushed"] for m in steps)
-    assert weight_version(vllm.url) == "3"
+    assert [m["weight_version"] for m in steps] == [1, 2, 3, 4] and all(m["weights_pushed"] for m in steps)
+    assert weight_version(vllm.url) == "4"
+    check_probe_gaps("vLLM, full weights reloaded (tied embeddings)", steps)
     seen, models = set(), {}
     for m in steps:
         for s in read_jsonl(out / "rollouts" / f"step_{m['step']}" / "samples.jsonl"):

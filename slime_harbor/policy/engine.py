@@ -216,6 +216,26 @@ class SamplingEngine:
             self.abort(rid)
             raise
 
+    def prompt_logprobs(self, prompt_ids: list[int], lora: str | None = None) -> list[float]:
+        """log p(token i | tokens before it) for every token of `prompt_ids` but the first, at
+        temperature 1 (raw logits), from one prefill with the weights served now: what SGLang's
+        input_token_logprobs and vLLM's prompt_logprobs report, and what the weight check
+        (policy/weight_check.py) compares with the trainer's. Runs between decode steps."""
+        prompt_ids = [int(t) for t in prompt_ids]
+        if len(prompt_ids) < 2:
+            raise ValueError("prompt logprobs need at least two tokens")
+        if len(prompt_ids) > self.context_length:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens; this model's maximum context length is "
+                             f"{self.context_length} tokens")
+        if lora is not None and lora not in self.lora_adapters:
+            raise ValueError(f"LoRA adapter {lora!r} is not loaded (loaded: {sorted(self.lora_adapters)})")
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        extra = {"adapter_names": [lora or "__base__"]} if self.lora_adapters else {}
+        with self.paused(), torch.inference_mode():
+            logits = self.model(**extra, input_ids=ids, use_cache=False).logits[0, :-1].float()
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None].cpu().to(logits.device))[:, 0]
+        return logprobs.cpu().tolist()
+
     def abort(self, rid: str) -> bool:
         """End a queued or running request with finish_reason abort (keeping its tokens so far)."""
         with self._cond:

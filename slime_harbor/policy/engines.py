@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -36,8 +37,27 @@ INITIAL_WEIGHT_VERSION = "0"
 """The label of the weights an engine starts with; each update is labelled with the update count."""
 CPU_SHIMS = Path(__file__).with_name("cpu_shims")
 """Holds the sgl_kernel stand-in that SGLang imports on a CPU (see its docstring)."""
+VLLM_WORKER_EXTENSION = "slime_harbor.policy.vllm_worker.WeightReload"
+"""The worker extension `engine_command` starts vLLM with (a weight reload that re-ties the LM head)."""
 START_TIMEOUT_SEC = 600.0
 STOP_TIMEOUT_SEC = 60.0
+
+
+def package_path() -> Path:
+    """A directory holding only the slime_harbor package (a link to it), for an engine's
+    PYTHONPATH: the directory it is installed in may hold this venv's other packages too."""
+    from slime_harbor.policy.tiny_model import cache_dir
+
+    package = Path(__file__).resolve().parents[1]
+    root = cache_dir() / "engines" / "slime-harbor-path"
+    link = root / "slime_harbor"
+    if not (link.is_symlink() and link.resolve() == package):
+        root.mkdir(parents=True, exist_ok=True)
+        temporary = root / f".slime_harbor.{os.getpid()}"
+        temporary.unlink(missing_ok=True)
+        temporary.symlink_to(package, target_is_directory=True)
+        temporary.replace(link)  # atomic: engines started at once never see it missing
+    return root
 
 
 class EngineMissing(RuntimeError):
@@ -96,6 +116,10 @@ def engine_command(engine: str, model: str | Path, host: str, port: int, *, gpu:
         argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", host,
                 "--port", str(port)]
         env["VLLM_SERVER_DEV_MODE"] = "1"  # /pause, /resume, /collective_rpc (weight reloads)
+        # Our worker extension (policy/vllm_worker.py): a reload after which a tied LM head follows
+        # the embeddings. vLLM's venv sees only the slime_harbor package, not this venv's others.
+        argv += ["--worker-extension-cls", VLLM_WORKER_EXTENSION]
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package_path()), env.get("PYTHONPATH")]))
         if not gpu:
             argv += ["--dtype", "float32", "--max-num-seqs", "8", "--enforce-eager"]
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -282,6 +306,37 @@ def weight_version(url: str, kind: str | None = None) -> str | None:
             return None
         version = reply.json().get("weight_version")
         return None if version is None else str(version)
+
+
+def server_dtype(url: str, kind: str | None = None) -> str | None:
+    """The dtype ``url`` computes in, where the server says: ours and SGLang in /server_info
+    ("auto" there is the checkpoint's, and a float32 checkpoint runs in float16, as SGLang picks
+    it), vLLM in its dev-mode /server_info; under SGLang's router, its first worker's."""
+    kind = kind or probe(url).kind
+    url = url.rstrip("/")
+    try:
+        with httpx.Client(timeout=30) as client:
+            if kind == "sglang-router":
+                workers = [w["url"] for w in client.get(f"{url}/workers").json()["workers"]]
+                return server_dtype(workers[0], "sglang") if workers else None
+            info = client.get(url + "/server_info").json()
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+    if kind == "vllm":  # its config as one string: "model='...', ..., dtype=torch.float32, ..."
+        found = re.search(r"\bdtype=torch\.(\w+)", str(info.get("vllm_config") or ""))
+        return found.group(1) if found else None
+    dtype = info.get("dtype")
+    if dtype == "auto":
+        config = Path(str(info.get("model_path") or "")) / "config.json"
+        try:
+            import json
+
+            saved = json.loads(config.read_text())
+        except (OSError, ValueError):
+            return None
+        saved_dtype = saved.get("torch_dtype") or saved.get("dtype")
+        return "float16" if saved_dtype in (None, "float32") else str(saved_dtype)
+    return str(dtype) if dtype else None
 
 
 def _version_key(version: str):

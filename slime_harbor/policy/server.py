@@ -14,11 +14,14 @@ Endpoints:
                                 gains top_p_token_ids / top_p_token_offsets, base64 int32 as SLiME's
                                 SGLang patch sends them, and logprobs renormalised over the kept ids).
                                 The X-SMG-Routing-Key header (SLiME under consistent hashing) is
-                                accepted and means nothing to a single server.
+                                accepted and means nothing to a single server. With
+                                return_logprob and logprob_start_len >= 0, meta_info gains
+                                input_token_logprobs (the prompt's, as SGLang reports them).
     POST /v1/completions        OpenAI completions as vLLM serves them: the prompt as text or token
                                 ids; with return_token_ids, per-choice prompt_token_ids and token_ids;
                                 logprobs.token_logprobs for the sampled tokens (token in, token out
-                                on an OpenAI-compatible server)
+                                on an OpenAI-compatible server); prompt_logprobs 0 adds the
+                                prompt's, as vLLM reports them
     POST /abort_request         {"rid": ...} or {"abort_all": true}
     POST /update_weights_from_disk   SGLang's: {"model_path", "abort_all_requests"?, "weight_version"?}
                                 -> {"success", "message", "num_paused_requests"}; swapped in once the
@@ -32,7 +35,7 @@ Endpoints:
     POST /update_weight_version SGLang's and vLLM's: {"new_version": "N"} labels the weights served now
     GET  /model_info, /get_model_info   SGLang 0.5.23's: {"model_path", "weight_version", "lora_adapters"}
                                 (it has no /get_weight_version: the version is here)
-    GET  /server_info           SGLang's (what engines.probe reads): {"engine": "slime-harbor-embedded",
+    GET  /server_info           SGLang's (what engines.probe reads): {"engine": "slime-harbor-embedded", "dtype",
                                 "version", "max_total_num_tokens", "weight_version"}
     GET  /health, /health_generate, /v1/models, /v1/loads
 
@@ -122,6 +125,13 @@ class PolicyServer:
         lora = body.get("lora_path")
         if lora is not None and not isinstance(lora, str):
             raise BadRequest("lora_path must be the name of one loaded adapter (batched requests are not supported)")
+        start = body.get("logprob_start_len")
+        if body.get("return_logprob") and start is not None and start >= 0:  # SGLang's prompt logprobs
+            if not isinstance(start, int):
+                raise BadRequest("logprob_start_len must be an integer")
+            scored = await asyncio.to_thread(self.engine.prompt_logprobs, prompt_ids, lora)
+        else:
+            scored = None
         generation = await self.engine.agenerate(prompt_ids, params, rid=body.get("rid"), lora=lora)
         meta_info: dict[str, Any] = {
             "id": generation.rid,
@@ -137,6 +147,9 @@ class PolicyServer:
                 [logprob, token, None]
                 for logprob, token in zip(generation.logprobs, generation.token_ids, strict=True)
             ]
+            if scored is not None:  # SGLang's shape: [logprob, token id, text], None for the first token
+                pairs = [[None, prompt_ids[0], None]] + [[lp, t, None] for lp, t in zip(scored, prompt_ids[1:])]
+                meta_info["input_token_logprobs"] = pairs[start:]
             if generation.top_p_token_ids:  # like the patched SGLang: only when there are some
                 meta_info["top_p_token_ids"], meta_info["top_p_token_offsets"] = encode_top_p_token_ids(
                     generation.top_p_token_ids, generation.top_p_token_offsets
@@ -173,7 +186,12 @@ class PolicyServer:
                              f"However, your request has {len(prompt_ids)} input tokens.")
         params = openai_sampling_params(body, default_max_tokens=self.engine.context_length - len(prompt_ids))
         params.no_stop_trim = bool(body.get("include_stop_str_in_output"))
-        generation = await self.engine.agenerate(prompt_ids, params, lora=self._lora_for_model(body.get("model")))
+        lora = self._lora_for_model(body.get("model"))
+        if (body.get("prompt_logprobs") or 0) > 0:
+            raise BadRequest("top prompt logprobs are not supported (prompt_logprobs must be 0)")
+        scored = (await asyncio.to_thread(self.engine.prompt_logprobs, prompt_ids, lora)
+                  if body.get("prompt_logprobs") is not None else None)
+        generation = await self.engine.agenerate(prompt_ids, params, lora=lora)
         choice: dict[str, Any] = {
             "index": 0,
             "text": generation.text,
@@ -190,6 +208,10 @@ class PolicyServer:
                 "top_logprobs": [{t: lp} for t, lp in zip(tokens, generation.logprobs, strict=True)],
                 "text_offset": [],
             }
+        if scored is not None:  # vLLM's shape: None for the first token, then {token id: Logprob}
+            choice["prompt_logprobs"] = [None] + [
+                {str(t): {"logprob": lp, "rank": None, "decoded_token": self.engine.tokenizer.decode([t])}}
+                for lp, t in zip(scored, prompt_ids[1:])]
         if body.get("return_token_ids"):
             choice["prompt_token_ids"] = generation.prompt_ids
             choice["token_ids"] = generation.token_ids
@@ -273,7 +295,7 @@ class PolicyServer:
     async def server_info(self) -> dict[str, Any]:
         from slime_harbor import __version__
 
-        return {"engine": "slime-harbor-embedded", "version": __version__,
+        return {"engine": "slime-harbor-embedded", "version": __version__, "dtype": self.engine.config.dtype,
                 "max_total_num_tokens": self.engine.context_length,
                 "weight_version": str(self.engine.weight_version)}
 

@@ -2,14 +2,18 @@
 
     lora   the adapter is saved to weights_dir/step_N and loaded under a new name with
            POST /load_lora_adapter {"lora_name", "lora_path"}; the previous one is then unloaded
-           (POST /unload_lora_adapter). Rollouts name the adapter they sample from (lora_name).
+           (POST /unload_lora_adapter). vLLM: the same under /v1 (started with --enable-lora and
+           VLLM_ALLOW_RUNTIME_LORA_UPDATING=True). Rollouts name the adapter they sample from
+           (lora_name; vLLM's OpenAI "model").
     disk   the full weights (LoRA merged in) are saved to weights_dir/step_N and loaded, labelled
            with version "N", so the server labels every call it samples from them with N (as
            SLiME's updates do). Calls in flight are aborted first (the clients sample them again,
            whole, from the new weights; PolicyClient's reissue_aborted) and new ones wait:
            SGLang (and ours): POST /pause_generation {"mode": "abort"},
              /update_weights_from_disk {"model_path", "weight_version"}, /continue_generation;
-           vLLM: POST /pause?mode=abort, /collective_rpc reload_weights {"weights_path"},
+           vLLM: POST /pause?mode=abort, /collective_rpc slime_harbor_reload_weights {"weights_path"}
+             (our worker extension, policy/vllm_worker.py: vLLM's reload_weights, then a tied LM
+             head re-tied; plain reload_weights on a server started without it),
              /reset_prefix_cache (no KV of the old weights serves the new version),
              /update_weight_version {"new_version"}, /resume.
     none   nothing is pushed: the server keeps the weights it has (a vLLM server without these
@@ -32,6 +36,7 @@ from pathlib import Path
 
 import httpx
 
+from slime_harbor.policy.engines import VLLM_WORKER_EXTENSION
 
 MODES = ("auto", "lora", "disk", "none")
 
@@ -69,6 +74,8 @@ class WeightSync:
     version: int = field(default=0, init=False)
     """The weight version the server holds: the step of the last push that succeeded (0: its own)."""
     _last_dir: Path | None = field(default=None, init=False)
+    _has_worker_extension: bool | None = field(default=None, init=False)
+    """Whether the vLLM server was started with our worker extension (None: not asked yet)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -93,11 +100,13 @@ class WeightSync:
         if mode == "lora":
             model.save_pretrained(out)
             name = f"{self.lora_prefix}-step{step}"
-            self._post("/unload_lora_adapter", {"lora_name": name}, check=False)  # left by an earlier run
-            if not self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(out)}):
+            # SGLang's (and ours) at the root; vLLM's under /v1 (with VLLM_ALLOW_RUNTIME_LORA_UPDATING).
+            prefix = "/v1" if self._engine().api == "openai" else ""
+            self._post(f"{prefix}/unload_lora_adapter", {"lora_name": name}, check=False)  # left by an earlier run
+            if not self._post(f"{prefix}/load_lora_adapter", {"lora_name": name, "lora_path": str(out)}):
                 return False
             if self.lora_name and self.lora_name != name:
-                self._post("/unload_lora_adapter", {"lora_name": self.lora_name})
+                self._post(f"{prefix}/unload_lora_adapter", {"lora_name": self.lora_name})
             self.lora_name = name
         else:
             full = copy.deepcopy(model).merge_and_unload() if lora else model
@@ -126,7 +135,7 @@ class WeightSync:
             if not self._post("/pause?mode=abort", {}):
                 return False
             try:
-                self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
+                self._vllm_reload(path)
                 self._post("/reset_prefix_cache", {})
                 self._post("/update_weight_version", {"new_version": version})
             finally:
@@ -138,6 +147,29 @@ class WeightSync:
             return self._post("/update_weights_from_disk", {"model_path": str(path), "weight_version": version})
         finally:
             self._post("/continue_generation", {}, check=False)
+
+    def _vllm_reload(self, path: Path) -> None:
+        """vLLM's in-place reload, through our worker extension where the server has it
+        (policy/vllm_worker.py: the LM head of a model with tied embeddings follows the reloaded
+        embeddings; vLLM's own reload_weights keeps the old head on a CPU)."""
+        method = "slime_harbor_reload_weights"
+        if self._has_worker_extension is not False:
+            url = self.base_url + "/collective_rpc"
+            try:
+                reply = httpx.post(url, json={"method": method, "kwargs": {"weights_path": str(path)}},
+                                   timeout=self.timeout_s)
+            except httpx.HTTPError as error:
+                raise WeightSyncError(f"{url} failed: {type(error).__name__}: {error}") from error
+            if reply.status_code == 200:
+                self._has_worker_extension = True
+                return
+            if f"has no attribute '{method}'" not in reply.text:  # the extension is there and failed
+                raise WeightSyncError(f"{url} ({method}) answered HTTP {reply.status_code}: {reply.text[:300]}")
+            self._has_worker_extension = False
+            print(f"{self.base_url} runs vLLM without slime-harbor's worker extension: its reload_weights keeps the "
+                  f"old LM head of a model with tied embeddings (start it with --worker-extension-cls "
+                  f"{VLLM_WORKER_EXTENSION}; the weight check will tell)", file=sys.stderr)
+        self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
 
     def _post(self, path: str, payload: dict, check: bool = True) -> bool:
         url = self.base_url + path

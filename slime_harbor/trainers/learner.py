@@ -292,6 +292,7 @@ class Learner:
 
     def __init__(self, cfg: LocalTrainConfig, base_model: str, device: str, checkpoint: Path | None,
                  out: Path, start: int, host: str = "127.0.0.1"):
+        from slime_harbor.policy.weight_check import WeightCheck
         from slime_harbor.policy.weights import WeightSync
 
         self.cfg, self.device = cfg, device
@@ -307,8 +308,11 @@ class Learner:
             self.sync = WeightSync(cfg.policy_url, mode, out / "weights")
             # The server must serve what we train from the first rollout on, and label its calls
             # with our versions when staleness is judged on them.
-            if checkpoint or cfg.lora or self.asynchronous:
-                self.sync.push(self.policy.model, self.policy.tokenizer, start)
+            pushed = bool(checkpoint or cfg.lora or self.asynchronous) and self.sync.push(
+                self.policy.model, self.policy.tokenizer, start)
+            cause = ("the server was started on another model than --model" if not pushed else
+                     "the server's base model is not --model, or it did not load the adapter" if self.sync.lora_name
+                     else "the server did not take the pushed weights whole")
         else:
             from slime_harbor.policy.engine import EngineConfig, SamplingEngine
             from slime_harbor.policy.server import EmbeddedPolicyServer
@@ -321,6 +325,15 @@ class Learner:
             self.engine.weight_version = start
             server = EmbeddedPolicyServer(engine=self.engine, model_name="policy", host=host)
             self.url = self._stack.enter_context(server).url
+            cause = "the engine's copy of the weights is not the trained module"
+        # Before the first rollout: the server samples the weights this run starts from (an
+        # engine started on another model, or a push that did not take, stops the run here).
+        self.check = WeightCheck(self.url, cfg.weight_check, lora_name=self.lora_name)
+        try:
+            self.check_figures = self.check.check(self.policy.model, self.policy.tokenizer, start, cause)
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def lora_name(self) -> str | None:
@@ -342,12 +355,22 @@ class Learner:
                 samples, gap = server_logprob_gap(self.policy, samples, self.cfg, self.device,
                                                   recompute=self.sync.mode == "none")
             result = train_on_samples(self.policy, samples, self.cfg, self.device)
+        if kept := trainable(samples):  # the run's first trained sample is its probe from now on
+            self.check.fix_probe(kept[0].tokens)
         if self.engine:
             # Every update advances the version, one that trained nothing too.
             changed = result["updates"] and self.asynchronous
             self.engine.update_model(copy.deepcopy(self.policy.model) if changed else self.engine.model, version=step)
+            cause = "the engine's copy of the weights is not the trained module"
         else:
             result["weights_pushed"] = self.sync.push(self.policy.model, self.policy.tokenizer, step)
+            cause = ("the server did not take the pushed adapter" if self.sync.lora_name else
+                     "the server did not take the pushed weights whole (a layer it failed to load: read its log)")
+        # The served weights are the trained ones, before anything samples them (a server that
+        # takes no weights, --weight-sync none, keeps its own: nothing to compare after updates).
+        self.check.lora_name = self.lora_name
+        if not self.sync or self.sync.mode != "none":
+            result.update(self.check.check(self.policy.model, self.policy.tokenizer, step, cause))
         return {**result, **gap}
 
     def frozen_policy(self):

@@ -71,6 +71,7 @@ import torch
 
 from slime_harbor.config_docs import field_docs
 from slime_harbor.exits import ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
+from slime_harbor.policy.weight_check import CHECK_MODES, WeightMismatch
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.tasks.task_dir import discover_tasks
 from slime_harbor.trainers.loop import train_loop
@@ -139,6 +140,9 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_facto
     start = state["step"] if state else 0
     metrics: list[dict] = list(state["metrics"]) if state else []
     learner = learner_factory(cfg, base_model, device, checkpoint, out, start)
+    if figures := getattr(learner, "check_figures", None):  # a Learner's weight check before any rollout
+        print(f"weight check before the first rollout: the server's logprobs are {figures['weight_sync/probe_gap']:.1e} "
+              f"from the trainer's (version {start})", file=sys.stderr)
     if checkpoint:
         restore_rng(checkpoint)
         print(f"resumed from {checkpoint} at step {start}", file=sys.stderr)
@@ -203,6 +207,8 @@ def jsonable(d: dict) -> dict:
 FLAG_NAMES = {"tasks_dir": "--tasks", "lora": "--no-lora", "verifier_timeout": "--eval-timeout"}
 # Names users already type (other GRPO scripts), accepted as well.
 FLAG_ALIASES = {"policy_url": ["--vllm-url"], "step_limit": ["--agent-step-limit"]}
+# Fields whose values are a fixed set (argparse refuses the others in one line).
+FLAG_CHOICES = {"reward_mapping": ("raw", "pm1"), "objective": OBJECTIVES, "weight_check": CHECK_MODES}
 # Harbor's own task filters (`harbor run -i NAME -x NAME`), one name per flag, repeatable.
 HARBOR_FILTER_FLAGS = {"task_names": ["-i", "--include-task-name"], "exclude_task_names": ["-x", "--exclude-task-name"]}
 
@@ -229,10 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
             if f.name in HARBOR_FILTER_FLAGS:
                 p.add_argument(*HARBOR_FILTER_FLAGS[f.name], dest=f.name, action="append",
                                help=f"one name of {flag}, repeatable (as harbor run)")
-        elif f.name == "reward_mapping":
-            p.add_argument(flag, choices=["raw", "pm1"], help=help_text)
-        elif f.name == "objective":
-            p.add_argument(flag, choices=list(OBJECTIVES), help=help_text)
+        elif f.name in FLAG_CHOICES:
+            p.add_argument(flag, choices=list(FLAG_CHOICES[f.name]), help=help_text)
         else:
             # The annotation names the type where the default is None ("float | None", "Path | None").
             kind = {"bool": int, "int": int, "float": float, "Path": Path}.get(str(f.type).split("|")[0].strip(), str)
@@ -269,6 +273,9 @@ def _exit_cleanly(run):
     except ConfigError as exc:
         print(f"slime-harbor train-local: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    except WeightMismatch as exc:
+        print(f"slime-harbor train-local: error: weight check: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

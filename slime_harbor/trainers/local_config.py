@@ -104,6 +104,12 @@ class LocalTrainConfig:
     weights: SGLang's /update_weights_from_disk, vLLM's reload_weights) | none (the server keeps its
     weights; old logprobs are recomputed by the trainer) | auto (lora with LoRA on a server that
     loads adapters, else disk; none when the server has no such endpoint)."""
+    weight_check: str = "error"
+    """After every weight update, and before the first rollout, score a fixed probe (the run's first
+    trained sample, 256 tokens at most) on the server and with the trainer's weights and compare
+    (policy/weight_check.py): error (a float32 server more than 1e-3 away stops the run, one line
+    naming the engine, the version, the gap and the likely cause) | warn (say so, go on) | off.
+    Servers in bf16 / fp16 are only warned about: no bound has been measured for them yet."""
 
     max_staleness: int = 0
     """0: synchronous (each step's rollout, then its update). K >= 1: asynchronous: rollouts never
@@ -333,7 +339,11 @@ def check_train_config(cfg: LocalTrainConfig) -> None:
     looks_like_hub_id = cfg.model is not None and cfg.model.count("/") == 1 and not cfg.model.startswith((".", "/"))
     if cfg.model is not None and not Path(cfg.model).exists() and not looks_like_hub_id:
         raise ConfigError(f"model: {cfg.model} does not exist (and is not a hub id org/name)")
+    from slime_harbor.policy.weight_check import CHECK_MODES
     from slime_harbor.policy.weights import MODES
+
+    if cfg.weight_check not in CHECK_MODES:
+        raise ConfigError(f"weight_check must be one of {', '.join(CHECK_MODES)}, got {cfg.weight_check!r}")
 
     if cfg.weight_sync not in MODES:
         raise ConfigError(f"weight_sync must be one of {', '.join(MODES)}, got {cfg.weight_sync!r}")

@@ -78,6 +78,8 @@ def wandb_key(path: str) -> str:
         return f"eval/{EVAL_SET}/{rest}"
     if head in ("timings",):
         return f"perf/{rest}"
+    if head == "weight_sync":  # the weight check's figures keep their own section
+        return path
     return f"{'train' if head in TRAIN_FIELDS else 'rollout'}/{path}"
 
 

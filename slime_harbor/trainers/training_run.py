@@ -149,7 +149,8 @@ def step_line(r: dict) -> str:
             + (f"canaries passed {r['canary_pass_rate']:.2f} " if r.get("canary_pass_rate") is not None else "")
             + f"aborted {r['aborted']}/{r['n_samples']}{masked_text(r)} | {what} | rollout {r['timings']['rollout_s']:.1f}s "
             f"train {r['timings']['train_s']:.1f}s"
-            + (f" (learner waited {r['timings']['learner_wait_s']:.1f}s)" if "learner_wait_s" in r["timings"] else ""))
+            + (f" (learner waited {r['timings']['learner_wait_s']:.1f}s)" if "learner_wait_s" in r["timings"] else "")
+            + (f" | served weights {r['weight_sync/probe_gap']:.1e} from trained" if "weight_sync/probe_gap" in r else ""))
 
 
 def eval_line(step: int, e: dict) -> str:

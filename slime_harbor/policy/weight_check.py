@@ -1,0 +1,166 @@
+"""Is the engine serving the weights the trainer holds? Asked before the first rollout and after
+every weight update, on the engine that serves the rollouts.
+
+A weight update can fail without an error: vLLM's in-place reload of a model with tied embeddings
+kept its old LM head while every other layer moved, and answered 200 with the right version
+label; the run then trains on samples of a model that never existed. Nothing but the served
+numbers tells. So the check scores a fixed probe twice and compares:
+
+    the trainer     log p(token i | tokens before it) with the weights it just published, float32
+    the engine      the same, from one prefill, through the engine's own API:
+                      SGLang (and ours):  POST /generate, return_logprob + logprob_start_len 0
+                                          -> meta_info.input_token_logprobs
+                      vLLM:               POST /v1/completions, prompt_logprobs 0
+                                          -> choices[0].prompt_logprobs
+
+The probe is fixed for the run: a built-in prompt until the first update, then the run's first
+trained sample cut to PROBE_TOKENS tokens. The gap is the mean |difference| over its tokens. The
+bound depends on the dtype the engine computes in: float32 agrees with the trainer to ~1e-6, so
+1e-3 is far from noise and far below a wrong layer (2e-2 for the stale LM head). For bf16 and fp16
+no bound has been measured on a real engine yet: their gap is reported and warned about, never an
+error, until one is (GAP_BOUNDS).
+
+    WeightCheck(url, mode)          mode: error (stop the run) | warn (say it, go on) | off
+    .check(model, version)          -> {"weight_sync/probe_gap", "weight_sync/probe_gap_max",
+                                        "weight_sync/probe_ms"}; raises WeightMismatch (one line)
+    .fix_probe(tokens)              the first trained sample's tokens (only the first call counts)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+CHECK_MODES = ("error", "warn", "off")
+PROBE_TOKENS = 256
+"""Most tokens the probe scores (a prefill of this many is milliseconds on any engine)."""
+GAP_BOUNDS = {"float32": 1e-3}
+"""Mean |engine - trainer| logprob gap allowed per dtype the engine computes in. A dtype missing
+here has no measured bound: its gap is warned about, never an error."""
+BUILTIN_PROBE = ("You are a coding agent in a Linux sandbox. Fix the failing test in /app, run it, "
+                 "and reply with the command you ran and its output.")
+"""What the probe scores before the run has trained a sample (the check before the first rollout)."""
+
+
+class WeightMismatch(RuntimeError):
+    """The engine serves other weights than the trainer holds (one line: engine, version, gap, cause)."""
+
+
+@dataclass
+class WeightCheck:
+    url: str
+    """The engine's root (SGLang, its router, vLLM, or ours)."""
+    mode: str = "error"
+    """error | warn | off."""
+    lora_name: str | None = None
+    """The adapter the rollouts sample (None: the engine's own weights)."""
+    probe: list[int] = field(default_factory=list)
+    """The token ids scored (set by fix_probe, or the built-in prompt on the first check)."""
+    fixed: bool = False
+    """Whether the probe is the run's first trained sample (it is kept from then on)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in CHECK_MODES:
+            raise ValueError(f"weight check must be one of {', '.join(CHECK_MODES)}, got {self.mode!r}")
+        self.url = self.url.rstrip("/")
+
+    def fix_probe(self, tokens: list[int]) -> None:
+        """The run's first trained sample becomes the probe (cut to PROBE_TOKENS); later calls keep it."""
+        if not self.fixed and len(tokens) >= 2:
+            self.probe, self.fixed = list(tokens[:PROBE_TOKENS]), True
+
+    def check(self, model, tokenizer, version: int | str, cause: str = "") -> dict[str, float]:
+        """Score the probe with `model` (the trainer's weights of `version`) and on the engine;
+        their gap in metrics.json's keys. Over the engine's dtype bound: WeightMismatch (mode
+        error) or a warning (warn); `cause` is the likely one, for that line."""
+        if self.mode == "off":
+            return {}
+        if not self.probe:
+            self.probe = tokenizer.encode(BUILTIN_PROBE)[:PROBE_TOKENS]
+        from slime_harbor.policy.engines import probe as engine_info
+
+        info = engine_info(self.url)
+        started = time.perf_counter()
+        ours = trainer_logprobs(model, self.probe)
+        served = served_logprobs(self.url, self.probe, info.api, self.lora_name or info.served_model, self.lora_name)
+        gaps = [abs(a - b) for a, b in zip(ours, served, strict=True)]
+        figures = {"weight_sync/probe_gap": sum(gaps) / len(gaps), "weight_sync/probe_gap_max": max(gaps),
+                   "weight_sync/probe_ms": round((time.perf_counter() - started) * 1000, 1)}
+        dtype = served_dtype(self.url, info.kind)
+        bound = GAP_BOUNDS.get(dtype)
+        gap = figures["weight_sync/probe_gap"]
+        if bound is not None and gap <= bound:
+            return figures
+        line = (f"{info.kind} at {self.url} serves other weights than the trainer's version {version}: mean |logprob "
+                f"gap| {gap:.2e} over {len(gaps)} probe tokens")
+        if bound is None:
+            # No bound for this dtype yet: say the gap, once per check, and go on.
+            print(f"weight check: {line} (the engine computes in {dtype}, which has no measured bound: "
+                  "not an error)", file=sys.stderr)
+            return figures
+        line += f" (bound {bound:.0e} for {dtype})" + (f"; likely cause: {cause}" if cause else "")
+        if self.mode == "error":
+            raise WeightMismatch(line)
+        print(f"weight check: {line}", file=sys.stderr)
+        return figures
+
+
+def trainer_logprobs(model, tokens: list[int]) -> list[float]:
+    """log p(token i | tokens before it), i >= 1, from `model` in float32 at temperature 1."""
+    import torch
+
+    device = next(model.parameters()).device
+    ids = torch.tensor([tokens], dtype=torch.long, device=device)
+    with torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None])[:, 0].cpu().tolist()
+
+
+def served_logprobs(url: str, tokens: list[int], api: str, model: str | None = None, lora_name: str | None = None,
+                    timeout_s: float = 120.0) -> list[float]:
+    """The engine's log p(token i | tokens before it), i >= 1, at temperature 1, through its own
+    API (the module doc); WeightMismatch when it answers none."""
+    if api == "openai":  # vLLM: prompt_logprobs on the completions endpoint
+        body = {"model": model, "prompt": list(tokens), "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
+        reply = _post(url + "/v1/completions", body, timeout_s)
+        try:
+            entries = reply["choices"][0]["prompt_logprobs"][1:]
+            return [float(entry[str(t)]["logprob"]) for entry, t in zip(entries, tokens[1:], strict=True)]
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise WeightMismatch(f"{url}/v1/completions returned no prompt_logprobs for the weight check "
+                                 f"({type(exc).__name__}: {exc})") from None
+    body = {"input_ids": list(tokens), "sampling_params": {"max_new_tokens": 1, "temperature": 1.0},
+            "return_logprob": True, "logprob_start_len": 0}
+    if lora_name:
+        body["lora_path"] = lora_name
+    reply = _post(url + "/generate", body, timeout_s)
+    try:
+        pairs = reply["meta_info"]["input_token_logprobs"][1:]
+        if [int(p[1]) for p in pairs] != list(tokens[1:]):
+            raise ValueError("its token ids are not the probe's")
+        return [float(p[0]) for p in pairs]
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise WeightMismatch(f"{url}/generate returned no input_token_logprobs for the weight check "
+                             f"({type(exc).__name__}: {exc})") from None
+
+
+def served_dtype(url: str, kind: str) -> str:
+    """The dtype the engine computes in: SGLang's and ours from /server_info (SGLang's "auto" is
+    the checkpoint's, a float32 checkpoint running in float16), vLLM's from its /server_info
+    (dev mode). "unknown" when it does not say."""
+    from slime_harbor.policy.engines import server_dtype
+
+    return server_dtype(url, kind) or "unknown"
+
+
+def _post(url: str, body: dict, timeout_s: float) -> dict:
+    try:
+        reply = httpx.post(url, json=body, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise WeightMismatch(f"{url} failed during the weight check: {type(exc).__name__}: {exc}") from None
+    if reply.status_code != 200:
+        raise WeightMismatch(f"{url} answered HTTP {reply.status_code} to the weight check: {reply.text[:200]}")
+    return reply.json()
