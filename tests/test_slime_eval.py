@@ -192,6 +192,7 @@ def test_slime_eval_of_real_trials_counts_each_scored_trial_once(slime_eval, pol
     build (two unscored trials). Ten samples: SLiME's default logs 2/10 = 0.2 (and pass@1 0.2);
     the truth, each scored trial once, is 2/6, and pass@k leaves the unscored row out."""
     from slime.utils import http_utils
+    from slime.utils.async_utils import run
 
     sglang_rollout, rollout_metrics = slime_eval
     tasks = make_eval_tasks(tmp_path)
@@ -200,7 +201,10 @@ def test_slime_eval_of_real_trials_counts_each_scored_trial_once(slime_eval, pol
     args = eval_args(policy_server, tiny_model_dir, prompts, tmp_path, "--log-passrate")
     args.harbor_tasks_dir, args.harbor_eval_trials_dir = str(tasks), str(tmp_path / "eval" / "trials")
     http_utils.init_http_client(args)
-    output = sglang_rollout.generate_rollout(args, 0, None, evaluation=True)
+    try:
+        output = sglang_rollout.generate_rollout(args, 0, None, evaluation=True)
+    finally:  # the gateway lives in SLiME's event loop, with this test's policy server as upstream:
+        run(hooks.close_gateway())  # a later test on that loop must start its own
 
     samples = output.data["heldout"]["samples"]
     trials = trials_of(samples)
