@@ -25,8 +25,10 @@
 # Held-out evaluation runs through SLiME's own eval loop when EVAL_TASKS_DIR names a dir of
 # Harbor tasks: its prompts are written by prepare-data to EVAL_PROMPT_DATA (default
 # runs/harbor_eval_prompts.jsonl), the hook runs each as a trial with evaluation=True and the
-# eval sampling settings, and SLiME logs eval/heldout and its pass@k (--log-passrate). Unset or
-# empty: no evaluation.
+# eval sampling settings, and slime_harbor.hooks.log_eval_rollout logs eval/heldout (the mean
+# reward over scored trials, each once), its unscored trials and its pass@k per task
+# (--log-passrate), in place of SLiME's default (which counts samples). Unset or empty: no
+# evaluation.
 set -euo pipefail
 
 REPO_ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -155,6 +157,10 @@ if [ -n "$EVAL_TASKS_DIR" ]; then
    opt EVAL_ARGS --eval-top-p 1.0
    opt EVAL_ARGS --eval-max-response-len 4096     # tokens per agent turn
    switch EVAL_ARGS --log-passrate 1               # eval/heldout-pass@1 .. pass@k (and passrate/ in training)
+   # Each trial counted once: SLiME's default eval logging averages the flat list of samples (an
+   # unscored trial's placeholder a failure, a segmented episode once per segment) and its pass@k
+   # asserts on a segment too many; this logs per trial instead (docs/slime.md).
+   opt EVAL_ARGS --custom-eval-rollout-log-function-path slime_harbor.hooks.log_eval_rollout
 fi
 
 GRPO_ARGS=()

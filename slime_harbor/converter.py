@@ -313,6 +313,26 @@ class Episode:
         return None if self.scored else self.end.why
 
     @property
+    def unscored_reason(self) -> str | None:
+        """Why the verifier did not score the episode, as a short key to count episodes by (its
+        samples carry it as metadata["unscored"]); None when it was scored. `error` has the
+        one-line detail. The environment never started; else the exception Harbor recorded (the
+        image did not build, the verifier wrote no reward file, ...); else the policy server
+        went away (policy_unavailable, policy_aborted); else no_reward (the verifier ran and
+        wrote none)."""
+        if self.scored:
+            return None
+        if self.end.environment_start_failed:
+            return "environment_start_failed"
+        if exception := self.metadata.get("exception_type"):
+            return exception
+        if (self.metadata.get("gateway") or {}).get("exit_reason") == "policy_unavailable":
+            return "policy_unavailable"
+        if self.end.exit_status == "aborted":
+            return "policy_aborted"
+        return "no_reward"
+
+    @property
     def trial_dir(self) -> str | None:
         return self.metadata.get("trial_dir")
 
@@ -336,6 +356,8 @@ class Episode:
         metadata = {**self.metadata, "exit_status": self.end.exit_status, "status_reason": self.end.why}
         if self.end.environment_start_failed:
             metadata["environment_start_failed"] = True
+        if (reason := self.unscored_reason) is not None:
+            metadata["unscored"] = reason
         return metadata
 
     @functools.cached_property

@@ -6,6 +6,8 @@
     --custom-config-path                   examples/harbor/configs/harbor_grpo.yaml  (HookSettings)
     --rollout-function-path                slime_harbor.hooks.generate_rollout_fully_async
                                            (only with SLiME's fully-async training, train_async.py)
+    --custom-eval-rollout-log-function-path slime_harbor.hooks.log_eval_rollout
+                                           (with SLiME's evaluation: --eval-prompt-data)
 
 `generate` runs one Harbor trial of the sample's task (`rollout.run_episode`, as the local trainer
 does) against SLiME's router and returns a list of Samples sharing `rollout_id`: one normally,
@@ -31,6 +33,12 @@ docs/reference.md lists are generated from it), read from `args`, set by SLiME f
 
 Dynamic filtering: with --over-sampling-batch-size above --rollout-batch-size, use
 dynamic_sampling_filter (SLiME's check_reward_nonzero_std counts removed samples' 0.0 as rewards).
+
+Evaluation (SLiME's own eval loop calls generate with evaluation=True and flattens every list it
+returns): every sample carries its trial's reward, and those of a trial the verifier did not score
+carry metadata["unscored"] (why, as a short key). SLiME's default eval logging averages that flat
+list, so an unscored trial counts as a failure and a segmented episode once per segment (and
+--log-passrate asserts on it); log_eval_rollout counts each scored trial once instead.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import atexit
 import dataclasses
 import functools
 import logging
+import math
 import sys
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -55,7 +64,7 @@ from slime_harbor.policy.sampling import episode_sampling
 from slime_harbor.retries import RetryBudget
 from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
 from slime_harbor.trial_setup import RolloutConfig, check_agent, uses_gateway, with_engine
-from slime_harbor.samples import SampleStatus
+from slime_harbor.samples import SampleStatus, episode_key, is_scored, is_success
 
 
 @dataclass(frozen=True)
@@ -375,9 +384,11 @@ def resolve_task_dir(args, sample) -> Path | None:
     return None
 
 
-def _placeholder(sample, status: SampleStatus, why: str, top_p_ids: bool, **metadata) -> list:
+def _placeholder(sample, status: SampleStatus, why: str, top_p_ids: bool, reward: float = 0.0, **metadata) -> list:
     """SLiME's pattern for an unusable rollout: a minimal sample removed from the loss, in a list
-    like every other result. With top-p replay on, it carries well-formed empty top-p data."""
+    like every other result. With top-p replay on, it carries well-formed empty top-p data. Its
+    reward is the trial's where the verifier scored it (an agent that sampled nothing), else 0.0
+    with metadata["unscored"] saying why (evaluation leaves it out of the mean)."""
     sample.tokens = [0, 0]
     sample.response = ""
     sample.response_length = 1
@@ -385,7 +396,7 @@ def _placeholder(sample, status: SampleStatus, why: str, top_p_ids: bool, **meta
     sample.rollout_log_probs = [0.0]
     sample.rollout_top_p_token_ids = [] if top_p_ids else None
     sample.rollout_top_p_token_offsets = [0, 0] if top_p_ids else None
-    sample.reward = 0.0
+    sample.reward = reward
     sample.status = type(sample).Status(status.value)
     sample.remove_sample = True
     sample.rollout_id = _rollout_id(sample)
@@ -447,16 +458,17 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
     top_p_ids = wants_top_p_ids(sampling_params)
     task_dir = resolve_task_dir(args, sample)
     if task_dir is None:
-        return _placeholder(sample, SampleStatus.FAILED, f"no Harbor task for label {sample.label!r} / metadata", top_p_ids)
+        return _placeholder(sample, SampleStatus.FAILED, f"no Harbor task for label {sample.label!r} / metadata", top_p_ids,
+                            unscored="no_task")
     manifest = setting(args, "harbor_task_manifest")
     skipped = _manifest_skips(str(manifest)).get(task_dir.name) if manifest else None
     if skipped is not None:
         METRICS["skipped_by_manifest"] += 1
         return _placeholder(sample, SampleStatus.FAILED, f"task {task_dir.name} skipped by {manifest}: {skipped}",
-                            top_p_ids, skipped_by_manifest=True)
+                            top_p_ids, skipped_by_manifest=True, unscored="skipped_by_manifest")
     cfg = rollout_config(args, sampling_params, sample)
     if refusal := _agent_refusal(cfg.agent):  # a prompt row's own harbor_agent is checked here
-        return _placeholder(sample, SampleStatus.FAILED, refusal, top_p_ids)
+        return _placeholder(sample, SampleStatus.FAILED, refusal, top_p_ids, unscored="agent_refused")
     gateway = await process_gateway(cfg) if uses_gateway(cfg.agent) else None
     state = loop_state()
     if state.trials is None:
@@ -465,7 +477,7 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
     async with semaphore:
         if slime_rollout_aborted():
             return _placeholder(sample, SampleStatus.ABORTED, "rollout aborted by SLiME before the trial started",
-                                top_p_ids, harbor_retries=0)
+                                top_p_ids, harbor_retries=0, unscored="rollout_aborted")
         # An aborted episode runs again within the task's budget (run_episode), unless SLiME ended the round.
         episode = await run_unless_aborted(
             run_episode(task_dir, cfg, group_index=sample.group_index or 0, index=sample.index or 0,
@@ -474,7 +486,8 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
             slime_rollout_aborted,
         )
         if episode is None:
-            return _placeholder(sample, SampleStatus.ABORTED, "rollout aborted by SLiME during the trial", top_p_ids)
+            return _placeholder(sample, SampleStatus.ABORTED, "rollout aborted by SLiME during the trial", top_p_ids,
+                                unscored="rollout_aborted")
     episode.metadata["harbor_retries"] = episode.metadata.pop("retries", 0)
     if not evaluation:
         for reason, n in apply_limit_filters(episode.samples, filters).items():
@@ -493,7 +506,9 @@ def to_slime_samples(sample, episode: Episode, top_p_ids: bool = False) -> list:
             METRICS["no_tokens"] += 1
             log.warning("%s: a finished trial recorded no token ids (agent %s); the sample is removed",
                         episode.metadata.get("task_name"), episode.metadata.get("agent"))
-        return _placeholder(sample, episode.status, episode.end.why, top_p_ids, **segments[0].metadata)
+        # Its metadata says why when the verifier did not score it (Episode.unscored_reason).
+        return _placeholder(sample, episode.status, episode.end.why, top_p_ids,
+                            reward=episode.reward if episode.scored else 0.0, **segments[0].metadata)
     rollout_id = _rollout_id(sample)
     out = []
     for k, segment in enumerate(segments):
@@ -585,6 +600,116 @@ except ImportError:  # the same fields, so the filter runs (and is tested) witho
         keep: bool
         reason: str | None = None
         keep_when_insufficient: bool = False
+
+
+def log_eval_rollout(rollout_id, args, data, extra_metrics=None) -> bool:
+    """--custom-eval-rollout-log-function-path: SLiME's evaluation metrics, each trial counted once.
+
+    SLiME's log_eval_rollout_data calls it with what its eval loop returned, per dataset name
+    {"rewards", "truncated", "samples"} over the flat list of our samples, and skips its own
+    logging when it returns True. That logging averages the flat list: a trial the verifier did
+    not score counts as a failure, an episode split into segments once per segment, and
+    --log-passrate reshapes the list by --n-samples-per-eval-prompt (an extra segment fails its
+    assertion). Here, per dataset (eval_dataset_metrics): the mean reward over scored trials, the
+    truncated ratio, the unscored count (in total and per reason), pass@k per prompt group with
+    --log-passrate; and SLiME's own per-sample statistics (eval/<name>/response_len/..., ...) over
+    the samples of scored trials. Logged through SLiME's logging_utils.log at SLiME's eval step.
+    A dataset without samples (a user's own --eval-function-path may return none) is left to
+    SLiME's default logging: returns False, and SLiME logs every dataset itself.
+    """
+    from slime.observability import logging_utils
+    from slime.observability.metric_utils import compute_rollout_step, dict_add_prefix
+    from slime.observability.rollout_metrics import compute_metrics_from_samples
+
+    if any(dataset.get("samples") is None for dataset in data.values()):
+        log.warning("evaluation data without samples: SLiME's default eval logging counts it (not per trial)")
+        return False
+    log_dict = dict(extra_metrics or {})
+    for name, dataset in data.items():
+        log_dict |= eval_dataset_metrics(name, dataset["samples"], dataset["rewards"], eval_group_size(args, name),
+                                         bool(getattr(args, "log_passrate", False)))
+        if scored := [s for s in dataset["samples"] if is_scored(s)]:
+            log_dict |= dict_add_prefix(compute_metrics_from_samples(args, scored), f"eval/{name}/")
+    log.info("eval %s: %s", rollout_id, log_dict)
+    log_dict["eval/step"] = compute_rollout_step(args, rollout_id)
+    logging_utils.log(args, log_dict, step_key="eval/step")
+    return True
+
+
+def eval_group_size(args, name: str) -> int:
+    """The trials of one prompt row in dataset `name`: its n_samples_per_eval_prompt (SLiME's
+    EvalDatasetConfig, which its eval loop runs), else --n-samples-per-eval-prompt."""
+    for dataset in getattr(args, "eval_datasets", None) or []:
+        if dataset.name == name and dataset.n_samples_per_eval_prompt:
+            return int(dataset.n_samples_per_eval_prompt)
+    return int(args.n_samples_per_eval_prompt)
+
+
+@dataclass
+class EvalTrial:
+    """One trial of an evaluation, however many samples it came back as."""
+
+    prompt_group: int
+    reward: float | None
+    """None when the verifier did not score it."""
+    truncated: bool
+    unscored: str | None
+
+
+def eval_trials(samples, rewards, group_size: int) -> list[EvalTrial]:
+    """The trials of SLiME's flat eval list (`samples`, and `rewards` SLiME read off them with its
+    eval reward key): segments of one episode (one episode_key) are one trial. SLiME's eval loop
+    numbers the copies of prompt row i as indices i * group_size .. i * group_size + group_size - 1."""
+    trials: dict = {}
+    for sample, reward in zip(samples, rewards, strict=True):
+        key = episode_key(sample)
+        if key in trials:
+            continue
+        scored = is_scored(sample)
+        trials[key] = EvalTrial(
+            prompt_group=sample.index // group_size,
+            reward=float(reward) if scored else None,
+            truncated=sample.status.value == SampleStatus.TRUNCATED.value,
+            unscored=None if scored else (sample.metadata or {}).get("unscored") or sample.status.value,
+        )
+    return list(trials.values())
+
+
+def eval_dataset_metrics(name: str, samples, rewards, group_size: int, passrate: bool) -> dict[str, float]:
+    """One dataset's evaluation metrics, each trial counted once (eval_trials):
+
+        eval/<name>                        mean reward over scored trials (absent when none was)
+        eval/<name>-scored                 scored trials
+        eval/<name>-truncated_ratio        truncated share of the scored trials
+        eval/<name>-unscored               trials the verifier did not score, and per reason
+        eval/<name>-unscored/<reason>        (metadata["unscored"]: environment_start_failed, ...)
+        eval/<name>-pass@k                 with passrate: per prompt group over its scored
+                                           trials, averaged over the groups with >= k of them
+        eval/<name>-pass@k/groups_left_out the groups with fewer than k scored trials
+
+    k runs over SLiME's compute_pass_rate's values (1, 2, 4, ... up to group_size; none when
+    group_size is 1); a success is samples.is_success; pass@k is the unbiased estimator
+    (trainers/evaluate.pass_at_k, as SLiME's)."""
+    from slime_harbor.trainers.evaluate import pass_at_k
+
+    trials = eval_trials(samples, rewards, group_size)
+    scored = [t for t in trials if t.reward is not None]
+    unscored = Counter(t.unscored for t in trials if t.reward is None)
+    out: dict[str, float] = {f"eval/{name}-scored": len(scored), f"eval/{name}-unscored": sum(unscored.values())}
+    out |= {f"eval/{name}-unscored/{reason}": n for reason, n in sorted(unscored.items())}
+    if scored:
+        out[f"eval/{name}"] = sum(t.reward for t in scored) / len(scored)
+        out[f"eval/{name}-truncated_ratio"] = sum(t.truncated for t in scored) / len(scored)
+    if passrate and group_size > 1:
+        groups: dict[int, list[float]] = {t.prompt_group: [] for t in trials}
+        for t in scored:
+            groups[t.prompt_group].append(t.reward)
+        for k in [2**i for i in range(int(math.log2(group_size)) + 1)]:  # SLiME's compute_pass_rate's k
+            estimates = [pass_at_k(len(r), sum(map(is_success, r)), k) for r in groups.values() if len(r) >= k]
+            if estimates:
+                out[f"eval/{name}-pass@{k}"] = sum(estimates) / len(estimates)
+            out[f"eval/{name}-pass@{k}/groups_left_out"] = len(groups) - len(estimates)
+    return out
 
 
 def generate_rollout_fully_async(args, rollout_id, data_source, evaluation: bool = False):

@@ -58,6 +58,17 @@ def is_scored(sample) -> bool:
     return SampleStatus(getattr(sample.status, "value", sample.status)) in SCORED_STATUSES and sample.reward is not None
 
 
+SUCCESS_REWARD = 1.0
+"""The reward of a solved task: Harbor's binary verifiers write 1 (0 for a failure), and pm1
+reward mapping keeps 1 for a success (2r - 1)."""
+
+
+def is_success(reward: float | None) -> bool:
+    """Whether a trial's reward counts as solving its task (pass@k's and pass rates' success): a
+    reward of at least SUCCESS_REWARD. None (not scored) is no success."""
+    return reward is not None and reward >= SUCCESS_REWARD
+
+
 @dataclass
 class TrainingSample:
     tokens: list[int]

@@ -49,7 +49,8 @@ class ChatToolsAgent(BaseAgent):
                     {"role": "user", "content": instruction}]
         turns = 0
         try:
-            for _ in range(self.max_turns):
+            for turn in range(self.max_turns):
+                messages = self.history(messages, turn)
                 reply = await client.chat.completions.create(model=self.model_name or "policy", messages=messages,
                                                              tools=[BASH_TOOL], max_tokens=64)
                 turns += 1
@@ -70,6 +71,25 @@ class ChatToolsAgent(BaseAgent):
         finally:
             await client.close()
             context.metadata = {"turns": turns, "exit_status": "step_limit" if turns == self.max_turns else None}
+
+
+    def history(self, messages: list[dict], turn: int) -> list[dict]:
+        """The conversation sent for `turn`: the whole history (append-only)."""
+        return messages
+
+
+class CompactingAgent(ChatToolsAgent):
+    """A user's agent that compacts its history before its last turn (`--agent
+    chat_tools_agent:CompactingAgent`), as Claude Code's /compact does: the conversation restarts
+    from the task and a summary, which does not extend what the policy sampled, so the gateway
+    records a second branch and the episode comes back as two samples (segments) sharing its
+    rollout_id, whatever the policy answered."""
+
+    def history(self, messages: list[dict], turn: int) -> list[dict]:
+        if turn != self.max_turns - 1:
+            return messages
+        return [messages[0], {"role": "user", "content": messages[1]["content"]
+                              + f"\n\nSummary: {turn} turns so far, use the bash tool."}]
 
 
 class GatewayLimitedAgent(ChatToolsAgent):

@@ -397,6 +397,66 @@ def test_trajectory_filters_and_eval_trials_dir_from_the_yaml(tmp_path, monkeypa
         call(harbor_mask_length_limit="yes")
 
 
+# ---- evaluation: SLiME's eval loop flattens what generate returns; log_eval_rollout counts trials --
+
+def evaluate_batch(tmp_path, monkeypatch, Sample, kinds) -> list:
+    """generate(..., evaluation=True) for each trial of `kinds` (its index), the episodes built by
+    the real converter in place of the trials; the lists it returned, in index order."""
+    from helpers.trial_results import episodes_by_index
+
+    monkeypatch.setattr(hooks, "run_episode", episodes_by_index(kinds))
+    args = SimpleNamespace(sglang_router_ip="127.0.0.1", sglang_router_port=9, harbor_trials_dir=str(tmp_path / "t"))
+    task = DEFAULT_TASKS / "dedupe-lines"
+    return [asyncio.run(generate(args, Sample(index=i, label=task.name), {}, evaluation=True)) for i in range(len(kinds))]
+
+
+def test_evaluation_samples_carry_their_trials_reward_and_why_it_went_unscored(tmp_path, monkeypatch, Sample,
+                                                                            fresh_counters):
+    """Every trial comes back as a non-empty list whose samples all carry a reward; those of an
+    unscored trial say why in metadata["unscored"]. A scored trial whose agent sampled nothing (an
+    oracle) keeps its verifier's reward (before: 0.0, a failure in SLiME's eval mean)."""
+    kinds = ["solved", "drifted", "solved_without_tokens", "environment_start_failed", "broken_verifier"]
+    out = evaluate_batch(tmp_path, monkeypatch, Sample, kinds)
+    assert [len(trial) for trial in out] == [1, 2, 1, 1, 1]
+    assert all(s.reward is not None for trial in out for s in trial)
+    assert [[s.reward for s in trial] for trial in out] == [[1.0], [0.0, 0.0], [1.0], [0.0], [0.0]]
+    assert [{s.metadata.get("unscored") for s in trial} for trial in out] == [
+        {None}, {None}, {None}, {"environment_start_failed"}, {"RewardFileNotFoundError"}]
+    (no_task,) = asyncio.run(generate(SimpleNamespace(harbor_trials_dir=str(tmp_path / "t")),
+                                      Sample(index=9, label="no-such-task"), {}, evaluation=True))
+    assert no_task.reward == 0.0 and no_task.metadata["unscored"] == "no_task"
+
+
+def test_eval_metrics_count_each_scored_trial_once(tmp_path, monkeypatch, Sample, fresh_counters):
+    """The eight trials as SLiME's eval loop lists them (flat, by index): nine samples. Its default
+    mean over them is 1/9; over the six scored trials, each once, it is 1/6. pass@k per prompt row
+    over its scored trials, averaged over the rows with k of them (the unscored row is left out)."""
+    from helpers.trial_results import EVAL_BATCH
+
+    flat = sorted((s for trial in evaluate_batch(tmp_path, monkeypatch, Sample, EVAL_BATCH) for s in trial),
+                  key=lambda s: s.index)
+    rewards = [s.reward for s in flat]
+    assert len(flat) == 9 and sum(rewards) / len(rewards) == pytest.approx(1 / 9)  # SLiME's default mean
+    metrics = hooks.eval_dataset_metrics("heldout", flat, rewards, group_size=2, passrate=True)
+    assert metrics == pytest.approx({
+        "eval/heldout": 1 / 6, "eval/heldout-scored": 6, "eval/heldout-truncated_ratio": 1 / 6,
+        "eval/heldout-unscored": 2, "eval/heldout-unscored/environment_start_failed": 1,
+        "eval/heldout-unscored/RewardFileNotFoundError": 1,
+        # rows: (1, 0) -> pass@1 0.5, pass@2 1; (0, 0) and (0, 0) -> 0; the unscored row left out
+        "eval/heldout-pass@1": 0.5 / 3, "eval/heldout-pass@1/groups_left_out": 1,
+        "eval/heldout-pass@2": 1 / 3, "eval/heldout-pass@2/groups_left_out": 1,
+    })
+    # One row of eight trials: SLiME's k values 1, 2, 4, 8 (none for one trial a row); six scored,
+    # one success: pass@k = 1 - C(5, k) / C(6, k); eight scored trials are missing for pass@8.
+    metrics = hooks.eval_dataset_metrics("heldout", flat, rewards, group_size=8, passrate=True)
+    assert {k: v for k, v in metrics.items() if "pass@" in k} == pytest.approx({
+        "eval/heldout-pass@1": 1 / 6, "eval/heldout-pass@2": 1 / 3, "eval/heldout-pass@4": 2 / 3,
+        "eval/heldout-pass@1/groups_left_out": 0, "eval/heldout-pass@2/groups_left_out": 0,
+        "eval/heldout-pass@4/groups_left_out": 0, "eval/heldout-pass@8/groups_left_out": 1})
+    assert "eval/heldout-pass@1" not in hooks.eval_dataset_metrics("heldout", flat, rewards, 1, passrate=True)
+    assert "eval/heldout-pass@1" not in hooks.eval_dataset_metrics("heldout", flat, rewards, 2, passrate=False)
+
+
 @pytest.mark.parametrize("overrides, params, match", [
     (dict(use_rollout_routing_replay=True), {}, "routed experts"),
     (dict(partial_rollout=True), {}, "cannot be resumed"),

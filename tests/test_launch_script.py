@@ -112,7 +112,8 @@ def test_dry_run_prints_every_grpo_flag_with_defaults(fake_slime, tmp_path):
 
 def test_heldout_evaluation_flags_come_with_an_eval_tasks_dir(fake_slime, tmp_path):
     _, plain = dry_run(fake_slime, tmp_path)
-    assert not [f for f in plain if f.startswith("--eval") or f in ("--n-samples-per-eval-prompt", "--log-passrate")]
+    assert not [f for f in plain if f.startswith("--eval") or f in ("--n-samples-per-eval-prompt", "--log-passrate",
+                                                                     "--custom-eval-rollout-log-function-path")]
 
     eval_data = tmp_path / "eval.jsonl"
     _, train_args = dry_run(fake_slime, tmp_path, EVAL_TASKS_DIR=str(REPO / "tests/fixtures/tasks"),
@@ -121,9 +122,15 @@ def test_heldout_evaluation_flags_come_with_an_eval_tasks_dir(fake_slime, tmp_pa
     assert train_args[i + 1:i + 3] == ["heldout", str(eval_data)]  # SLiME's name/path pairs
     flags = flag_values(train_args)
     assert {k: flags[k] for k in ("--eval-interval", "--n-samples-per-eval-prompt", "--eval-temperature",
-                                  "--eval-top-p", "--eval-max-response-len", "--log-passrate")} == {
+                                  "--eval-top-p", "--eval-max-response-len", "--log-passrate",
+                                  "--custom-eval-rollout-log-function-path")} == {
         "--eval-interval": "20", "--n-samples-per-eval-prompt": "4", "--eval-temperature": "1.0",
-        "--eval-top-p": "1.0", "--eval-max-response-len": "4096", "--log-passrate": True}
+        "--eval-top-p": "1.0", "--eval-max-response-len": "4096", "--log-passrate": True,
+        # each trial counted once (SLiME's default counts samples): tests/test_slime_eval.py
+        "--custom-eval-rollout-log-function-path": "slime_harbor.hooks.log_eval_rollout"}
+    from slime_harbor import hooks
+
+    assert callable(hooks.log_eval_rollout)  # the path names a function that is there
     assert not eval_data.exists()  # a dry run reads only
 
     _, train_args = dry_run(fake_slime, tmp_path, EVAL_TASKS_DIR=str(REPO / "tests/fixtures/tasks"),

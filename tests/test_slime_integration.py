@@ -56,6 +56,7 @@ pytestmark = [
 ]
 
 from helpers.rollout import leftovers, NATIVE_REPLY, TERMINUS_REPLY  # noqa: E402
+from helpers.slime import install_slime_stubs  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 N_PER_PROMPT = 2
@@ -97,38 +98,9 @@ def policy_dir(tiny_model_dir, tmp_path_factory):
     return out
 
 
-# ---- stubs (see the module docstring) ---------------------------------------------------------
-
-def _install_stubs() -> list[str]:
-    """Put the stand-ins for ray and SGLang's engine in sys.modules where the real ones are missing."""
-    added = []
-
-    def module(name, **attrs):
-        if name in sys.modules:
-            return sys.modules[name]
-        m = types.ModuleType(name)
-        m.__dict__.update(attrs)
-        sys.modules[name] = m
-        added.append(name)
-        return m
-
-    if importlib.util.find_spec("ray") is None:
-        ray = module("ray", remote=lambda *a, **k: a[0] if a and callable(a[0]) else (lambda cls: cls), get=lambda x: x)
-        ray.util = module("ray.util")
-        ray.util.scheduling_strategies = module("ray.util.scheduling_strategies", PlacementGroupSchedulingStrategy=object)
-    if importlib.util.find_spec("sglang") is None:
-        module("sglang")
-        module("sglang.srt")
-        module("sglang.srt.server_args", ServerArgs=type("ServerArgs", (), {}))
-        module("sglang.srt.utils", kill_process_tree=lambda *a, **k: None)
-        module("sglang.srt.constants", GPU_MEMORY_TYPE_CUDA_GRAPH="cuda_graph", GPU_MEMORY_TYPE_KV_CACHE="kv_cache",
-               GPU_MEMORY_TYPE_WEIGHTS="weights")
-    return added
-
-
 @pytest.fixture(scope="module")
 def slime_modules():
-    added = _install_stubs()
+    added = install_slime_stubs()  # the stand-ins for ray and SGLang's engine (module docstring)
     from slime.ray import rollout as ray_rollout
 
     yield ray_rollout
