@@ -39,6 +39,7 @@ from harbor.utils.trajectory_utils import format_trajectory_json
 from pydantic import create_model, Field, field_validator, model_validator
 
 from slime_harbor.config_docs import field_docs
+from slime_harbor.converter import CONTEXT_EXCEEDED, STEP_LIMIT
 from slime_harbor.policy.client import PolicyClient
 from slime_harbor.policy.renderer import bridge_ids, make_renderer
 from slime_harbor.policy.sampling import episode_sampling, SamplingParams, turn_seed
@@ -189,7 +190,7 @@ NativeAgentOptions = create_model("NativeAgentOptions", __base__=_NativeOptions,
 
 
 class _EpisodeEnd(Exception):
-    """Leaving the loop: carries why (submitted, step_limit, context_limit, length, aborted)."""
+    """Leaving the loop: carries why (submitted, step_limit, context_exceeded, aborted)."""
 
     def __init__(self, exit_status: str):
         super().__init__(exit_status)
@@ -255,7 +256,7 @@ class NativeAgent(BaseAgent):
         try:
             for _ in range(self.options.step_limit):
                 ids = await self._turn(ids, client, environment, context, detail)
-            raise _EpisodeEnd("step_limit")
+            raise _EpisodeEnd(STEP_LIMIT)
         except _EpisodeEnd as end:
             context.metadata["exit_status"] = end.exit_status
         finally:
@@ -264,8 +265,8 @@ class NativeAgent(BaseAgent):
 
     async def _turn(self, ids, client, environment, context, detail) -> list[int]:
         room = self.max_context_len - len(ids)
-        if room <= 0:  # the prompt fills the context: no token could be sampled
-            raise _EpisodeEnd("context_limit")
+        if room <= 0:  # the prompt fills the context (the instruction alone, or the turns so far)
+            raise _EpisodeEnd(CONTEXT_EXCEEDED)
         turn = context.metadata["turns"]
         seed = self.params.sampling_seed  # the episode's
         params = dataclasses.replace(
@@ -293,7 +294,7 @@ class NativeAgent(BaseAgent):
         if gen.finish_reason == "abort":
             raise _EpisodeEnd("aborted")
         if gen.finish_reason == "length" and len(ids) + len(gen.token_ids) >= self.max_context_len:
-            raise _EpisodeEnd("context_limit")
+            raise _EpisodeEnd(CONTEXT_EXCEEDED)  # the reply filled the context: no next turn fits
 
         blocks = BASH_BLOCK.findall(text)
         if len(blocks) != 1:

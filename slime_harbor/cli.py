@@ -21,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 from slime_harbor.config_docs import field_docs
+from slime_harbor.converter import CONTEXT_EXCEEDED
 from slime_harbor.exits import EXIT_USAGE, ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
 from slime_harbor.hack_monitor import HACK_ACTIONS
 from slime_harbor.policy.engines import ENGINES
@@ -134,7 +135,8 @@ def sampling_from_flags(a: argparse.Namespace) -> SamplingParams:
 
 def run_rollout_command(cfg: RolloutConfig, guard: SignalGuard) -> dict:
     """Check everything that can be checked before a trial starts, run, print the summary; a run
-    in which no trial was scored ends with EXIT_ALL_FAILED and the most common reason."""
+    in which no trial was scored ends with EXIT_ALL_FAILED and the most common reason, and so does
+    one in which every prompt was over the context window and nothing can be trained."""
     from slime_harbor.rollout import run_rollouts
     from slime_harbor.trial_setup import check_config, check_environment_runs, samples_policy
 
@@ -155,7 +157,14 @@ def run_rollout_command(cfg: RolloutConfig, guard: SignalGuard) -> dict:
                   f"{cfg.out_dir}/summary.json", file=sys.stderr)
             raise
     print_summary(summary, cfg.out_dir)
-    unscored = summary["n_trials"] - summary["n_scored"]
+    n_trials = summary["n_trials"]
+    over_window = n_trials and summary["exit_status_counts"].get(CONTEXT_EXCEEDED) == n_trials
+    if over_window and not summary["n_trainable_samples"]:
+        # Scored (truncated), but the prompts left no room to sample: nothing to train.
+        raise CommandFailed(f"all {n_trials} trials ended {CONTEXT_EXCEEDED}: the prompt is over the context window "
+                            f"({summary['context_window']} tokens) and no sample can be trained "
+                            f"(per trial: {cfg.out_dir}/summary.json)", EXIT_ALL_FAILED)
+    unscored = n_trials - summary["n_scored"]
     if unscored:
         reason = most_common_error(summary)
         if not summary["n_scored"]:

@@ -55,8 +55,17 @@ TRANSIENT_EXCEPTIONS = frozenset(
 PERMANENT_EXCEPTIONS = frozenset({"SandboxBuildFailedError", "DockerfileError"})
 REFUSED_VERIFICATION = "VerifierRefused"
 """isolation.VerifierRefused: the agent tampered with the verifier's runtime or plumbing."""
-TRUNCATING_EXITS = frozenset({"step_limit", "context_limit"})
-"""Exits at a limit (steps / turns, format errors, context): verified and scored as TRUNCATED.
+STEP_LIMIT = "step_limit"
+"""The episode used its turns (the agent's own limit, or the gateway's max_calls)."""
+CONTEXT_EXCEEDED = "context_exceeded"
+"""The episode's prompt is over the context window (the run's max_context_len, else the model's):
+the instruction alone, or the conversation grown over it after some turns, or a reply that filled
+it. Every agent ends such an episode with this word: the native agent itself, the gateway for the
+agents that sample through it (its session's exit_reason, whatever the agent did with the 400 it
+got: terminus-2 raises ContextLengthExceededError, an SDK raises its BadRequestError, an installed
+agent exits non-zero), the installed agents' recipes where the agent says so itself."""
+TRUNCATING_EXITS = frozenset({STEP_LIMIT, CONTEXT_EXCEEDED})
+"""Exits at a limit: verified and scored as TRUNCATED, the limit as the reason (see episode_end).
 Agents report them in agent_result.metadata["exit_status"] (the native agent, the installed
 agents' recipes); terminus-2 reports none (see agent_exit_status); a limit the gateway enforced
 is its session's exit_reason (see episode_end)."""
@@ -230,7 +239,7 @@ class EpisodeEnd:
     reward: float | None
     """The verifier's scalar reward; None unless the episode is scored (completed or truncated)."""
     exit_status: str | None
-    """submitted | step_limit | context_limit | aborted | ...: the agent's own word, else the
+    """submitted | step_limit | context_exceeded | aborted | ...: the agent's own word, else the
     gateway's (the step or context limit it enforced); None where neither says."""
     why: str
     """One line: the status' reason."""
@@ -245,6 +254,15 @@ def episode_end(result, gateway_exit: str | None = None) -> EpisodeEnd:
     environment and the verifier. Only verifier-scored episodes keep a reward.
 
     ABORTED = transient infra failure (may be retried), FAILED = permanent (never retried).
+
+    An episode at a limit (TRUNCATING_EXITS) is TRUNCATED and scored, with the limit as its reason
+    whatever exception the agent ended on (rollout.end_run_at_gateway_limits lets the verifier run
+    after an agent raised on the gateway's refusal). That includes a first prompt already over the
+    context window (CONTEXT_EXCEEDED, nothing sampled), for every agent alike: it is scored on the
+    workdir as the agent left it, untouched, and has no tokens, so Episode.removed keeps it out of
+    training and out of its group's baseline (the SLiME hook sends a removed placeholder) while the
+    run's counts still show it. Masking it instead would hide a window too small for the task
+    behind an infrastructure-like status; truncated is what the native agent always reported.
     """
     rewards = result.verifier_result.rewards if result.verifier_result else None
     reward = scalar_reward(rewards)
@@ -270,8 +288,10 @@ def episode_end(result, gateway_exit: str | None = None) -> EpisodeEnd:
         return end(SampleStatus.ABORTED, f"environment start failed: {why}" if start_failed else why)
     if reward is None:
         return end(SampleStatus.FAILED, f"{exc_type}: {exc.exception_message}" if exc else "verifier produced no reward")
-    if exc_type == "AgentTimeoutError" or exit_status in TRUNCATING_EXITS:
-        return end(SampleStatus.TRUNCATED, exc_type or exit_status, scored=True)
+    if exit_status in TRUNCATING_EXITS:
+        return end(SampleStatus.TRUNCATED, exit_status, scored=True)
+    if exc_type == "AgentTimeoutError":
+        return end(SampleStatus.TRUNCATED, exc_type, scored=True)
     if exc_type is not None:
         return end(SampleStatus.FAILED, f"{exc_type}: {exc.exception_message}")
     return end(SampleStatus.COMPLETED, exit_status or "completed", scored=True)

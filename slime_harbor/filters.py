@@ -8,7 +8,7 @@ episodes are counted apart from aborted ones.
 Episode limits, each off by default (a limit hit is then an ordinary, verifier-scored episode):
     timeout       Harbor ended the agent at its time limit (exception AgentTimeoutError)
     step_limit    the agent used all its turns without finishing (exit_status step_limit)
-    length_limit  a turn ended at the context or max-new-token limit (exit_status context_limit,
+    length_limit  a turn ended at the context or max-new-token limit (exit_status context_exceeded,
                   or a turn whose finish_reason is "length": DAPO's overlong filter)
 Staleness (asynchronous training, --max-staleness K / harbor_max_staleness): an episode with a
 model call sampled by weights more than K versions older than those being updated is off-policy
@@ -25,10 +25,11 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from slime_harbor.converter import CONTEXT_EXCEEDED
 from slime_harbor.samples import TrainingSample, episode_key
 
 TIMEOUT_EXCEPTIONS = frozenset({"AgentTimeoutError"})
-LENGTH_EXITS = frozenset({"context_limit"})
+LENGTH_EXITS = frozenset({CONTEXT_EXCEEDED})
 
 
 @dataclass

@@ -37,7 +37,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from slime_harbor.converter import Episode, EpisodeEnd, trial_to_episode
+from slime_harbor.converter import Episode, EpisodeEnd, trial_to_episode, TRUNCATING_EXITS
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.hack_monitor import HackWatch, apply_hack_action, hack_counts, show_in_viewer
 from slime_harbor.harbor_job import HarborJob
@@ -46,8 +46,9 @@ from slime_harbor.retries import RetryBudget
 from slime_harbor.samples import SampleStatus
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.trial_setup import (
-    agent_config, check_config, environment_config, gateway_step_limit, hard_timeout_sec, install_agents_first,
-    ModelEndpoint, preflight_environment, RolloutConfig, uses_gateway, with_engine,
+    agent_config, check_config, context_window, environment_config, gateway_step_limit, hard_timeout_sec,
+    install_agents_first, ModelEndpoint, preflight_environment, RolloutConfig, samples_policy, uses_gateway,
+    with_engine,
 )
 
 log = logging.getLogger(__name__)
@@ -188,8 +189,10 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
             install_agents_first(trial)  # within the agent's setup budget, not the task's build timeout
             isolate_shared_verifier(trial)  # no agent process or reward file survives into the verifier
             watch = HackWatch(trial, task_path, cfg.hack_detector_functions())  # after it: reads a clean sandbox
-            if session is not None:  # the agent is done: its session's files (the ATIF trajectory of
-                # an agent that writes none) must be there before the verifier and the log upload
+            if session is not None:
+                end_run_at_gateway_limits(trial, session)
+                # The agent is done: its session's files (the ATIF trajectory of an agent that
+                # writes none) must be there before the verifier and the log upload.
                 trial.add_hook(TrialEvent.AGENT_END, lambda event: _close_session(gateway, trial_name))
             hard_timeout = hard_timeout_sec(task_path, cfg.timeout_multiplier, cfg.verifier_timeout_sec,
                                             trial.agent_setup_timeout_sec)
@@ -221,6 +224,33 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
     show_in_viewer(episode.trial_dir, flags, cfg.hack_action)
     episode.seconds = time.monotonic() - started
     return episode
+
+
+def end_run_at_gateway_limits(trial, session) -> None:
+    """An agent's run that raises once its gateway session ended at a limit (the gateway refused a
+    prompt over the context window, or a call past the step limit, with a 400) ends there instead:
+    the episode is verified and the converter ends it from the session's exit_reason, TRUNCATED.
+
+    Harbor runs the verifier after an agent's timeout or an installed agent's non-zero exit, and
+    skips it after any other exception; what an agent does with the 400 is its own (terminus-2
+    raises ContextLengthExceededError, an SDK its BadRequestError), so without this the same limit
+    would be a scored truncation for one agent and a FAILED trial for another. The exception is
+    kept in the agent's metadata (`agent_error`); one raised while the session is not at a limit
+    propagates as before."""
+    agent = trial.agent
+    run = agent.run
+
+    async def run_until_a_gateway_limit(instruction, environment, context):
+        try:
+            await run(instruction=instruction, environment=environment, context=context)
+        except Exception as exc:
+            if session.exit_reason not in TRUNCATING_EXITS:
+                raise
+            kind, message = type(exc).__name__, one_line(exc)
+            context.metadata = {**(context.metadata or {}),
+                                "agent_error": kind if message == kind else f"{kind}: {message}"}
+
+    agent.run = run_until_a_gateway_limit
 
 
 async def _close_session(gateway, session_id: str) -> None:
@@ -334,6 +364,9 @@ def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, inter
         "per_task_rewards": dict(per_task),
         "n_samples": len(samples),
         "n_trainable_samples": sum(not s.remove_sample for s in samples),
+        # how the episodes ended, in the agents' and the gateway's words (converter.EpisodeEnd.exit_status)
+        "exit_status_counts": dict(Counter(e.end.exit_status for e in episodes if e.end.exit_status)),
+        "context_window": context_window(cfg) if samples_policy(cfg.agent) else None,
         # episodes that became several segments (samples sharing a rollout_id): a gateway agent's
         # branches (its history re-sent differently) or the native agent's token drift
         "split_episodes": sum(len([s for s in e.segments if s.response_ids]) > 1 for e in episodes),

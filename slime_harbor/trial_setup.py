@@ -86,7 +86,7 @@ class RolloutConfig:
     max_context_len: int | None = None
     """Prompt+completion token limit of an episode (SLiME's --rollout-max-context-len); None = the
     model's max_position_embeddings. A turn gets at most the room left as max_new_tokens; once no
-    room is left the episode ends with exit status context_limit (truncated, still verified)."""
+    room is left the episode ends with exit status context_exceeded (truncated, still verified)."""
     routing_key: str | None = None
     """X-SMG-Routing-Key sent with every turn (the SLiME hook sends sample.session_id under
     --router-policy consistent_hashing, so one episode stays on one engine); None = no header."""
@@ -336,7 +336,7 @@ def _agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None):
         if takes_step_limit(agent_class(config)):  # a user's agent with a limit of its own
             config.kwargs["step_limit"] = cfg.step_limit
     if host_agent := HOST_GATEWAY_AGENTS.get(cfg.agent):
-        config.kwargs.update(host_agent.agent_kwargs(cfg.max_context_len or _max_context(cfg.model_dir),
+        config.kwargs.update(host_agent.agent_kwargs(context_window(cfg),
                                                      cfg.sampling.max_new_tokens, cfg.sampling.temperature,
                                                      cfg.step_limit))
     for key, value in cfg.agent_kwargs.items():
@@ -552,6 +552,12 @@ def _check_environment(env: str) -> None:
             _load_environment_class(config.type)
     except Exception as exc:  # an import path that does not import, an extra not installed
         raise ConfigError(f"env {env!r} cannot be loaded: {one_line(exc)}") from None
+
+
+def context_window(cfg: RolloutConfig) -> int:
+    """An episode's context window in tokens, which the native agent and the gateway hold it to:
+    cfg.max_context_len, else the model's max_position_embeddings."""
+    return cfg.max_context_len or _max_context(cfg.model_dir)
 
 
 def _max_context(model_dir: str | None) -> int:

@@ -87,14 +87,14 @@ def test_a_limit_the_gateway_enforced_truncates_unless_the_agent_says_otherwise(
     """The gateway's step or context limit (its session's exit_reason) is the episode's exit where
     the agent reports no limit of its own: verified, scored, truncated. An agent's own abort or
     limit is never overwritten by it: an aborted episode stays aborted and unscored."""
-    for limit in ("step_limit", "context_limit"):
+    for limit in ("step_limit", "context_exceeded"):
         ended = episode_end(make_result(linear_detail(), {"reward": 1.0}), gateway_exit=limit)
         assert (ended.status, ended.reward, ended.exit_status) == (SampleStatus.TRUNCATED, 1.0, limit)
     aborted = episode_end(make_result(linear_detail(), {"reward": 1.0}, exit_status="aborted"), gateway_exit="step_limit")
     assert (aborted.status, aborted.reward, aborted.exit_status) == (SampleStatus.ABORTED, None, "aborted")
-    own = episode_end(make_result(linear_detail(), {"reward": 0.0}, exit_status="context_limit"),
+    own = episode_end(make_result(linear_detail(), {"reward": 0.0}, exit_status="context_exceeded"),
                       gateway_exit="step_limit")
-    assert (own.status, own.reward, own.exit_status) == (SampleStatus.TRUNCATED, 0.0, "context_limit")
+    assert (own.status, own.reward, own.exit_status) == (SampleStatus.TRUNCATED, 0.0, "context_exceeded")
     plain = episode_end(make_result(linear_detail(), {"reward": 1.0}), gateway_exit=None)
     assert (plain.status, plain.reward, plain.exit_status) == (SampleStatus.COMPLETED, 1.0, "submitted")
 

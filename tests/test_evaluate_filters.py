@@ -64,7 +64,7 @@ def limited_group() -> list[TrainingSample]:
         sample(0, 2, 0.0, SampleStatus.TRUNCATED, exception_type="AgentTimeoutError", exit_status="running"),
         sample(0, 3, 0.0, SampleStatus.TRUNCATED, exit_status="step_limit", finish_reasons=["stop"] * 3),
         sample(0, 4, 1.0, SampleStatus.COMPLETED, finish_reasons=["length", "stop"]),  # max-new-token cut
-        sample(0, 5, 0.0, SampleStatus.TRUNCATED, exit_status="context_limit"),
+        sample(0, 5, 0.0, SampleStatus.TRUNCATED, exit_status="context_exceeded"),
     ]
 
 

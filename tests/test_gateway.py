@@ -448,7 +448,7 @@ def test_policy_down_is_a_503_and_an_aborted_episode(tiny_model_dir, tmp_path):
     assert port_is_free(port)
 
 
-def test_context_limit_is_vllms_400_and_a_truncated_episode(base_server, tiny_model_dir, tmp_path):
+def test_a_prompt_over_the_window_is_vllms_400_and_a_truncated_episode(base_server, tiny_model_dir, tmp_path):
     async def scenario(gateway):
         session = gateway.open_session("ctx", tmp_path / "gw", max_context_len=20)
         with pytest.raises(openai.BadRequestError) as sdk_error:
@@ -462,7 +462,7 @@ def test_context_limit_is_vllms_400_and_a_truncated_episode(base_server, tiny_mo
 
     (session, error), _ = run_with_gateway(base_server, tiny_model_dir, scenario)
     assert "maximum context length is 20 tokens. However, your request has" in error.message
-    assert error.code == "context_length_exceeded" and session.exit_reason == "context_limit"
+    assert error.code == "context_length_exceeded" and session.exit_reason == "context_exceeded"
     (sample,) = trial_to_samples(make_result(rewards={"reward": 0.5}), recorded=session)
     assert sample.status == SampleStatus.TRUNCATED and sample.reward == 0.5
 

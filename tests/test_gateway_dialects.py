@@ -727,3 +727,59 @@ def test_streams_keep_alive_while_the_policy_samples(base_server, tiny_model_dir
     assert [p["sequence_number"] for _, p in out["responses"]] == list(range(len(names)))
     assert out["sdk"].usage.output_tokens == len(session.calls[2].completion_ids) > 0
     assert session.stats["trained"] == 3
+
+
+def test_a_prompt_over_the_window_is_each_dialects_400_and_one_end(base_server, tiny_model_dir, tmp_path):
+    """Every dialect, streamed or not, refuses a prompt over the session's window with a 400 before
+    anything is sampled, and the session records why it ended. However the agent then ends its run
+    (it says nothing; it exits non-zero, as installed agents do on a 400, which Harbor verifies; it
+    raised and the rollout ended its run at the limit, keeping the error; it names the limit
+    itself), the converter ends the episode the same: truncated, scored, `context_exceeded`, and
+    nothing trained."""
+    from slime_harbor.converter import CONTEXT_EXCEEDED
+
+    def requests(session, stream: bool) -> tuple[str, dict]:
+        root = session.openai_base_url().removesuffix("/v1")
+        user = [{"role": "user", "content": TASK}]
+        if session.session_id.startswith("chat"):
+            return root + "/v1/chat/completions", {"messages": [{"role": "system", "content": SYSTEM}, *user],
+                                                   "tools": TOOLS, "stream": stream}
+        if session.session_id.startswith("anthropic"):
+            return root + "/v1/messages", {"max_tokens": 5, "system": SYSTEM, "messages": user,
+                                           "tools": ANTHROPIC_TOOLS, "stream": stream}
+        if session.session_id.startswith("responses"):
+            return root + "/v1/responses", {"instructions": SYSTEM, "input": TASK, "tools": RESPONSES_TOOLS,
+                                            "stream": stream}
+        method = "streamGenerateContent?alt=sse" if stream else "generateContent"
+        return f"{gemini_base_url(session)}/v1beta/models/{GEMINI_MODEL}:{method}", \
+            gemini_body([{"role": "user", "parts": [{"text": TASK}]}])
+
+    async def scenario(gateway):
+        sessions, answers = [], {}
+        async with httpx.AsyncClient(timeout=60) as http:
+            for dialect in ("chat", "anthropic", "responses", "gemini"):
+                for stream in (False, True):
+                    session = gateway.open_session(f"{dialect}-{stream}", tmp_path / f"{dialect}-{stream}",
+                                                   max_context_len=20)
+                    url, body = requests(session, stream)
+                    answers[session.session_id] = await http.post(url, json=body)
+                    sessions.append(session)
+        return sessions, answers
+
+    (sessions, answers), _ = run_with_gateway(base_server, tiny_model_dir, scenario)
+    endings = {
+        "says nothing": make_result(rewards={"reward": 0.0}, exit_status=None),
+        "exits non-zero": make_result(rewards={"reward": 0.0}, exc_type="NonZeroAgentExitCodeError", exit_status=None),
+        "names the limit": make_result(rewards={"reward": 0.0}, exit_status=CONTEXT_EXCEEDED),
+    }
+    endings["raised, its run ended at the limit"] = make_result(rewards={"reward": 0.0}, exit_status=None)
+    endings["raised, its run ended at the limit"].agent_result.metadata["agent_error"] = "BadRequestError: 400"
+    for session in sessions:
+        answer = answers[session.session_id]
+        assert answer.status_code == 400 and "maximum context length is 20 tokens" in answer.text, answer.text
+        assert session.exit_reason == CONTEXT_EXCEEDED and session.stats["trained"] == 0
+        for how, result in endings.items():
+            (sample,) = trial_to_samples(result, recorded=session)
+            assert (sample.status, sample.metadata["exit_status"], sample.metadata["status_reason"], sample.reward) \
+                == (SampleStatus.TRUNCATED, CONTEXT_EXCEEDED, CONTEXT_EXCEEDED, 0.0), (session.session_id, how)
+            assert sample.tokens == [] and sample.remove_sample, (session.session_id, how)

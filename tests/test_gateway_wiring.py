@@ -206,3 +206,33 @@ def test_a_cancelled_rollout_closes_the_gateway_and_frees_its_port(tmp_path, pol
     # every session was closed and flushed: each started trial has its call record
     calls = list((cfg.out_dir / "trials").glob("*/agent/gateway/calls.jsonl"))
     assert calls and all(path.read_text().strip() for path in calls)
+
+
+def test_an_agent_that_raises_at_a_gateway_limit_is_ended_there_and_any_other_raise_propagates():
+    """end_run_at_gateway_limits: Harbor skips the verifier after an agent's exception, so an
+    exception raised once the session ended at a limit ends the run (kept as agent_error); one
+    raised while the session is at no limit is the trial's, as before."""
+    from types import SimpleNamespace
+
+    from harbor.models.agent.context import AgentContext
+
+    from slime_harbor.converter import CONTEXT_EXCEEDED, STEP_LIMIT
+    from slime_harbor.rollout import end_run_at_gateway_limits
+
+    class Refused(Exception):
+        pass
+
+    async def run(instruction, environment, context):
+        context.metadata = {"turns": 0}
+        raise Refused("Error code: 400 - maximum context length")
+
+    for exit_reason in (CONTEXT_EXCEEDED, STEP_LIMIT, None, "policy_unavailable"):
+        trial, session = SimpleNamespace(agent=SimpleNamespace(run=run)), SimpleNamespace(exit_reason=exit_reason)
+        end_run_at_gateway_limits(trial, session)
+        context = AgentContext()
+        if exit_reason is None or exit_reason == "policy_unavailable":
+            with pytest.raises(Refused):
+                asyncio.run(trial.agent.run(instruction="x", environment=None, context=context))
+            continue
+        asyncio.run(trial.agent.run(instruction="x", environment=None, context=context))
+        assert context.metadata == {"turns": 0, "agent_error": "Refused: Error code: 400 - maximum context length"}

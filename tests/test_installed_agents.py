@@ -509,7 +509,7 @@ def test_installed_agent_trains_through_the_gateway_in_docker(agent, tmp_path, p
     if recipe.gateway_step_limit:  # the gateway allowed step_limit calls, the agent had no other way
         assert stats["delivered"] <= cfg.step_limit, stats
     if recipe.exit_status is not None:  # the agent's own record says how it ended
-        assert sample.metadata.get("exit_status") in ("submitted", "step_limit", "context_limit"), sample.metadata
-        if sample.metadata["exit_status"] == "context_limit":  # vibe: its last reply was cut at max_new_tokens
+        assert sample.metadata.get("exit_status") in ("submitted", "step_limit", "context_exceeded"), sample.metadata
+        if sample.metadata["exit_status"] == "context_exceeded":  # vibe: its last reply was cut at max_new_tokens
             assert trained[-1]["finish_reason"] == "length", trained[-1]
     assert leftovers(cfg.out_dir) == ([], [])

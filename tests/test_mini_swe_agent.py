@@ -189,7 +189,7 @@ def test_environment_kwargs_name_the_install_and_resolve():
 @pytest.mark.parametrize(
     "exit_status, expected",
     [("Submitted", "submitted"), ("LimitsExceeded", "step_limit"), ("RepeatedFormatError", "step_limit"),
-     ("ContextWindowExceededError", "context_limit"), ("APIConnectionError", "aborted")],
+     ("ContextWindowExceededError", "context_exceeded"), ("APIConnectionError", "aborted")],
 )  # fmt: skip
 def test_exit_status_is_reported_in_the_converters_words(tmp_path, exit_status, expected):
     from harbor.models.agent.context import AgentContext
@@ -328,7 +328,7 @@ async def test_what_mini_swe_agent_sends_the_model_and_a_submitted_episode(tmp_p
 @pytest.mark.asyncio
 async def test_a_prompt_over_the_context_limit_ends_the_episode_truncated_and_verified(tmp_path, proxy):
     """mini-swe-agent exits non-zero on a context-window error (after saving its trajectory): the
-    episode is still verified and scored, truncated at context_limit, not an agent failure."""
+    episode is still verified and scored, truncated at context_exceeded, not an agent failure."""
     task = public_task_copy(tmp_path / "tasks")
     stub = ToolCallingStub(["true"], context_limit_after=1)
     try:
@@ -339,7 +339,7 @@ async def test_a_prompt_over_the_context_limit_ends_the_episode_truncated_and_ve
     assert len(stub.requests) == 2  # not retried
     assert result.exception_info is None, result.exception_info
     meta = result.agent_result.metadata
-    assert meta["exit_status"] == "context_limit" and meta["agent_exit_status"] == "ContextWindowExceededError"
+    assert meta["exit_status"] == "context_exceeded" and meta["agent_exit_status"] == "ContextWindowExceededError"
     assert result.verifier_result.rewards == {"reward": 0.0}
     (sample,) = trial_to_samples(result)
     assert sample.status == SampleStatus.TRUNCATED

@@ -218,7 +218,7 @@ def test_native_agent_top_p_replay_is_well_formed_and_slime_accepts_it(
         assert int(out.rollout_top_p_token_offsets[-1]) == len(out.rollout_top_p_token_ids)
 
 
-def test_native_agent_seeded_episodes_replay_and_stop_at_the_context_limit(
+def test_native_agent_seeded_episodes_replay_and_stop_at_the_context_window(
     tmp_path, responsive_server, responsive_model_dir, renderer
 ):
     from slime_harbor.agent import initial_prompt_ids
@@ -248,7 +248,7 @@ def test_native_agent_seeded_episodes_replay_and_stop_at_the_context_limit(
     prompt = initial_prompt_ids(renderer, (task / "instruction.md").read_text())
     limited = asyncio.run(episode("limited", 3, max_context_len=len(prompt) + 12, step_limit=5))
     (s,) = limited.samples
-    assert s.metadata["exit_status"] == "context_limit" and s.metadata["turns"] == 1
+    assert s.metadata["exit_status"] == "context_exceeded" and s.metadata["turns"] == 1
     assert s.status == SampleStatus.TRUNCATED and s.reward is not None and not s.remove_sample
     assert len(s.tokens) <= len(prompt) + 12
 

@@ -46,6 +46,7 @@ from harbor.models.trajectories import (Agent, FinalMetrics, Metrics, Observatio
                                         ToolCall, Trajectory)
 from harbor.utils.trajectory_utils import format_trajectory_json
 
+from slime_harbor.converter import CONTEXT_EXCEEDED, STEP_LIMIT
 from slime_harbor.http_api import BadRequest
 from slime_harbor.policy.renderer import bridge_ids
 from slime_harbor.policy.sampling import Generation, SamplingParams
@@ -266,14 +267,17 @@ class GatewaySession:
         if self.max_calls is not None and (self.steps_taken(tools) or 0) >= self.max_calls:
             # The agent has no turn limit of its own (Codex): the episode ends here, scored truncated.
             # Its side calls neither count nor are refused.
-            self.exit_reason = "step_limit"
+            self.exit_reason = STEP_LIMIT
             raise BadRequest(f"the episode's step limit ({self.max_calls} model calls) is reached",
                              code=STEP_LIMIT_CODE)
         request = tuple(canonical(m) for m in messages)
         placement = self.resolve(messages, request, tools)
         prompt = placement.prompt_ids
         if self.max_context_len - len(prompt) <= 0:
-            self.exit_reason = "context_limit"
+            # The episode ends here whatever the agent does with the 400 (raises, exits non-zero,
+            # stops): the converter reads this, not the agent's exception. An agent that makes room
+            # and goes on clears it (commit).
+            self.exit_reason = CONTEXT_EXCEEDED
             self.count_error()
             raise BadRequest(
                 f"This model's maximum context length is {self.max_context_len} tokens. However, your request "
@@ -355,7 +359,7 @@ class GatewaySession:
         branch.calls.append(call)
         branch.canon = call.request + (reply,)
         branch.version += 1
-        if self.exit_reason == "context_limit":  # the agent made room (compacted) and went on
+        if self.exit_reason == CONTEXT_EXCEEDED:  # the agent made room (compacted) and went on
             self.exit_reason = None
 
     def steps_taken(self, tools: list | None) -> int | None:

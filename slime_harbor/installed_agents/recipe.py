@@ -28,6 +28,7 @@ from harbor.agents.installed.base import NonZeroAgentExitCodeError
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
+from slime_harbor.converter import TRUNCATING_EXITS
 from slime_harbor.installed_agents.installs import PypiInstall, SandboxInstall, check_installed
 
 RECIPES_MODULE = "slime_harbor.installed_agents.recipes"
@@ -79,7 +80,7 @@ class AgentRecipe:
     """For a limit that is not one kwarg: (kwargs, step_limit) -> kwargs."""
     exit_status: Callable[[Path], dict[str, Any] | None] | None = None
     """Reads the agent's logs dir after the run: metadata with ``exit_status`` in the converter's
-    words (``submitted``, ``step_limit``, ``context_limit``, ``aborted``), or None. Where it is None
+    words (``submitted``, ``step_limit``, ``context_exceeded``, ``aborted``), or None. Where it is None
     the gateway's record says how the episode ended."""
     side_calls: str = "none seen"
     """Which of its calls are side calls (titles, checks, token counts) and how they are told apart."""
@@ -148,7 +149,7 @@ class RecipeAgent:
         except NonZeroAgentExitCodeError:
             # An agent that exits non-zero at its own limit (mini-swe-agent re-raises a context
             # error, Claude Code at --max-turns): the episode is verified and scored, not failed.
-            if (self.exit_metadata() or {}).get("exit_status") not in ("step_limit", "context_limit"):
+            if (self.exit_metadata() or {}).get("exit_status") not in TRUNCATING_EXITS:
                 raise
             self.logger.info(f"{self.RECIPE.name} stopped at a limit: {self.exit_metadata()}")
 

@@ -28,6 +28,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from slime_harbor.converter import CONTEXT_EXCEEDED
 from slime_harbor.gateway.session import STEP_LIMIT_CODE
 from slime_harbor.installed_agents.installs import SANDBOX_ROOT, NpmInstall, PypiInstall, SandboxInstall
 from slime_harbor.installed_agents.recipe import AgentRecipe, json_events, recipe_class
@@ -41,7 +42,7 @@ MINI_SWE_AGENT_EXITS = {
     "LimitsExceeded": "step_limit",
     "RepeatedFormatError": "step_limit",
     "TimeExceeded": "step_limit",
-    "ContextWindowExceededError": "context_limit",
+    "ContextWindowExceededError": CONTEXT_EXCEEDED,
     # LiteLLM's names for an endpoint it could not reach after mini-swe-agent's retries.
     "APIConnectionError": "aborted",
     "ServiceUnavailableError": "aborted",
@@ -269,7 +270,7 @@ HERMES = AgentRecipe(
     host_env={"OPENAI_API_KEY": "slime-harbor-session-key"},
     # Hermes refuses a model whose window is under 64K (the gateway reports the policy's, the tiny
     # model's is 32K): a managed config (it wins over Harbor's config.yaml) declares 64K. Past the
-    # policy's real window the gateway ends the episode (context_limit).
+    # policy's real window the gateway ends the episode (context_exceeded).
     env={"HERMES_MANAGED_DIR": HERMES_MANAGED_DIR},
     files={f"{HERMES_MANAGED_DIR}/config.yaml": "model:\n  context_length: 65536\n"},
     side_calls="at max_turns one summary request without tools (the gateway's side call)",
@@ -447,7 +448,7 @@ KIMI_CLI = AgentRecipe(
 # ---- vibe -------------------------------------------------------------------------------------
 
 # How vibe's last turn stopped short (projection-state.json's latestTurn.stopReason) -> the converter's.
-VIBE_STOPS = {"limit": "step_limit", "length": "context_limit"}
+VIBE_STOPS = {"limit": "step_limit", "length": CONTEXT_EXCEEDED}
 
 
 def vibe_exit(logs_dir: Path) -> dict[str, Any] | None:
