@@ -170,7 +170,7 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
         session = gateway.open_session(trial_name, record_dir=trials_dir / trial_name / "agent" / "gateway",
                                        sampling=cfg.sampling, routing_key=cfg.routing_key,
                                        sampling_seed=cfg.sampling.sampling_seed, max_context_len=cfg.max_context_len)
-        endpoint = ModelEndpoint.of(gateway, trial_name)
+        endpoint = ModelEndpoint.of(gateway, session)
     trial = None
     try:
         try:

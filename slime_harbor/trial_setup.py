@@ -212,12 +212,16 @@ class ModelEndpoint:
     sandbox_url: str
     """The same inside the trial's sandbox (http://127.0.0.1:<gateway port>/s/<session>/v1)."""
     api_key: str
-    """The session id: the gateway accepts any key on a session path, and reads it where none is."""
+    """The session's own key (GatewaySession.api_key, a random secret): the gateway accepts any key on
+    a session path and finds the session by it where the path names none. Never the session's
+    name: Harbor scrubs every sensitive agent variable's value from the trial's files."""
 
     @classmethod
-    def of(cls, gateway, session_id: str) -> ModelEndpoint:
-        return cls(host_url=f"http://{connect_host(gateway)}:{gateway.port}/s/{session_id}/v1",
-                   sandbox_url=f"http://{SANDBOX_LOOPBACK}:{gateway.port}/s/{session_id}/v1", api_key=session_id)
+    def of(cls, gateway, session) -> ModelEndpoint:
+        """The endpoint of an open GatewaySession of `gateway`."""
+        port_and_path = f"{gateway.port}/s/{session.session_id}/v1"
+        return cls(host_url=f"http://{connect_host(gateway)}:{port_and_path}",
+                   sandbox_url=f"http://{SANDBOX_LOOPBACK}:{port_and_path}", api_key=session.api_key)
 
 
 def connect_host(gateway) -> str:
@@ -231,7 +235,9 @@ UNBOUND_ENDPOINT = ModelEndpoint("http://127.0.0.1:0/s/unbound/v1", "http://127.
 
 def installed_agent_env(endpoint: ModelEndpoint) -> dict[str, str]:
     """The variables Harbor's installed agents read for their endpoint and key (LiteLLM's, OpenAI's,
-    mini-swe-agent's, Anthropic's base URL without /v1), all naming the trial's session."""
+    mini-swe-agent's, Anthropic's base URL without /v1), all naming the trial's session. Only the
+    keys are sensitive to Harbor (harbor.utils.env.is_sensitive_env_key): the URLs, which hold the
+    trial's name, must stay under names it does not scrub."""
     url = endpoint.sandbox_url
     return {
         "OPENAI_BASE_URL": url, "OPENAI_API_BASE": url, "HOSTED_VLLM_API_BASE": url,

@@ -83,7 +83,7 @@ def test_the_native_agents_trajectory_is_harbors_atif(tmp_path, tiny_model_dir, 
 # ---- the gateway -----------------------------------------------------------------------------
 def session(tmp_path, calls: list[Call]) -> GatewaySession:
     s = GatewaySession(SimpleNamespace(served_model_name="served"), "ep1", tmp_path / "agent" / "gateway",
-                       SamplingParams(), None, None, 4096)
+                       SamplingParams(), None, None, 4096, api_key="unused")
     s.calls = calls
     s.exit_reason = "agent_done"
     return s

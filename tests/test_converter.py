@@ -43,7 +43,7 @@ def test_an_agents_own_rollout_details_train_when_its_gateway_session_saw_no_cal
 
     detail = linear_detail()
     detail["prompt_token_ids"][1] = P0 + [77] + OBS0
-    unused = GatewaySession(None, "unused", tmp_path / "gw", SamplingParams(), None, None, 4096)
+    unused = GatewaySession(None, "unused", tmp_path / "gw", SamplingParams(), None, None, 4096, api_key="unused")
     samples = trial_to_samples(make_result(detail, {"reward": 1.0}), group_index=0, index=5, recorded=unused)
     assert len(samples) == 2 and not any(s.remove_sample for s in samples)
     assert samples[0].tokens == P0 + C0 and samples[1].tokens == P0 + [77] + OBS0 + C1

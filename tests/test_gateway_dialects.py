@@ -171,9 +171,9 @@ def test_anthropic_wire_head_models_count_tokens_and_errors(tool_server, tool_mo
         headers = {"anthropic-version": "2023-06-01", "anthropic-beta": "prompt-caching-2024-07-31"}
         out = {}
         async with httpx.AsyncClient(timeout=120) as http:
-            # No session in the path: the API key (x-api-key) names it.
+            # No session in the path: the session's API key (x-api-key) finds it.
             async with http.stream("POST", gateway.base_url + "/v1/messages", json={**body, "stream": True},
-                                   headers={**headers, "x-api-key": "wire"}) as response:
+                                   headers={**headers, "x-api-key": session.api_key}) as response:
                 out["stream_status"] = response.status_code
                 out["stream_type"] = response.headers["content-type"]
                 out["lines"] = [line async for line in response.aiter_lines() if line]
@@ -190,7 +190,7 @@ def test_anthropic_wire_head_models_count_tokens_and_errors(tool_server, tool_mo
             out["stop"] = (await http.post(root + "/v1/messages", json={**body, "stop_sequences": ["list"]},
                                            headers={"Authorization": "Bearer ignored"})).json()
             out["length"] = (await http.post(gateway.base_url + "/v1/messages", json={**body, "max_tokens": 3},
-                                             headers={"Authorization": "Bearer wire"})).json()
+                                             headers={"Authorization": f"Bearer {session.api_key}"})).json()
             bad = {
                 "not json": dict(content=b"{nope"),
                 "no max_tokens": dict(json={k: v for k, v in body.items() if k != "max_tokens"}),
@@ -335,7 +335,7 @@ def test_responses_wire_errors_and_websocket_refusal(tool_server, tool_model_dir
         out = {}
         async with httpx.AsyncClient(timeout=120) as http:
             async with http.stream("POST", gateway.base_url + "/v1/responses", json={**body, "stream": True},
-                                   headers={"Authorization": "Bearer rwire"}) as response:
+                                   headers={"Authorization": f"Bearer {session.api_key}"}) as response:
                 out["status"], out["type"] = response.status_code, response.headers["content-type"]
                 out["lines"] = [line async for line in response.aiter_lines() if line]
             url = session.openai_base_url() + "/responses"
@@ -456,14 +456,14 @@ def gemini_results(reply: dict, k: int) -> dict:
 
 def test_gemini_append_only_conversation_is_one_exact_sample(tool_server, tool_model_dir, tool_model, tokenizer,
                                                              tmp_path):
-    """gemini-cli's turns, streamed and not, the session named by the URL root, x-goog-api-key or
-    ?key=: one token-exact sample, each prompt extending the previous prompt + completion."""
+    """gemini-cli's turns, streamed and not, the session found by the URL root or its key in
+    x-goog-api-key or ?key=: one token-exact sample, each prompt extending the previous prompt + completion."""
     async def scenario(gateway):
         session = gateway.open_session("gem", tmp_path / "gw", RUN)
         root = gemini_base_url(session)
         assert root == session_root(session)
         contents, replies = [{"role": "user", "parts": [{"text": TASK}]}], []
-        keyed = [dict(), dict(headers={"x-goog-api-key": "gem"}), dict(params={"key": "gem"})]
+        keyed = [dict(), dict(headers={"x-goog-api-key": session.api_key}), dict(params={"key": session.api_key})]
         async with httpx.AsyncClient(timeout=120) as http:
             for k in range(TURNS):
                 how = keyed[k % 3]
@@ -506,7 +506,7 @@ def test_gemini_count_tokens_models_wire_errors_and_step_limit(tool_server, tool
         async with httpx.AsyncClient(timeout=120) as http:
             async def count(payload):  # a side call: no session needed, nothing recorded, not a step
                 response = await http.post(f"{gateway.base_url}/v1beta/models/{GEMINI_MODEL}:countTokens",
-                                           json=payload, headers={"x-goog-api-key": "gwire"})
+                                           json=payload, headers={"x-goog-api-key": session.api_key})
                 out["count"].append((response.status_code, response.json(), session.stats["calls"]))
 
             await count({"contents": body["contents"]})

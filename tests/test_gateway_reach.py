@@ -252,12 +252,12 @@ def terminus2_trial(tmp_path: Path, cfg, environment_kwargs: dict):
     async def run():
         async with serving_gateway(cfg) as gateway:
             name = f"t2-{uuid.uuid4().hex[:8]}"
-            gateway.open_session(name, record_dir=tmp_path / "trials" / name / "agent" / "gateway",
-                                 sampling=cfg.sampling)  # fmt: skip
+            session = gateway.open_session(name, record_dir=tmp_path / "trials" / name / "agent" / "gateway",
+                                           sampling=cfg.sampling)  # fmt: skip
             environment = EnvironmentConfig(import_path=DOCKER_SANDBOX, delete=True, kwargs=environment_kwargs)
             trial = await Trial.create(TrialConfig(task=TaskConfig(path=TASK), trial_name=name,
                                                    trials_dir=tmp_path / "trials",
-                                                   agent=agent_config(cfg, ModelEndpoint.of(gateway, name)),
+                                                   agent=agent_config(cfg, ModelEndpoint.of(gateway, session)),
                                                    environment=environment))  # fmt: skip
             try:
                 return await trial.run(), gateway.sessions[name]

@@ -11,6 +11,7 @@ import asyncio
 import json
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.parse import urlparse
 
 import pytest
@@ -28,7 +29,7 @@ from helpers.samples import check_trains
 
 CHAT_TOOLS_AGENT = "chat_tools_agent:ChatToolsAgent"  # tests/chat_tools_agent.py, importable from tests/
 ENDPOINT = ModelEndpoint(host_url="http://127.0.0.1:4321/s/trial-1/v1",
-                         sandbox_url="http://127.0.0.1:4321/s/trial-1/v1", api_key="trial-1")
+                         sandbox_url="http://127.0.0.1:4321/s/trial-1/v1", api_key="sk-trial-1-key")
 
 
 # ---- what each agent is handed ------------------------------------------------------------------
@@ -51,7 +52,7 @@ def test_host_side_agents_get_api_base_and_a_hosted_vllm_model_name():
     assert kwargs["max_turns"] == 7 and kwargs["enable_summarize"] is False and kwargs["llm_call_kwargs"] == {"max_tokens": 33}
     # agent_kwargs merge key by key into the dict-valued defaults
     assert kwargs["model_info"]["max_input_tokens"] == 900 and kwargs["model_info"]["max_output_tokens"] == 40
-    assert term.env["HOSTED_VLLM_API_KEY"] == "trial-1"
+    assert term.env["HOSTED_VLLM_API_KEY"] == ENDPOINT.api_key
 
     own = agent_config(RolloutConfig(agent=CHAT_TOOLS_AGENT, agent_kwargs={"max_turns": 2}), ENDPOINT)
     assert not is_installed_agent(own) and own.import_path == CHAT_TOOLS_AGENT
@@ -67,9 +68,9 @@ def test_installed_agents_get_the_endpoint_variables_of_their_session(agent, mod
     for key in ("OPENAI_BASE_URL", "OPENAI_API_BASE", "HOSTED_VLLM_API_BASE"):
         assert env[key] == ENDPOINT.sandbox_url
     for key in ("OPENAI_API_KEY", "MSWEA_API_KEY", "HOSTED_VLLM_API_KEY"):
-        assert env[key] == "trial-1"
+        assert env[key] == ENDPOINT.api_key
     assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:4321/s/trial-1" and env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
-    assert env["ANTHROPIC_API_KEY"] == "trial-1"
+    assert env["ANTHROPIC_API_KEY"] == ENDPOINT.api_key
     assert "api_base" not in installed.kwargs
 
 
@@ -77,8 +78,10 @@ def test_endpoint_of_a_gateway_bound_to_every_address_is_reached_on_loopback():
     class Bound:
         host, port = "0.0.0.0", 5555
 
-    endpoint = ModelEndpoint.of(Bound(), "t__g0_1__abc")
+    session = SimpleNamespace(session_id="t__g0_1__abc", api_key="sk-secret")
+    endpoint = ModelEndpoint.of(Bound(), session)
     assert endpoint.host_url == endpoint.sandbox_url == "http://127.0.0.1:5555/s/t__g0_1__abc/v1"
+    assert endpoint.api_key == "sk-secret"
 
 
 def test_our_sandboxes_are_told_where_the_gateway_listens():

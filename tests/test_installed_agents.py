@@ -31,7 +31,7 @@ from helpers.docker import needs_docker
 
 TASK = "count-errors"
 ENDPOINT = ModelEndpoint(host_url="http://127.0.0.1:4321/s/t1/v1", sandbox_url="http://127.0.0.1:4321/s/t1/v1",
-                         api_key="t1")
+                         api_key="sk-t1-key")
 
 
 # ---- the classes on their own ---------------------------------------------------------------------

@@ -3,8 +3,8 @@
 Routes: `POST {root}/v1/messages` (streamed or not) and `{root}/v1/messages/count_tokens`, where
 `{root}` is the session root `/s/<session>` (`anthropic_base_url(session)`: an OpenAI `api_base`
 without its `/v1`, since Anthropic SDKs append `/v1/messages` to their base URL), or nothing, the
-session then named by `x-api-key` or the bearer token (ANTHROPIC_AUTH_TOKEN); `HEAD /` (and the
-session root) answers 200 for clients that probe the base URL. `GET /v1/models` answers in
+session then found by its key in `x-api-key` or the bearer token (ANTHROPIC_AUTH_TOKEN); `HEAD /`
+(and the session root) answers 200 for clients that probe the base URL. `GET /v1/models` answers in
 Anthropic's shape when the request carries `anthropic-version` (chat.ChatCompletions.models). Errors
 are Anthropic's `{"type": "error", "error": {"type": ..., "message": ...}}`.
 

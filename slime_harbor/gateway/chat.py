@@ -2,7 +2,7 @@
 OpenHands, opencode, ...).
 
 Routes: `POST {api_base}/chat/completions` and `GET {api_base}/models`, where `{api_base}` is
-`/s/<session>/v1`, or `/v1` with the session as the API key (`Authorization: Bearer <session>`).
+`/s/<session>/v1`, or `/v1` with the session's API key (`Authorization: Bearer <key>`).
 `/models` lists the served model with its `max_model_len`, in Anthropic's shape when the request
 carries `anthropic-version` (Anthropic SDKs list models on the same path).
 

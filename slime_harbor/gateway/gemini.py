@@ -2,7 +2,7 @@
 
 Routes, under `{root}` the session root `/s/<session>` (`gemini_base_url(session)`, what
 GOOGLE_GEMINI_BASE_URL should be: the SDK appends `/v1beta/models/...`) or nothing, the session
-then named by the API key (`x-goog-api-key`, `?key=`, or as for the other dialects a bearer token
+then found by its API key (`x-goog-api-key`, `?key=`, or as for the other dialects a bearer token
 or `x-api-key`): `POST {root}/v1beta/models/{model}:generateContent`,
 `...:streamGenerateContent` (with `?alt=sse` an SSE stream, each event `data:` a
 GenerateContentResponse; without it the same reply as a JSON array of one),
@@ -214,9 +214,9 @@ class GenerateContent(Dialect):
         return error_response(status, message, error.code if isinstance(error, BadRequest) else None)
 
     def session_of(self, request: Request, session_id: str | None) -> GatewaySession:
-        if session_id is None:  # the key names it: gemini-cli sends x-goog-api-key, REST clients ?key=
-            session_id = request.headers.get("x-goog-api-key") or request.query_params.get("key")
-        return self.gateway.session_of(request, session_id)
+        # Without a session in the path its key finds it: gemini-cli sends x-goog-api-key, REST clients ?key=
+        return self.gateway.session_of(request, session_id,
+                                       request.headers.get("x-goog-api-key") or request.query_params.get("key"))
 
     @staticmethod
     def parse(body: dict[str, Any], model: str, stream: bool) -> TurnRequest:

@@ -1,7 +1,7 @@
 """OpenAI Responses on the gateway's sessions (what Codex speaks).
 
 Routes: `POST {api_base}/responses` (`/s/<session>/v1/responses`, or `/v1/responses` with the
-session as the API key), streamed or not. A websocket attempt on the same path (Codex can try
+session's API key), streamed or not. A websocket attempt on the same path (Codex can try
 Responses over a websocket first) is refused with a 426 and an OpenAI-style error before the
 handshake completes, so the client falls back to HTTP.
 

@@ -1,9 +1,9 @@
 """The gateway's HTTP server: the agents' APIs in, SGLang `/generate` token ids out.
 
 Responsible for: the HTTP server with every dialect's routes (chat.py, anthropic.py,
-responses.py, gemini.py, each a wire.Dialect), the sessions (opened, found by URL path or API
-key, closed with their calls in flight aborted), the upstream policy client, and the model
-family's renderer. Not responsible for: an API's wire format (the dialects), one turn from
+responses.py, gemini.py, each a wire.Dialect), the sessions (opened with an API key of their
+own, found by URL path or by that key, closed with their calls in flight aborted), the upstream
+policy client, and the model family's renderer. Not responsible for: an API's wire format (the dialects), one turn from
 admission to delivery (turn.py: `Gateway.complete` builds a GatewayTurn), which tokens a prompt
 is (session.py: branches and bridges) or how messages become tokens (policy/renderer.py: PyPI
 `renderers`, one renderer per model family)."""
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import secrets
 import socket
 import time
 from pathlib import Path
@@ -104,6 +105,7 @@ class Gateway:
             reissue_aborted=reissue_aborted)  # see PolicyClient.generate
         self.host, self.port = host, port
         self.sessions: dict[str, GatewaySession] = {}
+        self._sessions_by_key: dict[str, GatewaySession] = {}  # each open session under its api_key
         self._server: _InLoopServer | None = None
         self._socket: socket.socket | None = None
         self.app = FastAPI(title="slime-harbor gateway", docs_url=None, redoc_url=None, openapi_url=None)
@@ -135,11 +137,18 @@ class Gateway:
     def open_session(self, session_id: str, record_dir: str | Path, sampling: SamplingParams | None = None,
                      routing_key: str | None = None, sampling_seed: int | None = None,
                      max_context_len: int | None = None) -> GatewaySession:
+        """A new session named `session_id` (the path /s/<session_id>/ reaches it), with an API key of
+        its own: a random secret, never a name the trial's records hold elsewhere. Harbor replaces
+        the value of every sensitive agent variable (OPENAI_API_KEY, ...) with [REDACTED] in every
+        file of the trial dir, so a key that were the trial's name would erase that name from its
+        records; the secret is scrubbed alone."""
         if session_id in self.sessions:
             raise ValueError(f"gateway session {session_id!r} is already open")
         session = GatewaySession(self, session_id, record_dir, sampling or SamplingParams(), routing_key,
-                                 sampling_seed, max_context_len or self.max_context_len)
+                                 sampling_seed, max_context_len or self.max_context_len,
+                                 api_key=f"sk-{secrets.token_hex(24)}")
         self.sessions[session_id] = session
+        self._sessions_by_key[session.api_key] = session
         return session
 
     async def abort_upstream(self, calls: list[tuple[str, asyncio.Task]]) -> None:
@@ -163,6 +172,7 @@ class Gateway:
     async def close_session(self, session_id: str) -> GatewaySession:
         """Abort the session's in-flight upstream calls, flush its files; it stays readable."""
         session = self.sessions.pop(session_id)
+        self._sessions_by_key.pop(session.api_key, None)
         session.closed = True
         await self.abort_upstream(list(session.in_flight.items()))
         for _ in range(100):  # let the handlers of cancelled calls record them (they answer 503)
@@ -184,13 +194,22 @@ class Gateway:
         await self.upstream.aclose()
 
     # ---- serving one turn -------------------------------------------------------------------
-    def session_of(self, request: Request, session_id: str | None) -> GatewaySession:
-        if session_id is None:  # no session in the path: the API key names it
+    def session_of(self, request: Request, session_id: str | None, api_key: str | None = None) -> GatewaySession:
+        """The open session the path names (`session_id`; any key is then accepted), else the one
+        whose api_key the request carries: `api_key` (a dialect's own header), else its bearer token
+        or x-api-key. LookupError when there is none (the key is never echoed)."""
+        if session_id is not None:
+            session = self.sessions.get(session_id)
+            if session is None:
+                raise LookupError(f"no open gateway session {session_id!r}")
+            return session
+        if api_key is None:
             auth = request.headers.get("authorization", "")
-            session_id = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
-        session = self.sessions.get(session_id or "")
+            api_key = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
+        session = self._sessions_by_key.get(api_key or "")
         if session is None:
-            raise LookupError(f"no open gateway session {session_id!r}")
+            raise LookupError("no open gateway session has this API key (or name the session in the path: "
+                              "/s/<session>/...)")
         return session
 
     async def complete(self, request: Request, session: GatewaySession, asked: TurnRequest, dialect: Dialect):

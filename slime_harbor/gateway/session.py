@@ -235,9 +235,10 @@ class GatewaySession:
     """One trial's session. Built by Gateway.open_session; read after Gateway.close_session."""
 
     def __init__(self, gateway, session_id: str, record_dir: Path | str, sampling: SamplingParams,
-                 routing_key: str | None, sampling_seed: int | None, max_context_len: int):
+                 routing_key: str | None, sampling_seed: int | None, max_context_len: int, *, api_key: str):
         self.gateway = gateway
         self.session_id = session_id
+        self.api_key = api_key  # the agent's key: names the session where the path does not; never recorded
         self.record_dir = Path(record_dir)
         self.sampling = sampling
         self.routing_key = routing_key

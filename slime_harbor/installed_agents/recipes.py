@@ -267,7 +267,8 @@ HERMES = AgentRecipe(
     # --provider openai-api on a base URL that is not api.openai.com: chat completions
     dialect="chat", provider="openai", step_limit_kwarg="max_turns",
     # run() takes the openai provider only with an OPENAI_API_KEY in this process's environment.
-    host_env={"OPENAI_API_KEY": "slime-harbor-session-key"},
+    # The value is only a placeholder: the agent gets its session's key from the AgentConfig env.
+    host_env={"OPENAI_API_KEY": "slime-harbor-placeholder"},
     # Hermes refuses a model whose window is under 64K (the gateway reports the policy's, the tiny
     # model's is 32K): a managed config (it wins over Harbor's config.yaml) declares 64K. Past the
     # policy's real window the gateway ends the episode (context_exceeded).

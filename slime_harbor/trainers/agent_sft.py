@@ -198,7 +198,7 @@ async def _scripted_trial(agent: str, env: str, task_dir: Path, work: Path, mode
                             sampling=SamplingParams(max_new_tokens=max_new_tokens))
         session = gateway.open_session(FORMAT_TRIAL, record_dir=work / "trials" / FORMAT_TRIAL / "agent" / "gateway",
                                        sampling=cfg.sampling)
-        agent_cfg = agent_config(cfg, ModelEndpoint.of(gateway, FORMAT_TRIAL))
+        agent_cfg = agent_config(cfg, ModelEndpoint.of(gateway, session))
         session.max_calls = gateway_step_limit(agent_cfg, cfg.step_limit)
         config = TrialConfig(task=TaskConfig(path=task_dir), trial_name=FORMAT_TRIAL, trials_dir=work / "trials",
                              agent=agent_cfg, environment=environment_config(env, gateway, agent_cfg))
