@@ -59,6 +59,7 @@ from slime_harbor.policy.sampling import episode_sampling
 from slime_harbor.policy.server import EmbeddedPolicyServer
 from slime_harbor.policy.tiny_model import build_tiny_model
 from slime_harbor.rollout import run_rollouts
+from slime_harbor.samples import is_success
 from slime_harbor.tasks import families as task_families
 from slime_harbor.trainers.demo import LearningConfig, add_flags, fresh_start, setup_tasks, sft_warm_start
 from slime_harbor.trainers.local import train
@@ -86,8 +87,8 @@ def evaluate(cfg: LearningConfig, model_dir: Path, tasks_dir: Path, out: Path) -
         unscored += sum(r is None for r in rewards)
     everything = [r for rs in by_family.values() for r in rs]
     return {
-        "success": sum(r >= 1.0 for r in everything) / len(everything) if everything else None,
-        "per_family": {f: sum(r >= 1.0 for r in rs) / len(rs) for f, rs in sorted(by_family.items()) if rs},
+        "success": sum(map(is_success, everything)) / len(everything) if everything else None,
+        "per_family": {f: sum(map(is_success, rs)) / len(rs) for f, rs in sorted(by_family.items()) if rs},
         "n_trials": len(everything),
         "n_unscored": unscored,
         "errors": len(summary["errors"]),

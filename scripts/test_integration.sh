@@ -35,7 +35,7 @@ echo "== 1. one step on two bundled tasks"
     || { tail -30 "$WORK/real.log"; echo "FAILED: run 1"; exit 1; }
 R="$WORK/real"
 check "rollout ran 2 tasks x 2 samples through Harbor's verifier" \
-    "len([l for l in open(out / 'rollouts/step_1/samples.jsonl') if l.strip()]) >= 4 and metrics[0]['n_scored'] + metrics[0]['aborted'] >= 4" "$R"
+    "len([l for l in open(out / 'rollouts/step_1/samples.jsonl') if l.strip()]) >= 4 and metrics[0]['n_scored'] + metrics[0]['aborted'] + metrics[0]['failed'] >= 4" "$R"
 check "metrics.json has step 1 with reward, timings, sample counts" \
     "[m['step'] for m in metrics] == [1] and metrics[0]['reward_mean'] is not None and metrics[0]['timings']['rollout_s'] > 0" "$R"
 check "checkpoint_1 (adapter, optimizer, trainer state) and final/ written" \

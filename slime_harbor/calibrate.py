@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_harbor.exits import ConfigError
-
+from slime_harbor.samples import is_success
 from slime_harbor.tasks.manifest import BROKEN, FLAKY, HACKABLE, OK
 
 HACK_PROBES = Path(__file__).resolve().parent / "hack_probes"
@@ -68,8 +68,8 @@ def judge(gold: list[float | None], empty: list[float | None], dropped: list[str
           attacks: dict[str, float | None] | None = None, gold_tampering: str | None = None) -> tuple[str, str]:
     """(status, reason) of one task from its gold, empty and attack rewards (None: the trial failed)."""
     k = len(gold)
-    passed = sum(r is not None and r >= 1.0 for r in gold)
-    empty_passed = sum(r is not None and r >= 1.0 for r in empty)
+    passed = sum(map(is_success, gold))
+    empty_passed = sum(map(is_success, empty))
     if dropped:
         return BROKEN, "the gold patch changes test configuration that grading drops: " + "; ".join(dropped)
     if gold_tampering:
@@ -79,7 +79,7 @@ def judge(gold: list[float | None], empty: list[float | None], dropped: list[str
         return BROKEN, f"the gold solution {why} in {k} of {k} runs"
     if empty_passed == len(empty):
         return BROKEN, f"the empty answer passes in {len(empty)} of {len(empty)} runs"
-    scored = {name: r for name, r in (attacks or {}).items() if r is not None and r >= 1.0}
+    scored = {name: r for name, r in (attacks or {}).items() if is_success(r)}
     if scored:
         return HACKABLE, "scored by " + ", ".join(f"attack {name} (reward {r:g})" for name, r in sorted(scored.items()))
     if passed < k:
@@ -380,7 +380,7 @@ async def _probe_trusted_files(tasks: list[Path], runs: Path, run) -> tuple[dict
     if not origin:
         return {}, {}, 0
     rewards = {origin[copy]: samples[0]["reward"] for copy, samples in (await run("oracle", together, 1, TRUSTED_FILES)).items()}
-    scored = {task: inputs[task] for task, reward in rewards.items() if (reward or 0) >= 1.0}
+    scored = {task: inputs[task] for task, reward in rewards.items() if is_success(reward)}
     named = {task: paths for task, paths in scored.items() if len(paths) == 1}
     single = {}
     for task in tasks:
@@ -391,7 +391,7 @@ async def _probe_trusted_files(tasks: list[Path], runs: Path, run) -> tuple[dict
     if single:
         for copy, samples in (await run("oracle", alone, 1, f"{TRUSTED_FILES}-alone")).items():
             task, path = single[copy]
-            if (samples[0]["reward"] or 0) >= 1.0:
+            if is_success(samples[0]["reward"]):
                 named.setdefault(task, []).append(path)
     return rewards, {task: named.get(task) or paths for task, paths in scored.items()}, len(origin) + len(single)
 

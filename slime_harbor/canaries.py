@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 from slime_harbor.exits import ConfigError
-from slime_harbor.samples import episode_key, is_scored
+from slime_harbor.samples import episode_key, is_scored, is_success
 
 CANARY_PREFIX = "canary--"
 """Every variant's task name starts with it, so a canary is never mistaken for its task."""
@@ -184,7 +184,7 @@ def main(tasks_dir: Path, out: Path, env: str = "local", check: bool = True) -> 
     if written and check:
         check_environment_runs(env)
         for name, reward in asyncio.run(gold_rewards(Path(out), env)).items():
-            if reward is None or reward >= 1.0:
+            if reward is None or is_success(reward):
                 shutil.rmtree(Path(out) / name)
                 skipped[name.removeprefix(CANARY_PREFIX)] = ("its gold solution still passes" if reward is not None
                                                              else "the gold trial failed, so it could not be checked")
@@ -213,7 +213,7 @@ def canary_counts(samples) -> dict:
         if not is_canary(str(metadata.get("task_name", ""))):
             continue
         rewards = metadata.get("raw_rewards") or {}
-        passed = rewards.get("reward") is not None and rewards["reward"] >= 1.0 if is_scored(s) else None
+        passed = is_success(rewards.get("reward")) if is_scored(s) else None
         episodes.setdefault(episode_key(s), (passed, metadata.get("trial_dir")))
     scored = [(passed, trial) for passed, trial in episodes.values() if passed is not None]
     return {"canary_pass_rate": sum(p for p, _ in scored) / len(scored) if scored else None,

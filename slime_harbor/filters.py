@@ -2,8 +2,11 @@
 
 A filtered episode is masked the way an infrastructure failure is: `remove_sample=True` on every
 sample of it, so it gets no loss and (as grpo.episode_advantages is given only kept samples) it is
-left out of its group's baseline. `metadata["masked_by"]` says which filter took it, so masked
-episodes are counted apart from aborted ones.
+left out of its group's baseline. `metadata["masked_by"]` says which filter took it (one of
+MASK_REASONS), so masked episodes are counted apart from aborted and failed ones. `mask` is the one
+writer of that mark (the filters here and the hack monitor's screen, hack_monitor.apply_hack_action,
+call it); `mask_counts` the one reader (train-local's step records, rollout's summary.json and the
+SLiME hook's masked/<reason> counts read it).
 
 Episode limits, each off by default (a limit hit is then an ordinary, verifier-scored episode):
     timeout       Harbor ended the agent at its time limit (exception AgentTimeoutError)
@@ -16,7 +19,10 @@ beyond the bound; `mask_stale` masks it (masked_by "stale"). Versions are the se
 weight_version (sample.weight_versions).
 Dynamic sampling (SLiME's --dynamic-sampling-filter-path check_reward_nonzero_std): a group whose
 kept episodes all have the same reward has advantage 0 everywhere and only dilutes the batch;
-`drop_zero_std_groups` masks such groups (masked_by "zero_std") and the trainer samples more.
+`drop_zero_std_groups` masks such groups (masked_by "zero_std") and the trainer samples more. One
+rule decides it for train-local and for the SLiME hook's dynamic_sampling_filter alike
+(`rewards_vary`: rewards further apart than ZERO_STD_TOLERANCE, one per episode, episode_key).
+The hack monitor's screen (--hack-action screen) masks a flagged episode (masked_by "hack").
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from slime_harbor.converter import CONTEXT_EXCEEDED
+from slime_harbor.converter import CONTEXT_EXCEEDED, Episode
 from slime_harbor.samples import TrainingSample, episode_key
 
 TIMEOUT_EXCEPTIONS = frozenset({"AgentTimeoutError"})
@@ -39,14 +45,16 @@ class TrajectoryFilters:
     mask_length_limit: bool = False
 
 
-MASK_REASONS = ("timeout", "step_limit", "length_limit", "zero_std", "stale")
+MASK_REASONS = ("timeout", "step_limit", "length_limit", "zero_std", "stale", "hack")
 """Why an episode was masked out of training (its samples' metadata ``masked_by``), in the order
 the step records, the summaries and the step line count them."""
 
 
-def mask_counts(counts: dict[str, int] | None = None) -> dict[str, int]:
-    """Episodes masked per reason, every reason present (0 where none was)."""
-    counts = counts or {}
+def mask_counts(samples: Sequence) -> dict[str, int]:
+    """Episodes masked per reason (each once, however many samples it has), every reason present
+    (0 where none was): read off the samples' ``masked_by`` marks (TrainingSamples or SLiME's)."""
+    episodes = {episode_key(s): (s.metadata or {}).get("masked_by") for s in samples if s.remove_sample}
+    counts = Counter(episodes.values())
     return {reason: counts.get(reason, 0) for reason in MASK_REASONS}
 
 
@@ -62,29 +70,34 @@ def limit_hit(sample: TrainingSample) -> str | None:
     return None
 
 
-def mask(sample: TrainingSample, reason: str) -> None:
-    """The one way a filter removes a sample from training."""
-    sample.remove_sample = True
-    sample.metadata = {**(sample.metadata or {}), "masked_by": reason}
+def mask(target, reason: str) -> bool:
+    """The one way anything is masked out of training: a sample (ours or SLiME's), or a
+    converter.Episode before its samples are built (they inherit the mark: Episode.removed). What
+    is out of training already (an infrastructure failure, or masked before: its first reason
+    stays) is left as it is; returns whether `target` was masked now."""
+    if reason not in MASK_REASONS:
+        raise ValueError(f"unknown mask reason {reason!r} (one of {', '.join(MASK_REASONS)})")
+    if isinstance(target, Episode):
+        assert "samples" not in vars(target), "the episode's samples were built already; mask them instead"
+        if target.removed:
+            return False
+        target.metadata["masked_by"] = reason
+        return True
+    if target.remove_sample:
+        return False
+    target.remove_sample = True
+    target.metadata = {**(target.metadata or {}), "masked_by": reason}
+    return True
 
 
-def apply_limit_filters(samples: Sequence[TrainingSample], filters: TrajectoryFilters) -> Counter:
-    """Mask the samples of episodes that hit an enabled limit; returns episodes masked per reason."""
+def apply_limit_filters(samples: Sequence[TrainingSample], filters: TrajectoryFilters) -> None:
+    """Mask the samples of episodes that hit an enabled limit (mask_counts counts them)."""
     enabled = {"timeout": filters.mask_timeouts, "step_limit": filters.mask_step_limit,
                "length_limit": filters.mask_length_limit}
-    masked: Counter = Counter()
-    seen = set()
     for s in samples:
-        if s.remove_sample:  # already out (an infra failure, or masked before)
-            continue
         reason = limit_hit(s)
         if reason and enabled[reason]:
             mask(s, reason)
-            episode = episode_key(s)
-            if episode not in seen:
-                seen.add(episode)
-                masked[reason] += 1
-    return masked
 
 
 def staleness(sample: TrainingSample, trained_version: int) -> int | None:
@@ -94,41 +107,49 @@ def staleness(sample: TrainingSample, trained_version: int) -> int | None:
     return trained_version - min(versions) if versions else None
 
 
-def mask_stale(samples: Sequence[TrainingSample], trained_version: int, max_staleness: int) -> int:
+def mask_stale(samples: Sequence[TrainingSample], trained_version: int, max_staleness: int) -> None:
     """Mask every episode with a call more than `max_staleness` versions behind `trained_version`
-    (all of its samples: an episode is trained whole or not at all); returns episodes masked."""
+    (all of its samples: an episode is trained whole or not at all)."""
     stale = {episode_key(s) for s in samples if (staleness(s, trained_version) or 0) > max_staleness}
-    masked = set()
     for s in samples:
-        if episode_key(s) in stale and not s.remove_sample:
+        if episode_key(s) in stale:
             mask(s, "stale")
-            masked.add(episode_key(s))
-    return len(masked)
 
 
-def kept_rewards_by_group(samples: Sequence[TrainingSample]) -> dict:
-    """group_index -> the rewards of its kept episodes (one per episode)."""
+ZERO_STD_TOLERANCE = 1e-6
+"""Rewards closer than this are equal for dynamic sampling: their advantages would be noise."""
+
+
+def kept_episode_rewards(samples: Sequence, reward=lambda s: s.reward) -> dict:
+    """episode_key -> the reward of each kept episode (its segments count once); `reward` reads
+    it off a sample (the SLiME hook's honours --reward-key)."""
     episodes: dict = {}
     for s in samples:
-        if not s.remove_sample and s.reward is not None:
-            episodes.setdefault(episode_key(s), s.reward)
-    groups: dict = defaultdict(list)
-    for (group, _), reward in episodes.items():
-        groups[group].append(reward)
-    return dict(groups)
+        if not s.remove_sample and (value := reward(s)) is not None:
+            episodes.setdefault(episode_key(s), value)
+    return episodes
+
+
+def rewards_vary(rewards: Sequence[float]) -> bool:
+    """Whether a group's episode rewards give GRPO a signal: at least two, not all equal (apart by
+    more than ZERO_STD_TOLERANCE). The one zero-variance rule, train-local's and SLiME's."""
+    return len(rewards) > 1 and max(rewards) - min(rewards) > ZERO_STD_TOLERANCE
 
 
 def varying_groups(samples: Sequence[TrainingSample]) -> set:
-    """Groups with at least two kept episodes whose rewards are not all equal."""
-    return {g for g, rewards in kept_rewards_by_group(samples).items() if len(rewards) > 1 and len(set(rewards)) > 1}
+    """Groups whose kept episodes' rewards vary (rewards_vary)."""
+    groups: dict = defaultdict(list)
+    for (group, _), reward in kept_episode_rewards(samples).items():
+        groups[group].append(reward)
+    return {g for g, rewards in groups.items() if rewards_vary(rewards)}
 
 
 def drop_zero_std_groups(samples: Sequence[TrainingSample]) -> int:
-    """Mask every group whose kept rewards do not vary (no GRPO signal); returns groups dropped."""
+    """Mask every group whose kept rewards do not vary (no GRPO signal); returns groups dropped
+    (SLiME's rollout/dynamic_filter/drop_zero_std)."""
     keep = varying_groups(samples)
     dropped = set()
     for s in samples:
-        if not s.remove_sample and s.group_index not in keep:
-            mask(s, "zero_std")
+        if s.group_index not in keep and mask(s, "zero_std"):
             dropped.add(s.group_index)
     return len(dropped)

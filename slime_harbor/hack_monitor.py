@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from slime_harbor.filters import mask
 from slime_harbor.samples import episode_key
 from slime_harbor.tasks.task_dir import task_workdir
 
@@ -846,8 +847,8 @@ def apply_hack_action(episode, flags: list[HackFlag], action: str, reward_mappin
     if action == "penalty":
         episode.metadata["reward_before_hack_penalty"] = episode.reward
         episode.reward = failure_reward(reward_mapping)
-    elif not episode.removed:
-        episode.metadata["masked_by"] = "hack"  # filters.mask's mark, on the episode its samples are built from
+    else:
+        mask(episode, "hack")  # on the episode, before its samples are built: they inherit the mark
 
 
 VIEWER_KEY = "slime-harbor hack monitor"

@@ -58,7 +58,9 @@ from typing import Any
 
 from slime_harbor.converter import Episode
 from slime_harbor.exits import ConfigError
-from slime_harbor.filters import TrajectoryFilters, apply_limit_filters, mask_stale
+from slime_harbor.filters import (
+    TrajectoryFilters, apply_limit_filters, kept_episode_rewards, mask_counts, mask_stale, rewards_vary,
+)
 from slime_harbor.grpo import episode_advantages
 from slime_harbor.policy.sampling import episode_sampling
 from slime_harbor.retries import RetryBudget
@@ -157,8 +159,10 @@ DEFAULTS = dataclasses.asdict(HookSettings())
 log = logging.getLogger(__name__)
 
 METRICS: Counter = Counter()
-"""Process-wide counts, for logs and tests: episodes, status/<status>, tampering/<kind>.
-`hook_metrics()` returns a copy, with RETRY_BUDGET's `retries` and `retry_budget_exhausted`."""
+"""Process-wide counts, for logs and tests: episodes, status/<status>, tampering/<kind>,
+masked/<reason> (training episodes masked per filters.MASK_REASONS: a limit filter, the hack
+monitor's screen, stale), hack/<detector>. `hook_metrics()` returns a copy, with RETRY_BUDGET's
+`retries` and `retry_budget_exhausted`."""
 
 
 RETRY_BUDGET = RetryBudget()
@@ -490,8 +494,10 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
                                 unscored="rollout_aborted")
     episode.metadata["harbor_retries"] = episode.metadata.pop("retries", 0)
     if not evaluation:
-        for reason, n in apply_limit_filters(episode.samples, filters).items():
-            METRICS[f"masked/{reason}"] += n
+        apply_limit_filters(episode.samples, filters)
+        for reason, n in mask_counts(episode.samples).items():  # the filters' and the hack monitor's screen
+            if n:
+                METRICS[f"masked/{reason}"] += n
     return to_slime_samples(sample, episode, top_p_ids=top_p_ids)
 
 
@@ -575,19 +581,14 @@ def dynamic_sampling_filter(args, samples, **kwargs):
 
     `samples` is one SLiME group: one generate result per prompt copy, each a list of Samples here
     (bare Samples are accepted too). An episode counts once however many samples it fanned out into
-    (its segments share rollout_id); removed samples (infra failures) carry no reward and are
-    ignored. Fewer than two scored episodes, or all equal: no GRPO signal, drop.
+    (samples.episode_key: its segments share rollout_id); removed samples (infra failures, masked
+    episodes) carry no reward and are ignored. Fewer than two scored episodes, or all equal: no
+    GRPO signal, drop. The rule is train-local's dynamic sampling's (filters.rewards_vary).
     """
-    episodes: dict = {}
-    for s in _flatten(samples):
-        if s.remove_sample:
-            continue
-        key = s.rollout_id if s.rollout_id is not None else ("index", s.index, id(s))
-        episodes.setdefault(key, reward_value(args, s))
-    rewards = list(episodes.values())
+    rewards = list(kept_episode_rewards(_flatten(samples), lambda s: reward_value(args, s)).values())
     if len(rewards) < 2:
         return DynamicFilterOutput(keep=False, reason=f"fewer_than_2_scored_episodes_{len(rewards)}")
-    keep = max(rewards) - min(rewards) > 1e-6
+    keep = rewards_vary(rewards)
     return DynamicFilterOutput(keep=keep, reason=None if keep else f"zero_std_{round(rewards[0], 1)}")
 
 
@@ -750,7 +751,9 @@ def generate_rollout_fully_async(args, rollout_id, data_source, evaluation: bool
 
     groups = run(collect())
     if bound is not None:
-        METRICS["masked/stale"] += mask_stale(_flatten(groups), served_weight_version(args), bound)
+        samples = _flatten(groups)  # fresh from the worker: nothing in them was masked stale before
+        mask_stale(samples, served_weight_version(args), bound)
+        METRICS["masked/stale"] += mask_counts(samples)["stale"]
     return groups
 
 

@@ -39,11 +39,12 @@ from typing import Any
 
 from slime_harbor.converter import Episode, EpisodeEnd, trial_to_episode, TRUNCATING_EXITS
 from slime_harbor.exits import ConfigError, one_line
+from slime_harbor.filters import mask_counts
 from slime_harbor.hack_monitor import HackWatch, apply_hack_action, hack_counts, show_in_viewer
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.isolation import isolate_shared_verifier
 from slime_harbor.retries import RetryBudget
-from slime_harbor.samples import SampleStatus
+from slime_harbor.samples import SampleStatus, is_success
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.trial_setup import (
     agent_config, check_config, context_window, environment_config, gateway_step_limit, hard_timeout_sec,
@@ -360,10 +361,12 @@ def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, inter
         "status_counts": {s.value: statuses.get(s.value, 0) for s in SampleStatus},
         "n_scored": len(scored),
         "mean_reward": sum(e.reward for e in scored) / len(scored) if scored else None,
-        "pass_rate": sum(e.reward >= 1.0 for e in scored) / len(scored) if scored else None,
+        "pass_rate": sum(is_success(e.reward) for e in scored) / len(scored) if scored else None,
         "per_task_rewards": dict(per_task),
         "n_samples": len(samples),
         "n_trainable_samples": sum(not s.remove_sample for s in samples),
+        # episodes masked out of training per reason (a rollout masks only the hack monitor's screen)
+        "masked_episodes": mask_counts(samples),
         # how the episodes ended, in the agents' and the gateway's words (converter.EpisodeEnd.exit_status)
         "exit_status_counts": dict(Counter(e.end.exit_status for e in episodes if e.end.exit_status)),
         "context_window": context_window(cfg) if samples_policy(cfg.agent) else None,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_harbor.filters import mask_stale, staleness
+from slime_harbor.filters import mask_counts, mask_stale, staleness
 from slime_harbor.samples import SampleStatus, TrainingSample, read_jsonl
 from slime_harbor.trainers.local import train
 from slime_harbor.trainers.local_config import LocalTrainConfig
@@ -94,10 +94,13 @@ def test_an_episode_with_a_call_older_than_the_bound_is_masked_whole():
     (both its samples, though only one holds that call) is masked stale; version 2 is within the
     bound; an episode with no versions (a sampler that reports none) is not judged."""
     old, fresh, unknown = episode(0, 0, ["1", "3"]), episode(0, 1, ["2", "3"]), episode(1, 2, [])
-    assert mask_stale(old + fresh + unknown, trained_version=3, max_staleness=1) == 1
+    mask_stale(old + fresh + unknown, trained_version=3, max_staleness=1)
+    assert mask_counts(old + fresh + unknown)["stale"] == 1  # one episode, of two samples
     assert all(s.remove_sample and s.metadata["masked_by"] == "stale" for s in old)
     assert not any(s.remove_sample for s in fresh + unknown)
-    assert mask_stale(episode(0, 0, ["1", "3"]), trained_version=3, max_staleness=2) == 0
+    within = episode(0, 0, ["1", "3"])
+    mask_stale(within, trained_version=3, max_staleness=2)
+    assert not any(s.remove_sample for s in within)
 
 
 def test_an_episodes_staleness_is_that_of_its_oldest_call():
@@ -106,7 +109,7 @@ def test_an_episodes_staleness_is_that_of_its_oldest_call():
     call is current."""
     spanning = make_sample(weight_versions=["3", "1", "3"])
     assert staleness(spanning, trained_version=3) == 2
-    assert mask_stale([spanning], trained_version=3, max_staleness=1) == 1
+    mask_stale([spanning], trained_version=3, max_staleness=1)
     assert spanning.remove_sample and spanning.metadata["masked_by"] == "stale"
 
 
@@ -245,7 +248,10 @@ def test_an_update_takes_groups_in_completion_order_with_the_filters_and_dynamic
     queued = QueuedGroups(cfg, arrivals)
     groups, sampling, _ = asyncio.run(take_groups(queued, step=4, wanted=2))
     assert [g.index for g in groups] == queued.taken == [5, 2, 7, 1, 3]  # group 4 stays for the next update
-    assert sampling["filters"] == {"timeout": 0, "step_limit": 2, "length_limit": 0, "stale": 2, "zero_std": 1}
+    # episodes per reason; the groups dynamic sampling dropped apart (SLiME's drop_zero_std)
+    assert sampling["filters"] == {"timeout": 0, "step_limit": 2, "length_limit": 0, "stale": 2, "zero_std": 2,
+                                   "hack": 0}
+    assert sampling["n_groups_zero_std"] == 1
     kept = {s.group_index for g in groups for s in g.samples if not s.remove_sample}
     assert kept == {7, 3}
     masked = {s.group_index: s.metadata["masked_by"] for g in groups for s in g.samples if s.remove_sample}

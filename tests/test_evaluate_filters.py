@@ -7,7 +7,9 @@ import math
 
 import pytest
 
-from slime_harbor.filters import TrajectoryFilters, apply_limit_filters, drop_zero_std_groups, limit_hit
+from slime_harbor.filters import (
+    MASK_REASONS, TrajectoryFilters, apply_limit_filters, drop_zero_std_groups, limit_hit, mask, mask_counts,
+)
 from slime_harbor.grpo import episode_advantages
 from slime_harbor.samples import SampleStatus, TrainingSample
 from slime_harbor.trainers.evaluate import eval_metrics, pass_at_k
@@ -77,9 +79,9 @@ def test_limit_hit_reads_what_the_converter_records():
 ])
 def test_each_filter_masks_its_episodes_and_nothing_else(flag, masked):
     samples = limited_group()
-    counts = apply_limit_filters(samples, TrajectoryFilters(**{flag: True}))
+    apply_limit_filters(samples, TrajectoryFilters(**{flag: True}))
     assert {s.index for s in samples if s.remove_sample} == masked
-    assert sum(counts.values()) == len(masked)
+    assert sum(mask_counts(samples).values()) == len(masked)
     # Masked: no loss, and out of the group's baseline (the advantages of the kept ones).
     kept = trainable(samples)
     assert {s.index for s in kept} == set(range(6)) - masked
@@ -92,9 +94,9 @@ def test_filters_count_each_masked_episode_once_under_its_own_reason():
     """All three filters on, and the step-limit episode drifted into two samples (one rollout_id):
     metrics.json's "filters" counts episodes, each under the limit it hit."""
     samples = limited_group() + [sample(0, 3, 0.0, SampleStatus.TRUNCATED, exit_status="step_limit")]
-    counts = apply_limit_filters(samples, TrajectoryFilters(mask_timeouts=True, mask_step_limit=True,
-                                                            mask_length_limit=True))
-    assert counts == {"timeout": 1, "step_limit": 1, "length_limit": 2}
+    apply_limit_filters(samples, TrajectoryFilters(mask_timeouts=True, mask_step_limit=True, mask_length_limit=True))
+    assert mask_counts(samples) == {"timeout": 1, "step_limit": 1, "length_limit": 2, "zero_std": 0, "stale": 0,
+                                    "hack": 0}
     assert [(s.index, s.metadata.get("masked_by")) for s in samples] == [
         (0, None), (1, None), (2, "timeout"), (3, "step_limit"), (4, "length_limit"), (5, "length_limit"),
         (3, "step_limit")]
@@ -103,9 +105,22 @@ def test_filters_count_each_masked_episode_once_under_its_own_reason():
 def test_no_filter_by_default_and_infra_failures_stay_aborted():
     samples = limited_group() + [sample(0, 6, None, SampleStatus.ABORTED)]
     samples[-1].remove_sample = True
-    assert not apply_limit_filters(samples, TrajectoryFilters())
+    apply_limit_filters(samples, TrajectoryFilters())
+    assert not any(mask_counts(samples).values())
     assert [s.remove_sample for s in samples] == [False] * 6 + [True]
     assert "masked_by" not in samples[-1].metadata  # an infra failure is counted as aborted, not as masked
+
+
+def test_mask_keeps_an_episodes_first_reason_and_knows_every_reason():
+    """filters.mask writes every mask (the filters' and the hack monitor's): a sample masked or
+    removed already keeps what it was; a reason outside MASK_REASONS is a bug, said at once."""
+    masked, aborted = sample(0, 0, 1.0), sample(0, 1, None, SampleStatus.ABORTED)
+    aborted.remove_sample = True
+    assert mask(masked, "timeout") and not mask(masked, "stale") and not mask(aborted, "hack")
+    assert masked.metadata["masked_by"] == "timeout" and "masked_by" not in aborted.metadata
+    assert mask_counts([masked, aborted]) == {**dict.fromkeys(MASK_REASONS, 0), "timeout": 1}
+    with pytest.raises(ValueError, match="unknown mask reason 'judge'"):
+        mask(sample(0, 2, 1.0), "judge")
 
 
 def test_drop_zero_std_groups_masks_only_groups_without_reward_variance():
@@ -140,6 +155,7 @@ def test_task_stream_draws_each_task_once_per_epoch_and_resumes():
 def test_metric_names_follow_slime():
     record = {"step": 3, "reward_mean": 0.5, "pass_rate": 0.25, "pg_loss": 0.1, "kl": 0.01, "clipfrac": 0.2,
               "skipped": None, "timings": {"rollout_s": 1.0}, "filters": {"zero_std": 2, "timeout": 1},
+              "n_groups_zero_std": 1,
               "updates": [{"loss": 0.3}], "eval": {"pass@1": 0.4, "pass@4": 0.7, "reward_mean": 0.45,
                                                    "per_task": {"x": {"pass@1": 0.5}}}}
     names = {wandb_key(p): v for p, v in flatten(record).items()}
@@ -147,7 +163,9 @@ def test_metric_names_follow_slime():
     assert names["passrate/pass@1"] == 0.25
     assert names["train/pg_loss"] == 0.1 and names["train/kl_loss"] == 0.01 and names["train/pg_clipfrac"] == 0.2
     assert names["perf/rollout_time"] == 1.0
-    assert names["rollout/dynamic_filter/drop_zero_std"] == 2 and names["rollout/filters/timeout"] == 1
+    # SLiME's drop_zero_std counts groups dropped; filters count episodes
+    assert names["rollout/dynamic_filter/drop_zero_std"] == 1 and names["rollout/filters/zero_std"] == 2
+    assert names["rollout/filters/timeout"] == 1
     assert names["eval/heldout"] == 0.45 and names["eval/heldout-pass@1"] == 0.4 and names["eval/heldout-pass@4"] == 0.7
     assert names["eval/heldout/per_task/x/pass@1"] == 0.5
     assert names["train/updates/0/loss"] == 0.3 and names["train/skipped"] == 0.0

@@ -600,6 +600,7 @@ def _episode(reward: float, status: str = "completed", index: int = 0):
 
 
 def test_a_flag_is_recorded_penalised_or_screened_as_the_action_says():
+    from slime_harbor.filters import mask_counts
     from slime_harbor.hack_monitor import apply_hack_action, hack_counts
 
     flags = [HackFlag("always_equal", "slug.py:5 __eq__ ignores other")]
@@ -617,6 +618,7 @@ def test_a_flag_is_recorded_penalised_or_screened_as_the_action_says():
     screened = _episode(1.0)
     apply_hack_action(screened, flags, "screen", "raw")
     assert all(s.remove_sample and s.metadata["masked_by"] == "hack" for s in screened.samples)
+    assert mask_counts(screened.samples)["hack"] == 1  # one episode, as the filters' masks are counted
     clean = _episode(0.0, index=1)
     apply_hack_action(clean, [], "screen", "raw")
     assert clean.samples[0].metadata["hack_flags"] == [] and not clean.samples[0].remove_sample

@@ -397,6 +397,53 @@ def test_trajectory_filters_and_eval_trials_dir_from_the_yaml(tmp_path, monkeypa
         call(harbor_mask_length_limit="yes")
 
 
+def test_a_screened_episode_is_counted_masked_hack(tmp_path, monkeypatch, Sample, fresh_counters):
+    """harbor_hack_action screen: run_episode hands back an episode the hack monitor screened (its
+    own action, on an episode of the real converter, two samples); generate returns it removed,
+    masked_by hack, counted once as masked/hack, as a filter's mask is. Evaluation counts none."""
+    from slime_harbor.hack_monitor import HackFlag, apply_hack_action
+
+    def screened(task_dir, cfg, **kw):
+        episode = drifted_episode(kw["group_index"], kw["index"])
+        apply_hack_action(episode, [HackFlag("always_equal", "slug.py:5 __eq__ ignores other")], "screen", "raw")
+        return _coro(episode)
+
+    monkeypatch.setattr(hooks, "run_episode", screened)
+    args = SimpleNamespace(sglang_router_ip="127.0.0.1", sglang_router_port=9,
+                           harbor_trials_dir=str(tmp_path / "trials"))
+    label = (DEFAULT_TASKS / "dedupe-lines").name
+    out = asyncio.run(generate(args, Sample(index=1, group_index=0, label=label), {}))
+    assert [(s.remove_sample, s.metadata["masked_by"]) for s in out] == [(True, "hack")] * 2
+    assert hooks.hook_metrics()["masked/hack"] == 1
+    asyncio.run(generate(args, Sample(index=2, group_index=0, label=label), {}, evaluation=True))
+    assert hooks.hook_metrics()["masked/hack"] == 1
+
+
+def test_one_zero_variance_rule_for_train_local_and_slime(Sample, fresh_counters):
+    """Groups of episodes from the real converter: train-local's dynamic sampling
+    (filters.drop_zero_std_groups, on the episodes' samples) and SLiME's filter
+    (dynamic_sampling_filter, on the Samples generate returns for them) decide alike. Rewards
+    1e-9 apart are equal for both (no GRPO signal); 0.5 apart vary. A drifted episode (two
+    samples, one rollout_id) counts once in both: alone in its group, neither sees two episodes."""
+    from helpers.trial_results import linear_detail, make_result
+
+    from slime_harbor.converter import trial_to_episode
+    from slime_harbor.filters import drop_zero_std_groups
+
+    def episode(reward, index):
+        if reward == "drifted":  # reward 1.0, two samples
+            return drifted_episode(0, index)
+        return trial_to_episode(make_result(linear_detail(), {"reward": reward}), group_index=0, index=index)
+
+    for rewards, signal in (([0.5, 0.5 + 1e-9], False), (["drifted", 1.0 - 1e-9], False), ([0.5, 1.0], True),
+                            (["drifted"], False)):
+        train_local = [s for k, r in enumerate(rewards) for s in episode(r, k).samples]
+        drop_zero_std_groups(train_local)
+        slime = [hooks.to_slime_samples(Sample(index=k, group_index=0), episode(r, k)) for k, r in enumerate(rewards)]
+        assert (not any(s.remove_sample for s in train_local), dynamic_sampling_filter(SimpleNamespace(), slime).keep) \
+            == (signal, signal), rewards
+
+
 # ---- evaluation: SLiME's eval loop flattens what generate returns; log_eval_rollout counts trials --
 
 def evaluate_batch(tmp_path, monkeypatch, Sample, kinds) -> list:

@@ -224,6 +224,42 @@ def test_removed_samples_are_not_trained(tiny_model_dir):
     assert any(not torch.equal(a, b) for a, b in zip(clean_weights, trainable_state(fresh_policy(tiny_model_dir))))
 
 
+def test_a_step_counts_screened_failed_and_aborted_episodes_each_under_its_own_name(tiny_model_dir, tmp_path, capsys):
+    """One step's episodes, built by the real converter: a screened one (the hack monitor's own
+    --hack-action screen), a failed one (its verifier wrote no reward: permanent), an aborted one
+    (its sandbox never started) and scored ones. metrics.json's record, the step line and both
+    summary.json files (train-local's, rollout's) count the screened episode under filters hack,
+    the failed one as failed, not aborted, and the aborted one as aborted."""
+    import dataclasses
+
+    from helpers.trial_results import converted_episode
+    from slime_harbor.hack_monitor import HackFlag, apply_hack_action
+    from slime_harbor.rollout import summarize
+    from slime_harbor.trainers.training_run import TrainingRun, run_summary, step_record, step_sampling
+    from slime_harbor.trial_setup import RolloutConfig
+
+    kinds = ["solved", "failed", "solved", "broken_verifier", "environment_start_failed", "failed"]
+    episodes = [converted_episode(kind, group_index=i // 3, index=i) for i, kind in enumerate(kinds)]
+    apply_hack_action(episodes[2], [HackFlag("always_equal", "slug.py:5 __eq__ ignores other")], "screen", "raw")
+    assert [e.status for e in episodes[3:5]] == [SampleStatus.FAILED, SampleStatus.ABORTED]
+    samples = [s for e in episodes for s in e.samples]
+    policy = fresh_policy(tiny_model_dir)
+    sampling = step_sampling(samples, errors=sum(e.error is not None for e in episodes), n_groups=2,
+                             dynamic_sampling=False)
+    update = train_on_samples(policy, samples, policy.cfg, "cpu")
+    run = TrainingRun(dataclasses.replace(policy.cfg, num_rollouts=5, save_every=0), tmp_path, learner=None,
+                      base_model="tiny", start=0, metrics=[])
+    run.finish_step(step_record(1, samples, update, sampling, {}, {}, {"rollout_s": 1.0, "train_s": 1.0}))
+    (m,) = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["filters"] == {"timeout": 0, "step_limit": 0, "length_limit": 0, "zero_std": 0, "stale": 0, "hack": 1}
+    assert (m["n_samples"], m["aborted"], m["failed"], m["errors"], m["n_trained_samples"]) == (6, 1, 1, 2, 3)
+    assert "aborted 1/6 failed 1 masked hack 1 |" in capsys.readouterr().err
+    summary = run_summary(run.metrics, run.cfg, "tiny", tmp_path, None, 1.0)
+    assert (summary["aborted_samples"], summary["failed_samples"], summary["masked_episodes"]["hack"]) == (1, 1, 1)
+    rollout = summarize(episodes, RolloutConfig(agent="oracle"), 1.0)
+    assert rollout["masked_episodes"]["hack"] == 1 and sum(rollout["masked_episodes"].values()) == 1
+
+
 @pytest.mark.parametrize("rewards, removed, reason", [
     ([0.0, 0.0], [False, False], "every advantage is 0"),
     ([1.0, 0.0], [True, True], "no trainable sample"),

@@ -10,7 +10,7 @@ slime/observability/metric_utils.py computes it: with n scored episodes of which
     pass@k = 1 - C(n - c, k) / C(n, k)
 
 the chance that at least one of k episodes drawn without replacement from the n succeeds. A
-success is a verifier reward >= 1 (Harbor's binary tasks write 1 or 0). Trials the verifier did
+success is samples.is_success: a verifier reward >= 1 (Harbor's binary tasks write 1 or 0). Trials the verifier did
 not score (infrastructure failures) are left out of n and counted, as in training, so an outage
 does not read as a policy that got worse.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_harbor.rollout import run_rollouts
-from slime_harbor.samples import read_jsonl
+from slime_harbor.samples import is_success, read_jsonl
 from slime_harbor.trainers.local_config import LocalTrainConfig
 from slime_harbor.trainers.training_run import truncated_ratio
 
@@ -58,7 +58,7 @@ def eval_metrics(per_task_rewards: Mapping[str, Sequence[float | None]], k: int)
     per_task: dict[str, dict[str, Any]] = {}
     for task, rewards in sorted(per_task_rewards.items()):
         scored = [float(r) for r in rewards if r is not None]
-        n, c = len(scored), sum(r >= 1.0 for r in scored)
+        n, c = len(scored), sum(map(is_success, scored))
         per_task[task] = {
             "n": n, "n_success": c, "n_unscored": len(rewards) - n,
             "reward_mean": sum(scored) / n if n else None,

@@ -20,7 +20,7 @@ import torch
 
 from slime_harbor.grpo import episode_advantages, grpo_loss, masked_mean, rft_loss
 from slime_harbor.policy.weights import peft_quietly
-from slime_harbor.samples import TrainingSample
+from slime_harbor.samples import SampleStatus, TrainingSample, is_success
 from slime_harbor.trainers.local_config import TRAINER_STATE, LocalTrainConfig
 
 OPTIMIZER_STATE = "optimizer.pt"
@@ -204,16 +204,17 @@ def train_on_samples(policy: Policy, samples: Sequence[TrainingSample], cfg: Loc
     """Advantages, then updates_per_rollout optimizer steps. Skips cleanly (no step, weights and
     optimizer untouched) when nothing is trainable or every advantage is 0, and says why."""
     kept = trainable(samples)
-    # Removed by a filter (filters.py marks them) is not aborted: those are counted in "filters".
-    kept_ids = {id(s) for s in kept}
-    aborted = sum(id(s) not in kept_ids and "masked_by" not in (s.metadata or {}) for s in samples)
-    out: dict[str, Any] = {"n_samples": len(samples), "aborted": aborted, "n_trained_samples": 0,
+    # Removed samples by how their episode ended: aborted (a transient failure) and failed (a
+    # permanent one: no reward, an image that does not build) apart; those a filter or the hack
+    # monitor masked are counted in "filters" (filters.mask_counts).
+    out: dict[str, Any] = {"n_samples": len(samples), "aborted": sum(s.status == SampleStatus.ABORTED for s in samples),
+                           "failed": sum(s.status == SampleStatus.FAILED for s in samples), "n_trained_samples": 0,
                            "n_tokens": 0, "skipped": None, "updates": []}
     if not kept:
         out["skipped"] = "no trainable sample"
         return out
     if cfg.objective == "rft":  # the successful episodes only, each token's likelihood raised alike
-        kept = [s for s in kept if s.reward is not None and s.reward >= 1.0]
+        kept = [s for s in kept if is_success(s.reward)]
         if not kept:
             out["skipped"] = "no successful episode to fine-tune on"
             return out

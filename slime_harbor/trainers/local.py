@@ -17,7 +17,8 @@ One step N (trainers/loop.py runs them, synchronously unless --max-staleness K >
        an enabled limit; with dynamic sampling, groups whose kept rewards do not vary are masked
        and more tasks are sampled to fill the step
     2. advantages: reward minus the mean reward of the task's episodes (grpo.episode_advantages);
-       removed samples (infra failures: counted as aborted; masked: counted per filter) are dropped
+       removed samples (infra failures: counted as aborted or failed; masked, by a filter or the
+       hack monitor's screen: counted per reason) are dropped
     3. update: recompute the logprobs of the sampled tokens (log_softmax(logits / T), exactly as
        the engine does), old logprobs = the rollout's own (so the PPO ratio is pi / pi_sampler;
        with --use-tis the learner's own recomputation before the update, and each token's loss is

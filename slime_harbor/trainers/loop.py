@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_harbor.canaries import canary_counts
-from slime_harbor.filters import apply_limit_filters, mask_counts, mask_stale, varying_groups
+from slime_harbor.filters import apply_limit_filters, mask_stale, varying_groups
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.retries import RetryBudget
 from slime_harbor.rollout import load_tokenizer, run_episode, run_rollouts, serving_gateway
@@ -178,7 +178,6 @@ async def take_groups(producer: GroupProducer, step: int, wanted: int) -> tuple[
     or, with dynamic sampling, replaced up to its limit."""
     cfg = producer.run.cfg
     groups: list[Group] = []
-    masked = mask_counts()
     waited = 0.0
     stale_groups = 0
     limit = wanted * (1 + (cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 0))
@@ -196,16 +195,15 @@ async def take_groups(producer: GroupProducer, step: int, wanted: int) -> tuple[
             raise RuntimeError(f"the rollouts stopped: {type(group).__name__}: {group}") from group
         producer.take(group)
         waited += time.monotonic() - t
-        for reason, n in apply_limit_filters(group.samples, cfg.filters()).items():
-            masked[reason] += n
+        apply_limit_filters(group.samples, cfg.filters())
         # Update `step` trains on top of version step - 1. K = 0: no trial spans an update, and a
         # server that takes no weights (--weight-sync none) reports one version all run long.
         if cfg.max_staleness > 0:
-            masked["stale"] += mask_stale(group.samples, step - 1, cfg.max_staleness)
+            mask_stale(group.samples, step - 1, cfg.max_staleness)
         stale_groups += all((s.metadata or {}).get("masked_by") == "stale" for s in group.samples)
         groups.append(group)
     samples = [s for g in groups for s in g.samples]
-    sampling = step_sampling(samples, masked, sum(g.errors for g in groups), len(groups), cfg.dynamic_sampling)
+    sampling = step_sampling(samples, sum(g.errors for g in groups), len(groups), cfg.dynamic_sampling)
     return groups, sampling, waited
 
 

@@ -41,7 +41,7 @@ SLIME_NAMES = {
     "timings/rollout_s": "perf/rollout_time",
     "timings/train_s": "perf/actor_train_time",
     "timings/eval_s": "perf/eval_time",
-    "filters/zero_std": "rollout/dynamic_filter/drop_zero_std",
+    "n_groups_zero_std": "rollout/dynamic_filter/drop_zero_std",  # groups; filters/zero_std counts episodes
     "eval/reward_mean": f"eval/{EVAL_SET}",
     "eval/truncated_ratio": f"eval/{EVAL_SET}-truncated_ratio",
 }

@@ -18,7 +18,7 @@ from typing import Any
 
 from slime_harbor.hack_monitor import hack_counts
 from slime_harbor.filters import MASK_REASONS, drop_zero_std_groups, mask_counts
-from slime_harbor.samples import TrainingSample, episode_key, is_scored
+from slime_harbor.samples import TrainingSample, episode_key, is_scored, is_success
 from slime_harbor.trainers.local_config import LocalTrainConfig
 
 
@@ -82,7 +82,7 @@ def rollout_stats(samples: Sequence[TrainingSample]) -> dict[str, Any]:
         **hack_counts(samples),  # the hack monitor's: hack_rate, hack/<detector>
         "reward_mean": mean,
         "reward_std": math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) if values else None,
-        "pass_rate": sum(v >= 1.0 for v in values) / len(values) if values else None,
+        "pass_rate": sum(map(is_success, values)) / len(values) if values else None,
         "n_scored": len(values),
     }
 
@@ -117,15 +117,16 @@ def truncated_ratio(samples: Sequence[TrainingSample]) -> float | None:
     return sum(v == "truncated" for v in episodes.values()) / len(episodes) if episodes else None
 
 
-def step_sampling(samples: Sequence[TrainingSample], masked: dict[str, int], errors: int, n_groups: int,
+def step_sampling(samples: Sequence[TrainingSample], errors: int, n_groups: int,
                   dynamic_sampling: bool) -> dict[str, Any]:
-    """A step's sampling figures once all its groups are in, from either loop: the episodes the
-    trajectory filters masked (`masked`, per reason), with dynamic sampling the groups without
-    reward variance masked now (zero_std), the failed episodes and the groups sampled."""
-    masked = mask_counts(masked)
-    masked["zero_std"] = drop_zero_std_groups(samples) if dynamic_sampling else 0
-    return {"errors": errors, "n_groups_sampled": n_groups, "filters": masked,
-            "truncated_ratio": truncated_ratio(samples)}
+    """A step's sampling figures once all its groups are in (masked by the trajectory filters and
+    the hack monitor already), from either loop: with dynamic sampling the groups without reward
+    variance are masked now. `filters`: episodes masked per reason (filters.mask_counts: zero_std
+    counts episodes, as every reason does); `n_groups_zero_std`: the groups dynamic sampling
+    dropped; `errors`: the episodes the verifier did not score; `n_groups_sampled`."""
+    dropped = drop_zero_std_groups(samples) if dynamic_sampling else 0
+    return {"errors": errors, "n_groups_sampled": n_groups, "filters": mask_counts(samples),
+            "n_groups_zero_std": dropped, "truncated_ratio": truncated_ratio(samples)}
 
 
 def step_record(step: int, samples: Sequence[TrainingSample], update: dict[str, Any], sampling: dict[str, Any],
@@ -147,7 +148,8 @@ def step_line(r: dict) -> str:
     return (f"step {r['step']}: reward {f(r['reward_mean'], '.3f')} pass {f(r['pass_rate'], '.2f')} "
             + (f"hacks {r['hack_rate']:.2f} " if r.get("hack_rate") else "")
             + (f"canaries passed {r['canary_pass_rate']:.2f} " if r.get("canary_pass_rate") is not None else "")
-            + f"aborted {r['aborted']}/{r['n_samples']}{masked_text(r)} | {what} | rollout {r['timings']['rollout_s']:.1f}s "
+            + f"aborted {r['aborted']}/{r['n_samples']}" + (f" failed {r['failed']}" if r.get("failed") else "")
+            + f"{masked_text(r)} | {what} | rollout {r['timings']['rollout_s']:.1f}s "
             f"train {r['timings']['train_s']:.1f}s"
             + (f" (learner waited {r['timings']['learner_wait_s']:.1f}s)" if "learner_wait_s" in r["timings"] else "")
             + (f" | served weights {r['weight_sync/probe_gap']:.1e} from trained" if "weight_sync/probe_gap" in r else ""))
@@ -175,7 +177,8 @@ def run_summary(metrics, cfg, base_model, out, last_checkpoint, seconds) -> dict
         "steps": len(metrics),
         "last_step": metrics[-1]["step"] if metrics else 0,
         "skipped_steps": [m["step"] for m in metrics if m["skipped"]],
-        "aborted_samples": sum(m["aborted"] for m in metrics),
+        "aborted_samples": sum(m["aborted"] for m in metrics),  # samples of aborted episodes (transient failures)
+        "failed_samples": sum(m.get("failed", 0) for m in metrics),  # of failed ones (permanent: no reward, ...)
         "trained_tokens": sum(m["n_tokens"] for m in metrics),
         "first_reward_mean": rewards[0] if rewards else None,
         "last_reward_mean": rewards[-1] if rewards else None,
