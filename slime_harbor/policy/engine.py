@@ -183,7 +183,10 @@ class SamplingEngine:
             raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
         stop_ids = frozenset() if params.ignore_eos else self.eos_token_ids | frozenset(params.stop_token_ids)
         with self._cond:  # also serialises draws from the shared seed generator
-            seed = params.sampling_seed if params.sampling_seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))
+            # A request that samples nothing (max_new_tokens 0: the weight check's prefill) draws no
+            # seed, so it leaves the samples of every other request as they would have been.
+            unseeded = params.sampling_seed is None and params.max_new_tokens > 0
+            seed = int(torch.randint(2**62, (1,), generator=self._rng)) if unseeded else params.sampling_seed or 0
             request = _Request(
                 rid or uuid.uuid4().hex, prompt_ids, params, stop_ids, torch.Generator().manual_seed(seed), lora
             )

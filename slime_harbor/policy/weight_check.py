@@ -132,7 +132,8 @@ def served_logprobs(url: str, tokens: list[int], api: str, model: str | None = N
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise WeightMismatch(f"{url}/v1/completions returned no prompt_logprobs for the weight check "
                                  f"({type(exc).__name__}: {exc})") from None
-    body = {"input_ids": list(tokens), "sampling_params": {"max_new_tokens": 1, "temperature": 1.0},
+    # max_new_tokens 0: a prefill only (SGLang answers it; ours then draws no sampling seed).
+    body = {"input_ids": list(tokens), "sampling_params": {"max_new_tokens": 0, "temperature": 1.0},
             "return_logprob": True, "logprob_start_len": 0}
     if lora_name:
         body["lora_path"] = lora_name
