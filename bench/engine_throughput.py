@@ -8,7 +8,7 @@ exactly --max-new-tokens tokens:
     embedded   slime_harbor.policy.server.EmbeddedPolicyServer in this process, as the trainers
                run it (EngineConfig(max_batch_size=max(32, --concurrency)), all else its defaults);
                POST /generate with input_ids
-    sglang     the real SGLang (policy/engines.py EngineProcess: its own venv, this machine's CPU
+    sglang     the real SGLang (policy/engine_launcher.py EngineProcess: its own venv, this machine's CPU
                flags, at most 8 running requests); POST /generate with input_ids
     vllm       the real vLLM (EngineProcess, CPU flags, --max-num-seqs 8); it has no /generate, so
                POST /v1/completions with the token ids as the prompt and the served model name
@@ -129,8 +129,8 @@ def free_port() -> int:
 
 
 def run_embedded(model_dir: Path, prompt_ids: list[int], args) -> Result:
-    from slime_harbor.policy.engine import EngineConfig
-    from slime_harbor.policy.engines import wait_healthy
+    from slime_harbor.policy.embedded_engine import EngineConfig
+    from slime_harbor.policy.engine_launcher import wait_healthy
     from slime_harbor.policy.server import EmbeddedPolicyServer
 
     started = time.perf_counter()
@@ -148,7 +148,7 @@ def run_embedded(model_dir: Path, prompt_ids: list[int], args) -> Result:
 
 
 def run_real(engine: str, model_dir: Path, prompt_ids: list[int], args) -> Result:
-    from slime_harbor.policy.engines import EngineMissing, EngineProcess
+    from slime_harbor.policy.engine_launcher import EngineMissing, EngineProcess
 
     fd, log_path = tempfile.mkstemp(prefix=f"engine-throughput-{engine}-", suffix=".log")
     os.close(fd)
@@ -221,7 +221,7 @@ def main() -> None:
     log(f"model {model_dir}, prompt {len(prompt_ids)} tokens, {args.max_new_tokens} new tokens per request, "
         f"1 and {args.concurrency} streams, median of {args.rounds} rounds, {os.cpu_count()} CPUs")
     if args.concurrency > 8 and {"sglang", "vllm"} & set(engines):
-        log(f"note: on a CPU the real engines run at most 8 requests at once (engines.py); the other "
+        log(f"note: on a CPU the real engines run at most 8 requests at once (engine_launcher.py); the other "
             f"{args.concurrency - 8} of each wave wait")
 
     results = []

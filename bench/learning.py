@@ -54,7 +54,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from slime_harbor.policy.engine import EngineConfig
+from slime_harbor.policy.embedded_engine import EngineConfig
 from slime_harbor.policy.sampling import episode_sampling
 from slime_harbor.policy.server import EmbeddedPolicyServer
 from slime_harbor.policy.tiny_model import build_tiny_model

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from slime_harbor.policy.engine import EngineConfig, SamplingEngine
+from slime_harbor.policy.embedded_engine import EngineConfig, SamplingEngine
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.grpo import grpo_loss
 from slime_harbor.trainers.local_config import LocalTrainConfig

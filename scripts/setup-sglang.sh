@@ -9,7 +9,7 @@
 # On a machine with an NVIDIA GPU this installs SGLang as SGLang documents it (the PyPI package and
 # its CUDA kernels). On a CPU the same packages are installed: SGLang's CUDA build of torch runs on a
 # CPU, and `slime-harbor serve --engine sglang` puts a stand-in for the kernel package in front of
-# the real one (slime_harbor/policy/engines/cpu_shims/sgl_kernel: the real one ships CUDA binaries
+# the real one (slime_harbor/policy/cpu_shims/sgl_kernel: the real one ships CUDA binaries
 # only, and a CPU serving this model calls none of its functions; see that module).
 set -euo pipefail
 cd "$(dirname "$0")/.."

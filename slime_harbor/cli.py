@@ -24,7 +24,7 @@ from slime_harbor.config_docs import field_docs
 from slime_harbor.converter import CONTEXT_EXCEEDED
 from slime_harbor.exits import EXIT_USAGE, ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
 from slime_harbor.hack_monitor import HACK_ACTIONS
-from slime_harbor.policy.engines import ENGINES
+from slime_harbor.policy.engine_launcher import ENGINES
 from slime_harbor.policy.sampling import episode_sampling, SamplingParams
 from slime_harbor.policy.tiny_model import build_tiny_model, ensure_tiny_model
 from slime_harbor.policy.weight_check import WeightMismatch
@@ -413,7 +413,7 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
         else:
             import shlex
 
-            from slime_harbor.policy.engines import EngineMissing, serve_engine
+            from slime_harbor.policy.engine_launcher import EngineMissing, serve_engine
 
             try:
                 code = serve_engine(a.engine, model, a.host, a.port, shlex.split(a.engine_args))

@@ -759,8 +759,8 @@ def generate_rollout_fully_async(args, rollout_id, data_source, evaluation: bool
 
 def served_weight_version(args) -> int:
     """The weight version SLiME's engines serve now (the highest of the router's workers'; SGLang
-    0.5.23 keeps it in /model_info and has no /get_weight_version): policy/engines.weight_version."""
-    from slime_harbor.policy.engines import weight_version
+    0.5.23 keeps it in /model_info and has no /get_weight_version): policy/probe.weight_version."""
+    from slime_harbor.policy.probe import weight_version
 
     version = weight_version(f"http://{args.sglang_router_ip}:{args.sglang_router_port}")
     if version is None or not version.isdigit():

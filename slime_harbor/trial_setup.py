@@ -263,7 +263,7 @@ def is_installed_agent(config) -> bool:
 
 def with_engine(cfg: RolloutConfig) -> RolloutConfig:
     """cfg as the engine at cfg.policy_url needs it, found out from the server itself
-    (policy/engines.probe), so `--policy-url` takes any engine's root with no other flag:
+    (policy/probe.py), so `--policy-url` takes any engine's root with no other flag:
 
     - a vLLM (or other OpenAI-compatible) root: sampled through its /v1/completions with token ids
       (policy_api openai), under the name it serves (the gateway accepts any model string);
@@ -273,7 +273,7 @@ def with_engine(cfg: RolloutConfig) -> RolloutConfig:
     A URL that already names the OpenAI base (ends in /v1, policy_api openai) is taken as given."""
     if not cfg.policy_url or cfg.policy_url == "embedded":
         return cfg
-    from slime_harbor.policy.engines import probe
+    from slime_harbor.policy.probe import probe
 
     root = cfg.policy_url.rstrip("/").removesuffix("/v1")
     info = probe(root)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from slime_harbor.policy.engine import EngineConfig, SamplingEngine
+from slime_harbor.policy.embedded_engine import EngineConfig, SamplingEngine
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.policy.tiny_model import IM_END, TinyModelConfig, build_tiny_model
 from slime_harbor.samples import top_p_offsets_ok

@@ -56,7 +56,7 @@ def test_loading_lora_adapters_prints_no_third_party_warning(trained_run, tiny_m
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from slime_harbor.policy.engine import SamplingEngine
+    from slime_harbor.policy.embedded_engine import SamplingEngine
 
     out, _ = trained_run
     cfg = run_config(tiny_model_dir, out)

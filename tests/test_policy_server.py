@@ -342,7 +342,7 @@ def test_embedded_server_stops_cleanly(tiny_model_dir):
 
 
 def test_embedded_server_can_serve_a_callers_engine(tiny_model_dir):
-    from slime_harbor.policy.engine import SamplingEngine
+    from slime_harbor.policy.embedded_engine import SamplingEngine
 
     with SamplingEngine.from_pretrained(tiny_model_dir) as engine:
         with EmbeddedPolicyServer(engine=engine) as server:

@@ -24,9 +24,8 @@ import torch
 from helpers.servers import free_port
 from helpers.samples import recompute_logprobs
 
-from slime_harbor.policy.engines import (
-    EngineMissing, EngineProcess, probe, process_group_alive, wait_healthy, weight_version,
-)
+from slime_harbor.policy.engine_launcher import EngineMissing, EngineProcess, process_group_alive, wait_healthy
+from slime_harbor.policy.probe import probe, weight_version
 from slime_harbor.policy.sampling import episode_sampling
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.samples import SampleStatus, read_jsonl
@@ -145,7 +144,7 @@ def test_the_sgl_kernel_stand_in_imports_and_refuses_every_call_it_gets(tmp_path
     import sys
 
     from slime_harbor.policy.cpu_shims.sgl_kernel import CALLS_FILE_VARIABLE
-    from slime_harbor.policy.engines import CPU_SHIMS
+    from slime_harbor.policy.engine_launcher import CPU_SHIMS
 
     calls = tmp_path / "calls.txt"
     code = """
@@ -346,7 +345,7 @@ def test_sglang_takes_weights_as_tensors_with_tied_embeddings(tiny_model_dir, tm
     LM head follows: the served prompt logprobs equal the moved weights' float32 ones."""
     import subprocess
 
-    from slime_harbor.policy.engines import engine_command
+    from slime_harbor.policy.engine_launcher import engine_command
 
     moved, tokenizer = trained_copy(tiny_model_dir, seed=2)
     moved.save_pretrained(tmp_path / "moved")
@@ -354,7 +353,7 @@ def test_sglang_takes_weights_as_tensors_with_tied_embeddings(tiny_model_dir, tm
         _, env = engine_command("sglang", tiny_model_dir, "127.0.0.1", 0, gpu=False)
     except EngineMissing as exc:
         pytest.skip(str(exc))
-    from slime_harbor.policy.engines import engine_python
+    from slime_harbor.policy.engine_launcher import engine_python
 
     script = Path(__file__).parent / "helpers" / "sglang_tensor_update.py"
     proc = subprocess.run([str(engine_python("sglang")), str(script), str(tiny_model_dir), str(tmp_path / "moved")],

@@ -607,7 +607,7 @@ def test_fully_async_against_the_real_sglang_behind_its_router(slime_modules, ti
     from slime.rollout.data_source import RolloutDataSourceWithBuffer
     from slime.utils import http_utils
 
-    from slime_harbor.policy.engines import EngineMissing, EngineProcess
+    from slime_harbor.policy.engine_launcher import EngineMissing, EngineProcess
     from slime_harbor.policy.tiny_model import build_tiny_model
 
     new_weights = build_tiny_model(tmp_path / "v1", seed=7)

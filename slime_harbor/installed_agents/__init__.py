@@ -16,7 +16,7 @@ host (bubblewrap), and every trial reuses it:
   :meth:`SandboxInstall.docker_script`, with the host network, at image build time), tagged by the
   base image's id and the script, and starts the trial's container from it.
 - ``BubblewrapEnvironment`` builds :meth:`SandboxInstall.host_dir` on the host once (cached under
-  ``slime_harbor.policy.tiny_model.cache_dir()``) and binds it read-only at ``sandbox_dir``.
+  ``slime_harbor.cache.cache_dir()``) and binds it read-only at ``sandbox_dir``.
 
 The coupling is one environment kwarg, ``agent_installs`` (``--ek agent_installs=mini-swe-agent``;
 a recipe's name (recipes.py) or ``module:attr`` of a :class:`SandboxInstall`), which :func:`environment_kwargs`

@@ -390,7 +390,7 @@ fi
         """The host directory holding the venv and launcher (bound read-only at sandbox_dir), built
         once per recipe and host Python (across processes: a lock file, a build into a temporary
         dir renamed into place)."""
-        from slime_harbor.policy.tiny_model import cache_dir
+        from slime_harbor.cache import cache_dir
 
         self.check_host()
         python, key = self._host_key()

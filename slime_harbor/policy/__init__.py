@@ -1,8 +1,13 @@
 """The policy being trained, as the rollout sees it.
 
-    client.py       SGLang /generate client (the agent's only way to sample)
-    server.py       embedded SGLang-compatible server (SGLang router in production)
-    engine.py       continuous-batching sampler behind the embedded server
-    renderer.py     the model family's chat renderer (PyPI `renderers`), the gateway's and agent SFT's
-    tiny_model.py   the tiny Qwen3-architecture model and tokenizer, built offline
+    sampling.py          SamplingParams (how a call samples) and Generation (what it sampled)
+    client.py            SGLang /generate or vLLM /v1/completions client (the agents' only way to sample)
+    server.py            the embedded SGLang-compatible server (SGLang's router in production)
+    embedded_engine.py   the continuous-batching sampler behind it (decode.py: its batch's tensors)
+    engine_launcher.py   starts the real SGLang and vLLM from their own venvs
+    probe.py             what a server's URL serves: its kind, context limit, weight version, dtype
+    weights.py           pushes a trainer's weights to a server;  weight_check.py: checks it serves them
+    vllm_worker.py       runs inside vLLM: a reload after which a tied LM head follows the embeddings
+    renderer.py          the model family's chat renderer (PyPI `renderers`), the gateway's, the agent's and SFT's
+    tiny_model.py        the tiny Qwen3-architecture model and tokenizer, built offline
 """

@@ -35,7 +35,7 @@ Endpoints:
     POST /update_weight_version SGLang's and vLLM's: {"new_version": "N"} labels the weights served now
     GET  /model_info, /get_model_info   SGLang 0.5.23's: {"model_path", "weight_version", "lora_adapters"}
                                 (it has no /get_weight_version: the version is here)
-    GET  /server_info           SGLang's (what engines.probe reads): {"engine": "slime-harbor-embedded", "dtype",
+    GET  /server_info           SGLang's (what policy/probe.py reads): {"engine": "slime-harbor-embedded", "dtype",
                                 "version", "max_total_num_tokens", "weight_version"}
     GET  /health, /health_generate, /v1/models, /v1/loads
 
@@ -59,7 +59,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from slime_harbor.http_api import BadRequest, bad_request_reply, json_object, openai_error
-from slime_harbor.policy.engine import EngineConfig, SamplingEngine
+from slime_harbor.policy.embedded_engine import EngineConfig, SamplingEngine
 from slime_harbor.policy.sampling import Generation, SamplingParams
 
 # SGLang sampling params we accept without implementing, with the value that makes them no-ops.

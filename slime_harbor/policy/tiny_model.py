@@ -13,10 +13,11 @@ token ids, logprobs, chat rendering and weight updates are exercised exactly as 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from slime_harbor.cache import cache_dir
 
 # Qwen's special tokens. eos is <|im_end|> (the end of an assistant turn), pad is <|endoftext|>.
 ENDOFTEXT = "<|endoftext|>"
@@ -406,11 +407,6 @@ def recipe_hash(config: TinyModelConfig | None = None) -> str:
         [RECIPE_VERSION, asdict(config or TinyModelConfig()), CORPUS, WORDS, SPECIAL_TOKENS, FORMAT_TOKENS, CHAT_TEMPLATE]
     )
     return hashlib.sha256(recipe.encode()).hexdigest()[:16]
-
-
-def cache_dir() -> Path:
-    """Where built tiny models are cached ($SLIME_HARBOR_CACHE, else ~/.cache/slime-harbor)."""
-    return Path(os.environ.get("SLIME_HARBOR_CACHE", Path.home() / ".cache" / "slime-harbor"))
 
 
 def ensure_tiny_model(seed: int = 0) -> Path:

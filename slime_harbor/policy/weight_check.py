@@ -80,7 +80,7 @@ class WeightCheck:
             return {}
         if not self.probe:
             self.probe = tokenizer.encode(BUILTIN_PROBE)[:PROBE_TOKENS]
-        from slime_harbor.policy.engines import probe as engine_info
+        from slime_harbor.policy.probe import probe as engine_info
 
         info = engine_info(self.url)
         started = time.perf_counter()
@@ -152,7 +152,7 @@ def served_dtype(url: str, kind: str) -> str:
     """The dtype the engine computes in: SGLang's and ours from /server_info (SGLang's "auto" is
     the checkpoint's, a float32 checkpoint running in float16), vLLM's from its /server_info
     (dev mode). "unknown" when it does not say."""
-    from slime_harbor.policy.engines import server_dtype
+    from slime_harbor.policy.probe import server_dtype
 
     return server_dtype(url, kind) or "unknown"
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import httpx
 
-from slime_harbor.policy.engines import VLLM_WORKER_EXTENSION
+from slime_harbor.policy.engine_launcher import VLLM_WORKER_EXTENSION
 
 MODES = ("auto", "lora", "disk", "none")
 
@@ -121,8 +121,8 @@ class WeightSync:
         return True
 
     def _engine(self):
-        """What serves base_url (policy/engines.probe, asked once per URL)."""
-        from slime_harbor.policy.engines import probe
+        """What serves base_url (policy/probe.py, asked once per URL)."""
+        from slime_harbor.policy.probe import probe
 
         return probe(self.base_url)
 

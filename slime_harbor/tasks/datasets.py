@@ -23,7 +23,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from slime_harbor.exits import ConfigError, one_line
-from slime_harbor.policy.tiny_model import cache_dir
+from slime_harbor.cache import cache_dir
 from slime_harbor.tasks.task_dir import discover_tasks
 
 DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9][A-Za-z0-9._+-]*)?")

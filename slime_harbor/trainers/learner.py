@@ -315,7 +315,7 @@ class Learner:
                      "the server's base model is not --model, or it did not load the adapter" if self.sync.lora_name
                      else "the server did not take the pushed weights whole")
         else:
-            from slime_harbor.policy.engine import EngineConfig, SamplingEngine
+            from slime_harbor.policy.embedded_engine import EngineConfig, SamplingEngine
             from slime_harbor.policy.server import EmbeddedPolicyServer
 
             # The engine serves the very module the optimizer updates; a new seed per start so a

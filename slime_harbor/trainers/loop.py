@@ -210,7 +210,7 @@ async def take_groups(producer: GroupProducer, step: int, wanted: int) -> tuple[
 async def evaluate_frozen(run: TrainingRun, version: int, record: dict) -> None:
     """Held-out evaluation of weight version `version` on a frozen copy of it, served apart, while
     training goes on; its figures land in record["eval"] (and metrics.json, wandb) when done."""
-    from slime_harbor.policy.engine import EngineConfig, SamplingEngine
+    from slime_harbor.policy.embedded_engine import EngineConfig, SamplingEngine
     from slime_harbor.policy.server import EmbeddedPolicyServer
 
     frozen = run.learner.frozen_policy()

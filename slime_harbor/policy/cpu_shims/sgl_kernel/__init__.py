@@ -7,7 +7,7 @@ Serving a dense model such as the tiny Qwen3 with ``--attention-backend torch_na
 calls no function of it: SGLang's torch paths do the work.
 
 What it does: ``slime-harbor serve --engine sglang`` puts the folder holding this package first on
-SGLang's ``PYTHONPATH`` on a machine without a GPU, and only there (policy/engines.py). Every name
+SGLang's ``PYTHONPATH`` on a machine without a GPU, and only there (policy/engine_launcher.py). Every name
 imported from it, in any submodule, refuses to run when called: it appends its name to the file
 ``$SLIME_HARBOR_SGL_KERNEL_CALLS`` (when set) and raises. The test suite sets that file and
 checks it is still empty after real rollouts (tests/test_real_engines.py), so a SGLang that starts
