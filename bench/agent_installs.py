@@ -22,7 +22,7 @@ from pathlib import Path
 
 from slime_harbor.environments.docker_images import docker_client, ensure_layer_image, layer_image
 from scripts.agent_table import MEASURED, write_agent_table
-from slime_harbor.installed_agents.recipes import RECIPES
+from slime_harbor.agents.installed.catalog import RECIPES
 from slime_harbor.policy.sampling import episode_sampling
 from slime_harbor.policy.server import EmbeddedPolicyServer
 from slime_harbor.policy.tiny_model import ensure_tiny_model

@@ -1,4 +1,4 @@
-"""docs/gateway.md's agent table, generated from the recipes (slime_harbor/installed_agents/recipes.py)
+"""docs/gateway.md's agent table, generated from the recipes (slime_harbor/agents/installed/catalog.py)
 and what bench/agent_installs.py measured (docs/agent_installs.json). A tool of the repository, not
 of the package: the package never writes into docs/.
 
@@ -15,9 +15,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
-from slime_harbor.installed_agents.installs import NpmInstall, PypiInstall  # noqa: E402
-from slime_harbor.installed_agents.recipe import AgentRecipe  # noqa: E402
-from slime_harbor.installed_agents.recipes import RECIPES, UNAVAILABLE  # noqa: E402
+from slime_harbor.agents.installed.installs import NpmInstall, PypiInstall  # noqa: E402
+from slime_harbor.agents.installed.recipe import AgentRecipe  # noqa: E402
+from slime_harbor.agents.installed.catalog import RECIPES, UNAVAILABLE  # noqa: E402
 
 DOCS = REPO / "docs"
 MEASURED_FILE = DOCS / "agent_installs.json"

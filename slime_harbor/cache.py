@@ -3,7 +3,7 @@
 
     tiny-model-seed<N>-<recipe>/     the offline tiny model (policy/tiny_model.py)
     engines/                         the real SGLang and vLLM venvs (scripts/setup-*.sh, policy/engine_launcher.py)
-    agent-installs/                  installed agents' host-side installs (installed_agents/installs.py)
+    agent-installs/                  installed agents' host-side installs (agents/installed/installs.py)
     datasets/, harbor-tasks/         Harbor datasets by name (tasks/datasets.py)
     rootfs-*.tar, build-*.log        Docker base images built without a pull (scripts/setup-docker.sh)
 """

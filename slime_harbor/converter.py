@@ -29,7 +29,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime_harbor.host_agents import HOST_GATEWAY_AGENTS
+from slime_harbor.agents.host import HOST_GATEWAY_AGENTS
 from slime_harbor.samples import SampleStatus, TrainingSample, is_scored, top_p_offsets_ok
 
 # Transient infrastructure failures: the policy is not to blame and a new trial may well succeed

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_harbor.exits import ConfigError, one_line
-from slime_harbor.host_agents import HOST_GATEWAY_AGENTS
+from slime_harbor.agents.host import HOST_GATEWAY_AGENTS
 from slime_harbor.policy.sampling import episode_sampling, SamplingParams
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.tasks.task_dir import discover_tasks
@@ -29,7 +29,7 @@ DEFAULT_TASKS = Path(__file__).resolve().parent.parent / "examples" / "harbor" /
 """The bundled example tasks."""
 LOCAL_SANDBOX = "slime_harbor.environments.bubblewrap:BubblewrapEnvironment"
 DOCKER_SANDBOX = "slime_harbor.environments.docker:DockerEnvironment"
-NATIVE_AGENT = "slime_harbor.agent:NativeAgent"
+NATIVE_AGENT = "slime_harbor.agents.native:NativeAgent"
 NO_MODEL_AGENTS = frozenset({"oracle", "nop"})
 """Harbor agents that never call a model: they need no policy and no gateway."""
 """Harbor agents that run in the trial's process (nothing to install in the sandbox) and sample
@@ -182,7 +182,7 @@ def harbor_agent_place(name: str) -> str | None:
     (installed by the sandbox from the registries, trains through the gateway), ``ours`` (runs as
     slime-harbor runs it: oracle, nop, terminus-2), ``refused`` (UNAVAILABLE says why); None for a
     name placed nowhere, which would fall through to Harbor's own install in the sandbox."""
-    from slime_harbor.installed_agents.recipes import RECIPES, UNAVAILABLE
+    from slime_harbor.agents.installed.catalog import RECIPES, UNAVAILABLE
 
     if name in RECIPES:
         return "recipe"
@@ -315,7 +315,7 @@ def _agent_config(cfg: RolloutConfig, endpoint: ModelEndpoint | None):
         )
     if cfg.agent in NO_MODEL_AGENTS:
         return AgentConfig(name=cfg.agent, kwargs=dict(cfg.agent_kwargs))
-    from slime_harbor.installed_agents.recipes import RECIPES
+    from slime_harbor.agents.installed.catalog import RECIPES
 
     endpoint = endpoint or UNBOUND_ENDPOINT
     # A Harbor agent with a recipe runs as the recipe's class (installed by the sandbox from the
@@ -378,10 +378,10 @@ def environment_config(env: str, gateway=None, agent=None):
     it listens: a no-network sandbox then reaches it, and nothing else, at 127.0.0.1:<its port>.
     Given the trial's AgentConfig, they provide what the agent needs without opening the task's
     network: tmux for terminus-2, and what the agent installs from the registries before the trial
-    starts (`agent_installs`, e.g. mini-swe-agent's venv; slime_harbor.installed_agents)."""
+    starts (`agent_installs`, e.g. mini-swe-agent's venv; slime_harbor.agents.installed)."""
     from harbor.models.trial.config import EnvironmentConfig
 
-    from slime_harbor.installed_agents.installs import environment_kwargs
+    from slime_harbor.agents.installed.installs import environment_kwargs
 
     ours = {"gateway_port": gateway.port, "gateway_host": connect_host(gateway)} if gateway is not None else {}
     if agent is not None and (host_agent := HOST_GATEWAY_AGENTS.get(agent.name)):
@@ -508,13 +508,13 @@ def check_agent(cfg: RolloutConfig) -> None:
     from harbor.agents.factory import AgentFactory
     from harbor.models.agent.name import AgentName
 
-    from slime_harbor.installed_agents.recipes import RECIPES, UNAVAILABLE
+    from slime_harbor.agents.installed.catalog import RECIPES, UNAVAILABLE
 
     if cfg.agent in UNAVAILABLE:
         raise ConfigError(f"agent {cfg.agent!r} cannot train here: {UNAVAILABLE[cfg.agent]}")
     if cfg.agent in AgentName.values() and harbor_agent_place(cfg.agent) is None:
         raise ConfigError(f"agent {cfg.agent!r} is Harbor's but has no place in slime-harbor (no recipe in "
-                          "installed_agents/recipes.py, no reason in its UNAVAILABLE): it would run Harbor's own "
+                          "agents/installed/catalog.py, no reason in its UNAVAILABLE): it would run Harbor's own "
                           "install in the sandbox")
     try:
         agent_class(agent_config(cfg))
@@ -529,8 +529,8 @@ def check_agent(cfg: RolloutConfig) -> None:
 def _check_agent_installs(cfg: RolloutConfig) -> None:
     """What the agent needs installed in the sandbox can be built here (the bubblewrap sandbox's
     host-side installs; a Docker layer's build fails its trials with the build log instead)."""
-    from slime_harbor.installed_agents.installs import ENVIRONMENT_KWARG, environment_kwargs
-    from slime_harbor.installed_agents.recipes import resolve_installs
+    from slime_harbor.agents.installed.installs import ENVIRONMENT_KWARG, environment_kwargs
+    from slime_harbor.agents.installed.catalog import resolve_installs
 
     if cfg.env != "local" or not samples_policy(cfg.agent) or is_native(cfg.agent):
         return

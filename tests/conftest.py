@@ -74,7 +74,7 @@ def responsive_model_dir(tiny_model_dir, tmp_path_factory):
     from helpers.rollout import NATIVE_REPLY, TERMINUS_REPLY
     from transformers import AutoTokenizer
 
-    from slime_harbor.agent import initial_prompt_ids
+    from slime_harbor.agents.native import initial_prompt_ids
     from slime_harbor.policy.renderer import make_renderer
     from slime_harbor.trainers.sft import SFTConfig, sft_model_dir
     from slime_harbor.trial_setup import DEFAULT_TASKS

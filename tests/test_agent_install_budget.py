@@ -23,7 +23,7 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 from helpers.docker import docker_skip_reason
 
-from slime_harbor.installed_agents.installs import SandboxInstall
+from slime_harbor.agents.installed.installs import SandboxInstall
 from slime_harbor.rollout import run_episode
 from slime_harbor.samples import SampleStatus
 from slime_harbor.trial_setup import RolloutConfig

@@ -11,8 +11,8 @@ import pytest
 from harbor.models.agent.context import AgentContext
 from harbor.models.trajectories import Trajectory
 
-import slime_harbor.agent as agent_module
-from slime_harbor.agent import NativeAgent
+import slime_harbor.agents.native as agent_module
+from slime_harbor.agents.native import NativeAgent
 from slime_harbor.gateway.session import Call, GatewaySession
 from slime_harbor.policy.sampling import Generation, SamplingParams
 

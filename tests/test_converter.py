@@ -203,7 +203,7 @@ def test_the_agents_tokenizer_decodes_when_the_caller_gives_none(tiny_model_dir,
     from harbor.models.trial.config import AgentConfig
 
     result = make_result(linear_detail(), {"reward": 1.0})
-    result.config.agent = AgentConfig(import_path="slime_harbor.agent:NativeAgent",
+    result.config.agent = AgentConfig(import_path="slime_harbor.agents.native:NativeAgent",
                                       kwargs={"tokenizer_path": str(tiny_model_dir)})
     (s,) = trial_to_samples(result, index=0)
     assert s.response == tokenizer.decode(C0 + OBS0 + C1) and s.prompt == tokenizer.decode(P0)

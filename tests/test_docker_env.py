@@ -366,7 +366,7 @@ def ls_policy(tiny_model_dir, tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from slime_harbor.agent import initial_prompt_ids
+    from slime_harbor.agents.native import initial_prompt_ids
     from slime_harbor.policy.renderer import make_renderer
     from slime_harbor.policy.server import EmbeddedPolicyServer
     from slime_harbor.trainers.sft import SFTConfig, sft_model_dir

@@ -71,7 +71,7 @@ def test_the_readme_is_a_front_door(site):
 def test_the_agent_table_is_generated_from_the_recipes():
     """docs/gateway.md's agent table is what the recipes and the measured figures give now."""
     from scripts.agent_table import MEASURED, agent_table
-    from slime_harbor.installed_agents.recipes import RECIPES, UNAVAILABLE
+    from slime_harbor.agents.installed.catalog import RECIPES, UNAVAILABLE
 
     page = (REPO / "docs" / "gateway.md").read_text()
     assert agent_table(MEASURED) in page, "regenerate it: .venv/bin/python scripts/agent_table.py"

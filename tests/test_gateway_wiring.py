@@ -35,7 +35,7 @@ ENDPOINT = ModelEndpoint(host_url="http://127.0.0.1:4321/s/trial-1/v1",
 # ---- what each agent is handed ------------------------------------------------------------------
 
 def test_which_agents_go_through_the_gateway():
-    assert [uses_gateway(a) for a in ("native", "slime_harbor.agent:NativeAgent", "oracle", "nop")] == [False] * 4
+    assert [uses_gateway(a) for a in ("native", "slime_harbor.agents.native:NativeAgent", "oracle", "nop")] == [False] * 4
     assert all(uses_gateway(a) for a in ("terminus-2", "mini-swe-agent", "claude-code", CHAT_TOOLS_AGENT))
     assert not samples_policy("oracle") and samples_policy("native") and samples_policy(CHAT_TOOLS_AGENT)
 

@@ -525,7 +525,7 @@ def test_slime_sampling_params_apply_to_every_agent(agent, Sample):
     """The gateway calls /generate itself, so top-p replay ids, stop_token_ids and sampling_seed
     reach every agent's sampling (the native agent's kwargs, else its gateway session), while a
     setting no agent can honour is still refused."""
-    from slime_harbor.agent import NativeAgentOptions
+    from slime_harbor.agents.native import NativeAgentOptions
     from slime_harbor.hooks import rollout_config
     from slime_harbor.trial_setup import agent_config, uses_gateway
 
@@ -555,7 +555,7 @@ def test_a_prompt_rows_refused_agent_is_a_failed_sample_without_a_trial(tmp_path
 
 def test_sampling_params_reach_the_agent_config(Sample):
     """SLiME's per-request options become the agents' own kwargs (AgentConfig.kwargs)."""
-    from slime_harbor.agent import NativeAgentOptions
+    from slime_harbor.agents.native import NativeAgentOptions
     from slime_harbor.hooks import rollout_config
     from slime_harbor.trial_setup import agent_config
 

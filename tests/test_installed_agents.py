@@ -1,4 +1,4 @@
-"""Harbor's installed agents from their recipes (slime_harbor.installed_agents.recipes), each
+"""Harbor's installed agents from their recipes (slime_harbor.agents.installed.catalog), each
 installed from its registry alone in a Docker layer FROM the task's image and running a real trial
 through the recording gateway on a bundled no-network task.
 
@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from harbor.models.agent.context import AgentContext
 
-from slime_harbor.installed_agents.installs import environment_kwargs
+from slime_harbor.agents.installed.installs import environment_kwargs
 
-from slime_harbor.installed_agents.recipes import resolve_installs
-from slime_harbor.installed_agents.recipes import RECIPES, ClaudeCode, Codex, OpenCode
+from slime_harbor.agents.installed.catalog import resolve_installs
+from slime_harbor.agents.installed.catalog import RECIPES, ClaudeCode, Codex, OpenCode
 from slime_harbor.trial_setup import agent_config, gateway_step_limit, ModelEndpoint, RolloutConfig
 from slime_harbor.samples import SampleStatus
 from helpers.docker import needs_docker
@@ -39,13 +39,13 @@ ENDPOINT = ModelEndpoint(host_url="http://127.0.0.1:4321/s/t1/v1", sandbox_url="
 
 def test_rollout_hands_claude_code_its_turn_limit_and_codex_the_gateways():
     claude = agent_config(RolloutConfig(agent="claude-code", step_limit=4), ENDPOINT)
-    assert claude.import_path == "slime_harbor.installed_agents.recipes:ClaudeCode"
+    assert claude.import_path == "slime_harbor.agents.installed.catalog:ClaudeCode"
     assert claude.model_name == "anthropic/policy" and claude.kwargs["step_limit"] == 4
     assert environment_kwargs(claude) == {"agent_installs": ["claude-code"]}
     assert gateway_step_limit(claude, 4) is None  # Claude Code stops itself at --max-turns
 
     codex = agent_config(RolloutConfig(agent="codex", step_limit=4), ENDPOINT)
-    assert codex.import_path == "slime_harbor.installed_agents.recipes:Codex" and codex.model_name == "openai/policy"
+    assert codex.import_path == "slime_harbor.agents.installed.catalog:Codex" and codex.model_name == "openai/policy"
     assert environment_kwargs(codex) == {"agent_installs": ["codex"]}
     assert gateway_step_limit(codex, 4) == 4  # Codex has no turn limit: the gateway's session enforces it
     assert resolve_installs(["claude-code", "codex"]) == [RECIPES["claude-code"].install, RECIPES["codex"].install]
@@ -71,7 +71,7 @@ def test_the_bubblewrap_sandbox_refuses_them_in_one_line():
 def test_an_agent_that_cannot_train_here_is_refused_in_one_line_before_any_trial(tmp_path, monkeypatch):
     from harbor.models.agent.name import AgentName
 
-    from slime_harbor.installed_agents.recipes import UNAVAILABLE
+    from slime_harbor.agents.installed.catalog import UNAVAILABLE
     from slime_harbor.trial_setup import check_config, ConfigError
     from slime_harbor.trial_setup import DEFAULT_TASKS
 
@@ -104,8 +104,8 @@ def test_every_harbor_agent_name_is_a_recipe_ours_or_refused_with_a_reason():
     from harbor.agents.installed.base import BaseInstalledAgent
     from harbor.models.agent.name import AgentName
 
-    from slime_harbor.installed_agents.recipes import UNAVAILABLE
-    from slime_harbor.host_agents import HOST_GATEWAY_AGENTS
+    from slime_harbor.agents.installed.catalog import UNAVAILABLE
+    from slime_harbor.agents.host import HOST_GATEWAY_AGENTS
     from slime_harbor.trial_setup import harbor_agent_place, NO_MODEL_AGENTS
 
     assert {name: harbor_agent_place(name) for name in AgentName.values() if harbor_agent_place(name) is None} == {}
@@ -189,7 +189,7 @@ def test_opencode_and_qwen_code_get_the_gateways_step_limit_and_their_endpoint_e
     for name, cls, env in (("opencode", "OpenCode", "OPENCODE_DISABLE_MODELS_FETCH"),
                            ("qwen-coder", "QwenCode", "QWEN_CODE_SIMPLE")):  # fmt: skip
         config = agent_config(RolloutConfig(agent=name, step_limit=4), ENDPOINT)
-        assert config.import_path == f"slime_harbor.installed_agents.recipes:{cls}"
+        assert config.import_path == f"slime_harbor.agents.installed.catalog:{cls}"
         assert config.model_name == "openai/policy" and config.env["OPENAI_BASE_URL"] == ENDPOINT.sandbox_url
         assert config.env[env] and environment_kwargs(config) == {"agent_installs": [name]}
         # neither has a turn limit Harbor passes: the gateway's session enforces it
@@ -201,8 +201,8 @@ def test_hermes_gets_its_host_key_check_passed_and_its_managed_config_before_it_
     (files: a managed config); the agent's own key and URL come from the trial's env."""
     from types import SimpleNamespace
 
-    from slime_harbor.installed_agents.recipe import write_files_command
-    from slime_harbor.installed_agents.recipes import Hermes
+    from slime_harbor.agents.installed.recipe import write_files_command
+    from slime_harbor.agents.installed.catalog import Hermes
 
     monkeypatch.setenv("OPENAI_API_KEY", "")  # restored after the test, whether it was set or not
     monkeypatch.delenv("OPENAI_API_KEY")
@@ -246,7 +246,7 @@ def _pi_message(role: str, stop: str | None = None, text: str = "") -> dict:
     ([{"type": "session"}], None),
 ])  # fmt: skip
 def test_pis_exit_status_comes_from_its_last_assistant_message(tmp_path, events, expected):
-    from slime_harbor.installed_agents.recipes import Pi
+    from slime_harbor.agents.installed.catalog import Pi
 
     agent = Pi(logs_dir=tmp_path, model_name="openai/policy", step_limit=3)
     _write_events(tmp_path / "pi.txt", events)
@@ -254,10 +254,10 @@ def test_pis_exit_status_comes_from_its_last_assistant_message(tmp_path, events,
 
 
 def test_pi_gets_its_own_turn_limit_and_a_chat_completions_provider(tmp_path):
-    from slime_harbor.installed_agents.recipes import Pi
+    from slime_harbor.agents.installed.catalog import Pi
 
     config = agent_config(RolloutConfig(agent="pi", step_limit=4), ENDPOINT)
-    assert config.import_path == "slime_harbor.installed_agents.recipes:Pi" and config.model_name == "openai/policy"
+    assert config.import_path == "slime_harbor.agents.installed.catalog:Pi" and config.model_name == "openai/policy"
     assert gateway_step_limit(config, 4) is None and environment_kwargs(config) == {"agent_installs": ["pi"]}
     agent = Pi(logs_dir=tmp_path, model_name="openai/policy", step_limit=4,
                extra_env={"OPENAI_BASE_URL": ENDPOINT.sandbox_url, "OPENAI_API_KEY": "t1"})  # fmt: skip
@@ -270,10 +270,10 @@ def test_pi_gets_its_own_turn_limit_and_a_chat_completions_provider(tmp_path):
 def test_cline_gets_a_provider_colon_model_name_and_its_session_in_providers_json(tmp_path):
     import subprocess
 
-    from slime_harbor.installed_agents.recipes import ClineCli
+    from slime_harbor.agents.installed.catalog import ClineCli
 
     config = agent_config(RolloutConfig(agent="cline-cli", step_limit=4), ENDPOINT)
-    assert config.import_path == "slime_harbor.installed_agents.recipes:ClineCli"
+    assert config.import_path == "slime_harbor.agents.installed.catalog:ClineCli"
     assert gateway_step_limit(config, 4) == 4 and config.env["CLINE_NO_AUTO_UPDATE"] == "1"
     agent = ClineCli(logs_dir=tmp_path, model_name=config.model_name, step_limit=4, extra_env=dict(config.env))
     assert agent.model_name == "openai:policy"  # Harbor's cline wants provider:model
@@ -295,7 +295,7 @@ def test_a_pypi_install_newer_than_debians_python_brings_its_own_and_uv_installs
     in a subshell), with uv from PyPI when the recipe asks."""
     import subprocess
 
-    from slime_harbor.installed_agents.installs import DEBIAN_PYTHON_SCRIPT, DISTRO_PYTHON, PypiInstall
+    from slime_harbor.agents.installed.installs import DEBIAN_PYTHON_SCRIPT, DISTRO_PYTHON, PypiInstall
 
     runtime = DEBIAN_PYTHON_SCRIPT.read_text()
     old = PypiInstall("old", "pkg", "1.0", "pkg", min_python=DISTRO_PYTHON).docker_script()
@@ -340,10 +340,10 @@ def test_openclaw_runs_harbors_nvm_commands_on_its_own_node(tmp_path):
     recipe's setup gives a home without nvm a stand-in that does nothing, and leaves a real one."""
     import subprocess
 
-    from slime_harbor.installed_agents.recipes import OpenClaw
+    from slime_harbor.agents.installed.catalog import OpenClaw
 
     config = agent_config(RolloutConfig(agent="openclaw", step_limit=4), ENDPOINT)
-    assert config.import_path == "slime_harbor.installed_agents.recipes:OpenClaw" and config.model_name == "openai/policy"
+    assert config.import_path == "slime_harbor.agents.installed.catalog:OpenClaw" and config.model_name == "openai/policy"
     assert gateway_step_limit(config, 4) == 4 and environment_kwargs(config) == {"agent_installs": ["openclaw"]}
     agent = OpenClaw(logs_dir=tmp_path, model_name=config.model_name, step_limit=4, extra_env=dict(config.env))
     provider = agent._build_full_openclaw_config()["models"]["providers"]["openai"]
@@ -360,10 +360,10 @@ def test_openclaw_runs_harbors_nvm_commands_on_its_own_node(tmp_path):
 
 
 def test_openhands_gets_the_sessions_endpoint_its_own_iteration_limit_and_tmux(tmp_path):
-    from slime_harbor.installed_agents.recipes import OpenHands
+    from slime_harbor.agents.installed.catalog import OpenHands
 
     config = agent_config(RolloutConfig(agent="openhands", step_limit=4), ENDPOINT)
-    assert config.import_path == "slime_harbor.installed_agents.recipes:OpenHands" and config.model_name == "openai/policy"
+    assert config.import_path == "slime_harbor.agents.installed.catalog:OpenHands" and config.model_name == "openai/policy"
     assert config.env["LLM_BASE_URL"] == ENDPOINT.sandbox_url and config.env["LLM_API_KEY"] == ENDPOINT.api_key
     assert gateway_step_limit(config, 4) is None  # OpenHands stops itself at MAX_ITERATIONS
     agent = OpenHands(logs_dir=tmp_path, model_name=config.model_name, extra_env=dict(config.env), **config.kwargs)
@@ -376,7 +376,7 @@ def test_openhands_gets_the_sessions_endpoint_its_own_iteration_limit_and_tmux(t
     assert "ln -sfn /opt/slime-harbor/openhands/venv /opt/openhands-venv\n" in script
     with pytest.raises(RuntimeError, match="/opt/openhands-venv.* run it with --env docker"):
         install.check_host()
-    from slime_harbor.installed_agents.installs import PypiInstall
+    from slime_harbor.agents.installed.installs import PypiInstall
 
     # the bubblewrap sandbox shares the host's /usr: a Debian package the agent runs must be there
     with pytest.raises(RuntimeError, match="runs no-such-tool-xyz from the host's /usr: apt-get install no-such-tool-xyz"):
@@ -408,7 +408,7 @@ def _state(state: str, reason: str = "") -> dict:
     ([_state("running")] * 10 + [_state("finished")], "submitted"),
 ])  # fmt: skip
 def test_openhands_exit_status_comes_from_its_last_agent_state(tmp_path, events, expected):
-    from slime_harbor.installed_agents.recipes import OpenHands
+    from slime_harbor.agents.installed.catalog import OpenHands
 
     agent = OpenHands(logs_dir=tmp_path, model_name="openai/policy", step_limit=3)
     _openhands_events(tmp_path, events)

@@ -1,4 +1,4 @@
-"""Harbor's mini-swe-agent (its recipe in slime_harbor.installed_agents.recipes) installed from the
+"""Harbor's mini-swe-agent (its recipe in slime_harbor.agents.installed.catalog) installed from the
 registries only, in our bubblewrap and Docker sandboxes, through real Harbor trials against a real
 model endpoint (the recording gateway in front of the embedded policy server on the tiny model).
 
@@ -31,14 +31,14 @@ from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfi
 from harbor.trial.trial import Trial
 
 from slime_harbor.converter import trial_to_samples
-from slime_harbor.installed_agents.installs import environment_kwargs
-from slime_harbor.installed_agents.recipes import resolve_installs
-from slime_harbor.installed_agents.recipes import RECIPES, MiniSweAgent, Codex
+from slime_harbor.agents.installed.installs import environment_kwargs
+from slime_harbor.agents.installed.catalog import resolve_installs
+from slime_harbor.agents.installed.catalog import RECIPES, MiniSweAgent, Codex
 from slime_harbor.trial_setup import DEFAULT_TASKS, DOCKER_SANDBOX, LOCAL_SANDBOX
 from slime_harbor.samples import SampleStatus
 from helpers.docker import needs_docker
 
-AGENT_IMPORT_PATH = "slime_harbor.installed_agents.recipes:MiniSweAgent"
+AGENT_IMPORT_PATH = "slime_harbor.agents.installed.catalog:MiniSweAgent"
 INSTALL = RECIPES["mini-swe-agent"].install
 TASK = "count-errors"
 
@@ -596,7 +596,7 @@ def test_mini_swe_agent_trains_on_a_no_network_task(env, tmp_path, policy_server
 def test_no_usable_host_python_is_one_config_error_before_any_trial(monkeypatch, tmp_path):
     from slime_harbor.trial_setup import check_config, ConfigError, RolloutConfig
 
-    from slime_harbor.installed_agents import installs
+    from slime_harbor.agents.installed import installs
 
     monkeypatch.setattr(installs, "_HOST_PYTHONS", (str(tmp_path / "no-python3"),))
     cfg = RolloutConfig(agent="mini-swe-agent", env="local", tasks_dir=DEFAULT_TASKS, task_names=[TASK],

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 from harbor.models.agent.context import AgentContext
 
-import slime_harbor.agent as agent_module
-from slime_harbor.agent import initial_messages, NativeAgent
+import slime_harbor.agents.native as agent_module
+from slime_harbor.agents.native import initial_messages, NativeAgent
 from slime_harbor.policy.renderer import bridge_ids, RendererError
 from slime_harbor.policy.sampling import Generation
 

@@ -221,7 +221,7 @@ def test_native_agent_top_p_replay_is_well_formed_and_slime_accepts_it(
 def test_native_agent_seeded_episodes_replay_and_stop_at_the_context_window(
     tmp_path, responsive_server, responsive_model_dir, renderer
 ):
-    from slime_harbor.agent import initial_prompt_ids
+    from slime_harbor.agents.native import initial_prompt_ids
     from slime_harbor.policy.sampling import turn_seed
 
     task = DEFAULT_TASKS / EASY_TASKS[0]
@@ -258,7 +258,7 @@ def test_native_agent_sampling_option_keeps_the_episode_defaults_it_does_not_nam
     turn stay), and a value SamplingParams refuses is refused as the option."""
     from pydantic import ValidationError
 
-    from slime_harbor.agent import NativeAgentOptions
+    from slime_harbor.agents.native import NativeAgentOptions
     from slime_harbor.policy.sampling import episode_sampling
 
     options = NativeAgentOptions.model_validate({"sampling": {"temperature": 0.7}})
@@ -275,7 +275,7 @@ def test_the_run_settings_reach_the_native_agent_as_options_declared_once():
     same message; an old launch script's lora_path still names the adapter."""
     from pydantic import ValidationError
 
-    from slime_harbor.agent import NativeAgentOptions
+    from slime_harbor.agents.native import NativeAgentOptions
     from slime_harbor.config_docs import field_docs
     from slime_harbor.exits import ConfigError
     from slime_harbor.trial_setup import agent_config, AGENT_SETTINGS, check_config, RolloutConfig

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slime_harbor.agent import BASH_BLOCK, format_observation, initial_prompt_ids, SYSTEM_PROMPT
+from slime_harbor.agents.native import BASH_BLOCK, format_observation, initial_prompt_ids, SYSTEM_PROMPT
 from slime_harbor.trainers.sft import (
     SFTConfig, agent_reply, completion_nll, masked_token_logprobs, native_agent_episode, sequence_logprob,
     sequence_nll, sft, sft_model_dir, sft_sequences,

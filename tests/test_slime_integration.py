@@ -69,7 +69,7 @@ def policy_dir(tiny_model_dir, tmp_path_factory):
     and terminus-2 then never finishes a parseable turn before the task's timeout)."""
     from transformers import AutoTokenizer
 
-    from slime_harbor.agent import initial_prompt_ids
+    from slime_harbor.agents.native import initial_prompt_ids
     from slime_harbor.policy.renderer import make_renderer
     from slime_harbor.trainers.sft import SFTConfig, sft_model_dir
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from harbor.models.task.task import Task
 
-from slime_harbor.agent import (BASH_BLOCK, format_observation, initial_messages, initial_prompt_ids, next_prompt_ids,
+from slime_harbor.agents.native import (BASH_BLOCK, format_observation, initial_messages, initial_prompt_ids, next_prompt_ids,
                                 SUBMIT_COMMAND)
 from slime_harbor.policy.renderer import make_renderer
 from slime_harbor.policy.sampling import episode_sampling

@@ -23,8 +23,8 @@ import pytest
 from harbor.utils.env import is_sensitive_env_key
 
 from slime_harbor.gateway import Gateway
-from slime_harbor.host_agents import HOST_GATEWAY_AGENTS
-from slime_harbor.installed_agents.recipes import RECIPES
+from slime_harbor.agents.host import HOST_GATEWAY_AGENTS
+from slime_harbor.agents.installed.catalog import RECIPES
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.trial_setup import agent_config, ModelEndpoint, RolloutConfig
 from helpers.docker import needs_docker

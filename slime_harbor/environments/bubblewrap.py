@@ -119,7 +119,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
     - ``provide_tmux``: the trial needs tmux (terminus-2); the sandbox has the host's, so this
       only checks that the host has one, as the Docker environment's kwarg of that name installs it.
     - ``agent_installs``: agents whose host-side install (built once, cached) is bound read-only
-      into the sandbox (names or ``module:attr``; see :mod:`slime_harbor.installed_agents`).
+      into the sandbox (names or ``module:attr``; see :mod:`slime_harbor.agents.installed`).
     """
 
     def __init__(
@@ -139,8 +139,8 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         agent_installs: str | list[str] | None = None,
         **kwargs,
     ):
-        from slime_harbor.installed_agents.installs import DEFAULT_SETUP_TIMEOUT_SEC
-        from slime_harbor.installed_agents.recipes import resolve_installs
+        from slime_harbor.agents.installed.installs import DEFAULT_SETUP_TIMEOUT_SEC
+        from slime_harbor.agents.installed.catalog import resolve_installs
 
         self._agent_installs = resolve_installs(agent_installs)
         self._install_dirs: dict[str, Path] | None = None
@@ -247,7 +247,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         Harbor's: trial_setup.install_agents_first), not the task's build timeout. The trial runner
         calls it before Harbor starts the environment; ``start()`` calls it too (a no-op once
         done). A build that fails raises AgentInstallError (an infrastructure failure, retried)."""
-        from slime_harbor.installed_agents.installs import AgentInstallError, within_install_budget
+        from slime_harbor.agents.installed.installs import AgentInstallError, within_install_budget
 
         if self._install_dirs is not None:
             return

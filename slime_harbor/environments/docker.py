@@ -61,8 +61,8 @@ from slime_harbor.environments.common import (
 )
 from slime_harbor.environments.docker_exec import ExecServer, ExecServerError, ExecServerUnavailable
 from slime_harbor.environments.gateway_reach import GatewayForward, GatewayReachError, gateway_port_kwarg
-from slime_harbor.installed_agents.installs import DEFAULT_SETUP_TIMEOUT_SEC
-from slime_harbor.installed_agents.recipes import resolve_installs
+from slime_harbor.agents.installed.installs import DEFAULT_SETUP_TIMEOUT_SEC
+from slime_harbor.agents.installed.catalog import resolve_installs
 
 # The daemon side (client, sweeps of stale containers, task images, tool layers): docker_images.py.
 from slime_harbor.environments.docker_images import (
@@ -92,7 +92,7 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
       tmux (built once per image, with the host's network), for terminus-2: it installs tmux
       itself at agent setup, which a no-network container cannot.
     - ``agent_installs``: agents to install into an image layer on top of the task's (names or
-      ``module:attr``; see :mod:`slime_harbor.installed_agents`), built once per task image.
+      ``module:attr``; see :mod:`slime_harbor.agents.installed`), built once per task image.
     """
 
     def __init__(

@@ -308,7 +308,7 @@ async def ensure_layer_image(base_image: str, name: str, script: str, timeout_se
     build time), built once per base image id and script and reused after; returns its tag. The
     base image's user is kept. ``timeout_sec`` is the layer's own budget (an agent's install: its
     setup timeout, never the task's build timeout): past it, AgentInstallTimeoutError naming it."""
-    from slime_harbor.installed_agents.installs import within_install_budget
+    from slime_harbor.agents.installed.installs import within_install_budget
 
     tag, digest, dockerfile = await asyncio.to_thread(layer_image, base_image, name, script)
     # Kept as long as the tag may be built (a cancelled waiter must not delete it under the build).

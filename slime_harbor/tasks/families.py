@@ -329,7 +329,7 @@ def oracle_episode(renderer, tokenizer, inst: Instance, command: str | None = No
     instance's command (or `command`, e.g. inst.near_miss), its observation, then `submit`. Every
     family's command and near miss is silent and succeeds, so the observation is return code 0
     with empty output."""
-    from slime_harbor.agent import SUBMIT_COMMAND
+    from slime_harbor.agents.native import SUBMIT_COMMAND
     from slime_harbor.trainers.sft import agent_reply, native_agent_episode
 
     replies = [agent_reply(inst.thought, command or inst.command), agent_reply(DONE_THOUGHT, SUBMIT_COMMAND)]

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from slime_harbor.agent import format_observation, initial_messages, initial_prompt_ids, next_prompt_ids
+from slime_harbor.agents.native import format_observation, initial_messages, initial_prompt_ids, next_prompt_ids
 from slime_harbor.grpo import masked_mean
 
 Pair = tuple[list[int], list[int]]  # (prompt ids, completion ids)

@@ -15,7 +15,7 @@ uses (policy/renderer.py), so turn t+1's prompt extends turn t's prompt + comple
 the converter can mask them out without guessing.
 
 Use from Harbor's CLI:
-    harbor run -p TASK --agent-import-path slime_harbor.agent:NativeAgent \
+    harbor run -p TASK --agent-import-path slime_harbor.agents.native:NativeAgent \
         --agent-kwarg policy_url=http://127.0.0.1:30000 --agent-kwarg tokenizer_path=MODEL_DIR
 """
 

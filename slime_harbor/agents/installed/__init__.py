@@ -1,7 +1,7 @@
 """Harbor's installed agents (they run inside the sandbox) with installs that need only the
 package registries (PyPI, Debian, npm).
 
-    recipes.py    one AgentRecipe per agent (Harbor's class, package, dialect, limits, exits),
+    catalog.py    one AgentRecipe per agent (Harbor's class, package, dialect, limits, exits),
                   the class each recipe runs as, and resolve_installs (names -> installs)
     installs.py   what an install is (SandboxInstall, its budget, environment_kwargs) and the
                   two kinds: NpmInstall, PypiInstall (a package and its runtime under
@@ -19,7 +19,7 @@ host (bubblewrap), and every trial reuses it:
   ``slime_harbor.cache.cache_dir()``) and binds it read-only at ``sandbox_dir``.
 
 The coupling is one environment kwarg, ``agent_installs`` (``--ek agent_installs=mini-swe-agent``;
-a recipe's name (recipes.py) or ``module:attr`` of a :class:`SandboxInstall`), which :func:`environment_kwargs`
+a recipe's name (catalog.py) or ``module:attr`` of a :class:`SandboxInstall`), which :func:`environment_kwargs`
 derives from an agent config. The agent checks in ``setup()`` that its install is there and says
 how to get it when it is not.
 """

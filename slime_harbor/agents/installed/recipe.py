@@ -4,12 +4,12 @@
 Harbor's own ``install()`` of these agents fetches from outside the registries (a vendor's
 bootstrap script, nvm's Node, uv's Python builds) inside the sandbox, which fails on a
 no-network task. Here the sandbox installs the recipe's package before the trial starts
-(:mod:`slime_harbor.installed_agents.installs`) and the agent runs as Harbor's class with three
+(:mod:`slime_harbor.agents.installed.installs`) and the agent runs as Harbor's class with three
 changes (:class:`RecipeAgent`): ``install()`` only checks the launcher is there, the agent's
 commands find the launcher first on PATH, and ``step_limit`` becomes the agent's own limit
 (``step_limit_kwarg``) or, for an agent without one, the gateway's (the call after ``step_limit``
 model calls is refused with a 400 whose code is ``step_limit_reached``; the episode is verified
-and scored, truncated). The recipes themselves, one per agent, are in recipes.py.
+and scored, truncated). The recipes themselves, one per agent, are in catalog.py.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
 from slime_harbor.converter import TRUNCATING_EXITS
-from slime_harbor.installed_agents.installs import PypiInstall, SandboxInstall, check_installed
+from slime_harbor.agents.installed.installs import PypiInstall, SandboxInstall, check_installed
 
-RECIPES_MODULE = "slime_harbor.installed_agents.recipes"
-"""Where the recipes are, and their classes (``RECIPES_MODULE:<Harbor's class name>``, built on first import)."""
+CATALOG_MODULE = "slime_harbor.agents.installed.catalog"
+"""Where the recipes are, and their classes (``CATALOG_MODULE:<Harbor's class name>``, built on first import)."""
 DIALECTS = ("chat", "anthropic", "responses", "gemini")
 """The gateway's wire formats: OpenAI chat completions, Anthropic Messages, OpenAI Responses,
 Gemini generateContent."""
@@ -95,7 +95,7 @@ class AgentRecipe:
 
     @property
     def import_path(self) -> str:
-        return f"{RECIPES_MODULE}:{self.class_name}"
+        return f"{CATALOG_MODULE}:{self.class_name}"
 
     @property
     def gateway_step_limit(self) -> bool:
@@ -181,10 +181,10 @@ def recipe_class(recipe: AgentRecipe) -> type:
         "RECIPE": recipe,
         "SANDBOX_INSTALLS": (recipe.install.name,),
         "GATEWAY_STEP_LIMIT": recipe.gateway_step_limit,
-        "__module__": RECIPES_MODULE,
+        "__module__": CATALOG_MODULE,
         "__qualname__": recipe.class_name,
         "__doc__": f"Harbor's {recipe.name}, installed by the sandbox from {recipe.install.name!r}'s registry "
-                   f"({recipe.install.package} {recipe.install.version}); see slime_harbor.installed_agents.recipes.",
+                   f"({recipe.install.package} {recipe.install.version}); see slime_harbor.agents.installed.catalog.",
     })
 
 

@@ -4,7 +4,7 @@ the gateway, how its endpoint and step limit reach it and how its exits show (th
 recipe.py). Each agent's section holds all of it: its exit reader and config snippets, then its
 recipe.
 
-The class of a recipe is ``slime_harbor.installed_agents.recipes:<Harbor's class name>``, built on
+The class of a recipe is ``slime_harbor.agents.installed.catalog:<Harbor's class name>``, built on
 first import. Adding an agent is adding a section; for example, Harbor's ``opencode``::
 
     OPENCODE = AgentRecipe(
@@ -30,8 +30,8 @@ from typing import Any
 
 from slime_harbor.converter import CONTEXT_EXCEEDED
 from slime_harbor.gateway.session import STEP_LIMIT_CODE
-from slime_harbor.installed_agents.installs import SANDBOX_ROOT, NpmInstall, PypiInstall, SandboxInstall
-from slime_harbor.installed_agents.recipe import AgentRecipe, json_events, recipe_class
+from slime_harbor.agents.installed.installs import SANDBOX_ROOT, NpmInstall, PypiInstall, SandboxInstall
+from slime_harbor.agents.installed.recipe import AgentRecipe, json_events, recipe_class
 
 
 # ---- mini-swe-agent ---------------------------------------------------------------------------
