@@ -1,7 +1,7 @@
 """Trajectory -> training samples.
 
 Input: a Harbor `TrialResult` and, for an agent that sampled through the model gateway, its
-session's recording. The episode's tokens come from one owner (`trial_to_samples`): the gateway's
+session's recording. The episode's tokens come from one owner (`trial_to_episode`): the gateway's
 branches (one Harbor `RolloutDetail` each) where the agent's calls went through it, else the
 agent's own `agent_result.rollout_details[0]` (our native agent; an agent that samples the policy
 itself). A RolloutDetail holds, per model turn t, the full prompt token ids, the sampled
@@ -476,11 +476,6 @@ def trial_to_episode(
             metadata["turns"] = sum(len(d["completion_token_ids"]) for d in details)
     return Episode(task_name=result.task_name, group_index=group_index, index=index, end=ended, reward=reward,
                    segments=segments, metadata=metadata, rollout_id=rollout_id)
-
-
-def trial_to_samples(result, **kwargs) -> list[TrainingSample]:
-    """The training samples of one Harbor TrialResult (trial_to_episode's arguments)."""
-    return trial_to_episode(result, **kwargs).samples
 
 
 def agent_tokenizer(result):

@@ -222,7 +222,3 @@ def _mean(rewards: list) -> dict:
 
 def is_job_dir(path: Path) -> bool:
     return (Path(path) / CONFIG_FILE).is_file() and (Path(path) / RESULT_FILE).is_file()
-
-
-def read_result(job_dir: Path) -> dict:
-    return json.loads((Path(job_dir) / RESULT_FILE).read_text())

@@ -5,7 +5,7 @@ expected value is known exactly."""
 
 import pytest
 
-from slime_harbor.converter import episode_end, split_into_segments, trial_to_samples
+from slime_harbor.converter import episode_end, split_into_segments, trial_to_episode
 from slime_harbor.samples import SampleStatus, TrainingSample, read_jsonl, write_jsonl
 from helpers.trial_results import C0, C1, L0, L1, linear_detail, make_result, OBS0, P0
 
@@ -24,7 +24,7 @@ def test_drift_splits_into_samples_sharing_rollout_id():
     detail = linear_detail()
     # Turn 1's prompt re-tokenized the first completion differently ([10, 11] -> [77]).
     detail["prompt_token_ids"][1] = P0 + [77] + OBS0
-    samples = trial_to_samples(make_result(detail, {"reward": 1.0}), group_index=0, index=5)
+    samples = trial_to_episode(make_result(detail, {"reward": 1.0}), group_index=0, index=5).samples
     assert len(samples) == 2
     assert {s.rollout_id for s in samples} == {5}
     assert samples[0].tokens == P0 + C0 and samples[0].loss_mask == [1, 1]
@@ -44,7 +44,7 @@ def test_an_agents_own_rollout_details_train_when_its_gateway_session_saw_no_cal
     detail = linear_detail()
     detail["prompt_token_ids"][1] = P0 + [77] + OBS0
     unused = GatewaySession(None, "unused", tmp_path / "gw", SamplingParams(), None, None, 4096, api_key="unused")
-    samples = trial_to_samples(make_result(detail, {"reward": 1.0}), group_index=0, index=5, recorded=unused)
+    samples = trial_to_episode(make_result(detail, {"reward": 1.0}), group_index=0, index=5, recorded=unused).samples
     assert len(samples) == 2 and not any(s.remove_sample for s in samples)
     assert samples[0].tokens == P0 + C0 and samples[1].tokens == P0 + [77] + OBS0 + C1
     assert all(s.metadata["drift_count"] == 1 and s.metadata["gateway"]["calls"] == 0 for s in samples)
@@ -73,7 +73,7 @@ def test_mismatched_logprobs_are_rejected():
     ],
 )
 def test_status_and_removal(kwargs, status, removed):
-    samples = trial_to_samples(make_result(linear_detail(), **kwargs), group_index=0, index=0)
+    samples = trial_to_episode(make_result(linear_detail(), **kwargs), group_index=0, index=0).samples
     assert samples[0].status == status
     assert samples[0].remove_sample is removed
     if removed:
@@ -101,14 +101,14 @@ def test_a_limit_the_gateway_enforced_truncates_unless_the_agent_says_otherwise(
 
 def test_reward_mapping_and_multi_key_rewards():
     result = make_result(linear_detail(), {"reward": 0.0})
-    assert trial_to_samples(result, reward_mapping="pm1")[0].reward == -1.0
+    assert trial_to_episode(result, reward_mapping="pm1").samples[0].reward == -1.0
     assert episode_end(make_result(linear_detail(), {"a": 1.0, "b": 0.0})).reward == 0.5
     with pytest.raises(ValueError):
-        trial_to_samples(result, reward_mapping="bogus")
+        trial_to_episode(result, reward_mapping="bogus").samples
 
 
 def test_agent_without_tokens_reports_reward_but_is_not_trained():
-    samples = trial_to_samples(make_result(None, {"reward": 1.0}), group_index=1, index=4)
+    samples = trial_to_episode(make_result(None, {"reward": 1.0}), group_index=1, index=4).samples
     assert len(samples) == 1
     s = samples[0]
     assert s.reward == 1.0 and s.status == SampleStatus.COMPLETED and s.remove_sample
@@ -116,7 +116,7 @@ def test_agent_without_tokens_reports_reward_but_is_not_trained():
 
 
 def test_jsonl_round_trip(tmp_path):
-    samples = trial_to_samples(make_result(linear_detail(), {"reward": 1.0}), group_index=0, index=0)
+    samples = trial_to_episode(make_result(linear_detail(), {"reward": 1.0}), group_index=0, index=0).samples
     write_jsonl(tmp_path / "s.jsonl", samples)
     back = read_jsonl(tmp_path / "s.jsonl")
     assert back == samples
@@ -136,12 +136,12 @@ def top_p_detail():
 
 
 def test_top_p_sets_span_the_response_with_empty_sets_for_observations():
-    (s,) = trial_to_samples(make_result(top_p_detail(), {"reward": 1.0}), index=0)
+    (s,) = trial_to_episode(make_result(top_p_detail(), {"reward": 1.0}), index=0).samples
     s.check()
     assert s.rollout_top_p_token_ids == K0_IDS + K1_IDS
     # C0 (2 sampled) | OBS0 (3 masked: offset repeats) | C1 (1 sampled)
     assert s.rollout_top_p_token_offsets == [0, 2, 3, 3, 3, 3, 6]
-    (plain,) = trial_to_samples(make_result(linear_detail(), {"reward": 1.0}), index=0)
+    (plain,) = trial_to_episode(make_result(linear_detail(), {"reward": 1.0}), index=0).samples
     assert plain.rollout_top_p_token_ids is None and plain.rollout_top_p_token_offsets is None
     assert s.weight_versions == ["3", "4"] and plain.weight_versions == []  # no versions reported: none
 
@@ -149,7 +149,7 @@ def test_top_p_sets_span_the_response_with_empty_sets_for_observations():
 def test_top_p_drift_pieces_each_start_at_offset_zero():
     detail = top_p_detail()
     detail["prompt_token_ids"][1] = P0 + [77] + OBS0
-    first, second = trial_to_samples(make_result(detail, {"reward": 1.0}), index=0)
+    first, second = trial_to_episode(make_result(detail, {"reward": 1.0}), index=0).samples
     assert (first.rollout_top_p_token_ids, first.rollout_top_p_token_offsets) == (K0_IDS, K0_OFF)
     assert (second.rollout_top_p_token_ids, second.rollout_top_p_token_offsets) == (K1_IDS, K1_OFF)
     first.check()
@@ -159,7 +159,7 @@ def test_top_p_drift_pieces_each_start_at_offset_zero():
 def test_a_turn_without_top_p_data_leaves_the_episode_without_it_and_bad_offsets_raise():
     detail = top_p_detail()
     detail["extra"]["top_p_token_ids"][1] = detail["extra"]["top_p_token_offsets"][1] = None
-    (s,) = trial_to_samples(make_result(detail, {"reward": 1.0}), index=0)
+    (s,) = trial_to_episode(make_result(detail, {"reward": 1.0}), index=0).samples
     assert s.rollout_top_p_token_offsets is None
     detail = top_p_detail()
     detail["extra"]["top_p_token_offsets"][0] = [0, 2]  # one offset short
@@ -178,7 +178,7 @@ def test_a_turn_without_top_p_data_leaves_the_episode_without_it_and_bad_offsets
     ],
 )
 def test_check_rejects_a_broken_top_p_layout(ids, offsets, message):
-    (s,) = trial_to_samples(make_result(top_p_detail(), {"reward": 1.0}), index=0)
+    (s,) = trial_to_episode(make_result(top_p_detail(), {"reward": 1.0}), index=0).samples
     s.rollout_top_p_token_ids, s.rollout_top_p_token_offsets = ids, offsets
     with pytest.raises(ValueError, match=message):
         s.check()
@@ -186,7 +186,7 @@ def test_check_rejects_a_broken_top_p_layout(ids, offsets, message):
 
 def test_to_slime_carries_top_p_and_the_response_text(tokenizer):
     types = pytest.importorskip("slime.utils.types", reason="slime is not importable (PYTHONPATH=/work/slime)")
-    (s,) = trial_to_samples(make_result(top_p_detail(), {"reward": 1.0}), index=0)
+    (s,) = trial_to_episode(make_result(top_p_detail(), {"reward": 1.0}), index=0).samples
     assert s.response == ""  # no tokenizer given, none named by the trial's agent
     out = s.to_slime(tokenizer=tokenizer)
     assert out.rollout_top_p_token_ids == K0_IDS + K1_IDS
@@ -205,5 +205,5 @@ def test_the_agents_tokenizer_decodes_when_the_caller_gives_none(tiny_model_dir,
     result = make_result(linear_detail(), {"reward": 1.0})
     result.config.agent = AgentConfig(import_path="slime_harbor.agents.native:NativeAgent",
                                       kwargs={"tokenizer_path": str(tiny_model_dir)})
-    (s,) = trial_to_samples(result, index=0)
+    (s,) = trial_to_episode(result, index=0).samples
     assert s.response == tokenizer.decode(C0 + OBS0 + C1) and s.prompt == tokenizer.decode(P0)

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from slime_harbor.converter import trial_to_samples
+from slime_harbor.converter import trial_to_episode
 from slime_harbor.gateway import Gateway
 from slime_harbor.policy.renderer import RendererError
 from slime_harbor.policy.sampling import SamplingParams
@@ -100,7 +100,7 @@ def test_append_only_conversation_is_one_exact_sample(tool_server, tool_model_di
         "branches": 1, "side_calls": 0, "errors": 0}
     assert [len(c) for c in details[0]["completion_token_ids"]] == [u.completion_tokens for u in usages]
     assert [len(p) for p in details[0]["prompt_token_ids"]] == [u.prompt_tokens for u in usages]
-    samples = trial_to_samples(make_result(rewards={"reward": 1.0}), recorded=session, rollout_id=7)
+    samples = trial_to_episode(make_result(rewards={"reward": 1.0}), recorded=session, rollout_id=7).samples
     assert len(samples) == 1
     sample = samples[0]
     assert not sample.remove_sample and sample.status == SampleStatus.COMPLETED and sample.rollout_id == 7
@@ -259,7 +259,7 @@ def test_compaction_makes_a_second_sample_of_the_same_episode(tool_server, tool_
     session, _ = run_with_gateway(tool_server, tool_model_dir, scenario)
     details = session.rollout_details()
     assert [len(d["completion_token_ids"]) for d in details] == [3, 2] and session.stats["branches"] == 2
-    samples = trial_to_samples(make_result(rewards={"reward": 1.0}), recorded=session, rollout_id=3)
+    samples = trial_to_episode(make_result(rewards={"reward": 1.0}), recorded=session, rollout_id=3).samples
     assert len(samples) == 2 and {s.rollout_id for s in samples} == {3}
     assert all(not s.remove_sample and s.reward == 1.0 for s in samples)
     assert [s.metadata["turn_indices"] for s in samples] == [[0, 1, 2], [0, 1]]
@@ -299,7 +299,7 @@ def test_identical_retry_supersedes_and_undelivered_replies_are_not_trained(base
     (detail,) = session.rollout_details()
     assert [len(c) for c in detail["completion_token_ids"]] == [again.usage.completion_tokens, last.usage.completion_tokens]
     assert detail["extra"]["call_index"] == [1, 3]
-    sample = trial_to_samples(make_result(rewards={"reward": 0.0}), recorded=session)[0]
+    sample = trial_to_episode(make_result(rewards={"reward": 0.0}), recorded=session).samples[0]
     assert sum(sample.loss_mask) == again.usage.completion_tokens + last.usage.completion_tokens
     assert first.usage.completion_tokens == len(session.calls[0].completion_ids) and session.calls[0].superseded_by == 1
     lines = [json.loads(line) for line in (tmp_path / "gw" / "calls.jsonl").read_text().splitlines()]
@@ -330,7 +330,7 @@ def test_side_calls_without_tools_are_served_and_recorded_but_not_trained(base_s
     assert session.calls[1].side_call and not session.calls[1].trained
     (detail,) = session.rollout_details()
     assert detail["extra"]["call_index"] == [0, 2]
-    (sample,) = trial_to_samples(make_result(rewards={"reward": 0.0}), recorded=session)
+    (sample,) = trial_to_episode(make_result(rewards={"reward": 0.0}), recorded=session).samples
     assert sum(sample.loss_mask) == len(session.calls[0].completion_ids) + len(session.calls[2].completion_ids)
     lines = [json.loads(line) for line in (tmp_path / "gw" / "calls.jsonl").read_text().splitlines()]
     assert {"event": "side_call", "session": "side", "call": 1} in lines
@@ -369,7 +369,7 @@ def test_the_requests_temperature_and_top_p_are_not_the_policys(base_server, tin
     session, _ = run_with_gateway(base_server, tiny_model_dir, scenario)
     (detail,) = session.rollout_details()
     assert detail["extra"]["top_p_token_ids"] == [None] and detail["extra"]["top_p_token_offsets"] == [None]
-    (sample,) = trial_to_samples(make_result(rewards={"reward": 1.0}), recorded=session)
+    (sample,) = trial_to_episode(make_result(rewards={"reward": 1.0}), recorded=session).samples
     assert sample.rollout_top_p_token_ids is None
     assert check_sample_against_model(sample, model, temperature=0.7) < 1e-4
 
@@ -395,7 +395,7 @@ def test_the_sessions_step_limit_refuses_the_next_call_and_truncates(base_server
     (session, error), _ = run_with_gateway(base_server, tiny_model_dir, scenario)
     assert error.code == STEP_LIMIT_CODE and "step limit (2 model calls)" in error.message
     assert session.exit_reason == "step_limit" and session.stats["calls"] == 2 and session.stats["trained"] == 2
-    (sample,) = trial_to_samples(make_result(rewards={"reward": 1.0}), recorded=session)
+    (sample,) = trial_to_episode(make_result(rewards={"reward": 1.0}), recorded=session).samples
     assert sample.status == SampleStatus.TRUNCATED and sample.reward == 1.0 and not sample.remove_sample
 
 
@@ -438,12 +438,12 @@ def test_policy_down_is_a_503_and_an_aborted_episode(tiny_model_dir, tmp_path):
     (session, error), port = run_with_gateway(dead, tiny_model_dir, scenario)
     assert error.status_code == 503 and "unavailable" in error.message
     assert session.exit_reason == "policy_unavailable" and session.stats["trained"] == 0
-    (sample,) = trial_to_samples(make_result(rewards={"reward": 0.0}), recorded=session)
+    (sample,) = trial_to_episode(make_result(rewards={"reward": 0.0}), recorded=session).samples
     assert sample.status == SampleStatus.ABORTED and sample.remove_sample and sample.reward is None
     # The agent's calls went through the gateway (one, refused): the session owns the episode's
     # tokens, so a record the agent kept of its own is not trained in their place.
     assert session.stats["calls"] == 1
-    (own,) = trial_to_samples(make_result(linear_detail(), {"reward": 0.0}), recorded=session)
+    (own,) = trial_to_episode(make_result(linear_detail(), {"reward": 0.0}), recorded=session).samples
     assert own.tokens == [] and own.metadata["no_tokens"] and own.remove_sample
     assert port_is_free(port)
 
@@ -463,7 +463,7 @@ def test_a_prompt_over_the_window_is_vllms_400_and_a_truncated_episode(base_serv
     (session, error), _ = run_with_gateway(base_server, tiny_model_dir, scenario)
     assert "maximum context length is 20 tokens. However, your request has" in error.message
     assert error.code == "context_length_exceeded" and session.exit_reason == "context_exceeded"
-    (sample,) = trial_to_samples(make_result(rewards={"reward": 0.5}), recorded=session)
+    (sample,) = trial_to_episode(make_result(rewards={"reward": 0.5}), recorded=session).samples
     assert sample.status == SampleStatus.TRUNCATED and sample.reward == 0.5
 
 

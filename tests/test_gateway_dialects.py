@@ -16,7 +16,7 @@ import pytest
 import websockets
 from helpers.servers import free_port
 
-from slime_harbor.converter import trial_to_samples
+from slime_harbor.converter import trial_to_episode
 from slime_harbor.gateway.anthropic import anthropic_base_url
 from slime_harbor.gateway.gemini import gemini_base_url
 from slime_harbor.samples import SampleStatus
@@ -56,7 +56,7 @@ def check_one_exact_sample(session, tool_model, usages: list[tuple[int, int]], t
     assert [(len(p), len(c)) for p, c in zip(details[0]["prompt_token_ids"], details[0]["completion_token_ids"])] \
         == usages
     assert details[0]["prompt_token_ids"][0] == chat_prompt(tokenizer)
-    (sample,) = trial_to_samples(make_result(rewards={"reward": 1.0}), recorded=session, rollout_id=5)
+    (sample,) = trial_to_episode(make_result(rewards={"reward": 1.0}), recorded=session, rollout_id=5).samples
     assert not sample.remove_sample and sum(sample.loss_mask) == sum(n for _, n in usages)
     assert check_sample_against_model(sample, tool_model, temperature=RUN.temperature) < 1e-4
 
@@ -64,7 +64,7 @@ def check_one_exact_sample(session, tool_model, usages: list[tuple[int, int]], t
 def check_compacted(session, tool_model):
     details = session.rollout_details()
     assert [len(d["completion_token_ids"]) for d in details] == [3, 2] and session.stats["branches"] == 2
-    samples = trial_to_samples(make_result(rewards={"reward": 1.0}), recorded=session, rollout_id=3)
+    samples = trial_to_episode(make_result(rewards={"reward": 1.0}), recorded=session, rollout_id=3).samples
     assert len(samples) == 2 and {s.rollout_id for s in samples} == {3}
     for sample in samples:
         assert not sample.remove_sample
@@ -657,7 +657,7 @@ def test_policy_down_is_each_dialects_error_streamed_or_not(tiny_model_dir, tmp_
     assert errors["responses"].status_code == 503 and "unavailable" in errors["responses"].message
     for session in sessions:
         assert session.exit_reason == "policy_unavailable" and session.stats["trained"] == 0
-        (sample,) = trial_to_samples(make_result(rewards={"reward": 0.0}), recorded=session)
+        (sample,) = trial_to_episode(make_result(rewards={"reward": 0.0}), recorded=session).samples
         assert sample.status == SampleStatus.ABORTED and sample.remove_sample
 
 
@@ -779,7 +779,7 @@ def test_a_prompt_over_the_window_is_each_dialects_400_and_one_end(base_server, 
         assert answer.status_code == 400 and "maximum context length is 20 tokens" in answer.text, answer.text
         assert session.exit_reason == CONTEXT_EXCEEDED and session.stats["trained"] == 0
         for how, result in endings.items():
-            (sample,) = trial_to_samples(result, recorded=session)
+            (sample,) = trial_to_episode(result, recorded=session).samples
             assert (sample.status, sample.metadata["exit_status"], sample.metadata["status_reason"], sample.reward) \
                 == (SampleStatus.TRUNCATED, CONTEXT_EXCEEDED, CONTEXT_EXCEEDED, 0.0), (session.session_id, how)
             assert sample.tokens == [] and sample.remove_sample, (session.session_id, how)

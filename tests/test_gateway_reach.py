@@ -274,7 +274,7 @@ def test_terminus2_trial_runs_in_a_no_network_container_with_tmux_provided(tmp_p
     provide_tmux its session starts, the policy answers, the verifier scores, tokens come back.
     terminus-2 itself runs on the host (its api_base is its gateway session); what runs inside the
     container reaches the policy only through the forwarded port."""
-    from slime_harbor.converter import trial_to_samples
+    from slime_harbor.converter import trial_to_episode
 
     port = urlsplit(responsive_server).port
     cfg = config(tmp_path, responsive_server, responsive_model_dir, agent="terminus-2", step_limit=2, max_new_tokens=96)
@@ -294,7 +294,7 @@ def test_terminus2_trial_runs_in_a_no_network_container_with_tmux_provided(tmp_p
     result, session = terminus2_trial(tmp_path, cfg, {"gateway_port": port, "provide_tmux": True})
     assert result.exception_info is None, result.exception_info
     assert result.verifier_result is not None and result.verifier_result.rewards is not None
-    samples = trial_to_samples(result, group_index=0, index=0, tokenizer=tokenizer, recorded=session)
+    samples = trial_to_episode(result, group_index=0, index=0, tokenizer=tokenizer, recorded=session).samples
     trained = [s for s in samples if not s.remove_sample]
     assert trained, "terminus-2 produced no trainable sample"
     for sample in trained:

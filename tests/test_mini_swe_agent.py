@@ -30,7 +30,7 @@ import pytest
 from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
 from harbor.trial.trial import Trial
 
-from slime_harbor.converter import trial_to_samples
+from slime_harbor.converter import trial_to_episode
 from slime_harbor.agents.installed.installs import environment_kwargs
 from slime_harbor.agents.installed.catalog import resolve_installs
 from slime_harbor.agents.installed.catalog import RECIPES, MiniSweAgent, Codex
@@ -143,7 +143,7 @@ def check_scored_truncated(result, expected_agent_exit: str, step_limit: int) ->
     meta = result.agent_result.metadata
     assert meta["agent_exit_status"] == expected_agent_exit and meta["exit_status"] == "step_limit", meta
     assert 1 <= meta["turns"] <= step_limit
-    (sample,) = trial_to_samples(result)
+    (sample,) = trial_to_episode(result).samples
     assert sample.status == SampleStatus.TRUNCATED and sample.reward == 0.0
     return meta
 
@@ -300,7 +300,7 @@ async def test_what_mini_swe_agent_sends_the_model_and_a_submitted_episode(tmp_p
     assert result.exception_info is None, result.exception_info
     assert result.agent_result.metadata["exit_status"] == "submitted"
     assert result.verifier_result.rewards == {"reward": 0.0}
-    (sample,) = trial_to_samples(result)
+    (sample,) = trial_to_episode(result).samples
     assert sample.status == SampleStatus.COMPLETED
     assert not proxy.requests, proxy.requests
 
@@ -341,7 +341,7 @@ async def test_a_prompt_over_the_context_limit_ends_the_episode_truncated_and_ve
     meta = result.agent_result.metadata
     assert meta["exit_status"] == "context_exceeded" and meta["agent_exit_status"] == "ContextWindowExceededError"
     assert result.verifier_result.rewards == {"reward": 0.0}
-    (sample,) = trial_to_samples(result)
+    (sample,) = trial_to_episode(result).samples
     assert sample.status == SampleStatus.TRUNCATED
 
 

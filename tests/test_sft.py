@@ -8,7 +8,7 @@ import torch
 
 from slime_harbor.agents.native import BASH_BLOCK, format_observation, initial_prompt_ids, SYSTEM_PROMPT
 from slime_harbor.trainers.sft import (
-    SFTConfig, agent_reply, completion_nll, masked_token_logprobs, native_agent_episode, sequence_logprob,
+    SFTConfig, agent_reply, masked_token_logprobs, pair_sequence, native_agent_episode, sequence_logprob,
     sequence_nll, sft, sft_model_dir, sft_sequences,
 )
 
@@ -94,14 +94,14 @@ def test_sft_on_episodes_lowers_their_nll(model, episode):
     assert after < 0.2 * before and losses[-1] < losses[0]
 
 
-def test_sft_on_pairs_lowers_completion_nll(model, renderer, tokenizer):
+def test_sft_on_pairs_lowers_the_completions_nll(model, renderer, tokenizer):
     prompt = initial_prompt_ids(renderer, INSTRUCTION)
     pairs = [(prompt, tokenizer.encode(REPLIES[0], add_special_tokens=False))]
     with torch.no_grad():
-        before = completion_nll(model, pairs).item()
+        before = sequence_nll(model, [pair_sequence(p, c) for p, c in pairs]).item()
     sft(model, pairs, SFTConfig(steps=20, batch_size=2))
     with torch.no_grad():
-        assert completion_nll(model, pairs).item() < 0.3 * before
+        assert sequence_nll(model, [pair_sequence(p, c) for p, c in pairs]).item() < 0.3 * before
 
 
 def test_until_stops_early_and_model_dir_round_trips(tiny_model_dir, episode, tmp_path):

@@ -215,7 +215,7 @@ def check_train_data(samples, train, tokenizer_dir):
     removed samples carry no loss, and each episode counts once."""
     from harbor.models.trial.result import TrialResult
 
-    from slime_harbor.converter import trial_to_samples
+    from slime_harbor.converter import trial_to_episode
 
     assert train["tokens"] == [s.tokens for s in samples]
     assert train["response_lengths"] == [s.response_length for s in samples]
@@ -232,7 +232,7 @@ def check_train_data(samples, train, tokenizer_dir):
             continue
         # Harbor's own record of the trial, converted again: the same tokens, mask and logprobs.
         result = TrialResult.model_validate_json((Path(s.metadata["trial_dir"]) / "result.json").read_text())
-        pieces = trial_to_samples(result, group_index=s.group_index, index=s.index)
+        pieces = trial_to_episode(result, group_index=s.group_index, index=s.index).samples
         piece = pieces[s.metadata["segment"]]
         assert s.tokens == piece.tokens and mask == piece.loss_mask and s.rollout_log_probs == piece.rollout_log_probs
         assert s.response and s.response_length > 0 and sum(mask) > 0

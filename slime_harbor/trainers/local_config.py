@@ -116,7 +116,7 @@ class LocalTrainConfig:
     stop (trials for later updates run while the learner updates; a trial spanning an update goes
     on, its later calls sampled by the new weights), each update trains on the first GRPO groups
     to complete, and an episode with a call sampled more than K versions before the weights being
-    updated is masked (masked_by stale). See docs/training.md, "Asynchronous training"."""
+    updated is masked (masked_by stale). See docs/other-trainers.md, "Asynchronous training"."""
     rollout_batch_size: int | None = None
     """Tasks per step (SLiME's --rollout-batch-size), drawn in turn from a seeded shuffle of the
     tasks, epoch after epoch; None = every task every step."""

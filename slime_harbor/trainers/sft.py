@@ -113,11 +113,6 @@ def sequence_logprob(model, batch: Sequence[MaskedSequence], pad_id: int = 0) ->
     return (logprobs * mask).sum(-1)
 
 
-def completion_nll(model, batch: Sequence[Pair], pad_id: int = 0) -> torch.Tensor:
-    """Mean NLL of completion tokens given their prompts, for a right-padded batch."""
-    return sequence_nll(model, [pair_sequence(p, c) for p, c in batch], pad_id)
-
-
 def sft_sequences(model, sequences: Sequence[MaskedSequence], config: SFTConfig = SFTConfig(),
                   pad_id: int = 0, until: Callable[[int, Any], bool] | None = None) -> list[float]:
     """Train `model` in place on masked sequences; returns the loss per step. `until(step, model)`,
