@@ -59,7 +59,7 @@ def test_a_reply_cut_inside_reasoning_is_closed_as_the_gateway_closes_it(tmp_pat
     cut_reply = detail["completion_token_ids"][0]
     messages = initial_messages("List the files.") + [
         {"role": "assistant", "content": agent.tokenizer.decode(cut_reply, skip_special_tokens=True)},
-        {"role": "user", "content": agent_module.FORMAT_ERROR.format(n_blocks=0)}]
+        {"role": "user", "content": agent_module.DEFAULT_PROMPTS.format_error_template.format(n_blocks=0)}]
     assert second == bridge_ids(renderer, first, cut_reply, messages[-1:])
     # The turn's reasoning is closed before the turn is (a bare <|im_end|> would leave it open).
     closing = agent.tokenizer.decode(second[len(first) + len(cut_reply):])
@@ -75,4 +75,38 @@ def test_a_model_family_without_a_renderer_is_refused_in_one_line(tmp_path, tiny
     with pytest.raises(RendererError, match="model family 'llama'") as error:
         NativeAgent(tmp_path / "agent", model_name="tiny", policy_url="http://127.0.0.1:9",
                     tokenizer_path=str(model_dir))
+    assert "\n" not in str(error.value)
+
+
+def test_a_prompts_file_of_the_users_replaces_the_agents_prompts(tmp_path, tiny_model_dir, monkeypatch):
+    """The option `prompts` (as mini-swe-agent's -c): the keys a user's YAML gives replace
+    native.yaml's, the others stay; the model is sent the user's system prompt, and the user's
+    submit command ends the episode. A file that is not a mapping of those keys is one line."""
+    prompts = tmp_path / "prompts.yaml"
+    prompts.write_text("system_template: You are a terse shell agent. Say done when done.\nsubmit_command: done\n")
+    agent = NativeAgent(tmp_path / "agent", model_name="tiny", policy_url="http://127.0.0.1:9",
+                        tokenizer_path=str(tiny_model_dir), prompts=str(prompts))
+    assert agent.prompts.instance_template == agent_module.DEFAULT_PROMPTS.instance_template
+
+    class SubmitsDone(TwoTurnPolicy):
+        async def generate(self, ids, params, routing_key=None) -> Generation:
+            TwoTurnPolicy.prompts.append(list(ids))
+            tokens = self.tokenizer.encode(agent_module.format_reply("all set.", "done") + "<|im_end|>",
+                                           add_special_tokens=False)
+            return Generation(token_ids=tokens, logprobs=[-0.5] * len(tokens), text="", finish_reason="stop", rid="r",
+                              weight_version="0")
+
+    TwoTurnPolicy.tokenizer, TwoTurnPolicy.prompts = agent.tokenizer, []
+    monkeypatch.setattr(agent_module, "PolicyClient", SubmitsDone)
+    context = AgentContext()
+    asyncio.run(agent.run("List the files.", Sandbox(), context))
+    (first,) = TwoTurnPolicy.prompts
+    assert "You are a terse shell agent." in agent.tokenizer.decode(first)
+    assert "coding agent working in a Linux shell" not in agent.tokenizer.decode(first)
+    assert context.metadata["exit_status"] == "submitted" and context.metadata["turns"] == 1
+
+    prompts.write_text("system_prompt: a key the agent does not have\n")
+    with pytest.raises(ValueError, match=r"prompts\.yaml: a mapping of format_error_template, .* to strings") as error:
+        NativeAgent(tmp_path / "agent2", model_name="tiny", policy_url="http://127.0.0.1:9",
+                    tokenizer_path=str(tiny_model_dir), prompts=str(prompts))
     assert "\n" not in str(error.value)

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slime_harbor.agents.native import BASH_BLOCK, format_observation, initial_prompt_ids, SYSTEM_PROMPT
+from slime_harbor.agents.native import DEFAULT_PROMPTS, format_observation, format_reply, initial_prompt_ids, reply_commands
 from slime_harbor.trainers.sft import (
-    SFTConfig, agent_reply, masked_token_logprobs, pair_sequence, native_agent_episode, sequence_logprob,
+    SFTConfig, masked_token_logprobs, pair_sequence, native_agent_episode, sequence_logprob,
     sequence_nll, sft, sft_model_dir, sft_sequences,
 )
 
 INSTRUCTION = "Rename the file water.txt to house.txt."
-REPLIES = [agent_reply("I will rename the file.", "mv water.txt house.txt"), agent_reply("The task is done.", "submit")]
+REPLIES = [format_reply("I will rename the file.", "mv water.txt house.txt"), format_reply("The task is done.", "submit")]
 
 
 @pytest.fixture
@@ -30,14 +30,14 @@ def episode(renderer, tokenizer):
 
 
 def test_agent_reply_parses_as_one_command():
-    assert [BASH_BLOCK.findall(r) for r in REPLIES] == [["mv water.txt house.txt"], ["submit"]]
+    assert [reply_commands(r) for r in REPLIES] == [["mv water.txt house.txt"], ["submit"]]
 
 
 def test_episode_is_prompt_replies_and_observation_with_mask_on_replies(renderer, tokenizer, episode):
     ids, mask = episode
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     # What the chat template renders for the same conversation: the episode is its tokens.
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": INSTRUCTION},
+    messages = [{"role": "system", "content": DEFAULT_PROMPTS.system_template}, {"role": "user", "content": INSTRUCTION},
                 {"role": "assistant", "content": REPLIES[0]}, {"role": "user", "content": format_observation(0, "")}]
     prompt = tokenizer.apply_chat_template(messages[:2], add_generation_prompt=True, tokenize=True)["input_ids"]
     so_far = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"]

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from harbor.models.task.task import Task
 
-from slime_harbor.agents.native import (BASH_BLOCK, format_observation, initial_messages, initial_prompt_ids, next_prompt_ids,
-                                SUBMIT_COMMAND)
+from slime_harbor.agents.native import (DEFAULT_PROMPTS, format_observation, initial_messages, initial_prompt_ids,
+                                        next_prompt_ids, reply_commands)
 from slime_harbor.policy.renderer import make_renderer
 from slime_harbor.policy.sampling import episode_sampling
 from slime_harbor.rollout import run_rollouts
@@ -168,7 +168,7 @@ def test_oracle_episode_is_the_native_agent_token_format(renderer, tokenizer):
     assert ids[first_reply_end: first_reply_end + len(observation)] == observation
     replies = tok.decode(ids[len(prompt):first_reply_end]), tok.decode(ids[first_reply_end + len(observation):])
     assert all(r.endswith("<|im_end|>") for r in replies)
-    assert [BASH_BLOCK.findall(r)[0] for r in replies] == [inst.command, SUBMIT_COMMAND]
+    assert [reply_commands(r)[0] for r in replies] == [inst.command, DEFAULT_PROMPTS.submit_command]
     assert mask == ([0] * len(prompt) + [1] * (first_reply_end - len(prompt)) + [0] * len(observation)
                     + [1] * (len(ids) - first_reply_end - len(observation)))
 

@@ -2,7 +2,9 @@
 
 Style of mini-swe-agent(-plus): each turn the model writes a THOUGHT and exactly one bash command
 in a ```bash block; the command runs in the sandbox and its output comes back as the next user
-message. `edit_via_str_replace` edits files safely; `submit` ends the episode.
+message. `edit_via_str_replace` edits files safely; `submit` ends the episode. Its prompts are
+native.yaml's (a user's own file replaces them: the option `prompts`); the reply format is written
+and parsed here alone (format_reply, reply_commands).
 
 Why token-in-token-out: the loss must be computed on exactly the tokens the policy sampled. The
 agent never re-renders the conversation. It keeps one growing list of token ids:
@@ -45,29 +47,40 @@ from slime_harbor.policy.renderer import bridge_ids, make_renderer
 from slime_harbor.policy.sampling import episode_sampling, SamplingParams, turn_seed
 from slime_harbor.trial_setup import AGENT_SETTINGS, check_agent_settings, RolloutConfig
 
-SYSTEM_PROMPT = """You are a coding agent working in a Linux shell. Solve the task step by step.
-Every reply has two parts: a short THOUGHT, then exactly ONE bash command in a ```bash block.
-The command runs in the task's working directory; you see its output in the next message.
-To edit a file safely, replace one exact snippet:
-```bash
-edit_via_str_replace path/to/file <<'EOF'
-old text (must occur exactly once)
-=======
-new text
-EOF
-```
-When the task is done, reply with the command `submit` alone."""
+PROMPTS_FILE = Path(__file__).with_suffix(".yaml")
+"""The default prompts (native.yaml); the option `prompts` names a file of a user's own."""
 
-INSTANCE_PROMPT = "{instruction}"
 
-OBSERVATION_TEMPLATE = "<returncode>{returncode}</returncode>\n<output>\n{output}</output>"
+@dataclasses.dataclass(frozen=True)
+class NativePrompts:
+    """The agent's messages to the model (native.yaml says what each is)."""
 
-FORMAT_ERROR = (
-    "Format error: reply with a THOUGHT and exactly ONE ```bash block "
-    "(found {n_blocks}). Use `submit` when the task is done."
-)
+    system_template: str
+    instance_template: str
+    observation_template: str
+    format_error_template: str
+    submit_command: str
 
-SUBMIT_COMMAND = "submit"
+
+def load_prompts(path: str | Path | None = None) -> NativePrompts:
+    """native.yaml's prompts, with those a YAML file at `path` gives instead (ValueError, one
+    line, for a file that is not a mapping of these keys to strings)."""
+    import yaml
+
+    prompts = yaml.safe_load(PROMPTS_FILE.read_text())
+    if path is not None:
+        try:
+            given = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f"native agent prompts {path}: {' '.join(str(exc).split())}") from None
+        keys = {f.name for f in dataclasses.fields(NativePrompts)}
+        if not isinstance(given, dict) or set(given) - keys or not all(isinstance(v, str) for v in given.values()):
+            raise ValueError(f"native agent prompts {path}: a mapping of {', '.join(sorted(keys))} to strings")
+        prompts |= given
+    return NativePrompts(**prompts)
+
+
+DEFAULT_PROMPTS = load_prompts()
 TOOLS_DIR = "/tmp/.slime_harbor_tools"
 
 # Runs inside the sandbox with the task's python3. Reads "old\n=======\nnew" from stdin.
@@ -92,29 +105,42 @@ open(path, "w").write(text.replace(old, new, 1))
 print(f"edited {path}")
 '''
 
+# --- the reply format: written here (SFT's demonstrations) and parsed here (every turn) ----------
+
 BASH_BLOCK = re.compile(r"```bash\s*\n(.*?)\n?```", re.DOTALL)
 
 
-def initial_messages(instruction: str) -> list[dict]:
+def format_reply(thought: str, command: str) -> str:
+    """A reply in the agent's format: a THOUGHT, then exactly one ```bash block."""
+    return f"THOUGHT: {thought}\n```bash\n{command}\n```"
+
+
+def reply_commands(text: str) -> list[str]:
+    """The bash blocks of a reply (the agent runs the command of a reply with exactly one)."""
+    return BASH_BLOCK.findall(text)
+
+
+def initial_messages(instruction: str, prompts: NativePrompts = DEFAULT_PROMPTS) -> list[dict]:
     return [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": INSTANCE_PROMPT.format(instruction=instruction)},
+        {"role": "system", "content": prompts.system_template},
+        {"role": "user", "content": prompts.instance_template.format(instruction=instruction)},
     ]
 
 
-def initial_prompt_ids(renderer, instruction: str) -> list[int]:
+def initial_prompt_ids(renderer, instruction: str, prompts: NativePrompts = DEFAULT_PROMPTS) -> list[int]:
     """System prompt + task instruction, rendered by the model family's renderer, ready to generate."""
-    return list(renderer.render_ids(initial_messages(instruction), add_generation_prompt=True))
+    return list(renderer.render_ids(initial_messages(instruction, prompts), add_generation_prompt=True))
 
 
-def format_observation(returncode: int, output: str, max_chars: int = 2000) -> str:
+def format_observation(returncode: int, output: str, max_chars: int = 2000,
+                       prompts: NativePrompts = DEFAULT_PROMPTS) -> str:
     """Tool output as the model sees it; long output keeps its head and tail."""
     if len(output) > max_chars:
         half = max_chars // 2
         output = f"{output[:half]}\n[... {len(output) - max_chars} characters elided ...]\n{output[-half:]}"
     if output and not output.endswith("\n"):
         output += "\n"
-    return OBSERVATION_TEMPLATE.format(returncode=returncode, output=output)
+    return prompts.observation_template.format(returncode=returncode, output=output)
 
 
 def next_prompt_ids(renderer, messages: list[dict], prompt_ids: list[int], completion_ids: list[int]) -> list[int]:
@@ -152,6 +178,10 @@ class _NativeOptions(AgentOptions):
     command_timeout_sec: float = Field(default=60.0, description="Timeout of one bash command in the sandbox.")
     max_observation_chars: int = Field(
         default=2000, description="Tool output longer than this keeps its head and tail only."
+    )
+    prompts: str | None = Field(
+        default=None, description="A YAML file of prompts replacing native.yaml's (any of its keys: system_template, "
+        "instance_template, observation_template, format_error_template, submit_command); None = native.yaml's.",
     )
 
     @field_validator("sampling", mode="before")
@@ -224,6 +254,7 @@ class NativeAgent(BaseAgent):
         self.params = opts.sampling
         # The gateway's choice of chat format for this model family (RendererError for one it lacks).
         self.renderer = make_renderer(tokenizer_path, self.tokenizer)
+        self.prompts = load_prompts(opts.prompts)
 
     async def setup(self, environment: BaseEnvironment) -> None:
         tool = self.logs_dir / "edit_via_str_replace"
@@ -235,8 +266,8 @@ class NativeAgent(BaseAgent):
 
     # ---- the loop -------------------------------------------------------------------------
     async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
-        self._messages = initial_messages(instruction)
-        ids = initial_prompt_ids(self.renderer, instruction)
+        self._messages = initial_messages(instruction, self.prompts)
+        ids = initial_prompt_ids(self.renderer, instruction, self.prompts)
         # Filled in place every turn, so a timeout or crash still leaves every finished turn.
         detail: dict[str, Any] = {"prompt_token_ids": [], "completion_token_ids": [], "logprobs": [],
                                   "extra": {"finish_reason": [], "weight_version": []}}
@@ -248,8 +279,8 @@ class NativeAgent(BaseAgent):
         context.metadata = {"exit_status": "running", "turns": 0, "format_errors": 0}
         context.n_input_tokens = context.n_output_tokens = 0
         self._steps: list[Step] = []
-        self._add_step("system", SYSTEM_PROMPT)
-        self._add_step("user", INSTANCE_PROMPT.format(instruction=instruction))
+        self._add_step("system", self._messages[0]["content"])
+        self._add_step("user", self._messages[1]["content"])
         client = PolicyClient(self.policy_url, lora_path=self.options.lora_name, api=self.options.policy_api,
                               reissue_aborted=self.options.reissue_aborted_calls,
                               model=self.model_name)
@@ -296,15 +327,15 @@ class NativeAgent(BaseAgent):
         if gen.finish_reason == "length" and len(ids) + len(gen.token_ids) >= self.max_context_len:
             raise _EpisodeEnd(CONTEXT_EXCEEDED)  # the reply filled the context: no next turn fits
 
-        blocks = BASH_BLOCK.findall(text)
+        blocks = reply_commands(text)
         if len(blocks) != 1:
             context.metadata["format_errors"] += 1
-            observation = FORMAT_ERROR.format(n_blocks=len(blocks))
+            observation = self.prompts.format_error_template.format(n_blocks=len(blocks))
         else:
             command = blocks[0].strip()
             step.tool_calls = [ToolCall(tool_call_id=f"call_{step.step_id}", function_name="bash",
                                         arguments={"command": command})]
-            if command == SUBMIT_COMMAND:
+            if command == self.prompts.submit_command:
                 raise _EpisodeEnd("submitted")
             observation = await self._execute(command, environment)
         step.observation = Observation(results=[ObservationResult(content=observation)])
@@ -322,9 +353,10 @@ class NativeAgent(BaseAgent):
             # Harbor's environments report an exec timeout as RuntimeError("... timed out ...").
             if isinstance(exc, RuntimeError) and "timed out" not in str(exc):
                 raise
-            return format_observation(124, f"command timed out after {timeout:g}s", self.options.max_observation_chars)
+            return format_observation(124, f"command timed out after {timeout:g}s", self.options.max_observation_chars,
+                                      self.prompts)
         output = (result.stdout or "") + (result.stderr or "")
-        return format_observation(result.return_code, output, self.options.max_observation_chars)
+        return format_observation(result.return_code, output, self.options.max_observation_chars, self.prompts)
 
     # ---- ATIF trajectory (Harbor's models: harbor.models.trajectories) -----------------------
     def _add_step(self, source: str, message: str, **fields) -> Step:

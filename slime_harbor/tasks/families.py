@@ -329,10 +329,10 @@ def oracle_episode(renderer, tokenizer, inst: Instance, command: str | None = No
     instance's command (or `command`, e.g. inst.near_miss), its observation, then `submit`. Every
     family's command and near miss is silent and succeeds, so the observation is return code 0
     with empty output."""
-    from slime_harbor.agents.native import SUBMIT_COMMAND
-    from slime_harbor.trainers.sft import agent_reply, native_agent_episode
+    from slime_harbor.agents.native import DEFAULT_PROMPTS, format_reply
+    from slime_harbor.trainers.sft import native_agent_episode
 
-    replies = [agent_reply(inst.thought, command or inst.command), agent_reply(DONE_THOUGHT, SUBMIT_COMMAND)]
+    replies = [format_reply(inst.thought, command or inst.command), format_reply(DONE_THOUGHT, DEFAULT_PROMPTS.submit_command)]
     return native_agent_episode(renderer, tokenizer, inst.instruction, replies, [(0, "")])
 
 

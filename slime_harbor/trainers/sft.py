@@ -47,11 +47,6 @@ def pair_sequence(prompt: list[int], completion: list[int]) -> MaskedSequence:
     return list(prompt) + list(completion), [0] * len(prompt) + [1] * len(completion)
 
 
-def agent_reply(thought: str, command: str) -> str:
-    """A native-agent reply: a THOUGHT, then exactly one ```bash block (agent.BASH_BLOCK parses it)."""
-    return f"THOUGHT: {thought}\n```bash\n{command}\n```"
-
-
 def native_agent_episode(renderer, tokenizer, instruction: str, replies: Sequence[str],
                          outputs: Sequence[tuple[int, str]]) -> MaskedSequence:
     """The ids of a native-agent episode and its loss mask (1 on the agent's own tokens).
