@@ -21,6 +21,7 @@ from typing import Any
 
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.agents.host import HOST_GATEWAY_AGENTS
+from slime_harbor.agents.settings import AGENT_SETTINGS, AgentSettings, check_agent_settings
 from slime_harbor.policy.sampling import episode_sampling, SamplingParams
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.tasks.task_dir import discover_tasks
@@ -44,8 +45,10 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class RolloutConfig:
-    """Everything one rollout needs. Every field has a default that runs on this machine."""
+class RolloutConfig(AgentSettings):
+    """Everything one rollout needs. Every field has a default that runs on this machine. The
+    agent settings (step_limit, max_context_len, routing_key, policy_api, reissue_aborted_calls,
+    lora_name) are AgentSettings' fields: declared there, with the native agent's options."""
 
     tasks_dir: Path = Path("examples/harbor/tasks")
     """Directory of Harbor task dirs (each with task.toml)."""
@@ -78,29 +81,6 @@ class RolloutConfig:
     options, and each gateway session's, which replaces a gateway agent's own. Its sampling_seed
     seeds each episode run with this config (the SLiME hook builds one config per sample); None =
     random. Every episode of one config gets the same seed: leave it None for run_rollouts."""
-    # The agent settings (AGENT_SETTINGS, from step_limit to lora_name): the native agent's options
-    # of the same names are these declarations (agent.NativeAgentOptions); the gateway holds a
-    # gateway agent's session to them.
-    step_limit: int = 30
-    """Most agent turns per episode."""
-    max_context_len: int | None = None
-    """Prompt+completion token limit of an episode (SLiME's --rollout-max-context-len); None = the
-    model's max_position_embeddings. A turn gets at most the room left as max_new_tokens; once no
-    room is left the episode ends with exit status context_exceeded (truncated, still verified)."""
-    routing_key: str | None = None
-    """X-SMG-Routing-Key sent with every turn (the SLiME hook sends sample.session_id under
-    --router-policy consistent_hashing, so one episode stays on one engine); None = no header."""
-    policy_api: str = "sglang"
-    """How agents reach policy_url: sglang (its root; /generate, and /v1 for terminus-2) | openai
-    (an OpenAI-compatible base URL ending in /v1, e.g. vLLM's: the native agent sends token ids to
-    /v1/completions, naming the agent's model_name as the model)."""
-    reissue_aborted_calls: bool = False
-    """Sample again, whole, a model call the policy server aborted on its own: on while weights are
-    updated under running trials (train-local --max-staleness, SLiME's fully-async rollout), where
-    such an abort is SGLang's pause_generation for an update; off, an aborted call ends the episode."""
-    lora_name: str | None = None
-    """LoRA adapter (by name) loaded on the policy server to sample from (SGLang's /generate
-    lora_path; the OpenAI model name for terminus-2); None = the served model itself."""
     timeout_multiplier: float = 1.0
     """Scales the task.toml agent/verifier/build timeouts and the agent's setup budget."""
     agent_setup_timeout_sec: float | None = None
@@ -154,23 +134,7 @@ class RolloutConfig:
         return [*BUILTIN_DETECTORS.values(), *(load_detector(spec) for spec in self.hack_detectors), *judge]
 
 
-AGENT_SETTINGS = ("step_limit", "max_context_len", "routing_key", "policy_api", "reissue_aborted_calls", "lora_name")
-"""The RolloutConfig fields an agent is held to, each declared (type, default, docs) there and
-checked by check_agent_settings; the native agent takes them as its options of the same names."""
-
-POLICY_APIS = ("sglang", "openai")
 REWARD_MAPPINGS = ("raw", "pm1")
-
-
-def check_agent_settings(settings) -> None:
-    """The agent settings' checks, for a RolloutConfig and the native agent's options alike
-    (ValueError in one line)."""
-    if not settings.step_limit >= 1:
-        raise ValueError(f"step_limit must be at least 1, got {settings.step_limit}")
-    if settings.max_context_len is not None and not settings.max_context_len >= 1:
-        raise ValueError(f"max_context_len must be at least 1 (or None: the model's), got {settings.max_context_len}")
-    if settings.policy_api not in POLICY_APIS:
-        raise ValueError(f"policy_api must be one of {', '.join(POLICY_APIS)}, got {settings.policy_api!r}")
 
 
 def is_native(agent: str) -> bool:

@@ -278,7 +278,8 @@ def test_the_run_settings_reach_the_native_agent_as_options_declared_once():
     from slime_harbor.agents.native import NativeAgentOptions
     from slime_harbor.config_docs import field_docs
     from slime_harbor.exits import ConfigError
-    from slime_harbor.trial_setup import agent_config, AGENT_SETTINGS, check_config, RolloutConfig
+    from slime_harbor.agents.settings import AGENT_SETTINGS
+    from slime_harbor.trial_setup import agent_config, check_config, RolloutConfig
 
     docs, defaults = field_docs(RolloutConfig), RolloutConfig()
     for name in AGENT_SETTINGS:

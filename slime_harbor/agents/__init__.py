@@ -1,6 +1,7 @@
 """Every kind of agent a trial can run, in one place. Each samples the policy token in / token out
 and ends its episode in words the converter reads (converter.TRUNCATING_EXITS and the rest).
 
+    settings.py     AgentSettings: what every agent's episode is held to (step limit, context, ...)
     native.py       slime-harbor's own agent (`--agent native`): one bash command per turn, straight
                     to the policy server (no gateway), rendered in its model family's chat format
     host.py         Harbor's agents that run in the trial's own process and sample through the

@@ -45,7 +45,7 @@ from slime_harbor.converter import CONTEXT_EXCEEDED, STEP_LIMIT
 from slime_harbor.policy.client import PolicyClient
 from slime_harbor.policy.renderer import bridge_ids, make_renderer
 from slime_harbor.policy.sampling import episode_sampling, SamplingParams, turn_seed
-from slime_harbor.trial_setup import AGENT_SETTINGS, check_agent_settings, RolloutConfig
+from slime_harbor.agents.settings import AGENT_SETTINGS, AgentSettings, check_agent_settings
 
 PROMPTS_FILE = Path(__file__).with_suffix(".yaml")
 """The default prompts (native.yaml); the option `prompts` names a file of a user's own."""
@@ -202,20 +202,20 @@ class _NativeOptions(AgentOptions):
 
     @model_validator(mode="after")
     def _checked(self):
-        check_agent_settings(self)  # RolloutConfig's own checks of the same settings
+        check_agent_settings(self)  # the same checks as a RolloutConfig's
         return self
 
 
 def _agent_setting_fields() -> dict[str, tuple]:
-    """RolloutConfig's agent settings as pydantic fields: its types, defaults and docstrings."""
-    types, docs, defaults = typing.get_type_hints(RolloutConfig), field_docs(RolloutConfig), RolloutConfig()
+    """The agent settings as pydantic fields: AgentSettings' types, defaults and docstrings."""
+    types, docs, defaults = typing.get_type_hints(AgentSettings), field_docs(AgentSettings), AgentSettings()
     return {name: (types[name], Field(default=getattr(defaults, name), description=docs[name]))
             for name in AGENT_SETTINGS}
 
 
 NativeAgentOptions = create_model("NativeAgentOptions", __base__=_NativeOptions, __module__=__name__,
                                   __doc__="Harbor `AgentConfig.kwargs` of the native agent: its own options and "
-                                  "RolloutConfig's agent settings (trial_setup.AGENT_SETTINGS), as declared there.",
+                                  "the agent settings (agents/settings.py's AgentSettings), as declared there.",
                                   **_agent_setting_fields())
 
 
