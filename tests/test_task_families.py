@@ -20,6 +20,7 @@ from slime_harbor.policy.renderer import make_renderer
 from slime_harbor.policy.sampling import episode_sampling
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.tasks import families as tf
+from slime_harbor.trainers.sft import oracle_episode
 from slime_harbor.trial_setup import RolloutConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -104,7 +105,7 @@ def test_a_native_agent_trial_sees_the_prompt_of_the_oracle_episode(tasks, tiny_
     asyncio.run(run_rollouts(cfg))
     [sample] = read_jsonl(tmp_path / "samples.jsonl")
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    ids, mask = tf.oracle_episode(make_renderer(tiny_model_dir, tokenizer), tokenizer, instance_of(path))
+    ids, mask = oracle_episode(make_renderer(tiny_model_dir, tokenizer), tokenizer, instance_of(path))
     prompt = sample.tokens[: len(sample.tokens) - sample.response_length]
     assert prompt == ids[: mask.index(1)]
 
@@ -154,7 +155,7 @@ def test_a_family_runs_out_of_instances():
 def test_oracle_episode_is_the_native_agent_token_format(renderer, tokenizer):
     tok = tokenizer
     inst = tf.instances("rename-file", 1, seed=0)[0]
-    ids, mask = tf.oracle_episode(renderer, tok, inst)
+    ids, mask = oracle_episode(renderer, tok, inst)
     prompt = initial_prompt_ids(renderer, inst.instruction)
     first_reply = ids[len(prompt): mask.index(0, len(prompt))]
     # The observation as the agent bridges it on after its first reply.

@@ -318,24 +318,6 @@ def generate(out_dir: Path, n: int, seed: int, split: str = "train",
             for inst in instances(family, n, seed, split)]
 
 
-# --------------------------------------------------------------------------------------------
-# Oracle-style episodes for the SFT warm start.
-
-DONE_THOUGHT = "The task is done."
-
-
-def oracle_episode(renderer, tokenizer, inst: Instance, command: str | None = None):
-    """The native agent's token sequence of an oracle-style episode and its loss mask: the
-    instance's command (or `command`, e.g. inst.near_miss), its observation, then `submit`. Every
-    family's command and near miss is silent and succeeds, so the observation is return code 0
-    with empty output."""
-    from slime_harbor.agents.native import DEFAULT_PROMPTS, format_reply
-    from slime_harbor.trainers.sft import native_agent_episode
-
-    replies = [format_reply(inst.thought, command or inst.command), format_reply(DONE_THOUGHT, DEFAULT_PROMPTS.submit_command)]
-    return native_agent_episode(renderer, tokenizer, inst.instruction, replies, [(0, "")])
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="directory to write the task dirs into")

@@ -1,7 +1,7 @@
 """SFT episodes in a third-party agent's own format: what `slime-harbor demo --agent mini-swe-agent`
 warm-starts on.
 
-The native agent's episodes are ours to render (`tasks.families.oracle_episode`). Harbor's
+The native agent's episodes are ours to render (`trainers.sft.oracle_episode`). Harbor's
 mini-swe-agent's are not: its system prompt, how it presents the task, its tools and how it
 reports a command's output are its own (its default tool-calling config), and the gateway renders
 them with the policy's chat template. So the format is read off the agent itself
@@ -94,7 +94,7 @@ def agent_episode(fmt: AgentFormat, renderer, tokenizer, instruction: str, comma
 
 def oracle_agent_episode(fmt: AgentFormat, renderer, tokenizer, inst: task_families.Instance,
                          command: str | None = None):
-    """`tasks.families.oracle_episode` in the agent's format: the command (or `command`, e.g. the
+    """`trainers.sft.oracle_episode` in the agent's format: the command (or `command`, e.g. the
     near miss), then submit."""
     return agent_episode(fmt, renderer, tokenizer, inst.instruction, [command or inst.command, SUBMIT])
 

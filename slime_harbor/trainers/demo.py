@@ -29,7 +29,7 @@ from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.config_docs import field_docs
 from slime_harbor.trainers.local import train
 from slime_harbor.trainers.local_config import check_train_config, LocalTrainConfig
-from slime_harbor.trainers.sft import SFTConfig, sequence_logprob, sft_model_dir
+from slime_harbor.trainers.sft import oracle_episode, SFTConfig, sequence_logprob, sft_model_dir
 from slime_harbor.policy.tiny_model import build_tiny_model
 
 
@@ -151,7 +151,7 @@ def sft_episodes(cfg: LearningConfig, base: Path, tokenizer, probe: list[task_fa
     renderer = make_renderer(base, tokenizer)
     if cfg.agent == "native":
         def episode(inst, command=None):
-            return task_families.oracle_episode(renderer, tokenizer, inst, command)
+            return oracle_episode(renderer, tokenizer, inst, command)
     else:  # the agent's own format, read off one real trial of it in the run's sandbox
         from slime_harbor.trainers.agent_sft import capture_format, oracle_agent_episode
 

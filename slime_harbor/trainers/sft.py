@@ -24,7 +24,9 @@ from typing import Any
 
 import torch
 
-from slime_harbor.agents.native import format_observation, initial_messages, initial_prompt_ids, next_prompt_ids
+from slime_harbor.agents.native import (DEFAULT_PROMPTS, format_observation, format_reply, initial_messages,
+                                        initial_prompt_ids, next_prompt_ids)
+from slime_harbor.tasks.families import Instance
 from slime_harbor.grpo import masked_mean
 
 Pair = tuple[list[int], list[int]]  # (prompt ids, completion ids)
@@ -151,3 +153,18 @@ def sft_model_dir(model_dir: str | Path, out_dir: str | Path, pairs: Sequence[Pa
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return losses
+
+
+# --------------------------------------------------------------------------------------------
+# Oracle-style episodes of the procedural task families (tasks/families.py), for the warm start.
+
+DONE_THOUGHT = "The task is done."
+
+
+def oracle_episode(renderer, tokenizer, inst: Instance, command: str | None = None) -> MaskedSequence:
+    """The native agent's token sequence of an oracle-style episode of a family instance and its
+    loss mask: the instance's command (or `command`, e.g. inst.near_miss), its observation, then
+    `submit`. Every family's command and near miss is silent and succeeds, so the observation is
+    return code 0 with empty output."""
+    replies = [format_reply(inst.thought, command or inst.command), format_reply(DONE_THOUGHT, DEFAULT_PROMPTS.submit_command)]
+    return native_agent_episode(renderer, tokenizer, inst.instruction, replies, [(0, "")])
