@@ -29,7 +29,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime_harbor.agents.host import HOST_GATEWAY_AGENTS
+from slime_harbor.verifier_reward import scalar_reward, tampering_kinds
 from slime_harbor.samples import SampleStatus, TrainingSample, is_scored, top_p_offsets_ok
 
 # Transient infrastructure failures: the policy is not to blame and a new trial may well succeed
@@ -67,7 +67,7 @@ agent exits non-zero), the installed agents' recipes where the agent says so its
 TRUNCATING_EXITS = frozenset({STEP_LIMIT, CONTEXT_EXCEEDED})
 """Exits at a limit: verified and scored as TRUNCATED, the limit as the reason (see episode_end).
 Agents report them in agent_result.metadata["exit_status"] (the native agent, the installed
-agents' recipes); terminus-2 reports none (see agent_exit_status); a limit the gateway enforced
+agents' recipes); terminus-2's is read by agents/host.report_exit_status; a limit the gateway enforced
 is its session's exit_reason (see episode_end)."""
 
 
@@ -179,26 +179,6 @@ def split_into_segments(detail: dict[str, Any]) -> tuple[list[Segment], int]:
     return segments, drift
 
 
-def scalar_reward(rewards: dict[str, float] | None) -> float | None:
-    """Harbor verifiers write a flat dict; `reward` is the convention, else a single key, else the mean."""
-    if not rewards:
-        return None
-    if "reward" in rewards:
-        return float(rewards["reward"])
-    values = [float(v) for v in rewards.values()]
-    return values[0] if len(values) == 1 else sum(values) / len(values)
-
-
-TAMPERING_PREFIX = "tampering_"
-"""Verifier reward keys `tampering_<kind>: 1` name tampering the grader detected (and scored 0)."""
-
-
-def tampering_kinds(rewards: dict | None) -> list[str]:
-    """The kinds of tampering a verifier reported beside its reward (SWE-bench tasks' grade.py)."""
-    return sorted(k.removeprefix(TAMPERING_PREFIX) for k, v in (rewards or {}).items()
-                  if k.startswith(TAMPERING_PREFIX) and v)
-
-
 AGENT_INSTALL_EXCEPTIONS = frozenset({"AgentInstallError", "AgentInstallTimeoutError"})
 """installed_agents' install failures, raised before the environment starts (trial_setup.install_agents_first)."""
 
@@ -218,15 +198,10 @@ def environment_start_failed(result) -> bool:
 
 
 def agent_exit_status(result) -> str | None:
-    """How the agent says its episode ended (agent_result.metadata["exit_status"]); terminus-2,
-    which says nothing, as its module reads it."""
+    """How the agent says its episode ended (agent_result.metadata["exit_status"]; a host agent
+    that says nothing has it filled in by agents/host.report_exit_status)."""
     meta = (result.agent_result.metadata if result.agent_result else None) or {}
-    if meta.get("exit_status") is not None:
-        return meta["exit_status"]
-    host_agent = HOST_GATEWAY_AGENTS.get(result.agent_info.name) if result.agent_info is not None else None
-    if host_agent is not None:
-        return host_agent.exit_status(result)
-    return None
+    return meta.get("exit_status")
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ import logging
 import shlex
 import uuid
 
-from slime_harbor.converter import TAMPERING_PREFIX
+from slime_harbor.verifier_reward import TAMPERING_PREFIX
 from slime_harbor.verifier_runtime import BROKEN_PLUMBING, bytecode_to_remove, describe, tampering, texts_needed
 
 log = logging.getLogger(__name__)

@@ -37,6 +37,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from slime_harbor.agents.host import report_exit_status
 from slime_harbor.converter import Episode, EpisodeEnd, trial_to_episode, TRUNCATING_EXITS
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.filters import mask_counts
@@ -215,6 +216,7 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
     finally:  # ended, failed or cancelled: in-flight calls are aborted and the recording flushed
         if session is not None:
             await _close_session(gateway, trial_name)
+    report_exit_status(result)  # terminus-2 says nothing of its end: its module reads it
     episode = trial_to_episode(
         result, group_index=group_index, index=index, tokenizer=tokenizer, reward_mapping=cfg.reward_mapping,
         **({"recorded": session} if session is not None else {}),

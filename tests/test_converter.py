@@ -207,3 +207,25 @@ def test_the_agents_tokenizer_decodes_when_the_caller_gives_none(tiny_model_dir,
                                       kwargs={"tokenizer_path": str(tiny_model_dir)})
     (s,) = trial_to_episode(result, index=0).samples
     assert s.response == tokenizer.decode(C0 + OBS0 + C1) and s.prompt == tokenizer.decode(P0)
+
+
+def test_terminus2s_end_is_read_by_its_module_where_it_says_nothing():
+    """terminus-2 reports no exit status: agents/host.report_exit_status reads it (max_turns used:
+    step_limit) into the metadata every agent reports it in, and the converter ends the episode
+    there, truncated; a host agent that says how it ended is left as it said."""
+    from harbor.models.trial.config import AgentConfig
+
+    from slime_harbor.agents.host import report_exit_status
+
+    result = make_result(rewards={"reward": 0.0}, exit_status=None)
+    result.agent_info.name = "terminus-2"
+    result.config.agent = AgentConfig(name="terminus-2", kwargs={"max_turns": 2})
+    result.agent_result.metadata["n_episodes"] = 2
+    assert episode_end(result).status == SampleStatus.COMPLETED  # unread, it looks finished
+    report_exit_status(result)
+    ended = episode_end(result)
+    assert (ended.status, ended.exit_status) == (SampleStatus.TRUNCATED, "step_limit")
+    said = make_result(rewards={"reward": 0.0}, exit_status="submitted")
+    said.agent_info.name = "terminus-2"
+    report_exit_status(said)
+    assert episode_end(said).exit_status == "submitted"

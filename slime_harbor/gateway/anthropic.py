@@ -45,12 +45,6 @@ def anthropic_base_url(session, host: str | None = None) -> str:
     return session.openai_base_url(host).removesuffix("/v1")
 
 
-def models_reply(served_model_name: str) -> dict[str, Any]:
-    model = {"type": "model", "id": served_model_name, "display_name": served_model_name,
-             "created_at": "1970-01-01T00:00:00Z"}
-    return {"data": [model], "has_more": False, "first_id": served_model_name, "last_id": served_model_name}
-
-
 def error_response(status: int, message: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={
         "type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message}})
@@ -155,6 +149,14 @@ class Messages(Dialect):
 
     def refusal(self, error: Exception) -> JSONResponse:
         return error_response(*status_of(error))
+
+    def model_list(self, request: Request) -> dict[str, Any] | None:
+        """An Anthropic SDK (it sends anthropic-version) lists models in its own shape."""
+        if "anthropic-version" not in request.headers:
+            return None
+        name = self.gateway.served_model_name
+        model = {"type": "model", "id": name, "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
+        return {"data": [model], "has_more": False, "first_id": name, "last_id": name}
 
     @staticmethod
     def parse(body: dict[str, Any]) -> TurnRequest:

@@ -20,7 +20,6 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from slime_harbor.gateway.anthropic import models_reply
 from slime_harbor.gateway.turn import GatewayTurn, TurnRequest
 from slime_harbor.gateway.wire import Dialect, openai_refusal, sse
 from slime_harbor.http_api import BadRequest
@@ -65,8 +64,9 @@ class ChatCompletions(Dialect):
         return await self.serve(request, session_id, self.parse)
 
     async def models(self, request: Request, session_id: str | None = None) -> JSONResponse:
-        if "anthropic-version" in request.headers:  # an Anthropic SDK lists models in its own shape
-            return JSONResponse(models_reply(self.gateway.served_model_name))
+        for dialect in self.gateway.dialects:  # another API's client on the shared path (Anthropic's)
+            if dialect is not self and (listed := dialect.model_list(request)) is not None:
+                return JSONResponse(listed)
         return JSONResponse({"object": "list", "data": [{
             "id": self.gateway.served_model_name, "object": "model", "created": 0, "owned_by": "slime-harbor",
             "max_model_len": self.gateway.max_context_len}]})

@@ -109,8 +109,9 @@ class Gateway:
         self._server: _InLoopServer | None = None
         self._socket: socket.socket | None = None
         self.app = FastAPI(title="slime-harbor gateway", docs_url=None, redoc_url=None, openapi_url=None)
-        for dialect in (ChatCompletions, Messages, Responses, GenerateContent):  # each declares its routes
-            dialect(self).add_routes(self.app)
+        self.dialects = [dialect(self) for dialect in (ChatCompletions, Messages, Responses, GenerateContent)]
+        for dialect in self.dialects:  # each declares its routes
+            dialect.add_routes(self.app)
 
     @property
     def base_url(self) -> str:

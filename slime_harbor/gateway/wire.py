@@ -55,6 +55,11 @@ class Dialect:
         503 when the policy cannot answer (PolicyUnavailable)."""
         raise NotImplementedError
 
+    def model_list(self, request: Request) -> dict[str, Any] | None:
+        """`GET .../v1/models` in this dialect's shape when the request is its client's (the path
+        is shared: OpenAI's and Anthropic's SDKs both list models there); None: not its client."""
+        return None
+
     def session_of(self, request: Request, session_id: str | None) -> GatewaySession:
         return self.gateway.session_of(request, session_id)
 
