@@ -66,7 +66,7 @@ from slime_harbor.policy.sampling import episode_sampling
 from slime_harbor.retries import RetryBudget
 from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
 from slime_harbor.trial_setup import RolloutConfig, check_agent, uses_gateway, with_engine
-from slime_harbor.samples import SampleStatus, episode_key, is_scored, is_success
+from slime_harbor.samples import SampleStatus, episode_key, is_scored, is_success, pass_at_k
 
 
 @dataclass(frozen=True)
@@ -690,8 +690,7 @@ def eval_dataset_metrics(name: str, samples, rewards, group_size: int, passrate:
 
     k runs over SLiME's compute_pass_rate's values (1, 2, 4, ... up to group_size; none when
     group_size is 1); a success is samples.is_success; pass@k is the unbiased estimator
-    (trainers/evaluate.pass_at_k, as SLiME's)."""
-    from slime_harbor.trainers.evaluate import pass_at_k
+    (samples.pass_at_k, as SLiME's)."""
 
     trials = eval_trials(samples, rewards, group_size)
     scored = [t for t in trials if t.reward is not None]

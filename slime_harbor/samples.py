@@ -20,6 +20,8 @@ Layout of one sample (SLiME convention):
 
 from __future__ import annotations
 
+import math
+
 import dataclasses
 import json
 from dataclasses import dataclass, field
@@ -67,6 +69,19 @@ def is_success(reward: float | None) -> bool:
     """Whether a trial's reward counts as solving its task (pass@k's and pass rates' success): a
     reward of at least SUCCESS_REWARD. None (not scored) is no success."""
     return reward is not None and reward >= SUCCESS_REWARD
+
+
+def pass_at_k(n: int, c: int, k: int) -> float | None:
+    """Unbiased pass@k from n episodes with c successes; None when n < k (not estimable)."""
+    if not 0 <= c <= n:
+        raise ValueError(f"need 0 <= c <= n, got n={n}, c={c}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if n < k:
+        return None
+    if n - c < k:  # every draw of k contains a success
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 @dataclass

@@ -12,7 +12,8 @@ from slime_harbor.filters import (
 )
 from slime_harbor.grpo import episode_advantages
 from slime_harbor.samples import SampleStatus, TrainingSample
-from slime_harbor.trainers.evaluate import eval_metrics, pass_at_k
+from slime_harbor.samples import pass_at_k
+from slime_harbor.trainers.evaluate import eval_metrics
 from slime_harbor.trainers.learner import trainable
 from slime_harbor.trainers.training_run import TaskStream
 from slime_harbor.trainers.tracking import flatten, wandb_key

@@ -17,13 +17,12 @@ does not read as a policy that got worse.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from slime_harbor.rollout import run_rollouts
-from slime_harbor.samples import is_success, read_jsonl
+from slime_harbor.samples import pass_at_k, is_success, read_jsonl
 from slime_harbor.trainers.local_config import LocalTrainConfig
 from slime_harbor.trainers.training_run import truncated_ratio
 
@@ -37,19 +36,6 @@ async def evaluation(cfg: LocalTrainConfig, policy_url: str, model_dir: str, out
     result["truncated_ratio"] = truncated_ratio(read_jsonl(out_dir / "samples.jsonl"))
     result["wall_s"] = summary["wall_seconds"]
     return result
-
-
-def pass_at_k(n: int, c: int, k: int) -> float | None:
-    """Unbiased pass@k from n episodes with c successes; None when n < k (not estimable)."""
-    if not 0 <= c <= n:
-        raise ValueError(f"need 0 <= c <= n, got n={n}, c={c}")
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
-    if n < k:
-        return None
-    if n - c < k:  # every draw of k contains a success
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def eval_metrics(per_task_rewards: Mapping[str, Sequence[float | None]], k: int) -> dict[str, Any]:
