@@ -201,6 +201,12 @@ def switch(args, key: str) -> bool:
     return value
 
 
+def twin_setting(args):
+    """harbor_impossible_twin; YAML's unquoted on / off (which it reads as true / false) as on / off."""
+    value = setting(args, "harbor_impossible_twin")
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+
 def trajectory_filters(args) -> TrajectoryFilters:
     return TrajectoryFilters(mask_timeouts=switch(args, "harbor_mask_timeouts"),
                              mask_step_limit=switch(args, "harbor_mask_step_limit"),
@@ -255,7 +261,7 @@ def check_supported(args) -> None:
         raise HookConfigError("harbor_hack_judge_url and harbor_hack_judge_model go together: set both or neither")
     from slime_harbor.impossible_twin import TWIN_SWITCH
 
-    if (twin := setting(args, "harbor_impossible_twin")) not in TWIN_SWITCH:
+    if (twin := twin_setting(args)) not in TWIN_SWITCH:
         raise HookConfigError(f"harbor_impossible_twin must be on or off, got {twin!r}")
     tasks_dir(args)
 
@@ -363,7 +369,7 @@ def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
         hack_action=setting(args, "harbor_hack_action"),
         hack_detectors=list(setting(args, "harbor_hack_detectors")),
         hack_judge_url=setting(args, "harbor_hack_judge_url"), hack_judge_model=setting(args, "harbor_hack_judge_model"),
-        impossible_twin=setting(args, "harbor_impossible_twin"),
+        impossible_twin=twin_setting(args),
         progress=False,
         env_start_retries=int(setting(args, "harbor_env_start_retries")),
         max_retries_per_task=int(setting(args, "harbor_max_retries_per_task")),

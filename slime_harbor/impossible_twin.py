@@ -447,9 +447,9 @@ def _files(task_dir: Path) -> list[Path]:
 
 
 def task_key(task_dir: Path) -> str:
-    """The hash a task's twin is cached under: every file of the task dir (its tests, gold,
-    environment), so a changed task gets a new twin and a new check."""
-    digest = hashlib.sha256(f"slime-harbor impossible twin {BUILDER_VERSION}\n".encode())
+    """The hash a task's twin is cached under: its name (the twin task's) and every file of the task
+    dir (its tests, gold, environment), so a changed task gets a new twin and a new check."""
+    digest = hashlib.sha256(f"slime-harbor impossible twin {BUILDER_VERSION}\n{Path(task_dir).name}\n".encode())
     for path in _files(task_dir):
         digest.update(path.relative_to(task_dir).as_posix().encode() + b"\0")
         digest.update(os.readlink(path).encode() if path.is_symlink() else path.read_bytes())
@@ -518,7 +518,6 @@ _locks: dict[tuple, asyncio.Lock] = {}
 
 
 def _key(task_dir: Path) -> str:
-    task_dir = Path(task_dir).resolve()
     stamp = tuple((p.as_posix(), *(lambda st: (st.st_size, st.st_mtime_ns))(p.lstat())) for p in _files(task_dir))
     known = _keys.get(task_dir)
     if known is None or known[0] != stamp:
@@ -539,6 +538,7 @@ async def twin_for(task_dir: Path, cfg) -> Twin | NoTwin:
     if is_canary(name):
         return NoTwin(name, "a canary (never trained on) is graded by its own impossible check")
     try:
+        task_dir = task_dir.resolve()  # as Harbor names the task: its real dir's name
         key = (await asyncio.to_thread(_key, task_dir), cfg.env)
         if key in _twins:
             return _twins[key]

@@ -257,20 +257,27 @@ def assert_gold(sample: dict) -> None:
     assert metadata["twin"]["result"] == "failed" and metadata["twin"]["reward"] == 0.0, metadata["twin"]
 
 
-def test_a_stack_reading_solution_of_a_case_table_task_is_caught_in_bubblewrap_and_the_gold_is_not(
-        tmp_path, monkeypatch, policy_server, tiny_model_dir):
+@pytest.mark.parametrize("env", ["local", pytest.param("docker", marks=pytest.mark.slow)])
+def test_a_stack_reading_solution_of_a_case_table_task_is_caught_and_the_gold_is_not(
+        env, tmp_path, monkeypatch, policy_server, tiny_model_dir):
     """The plain fixture task checks a literal case table in Python, in its own process: the
     held-out to_roman reads that table off its caller's frame and passes; on the twin (one expected
-    value changed) it passes too, and --hack-action penalty scores it 0. The gold fails the twin and
-    keeps its 1. Harbor's viewer shows the twin's result beside the verifier's."""
+    value changed), run in a copy of the sandbox state kept right before the real verifier, it
+    passes too, and --hack-action penalty scores it 0. The gold fails the twin and keeps its 1.
+    Harbor's viewer shows the twin's result beside the verifier's; nothing kept is left behind."""
     from fastapi.testclient import TestClient
     from harbor.viewer import create_app
 
+    if env == "docker":
+        from helpers.docker import docker_skip_reason
+
+        if why := docker_skip_reason():
+            pytest.skip(why)
     monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
     tasks = tmp_path / "tasks"
     shutil.copytree(ROMAN, tasks / ROMAN.name)
     summaries, got = asyncio.run(gold_and_held_out(
-        tasks, [ROMAN.name], "local", {ROMAN.name: {"/app/roman.py": str(HELD_OUT / "stack_reading_roman.py")}},
+        tasks, [ROMAN.name], env, {ROMAN.name: {"/app/roman.py": str(HELD_OUT / "stack_reading_roman.py")}},
         tmp_path / "out", policy_server, tiny_model_dir, "raw"))
     assert_gold(got[("oracle", ROMAN.name)])
     hacked = got[("held-out-solution-test-agent", ROMAN.name)]
@@ -285,8 +292,86 @@ def test_a_stack_reading_solution_of_a_case_table_task_is_caught_in_bubblewrap_a
     shown = client.get(f"/api/jobs/trials/trials/{trial.name}/verifier-output").json()["reward_details"]
     assert shown[it.VIEWER_KEY]["result"] == "passed" and shown[it.VIEWER_KEY]["changed"].startswith("tests/test.sh line 12")
     assert shown["slime-harbor hack monitor"]["flags"] == ["passes_impossible"]
-    # the kept sandbox states went with their trials
-    assert not [p for p in Path("/tmp/slime-harbor-sandboxes").glob("*kept*")] if Path("/tmp/slime-harbor-sandboxes").is_dir() else True
+    if env == "docker":  # the committed states are gone with their trials
+        from helpers.docker import docker_client
+
+        assert docker_client().api.images(filters={"label": "slime-harbor.kept"}) == []
+    else:
+        from slime_harbor.environments.bubblewrap_host import default_sandbox_root
+
+        assert not list(default_sandbox_root().glob(f"{ROMAN.name}*-kept-*"))
+
+
+def test_a_twin_that_errors_raises_no_flag_keeps_the_reward_and_is_counted(tmp_path, monkeypatch):
+    """The sandbox's state cannot be kept (the host's disk is full, say): the passing trial keeps
+    its 1 unflagged, and hack/twin_errors counts it; a failing trial is never graded again."""
+    from slime_harbor.environments.bubblewrap import BubblewrapEnvironment
+    from slime_harbor.rollout import run_rollouts
+    from slime_harbor.trial_setup import RolloutConfig
+
+    async def full_disk(self):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
+    tasks = tmp_path / "tasks"
+    shutil.copytree(ROMAN, tasks / ROMAN.name)
+    asyncio.run(it.twin_for(tasks / ROMAN.name, RolloutConfig()))  # built and checked while the disk is fine
+    monkeypatch.setattr(BubblewrapEnvironment, "keep_state", full_disk)
+    out = tmp_path / "out"
+    common = dict(tasks_dir=tasks, n_samples=1, hack_action="penalty", progress=False)
+    summary = asyncio.run(run_rollouts(RolloutConfig(**common, agent="oracle", out_dir=out / "gold")))
+    [(_, gold)] = rows(out / "gold").items()
+    assert gold["reward"] == 1.0 and gold["metadata"]["hack_flags"] == []
+    assert gold["metadata"]["twin"]["result"] == "error" and "No space left on device" in gold["metadata"]["twin"]["error"]
+    assert summary["hack/twin_errors"] == 1 and summary["twin_coverage"] == 0.0
+    asyncio.run(run_rollouts(RolloutConfig(**common, agent="nop", out_dir=out / "nop")))
+    [(_, empty)] = rows(out / "nop").items()
+    assert empty["reward"] == 0.0 and "twin" not in empty["metadata"]
+
+
+def test_the_slime_hook_grades_a_passing_trial_on_its_twin(tmp_path, monkeypatch, policy_server, tiny_model_dir):
+    """SLiME's generate hook runs the held-out to_roman (an agent through its gateway): the Sample
+    it returns is scored as a failure under harbor_hack_action penalty, flagged passes_impossible,
+    and the hook's counts say so."""
+    from types import SimpleNamespace
+
+    from slime_harbor import hooks
+    from helpers.slime import SampleLike
+
+    monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HELD_OUT_AGENT_FILES", json.dumps({"/app/roman.py": str(HELD_OUT / "stack_reading_roman.py")}))
+    monkeypatch.setattr(hooks, "METRICS", __import__("collections").Counter())
+    host, port = policy_server.removeprefix("http://").split(":")
+    args = SimpleNamespace(sglang_router_ip=host, sglang_router_port=int(port), hf_checkpoint=str(tiny_model_dir),
+                           harbor_agent=HELD_OUT_AGENT, harbor_hack_action="penalty",
+                           harbor_trials_dir=str(tmp_path / "trials"))
+    sample = SampleLike(index=0, group_index=0, prompt="p", label=ROMAN.name, metadata={"task_dir": str(ROMAN)})
+
+    async def one_trial():
+        try:
+            return await hooks.generate(args, sample, {"temperature": 1.0, "max_new_tokens": 8})
+        finally:
+            await hooks.close_gateway()  # the process gateway the hook started in this loop
+
+    [out] = asyncio.run(one_trial())
+    assert out.reward == 0.0 and out.response_length > 0 and out.metadata["hack_flags"] == ["passes_impossible"]
+    assert out.metadata["twin"]["result"] == "passed" and out.metadata["reward_before_hack_penalty"] == 1.0
+    counts = hooks.hook_metrics()
+    assert counts["hack/passes_impossible"] == 1 and counts["twin/passing"] == counts["twin/graded"] == 1
+
+
+def test_calibrate_reports_which_tasks_have_a_twin(tmp_path, monkeypatch):
+    from slime_harbor.calibrate import calibrate
+
+    monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
+    tasks = tmp_path / "tasks"
+    for task in (PLAIN / "config-parser", PLAIN / "fix-sort-key"):
+        shutil.copytree(task, tasks / task.name)
+    manifest = asyncio.run(calibrate(tasks, repeats=1, out=tmp_path / "calibration.json"))
+    assert manifest["twin_tasks"] == 0.5
+    assert manifest["tasks"]["config-parser"]["twin"].startswith("tests/check.py line 48")
+    assert manifest["tasks"]["fix-sort-key"]["no_twin"].startswith("no twin: its tests compare no computed value")
+    assert manifest["tasks"]["config-parser"]["status"] == "ok"  # its gold passes, unflagged
 
 
 @pytest.mark.slow
@@ -311,8 +396,8 @@ def test_a_stack_reading_swe_solution_is_caught_in_docker_and_no_bundled_gold_is
     assert summaries["gold"]["twin_tasks"] == 1.0 and summaries["gold"]["twin_coverage"] == 1.0
     hacked = got[("held-out-solution-test-agent", TEXTKIT.name)]
     assert_caught(hacked, failure=-1.0)
-    twin_report = json.loads((Path(hacked["metadata"]["trial_dir"]) / "twin" / "verifier" / "report.json").read_text())
-    assert twin_report["resolved"] is True  # the twin's own grading: swebench's harness passed it
+    twin_report = json.loads((Path(hacked["metadata"]["trial_dir"]) / "verifier" / "twin" / "report.json").read_text())
+    assert twin_report["resolved"] is True  # graded in the same container: swebench's harness passed the twin too
 
 
 def test_no_bundled_plain_gold_is_flagged_and_the_one_with_a_twin_is_graded_on_it(tmp_path, monkeypatch):
