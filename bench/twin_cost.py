@@ -10,8 +10,9 @@ and a half times it; the demo's mini-swe-agent trials spent 39.5 s in the agent,
 and then applies the task's gold solution with probability --pass-rate, else nothing: the same
 trials, sleeps and passes in both modes of a round (seeded by the round). Each round runs the step
 with the twin on and off, the order alternating (a shared 2-core machine swings single runs). It
-prints, per environment, the median step wall time off and on, the added share (target: under
-15%), the twin's seconds per step and the share of passing trials graded on a twin, and writes
+prints, per environment, the median step wall time off and on, the added share (the median over
+rounds of on / off, each round's pair the same trials; target: under 15%), the twin's seconds per
+step and per passing trial, and the share of passing trials graded on a twin, and writes
 OUT/twin_cost.json.
 
     .venv/bin/python bench/twin_cost.py [--rounds 2] [--group 4] [--pass-rate 0.5] [--agent-seconds 30]
@@ -25,6 +26,7 @@ import asyncio
 import hashlib
 import json
 import random
+import re
 import shlex
 import statistics
 import sys
@@ -65,7 +67,7 @@ class BenchAgent(BaseAgent):
     async def run(self, instruction, environment, context) -> None:
         trial = Path(self.logs_dir).parent  # <trials>/<task>__g<group>_<index>__<id>/agent
         task = Path(json.loads((trial / "config.json").read_text())["task"]["path"])
-        key = f"{self.seed}:{task.name}:{trial.name.split('__')[1]}"
+        key = f"{self.seed}:{task.name}:{re.search(r'__(g\d+_\d+)__', trial.name).group(1)}"  # group and index
         draw = random.Random(hashlib.sha256(key.encode()).digest())
         seconds = self.agent_seconds * draw.uniform(0.5, 1.5)
         solve = "true"
@@ -125,9 +127,14 @@ def main() -> None:
                       f"twin {got.get('time/twin_s') or 0:.1f} s", file=sys.stderr)
         off = statistics.median(r["wall_seconds"] for r in runs["off"])
         on = statistics.median(r["wall_seconds"] for r in runs["on"])
+        # paired by round (the same trials, sleeps and passes): the machine's load drifts between rounds
+        ratios = [b["wall_seconds"] / a["wall_seconds"] for a, b in zip(runs["off"], runs["on"])]
+        passing = [(r["pass_rate"] or 0) * (r["n_scored"] or 0) for r in runs["on"]]
         result["envs"][env] = {
             "tasks": names, "warm_up_step_s": warm["wall_seconds"],
-            "median_step_s": {"off": off, "on": on}, "added": (on - off) / off,
+            "median_step_s": {"off": off, "on": on}, "added": statistics.median(ratios) - 1,
+            "added_per_round": [x - 1 for x in ratios],
+            "twin_s_per_passing_trial": sum(r.get("time/twin_s") or 0.0 for r in runs["on"]) / max(sum(passing), 1),
             "twin_s_per_step": statistics.median(r.get("time/twin_s") or 0.0 for r in runs["on"]),
             "twin_coverage": [r.get("twin_coverage") for r in runs["on"]],
             "twin_errors": sum(r.get("hack/twin_errors") or 0 for r in runs["on"]),
@@ -138,9 +145,11 @@ def main() -> None:
     print(f"impossible twin cost per step ({a.group} trials per task, pass rate {a.pass_rate}, agent "
           f"~{a.agent_seconds:g} s, concurrency {a.concurrency}, {a.rounds} rounds; target: under 15%)")
     for env, r in result["envs"].items():
-        print(f"  {env:6s} {len(r['tasks'])} tasks ({', '.join(r['tasks'])}): step {r['median_step_s']['off']:.1f} s off, "
-              f"{r['median_step_s']['on']:.1f} s on: {r['added']:+.1%}; twin {r['twin_s_per_step']:.1f} s of trial time "
-              f"per step, passing trials graded on a twin {r['twin_coverage']}, twin errors {r['twin_errors']}, "
+        print(f"  {env:6s} {len(r['tasks'])} tasks ({', '.join(r['tasks'])}): median step {r['median_step_s']['off']:.1f} s "
+              f"off, {r['median_step_s']['on']:.1f} s on; added {r['added']:+.1%} (median of the rounds' "
+              f"{', '.join(f'{x:+.1%}' for x in r['added_per_round'])}); twin {r['twin_s_per_step']:.1f} s of trial time "
+              f"per step ({r['twin_s_per_passing_trial']:.2f} s per passing trial), passing trials graded on a twin "
+              f"{', '.join(f'{c:.2f}' for c in r['twin_coverage'] if c is not None)}, twin errors {r['twin_errors']}, "
               f"passes_impossible {r['passes_impossible']}")
     print(f"written: {a.out / 'twin_cost.json'}  (command: {' '.join(shlex.quote(x) for x in sys.argv)})")
 
