@@ -29,8 +29,11 @@ HEADER = """\
 
 
 def yaml_value(value) -> str:
-    """A default as YAML spells it (JSON is YAML; null, true, false, numbers, lists as they are)."""
-    return value if isinstance(value, str) else json.dumps(value)
+    """A default as YAML spells it (JSON is YAML; null, true, false, numbers, lists as they are; a
+    string YAML would read as something else, such as on / off, quoted)."""
+    import yaml
+
+    return value if isinstance(value, str) and yaml.safe_load(value) == value else json.dumps(value)
 
 
 def hook_config_yaml() -> str:

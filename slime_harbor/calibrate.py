@@ -7,7 +7,8 @@ all) K times on every task, in real trials, and writes FILE (default DIR/calibra
 
     {"repeats": K, "env": ENV, "tasks": {NAME: {"status": "ok" | "broken" | "hackable" | "flaky",
      "reason": "...", "gold": [rewards or null], "empty": [rewards or null],
-     "attacks": {ATTACK: reward or null}}},
+     "attacks": {ATTACK: reward or null}, "twin": "what its impossible twin changed" | "no_twin": "why"}},
+     "twin_tasks": share of tasks with a twin,
      "broken": {NAME: reason}, "hackable": {NAME: reason}, "flaky": {NAME: reason}}
 
 - broken: the gold solution never passes (or its trials fail: the image does not build, the test
@@ -24,6 +25,10 @@ all) K times on every task, in real trials, and writes FILE (default DIR/calibra
   program that succeeds and prints nothing; when that scores, each file is tried alone so that the
   reason names the one(s) the verifier trusts;
 - flaky: gold passes some of the K times, or the empty answer passes some of them.
+
+It also builds and checks each task's impossible twin (impossible_twin.py: the gold must fail
+it; the check is cached, so a run after calibrate needs none): per task `twin` says what its twin
+changed (`no_twin`: why it has none), and `twin_tasks` is the share of tasks with one.
 
 It exits 0 whatever it finds. FILE is a task manifest: `rollout --task-manifest FILE`,
 `train-local --task-manifest FILE` and the SLiME hook (YAML `harbor_task_manifest`) skip the tasks
@@ -126,6 +131,7 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
                     concurrency: int = 4, attacks: dict[str, Path] | None = None) -> dict[str, Any]:
     """Run gold and empty K times per task, and each attack once (`attacks`: name -> script; with
     them, each task's own trusted_files attack); write and return the manifest."""
+    from slime_harbor.impossible_twin import prepare_twins, twin_table
     from slime_harbor.rollout import run_rollouts
     from slime_harbor.tasks.task_dir import discover_tasks
     from slime_harbor.trial_setup import RolloutConfig
@@ -152,6 +158,8 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
         return grouped
 
     try:
+        twins = twin_table(await prepare_twins(discover_tasks(tasks_dir), RolloutConfig(
+            tasks_dir=tasks_dir, agent="oracle", env=env, concurrency=concurrency, progress=False)))
         by_agent = {agent: await run(agent, tasks_dir, repeats, agent) for agent in ("oracle", "nop")}
         attacked: dict[str, dict[str, float | None]] = {}
         trusted: dict[str, list[str]] = {}
@@ -180,6 +188,8 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
             tasks[name] = {"status": status, "reason": reason, "gold": gold, "empty": empty,
                            **({"attacks": attacked.get(name, {})} if attacks else {}),
                            **({"trusted_files": trusted[name]} if trusted.get(name) else {}),
+                           **({"twin": twins["twins"][name]} if name in twins["twins"] else {}),
+                           **({"no_twin": twins["no_twin"][name]} if name in twins["no_twin"] else {}),
                            **({"failures": failures} if failures else {})}
     finally:
         shutil.rmtree(runs, ignore_errors=True)
@@ -187,7 +197,7 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
     if images is not None and disk_before is not None:
         images["disk_added_bytes"] = max(0, _docker_disk() - disk_before)
     manifest = {
-        "repeats": repeats, "env": env, "tasks": tasks,
+        "repeats": repeats, "env": env, "tasks": tasks, "twin_tasks": twins["twin_tasks"],
         **({"docker_images": images} if images is not None else {}),
         **({"trusted_files_probe": probe_cost} if probe_cost else {}),
         **{kind: {n: t["reason"] for n, t in tasks.items() if t["status"] == kind} for kind in (BROKEN, HACKABLE, FLAKY)},
@@ -419,6 +429,9 @@ def main(tasks_dir: Path, env: str, repeats: int, out: Path | None, probe_hacks:
         print(f"docker: removed the {images['attack_tags_removed']} image tags of the attack copies"
               + (f"; image layers on disk grew by {added / 1e6:.0f} MB (the tasks' own images, kept for training)"
                  if added is not None else ""))
+    with_twin = sum("twin" in t for t in manifest["tasks"].values())
+    print(f"impossible twins: {with_twin} of {len(manifest['tasks'])} tasks (twin_tasks {manifest['twin_tasks'] or 0:.2f}); "
+          "per task: the manifest's twin / no_twin")
     if cost := manifest.get("trusted_files_probe"):
         n = len(manifest["tasks"]) or 1
         print(f"trusted files probe: {cost['verifier_runs']} verifier runs over {n} tasks in {cost['seconds']:.1f} s "

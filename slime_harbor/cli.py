@@ -24,6 +24,7 @@ from slime_harbor.config_docs import field_docs
 from slime_harbor.converter import CONTEXT_EXCEEDED
 from slime_harbor.exits import EXIT_USAGE, ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
 from slime_harbor.hack_monitor import HACK_ACTIONS
+from slime_harbor.impossible_twin import TWIN_SWITCH
 from slime_harbor.policy.engine_launcher import ENGINES
 from slime_harbor.policy.sampling import episode_sampling, SamplingParams
 from slime_harbor.policy.tiny_model import build_tiny_model, ensure_tiny_model
@@ -70,11 +71,12 @@ ROLLOUT_FLAGS = {
     "gateway_host": "--gateway-host", "reward_mapping": "--reward-mapping", "task_manifest": "--task-manifest",
 }
 HACK_FLAGS = {"hack_action": "--hack-action", "hack_detectors": "--hack-detector",
-              "hack_judge_url": "--hack-judge-url", "hack_judge_model": "--hack-judge-model"}
+              "hack_judge_url": "--hack-judge-url", "hack_judge_model": "--hack-judge-model",
+              "impossible_twin": "--impossible-twin"}
 SAMPLING_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
                   "max_new_tokens": "--max-new-tokens"}
 # What the command line adds to a field's own help.
-FLAG_CHOICES = {"reward_mapping": REWARD_MAPPINGS, "hack_action": HACK_ACTIONS}
+FLAG_CHOICES = {"reward_mapping": REWARD_MAPPINGS, "hack_action": HACK_ACTIONS, "impossible_twin": TWIN_SWITCH}
 FLAG_METAVARS = {"agent_setup_timeout_sec": "SEC", "hack_detectors": "MODULE:FUNCTION", "hack_judge_url": "URL",
                  "hack_judge_model": "NAME", "out_dir": "DIR", "model_dir": "DIR", "task_manifest": "FILE"}
 FLAG_DEFAULTS = {"policy_url": "an embedded policy server of --model", "model_dir": "the tiny offline model"}
@@ -217,8 +219,20 @@ def print_summary(summary: dict, out: Path) -> None:
     print(f"mean reward: {'n/a' if mean is None else f'{mean:.3f}'}   pass rate: {summary['pass_rate']}")
     print(f"samples: {summary['n_samples']} written, {summary['n_trainable_samples']} trainable, "
           f"episodes split into segments: {summary['split_episodes']} (token drift points: {summary['drift_count']})")
+    if summary.get("twin_tasks") is not None:
+        print(impossible_twin_text(summary))
     print(f"wall time: {summary['wall_seconds']}s   output: {out}/samples.jsonl, {out}/summary.json, {out}/trials/")
     print(f"browse the trials: slime-harbor view {out}")
+
+
+def impossible_twin_text(summary: dict) -> str:
+    """The impossible twins of a rollout's summary, in one line."""
+    n, total = len(summary["twins"]), len(summary["twins"]) + len(summary["no_twin"])
+    line = f"impossible twins: {n} of {total} tasks"
+    if summary.get("twin_coverage") is not None:
+        line += (f"; passing trials graded again: {summary['twin_coverage']:.0%}, passes_impossible "
+                 f"{summary['hack/passes_impossible']}, twin errors {summary['hack/twin_errors']}")
+    return line + f" (twin time {summary.get('time/twin_s', 0.0):.1f}s; per task: summary.json twins / no_twin)"
 
 
 def view(out: Path, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -325,6 +339,9 @@ def build_parser(demo_agent: str = "native") -> OneLineArgumentParser:
     add_reward_mapping_arg(p, RolloutConfig.reward_mapping)
     p.add_argument("--hack-action", choices=HACK_ACTIONS, default=RolloutConfig.hack_action,
                    help="what a hack monitor flag does (see rollout --hack-action)")
+    p.add_argument("--impossible-twin", choices=TWIN_SWITCH, default=RolloutConfig.impossible_twin,
+                   help="grade every passing trial again against its task's impossible twin (see rollout "
+                   "--impossible-twin)")
 
     sub.add_parser("train-local", help="GRPO on this machine: rollouts from the current policy, LoRA updates "
                    "(see train-local --help)")
@@ -426,10 +443,10 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
         from slime_harbor.trainers.demo import LearningConfig, run_demo
 
         project, mapping = vars(a).pop("wandb_project"), vars(a).pop("reward_mapping")
-        hack_action = vars(a).pop("hack_action")
+        hack_action, impossible_twin = vars(a).pop("hack_action"), vars(a).pop("impossible_twin")
         fields = {k: v for k, v in vars(a).items() if k != "command"}
         run_demo(LearningConfig(**fields), wandb_project=project, guard=guard, reward_mapping=mapping,
-                 hack_action=hack_action)
+                 hack_action=hack_action, impossible_twin=impossible_twin)
     elif a.command == "view":
         view(a.out, host=a.host, port=a.port)
     elif a.command == "prepare-data":

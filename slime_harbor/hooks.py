@@ -151,6 +151,13 @@ class HookSettings:
     (.../v1); set with harbor_hack_judge_model or not at all. Nothing is sent anywhere while unset."""
     harbor_hack_judge_model: str | None = RolloutConfig.hack_judge_model
     """The model the judge's server serves, by name."""
+    harbor_impossible_twin: str = RolloutConfig.impossible_twin
+    """on: every trial that passes is graded again against its task's impossible twin (one expected
+    value of its grading changed so that no correct solution passes: slime_harbor/impossible_twin.py;
+    built and checked by the task's gold on its first trial in this process, cached on disk), where
+    the task has one; a pass on the twin too is the hack flag passes_impossible, acted on by
+    harbor_hack_action (counted as hack/passes_impossible, hack/twin_errors, twin/passing,
+    twin/graded) | off."""
 
 
 DEFAULTS = dataclasses.asdict(HookSettings())
@@ -196,6 +203,12 @@ def switch(args, key: str) -> bool:
     if not isinstance(value, bool):
         raise HookConfigError(f"{key} must be true or false, got {value!r}")
     return value
+
+
+def twin_setting(args):
+    """harbor_impossible_twin; YAML's unquoted on / off (which it reads as true / false) as on / off."""
+    value = setting(args, "harbor_impossible_twin")
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
 
 def trajectory_filters(args) -> TrajectoryFilters:
@@ -250,6 +263,10 @@ def check_supported(args) -> None:
             raise HookConfigError(f"harbor_hack_detectors: {exc}") from None
     if bool(setting(args, "harbor_hack_judge_url")) != bool(setting(args, "harbor_hack_judge_model")):
         raise HookConfigError("harbor_hack_judge_url and harbor_hack_judge_model go together: set both or neither")
+    from slime_harbor.impossible_twin import TWIN_SWITCH
+
+    if (twin := twin_setting(args)) not in TWIN_SWITCH:
+        raise HookConfigError(f"harbor_impossible_twin must be on or off, got {twin!r}")
     tasks_dir(args)
 
 
@@ -356,6 +373,7 @@ def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
         hack_action=setting(args, "harbor_hack_action"),
         hack_detectors=list(setting(args, "harbor_hack_detectors")),
         hack_judge_url=setting(args, "harbor_hack_judge_url"), hack_judge_model=setting(args, "harbor_hack_judge_model"),
+        impossible_twin=twin_setting(args),
         progress=False,
         env_start_retries=int(setting(args, "harbor_env_start_retries")),
         max_retries_per_task=int(setting(args, "harbor_max_retries_per_task")),
@@ -538,6 +556,10 @@ def to_slime_samples(sample, episode: Episode, top_p_ids: bool = False) -> list:
         METRICS["hack/flagged_episodes"] += bool(episode.metadata["hack_flags"])
         for detector in episode.metadata["hack_flags"]:
             METRICS[f"hack/{detector}"] += 1
+    if twin := episode.metadata.get("twin"):  # a passing trial, and its impossible twin's outcome
+        METRICS["twin/passing"] += 1
+        METRICS["twin/graded"] += twin["result"] in ("passed", "failed")
+        METRICS["hack/twin_errors"] += twin["result"] == "error"
     return out
 
 

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import sys
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -43,6 +44,7 @@ from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.filters import mask_counts
 from slime_harbor.hack_monitor import HackWatch, apply_hack_action, hack_counts, show_in_viewer
 from slime_harbor.harbor_job import HarborJob
+from slime_harbor.impossible_twin import prepare_twins, twin_for, twin_line, twin_table, TwinWatch, verifier_config
 from slime_harbor.isolation import isolate_shared_verifier
 from slime_harbor.retries import RetryBudget
 from slime_harbor.samples import SampleStatus, is_success
@@ -158,13 +160,14 @@ async def start_gateway(cfg: RolloutConfig):
 
 async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, trials_dir, tokenizer, started,
                           gateway=None) -> Episode:
-    from harbor.models.trial.config import TaskConfig, TrialConfig, VerifierConfig
+    from harbor.models.trial.config import TaskConfig, TrialConfig
     from harbor.trial.hooks import TrialEvent
     from harbor.trial.trial import Trial
 
     task_path = Path(task_path)
     trials_dir = Path(trials_dir).resolve()
     trial_name = f"{task_path.name}__g{group_index}_{index}__{uuid.uuid4().hex[:6]}"
+    twin = await twin_for(task_path, cfg)  # built and checked once per task (the run's start did it already)
     session = endpoint = None
     if gateway is not None:  # one session per trial, named after it, recorded in its agent dir
         # The run's sampling replaces the agent's own on every call (its max_tokens capped, its stop
@@ -173,58 +176,64 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
                                        sampling=cfg.sampling, routing_key=cfg.routing_key,
                                        sampling_seed=cfg.sampling.sampling_seed, max_context_len=cfg.max_context_len)
         endpoint = ModelEndpoint.of(gateway, session)
-    trial = None
+    trial = twin_watch = None
     try:
         try:
-            config = TrialConfig(
-                task=TaskConfig(path=task_path.resolve()),
-                trial_name=trial_name,
-                trials_dir=trials_dir,
-                agent=(agent := agent_config(cfg, endpoint)),
-                environment=environment_config(cfg.env, gateway, agent),
-                verifier=VerifierConfig(override_timeout_sec=cfg.verifier_timeout_sec),
-                timeout_multiplier=cfg.timeout_multiplier,
-            )
+            try:
+                config = TrialConfig(
+                    task=TaskConfig(path=task_path.resolve()),
+                    trial_name=trial_name,
+                    trials_dir=trials_dir,
+                    agent=(agent := agent_config(cfg, endpoint)),
+                    environment=environment_config(cfg.env, gateway, agent),
+                    verifier=verifier_config(twin, cfg.verifier_timeout_sec),  # an SWE twin goes to the grader too
+                    timeout_multiplier=cfg.timeout_multiplier,
+                )
+                if session is not None:
+                    session.max_calls = gateway_step_limit(agent, cfg.step_limit)
+                trial = await Trial.create(config)
+                install_agents_first(trial)  # within the agent's setup budget, not the task's build timeout
+                isolate_shared_verifier(trial)  # no agent process or reward file survives into the verifier
+                watch = HackWatch(trial, task_path, cfg.hack_detector_functions())  # after it: reads a clean sandbox
+                twin_watch = TwinWatch(trial, twin, cfg)  # after it too: keeps the sandbox its checks passed
+                if session is not None:
+                    end_run_at_gateway_limits(trial, session)
+                    # The agent is done: its session's files (the ATIF trajectory of an agent that
+                    # writes none) must be there before the verifier and the log upload.
+                    trial.add_hook(TrialEvent.AGENT_END, lambda event: _close_session(gateway, trial_name))
+                hard_timeout = hard_timeout_sec(task_path, cfg.timeout_multiplier, cfg.verifier_timeout_sec,
+                                                trial.agent_setup_timeout_sec)
+                result = await asyncio.wait_for(trial.run(), hard_timeout)
+            except asyncio.CancelledError:
+                await _finish_environment_stop(trial)
+                raise
+            except TimeoutError:
+                # wait_for cancelled the trial, which recorded a CancelledError (classified aborted).
+                await _finish_environment_stop(trial)
+                result = trial.result
+            except Exception as exc:  # the trial could not even be created (malformed task dir, bad config): permanent
+                log.warning("trial for %s failed before running: %s", task_path.name, exc)
+                return Episode(
+                    task_name=task_path.name, group_index=group_index, index=index,
+                    end=EpisodeEnd(SampleStatus.FAILED, None, None, f"{type(exc).__name__}: {exc}"), reward=None,
+                    metadata={"task_name": task_path.name, "exception_type": type(exc).__name__}, seconds=time.monotonic() - started,
+                )
+        finally:  # ended, failed or cancelled: in-flight calls are aborted and the recording flushed
             if session is not None:
-                session.max_calls = gateway_step_limit(agent, cfg.step_limit)
-            trial = await Trial.create(config)
-            install_agents_first(trial)  # within the agent's setup budget, not the task's build timeout
-            isolate_shared_verifier(trial)  # no agent process or reward file survives into the verifier
-            watch = HackWatch(trial, task_path, cfg.hack_detector_functions())  # after it: reads a clean sandbox
-            if session is not None:
-                end_run_at_gateway_limits(trial, session)
-                # The agent is done: its session's files (the ATIF trajectory of an agent that
-                # writes none) must be there before the verifier and the log upload.
-                trial.add_hook(TrialEvent.AGENT_END, lambda event: _close_session(gateway, trial_name))
-            hard_timeout = hard_timeout_sec(task_path, cfg.timeout_multiplier, cfg.verifier_timeout_sec,
-                                            trial.agent_setup_timeout_sec)
-            result = await asyncio.wait_for(trial.run(), hard_timeout)
-        except asyncio.CancelledError:
-            await _finish_environment_stop(trial)
-            raise
-        except TimeoutError:
-            # wait_for cancelled the trial, which recorded a CancelledError (classified aborted).
-            await _finish_environment_stop(trial)
-            result = trial.result
-        except Exception as exc:  # the trial could not even be created (malformed task dir, bad config): permanent
-            log.warning("trial for %s failed before running: %s", task_path.name, exc)
-            return Episode(
-                task_name=task_path.name, group_index=group_index, index=index,
-                end=EpisodeEnd(SampleStatus.FAILED, None, None, f"{type(exc).__name__}: {exc}"), reward=None,
-                metadata={"task_name": task_path.name, "exception_type": type(exc).__name__}, seconds=time.monotonic() - started,
-            )
-    finally:  # ended, failed or cancelled: in-flight calls are aborted and the recording flushed
-        if session is not None:
-            await _close_session(gateway, trial_name)
-    report_exit_status(result)  # terminus-2 says nothing of its end: its module reads it
-    episode = trial_to_episode(
-        result, group_index=group_index, index=index, tokenizer=tokenizer, reward_mapping=cfg.reward_mapping,
-        **({"recorded": session} if session is not None else {}),
-    )
-    episode.task_name = task_path.name  # the task dir's name, which Harbor's own task name need not be
-    flags = await asyncio.to_thread(watch.flags)
-    apply_hack_action(episode, flags, cfg.hack_action, cfg.reward_mapping)
-    show_in_viewer(episode.trial_dir, flags, cfg.hack_action)
+                await _close_session(gateway, trial_name)
+        report_exit_status(result)  # terminus-2 says nothing of its end: its module reads it
+        episode = trial_to_episode(
+            result, group_index=group_index, index=index, tokenizer=tokenizer, reward_mapping=cfg.reward_mapping,
+            **({"recorded": session} if session is not None else {}),
+        )
+        episode.task_name = task_path.name  # the task dir's name, which Harbor's own task name need not be
+        flags = await asyncio.to_thread(watch.flags)
+        flags += await twin_watch.grade(episode)  # a passing episode, graded again on its impossible twin
+        apply_hack_action(episode, flags, cfg.hack_action, cfg.reward_mapping)
+        show_in_viewer(episode.trial_dir, flags, cfg.hack_action)
+    finally:  # whatever ended the trial: the state kept for the twin goes (an image, a copied dir)
+        if twin_watch is not None:
+            await twin_watch.discard()
     episode.seconds = time.monotonic() - started
     return episode
 
@@ -300,15 +309,19 @@ async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
     tasks = check_config(cfg)
     tasks, skipped_tasks = apply_manifest(tasks, cfg.task_manifest)
     preflight_environment(cfg.env)
+    twins = await prepare_twins(tasks, cfg)  # each task's impossible twin, built and checked once
+    if cfg.progress:
+        print(twin_line(twins), file=sys.stderr)
     async with serving_gateway(cfg) as gateway:  # closed, port freed, also on Ctrl-C
         out = Path(cfg.out_dir)
         (out / "trials").mkdir(parents=True, exist_ok=True)
         job = HarborJob(out / "trials", cfg, tasks)
-        return await _run_all(cfg, tasks, out, job, load_tokenizer(cfg.model_dir), gateway, skipped_tasks)
+        return await _run_all(cfg, tasks, out, job, load_tokenizer(cfg.model_dir), gateway, skipped_tasks,
+                              twin_table(twins))
 
 
 async def _run_all(cfg: RolloutConfig, tasks: list[Path], out: Path, job: HarborJob, tokenizer, gateway,
-                   skipped_tasks: dict[str, str]) -> dict[str, Any]:
+                   skipped_tasks: dict[str, str], twins: dict[str, Any]) -> dict[str, Any]:
     semaphore = asyncio.Semaphore(cfg.concurrency)
     retry_budget = RetryBudget()
     episodes: list[Episode] = []
@@ -346,6 +359,7 @@ async def _run_all(cfg: RolloutConfig, tasks: list[Path], out: Path, job: Harbor
             bar.close()
             summary = summarize(episodes, cfg, time.monotonic() - started, interrupted)
             summary["skipped_tasks"] = skipped_tasks  # broken or flaky in cfg.task_manifest
+            summary.update(twins)  # twin_tasks, and per task what its impossible twin changed or why it has none
             (out / "summary.json").write_text(json.dumps(summary, indent=2))
             job.finish(interrupted)
     return summary

@@ -123,6 +123,11 @@ class RolloutConfig(AgentSettings):
     """A judge model's OpenAI-compatible base URL (…/v1): asked about every trial besides the detectors."""
     hack_judge_model: str | None = None
     """The judge's model name, as that server serves it."""
+    impossible_twin: str = "on"
+    """on: every trial that passes is graded again against its task's impossible twin (the same
+    grading with one expected value no correct solution gives: impossible_twin.py), where the task
+    has one; a pass on the twin too is the hack flag passes_impossible, acted on by hack_action |
+    off."""
 
     def hack_detector_functions(self) -> list:
         """The builtin detectors, hack_detectors and the judge, loaded (ValueError in one line for a bad one)."""
@@ -421,6 +426,7 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
     traceback mid-run: bad numbers, a missing or empty tasks dir, a task Harbor cannot load
     (named by its task.toml), an agent or environment that does not resolve. Returns the tasks."""
     from slime_harbor.hack_monitor import HACK_ACTIONS
+    from slime_harbor.impossible_twin import TWIN_SWITCH
 
     checks = [
         (cfg.n_samples >= 1, f"n_samples must be at least 1, got {cfg.n_samples}"),
@@ -431,6 +437,7 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
          f"top_k must be -1 (off) or at least 1, got {cfg.sampling.top_k}"),
         (cfg.timeout_multiplier > 0, f"timeout_multiplier must be > 0, got {cfg.timeout_multiplier}"),
         (cfg.hack_action in HACK_ACTIONS, f"hack_action must be one of {', '.join(HACK_ACTIONS)}, got {cfg.hack_action!r}"),
+        (cfg.impossible_twin in TWIN_SWITCH, f"impossible_twin must be on or off, got {cfg.impossible_twin!r}"),
         (cfg.agent_setup_timeout_sec is None or cfg.agent_setup_timeout_sec > 0,
          f"agent_setup_timeout_sec must be > 0, got {cfg.agent_setup_timeout_sec}"),
         (cfg.reward_mapping in REWARD_MAPPINGS, f"reward_mapping must be raw or pm1, got {cfg.reward_mapping!r}"),

@@ -3,7 +3,7 @@
 It is ours to run (nothing is installed in the sandbox for it): it samples through the recording
 gateway, given as its `api_base` kwarg, and drives the sandbox through tmux. `trial_setup` builds
 its kwargs and environment from here and the converter reads its end from here, both through
-host_agents.HOST_GATEWAY_AGENTS; no other module names it.
+agents/host.HOST_GATEWAY_AGENTS; no other module names it.
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ anything the agent creates. What the agent changed is read from those dirs on th
 Harbor's log mounts (/logs/agent, /logs/verifier, /logs/artifacts) are bound to the trial
 directory, so Harbor reads them in place. /proc is the sandbox's own, /dev a minimal one.
 The task's environment/Dockerfile is replayed on top (see :mod:`slime_harbor.environments.dockerfile`).
+``keep_state()`` copies those dirs (the root and the overlays' upper dirs) on the host, for a second
+verifier that starts a copy of the agent's final state later (the impossible twin's:
+:mod:`slime_harbor.impossible_twin`); the copy is an owned dir under ``base_dir``, swept likewise.
 
 How processes are kept together and torn down: ``start()`` launches one long-lived bwrap
 "init" with its own user (sandbox root = the host user), pid, ipc, uts and (unless the task
@@ -120,6 +123,8 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
       only checks that the host has one, as the Docker environment's kwarg of that name installs it.
     - ``agent_installs``: agents whose host-side install (built once, cached) is bound read-only
       into the sandbox (names or ``module:attr``; see :mod:`slime_harbor.agents.installed`).
+    - ``kept_dir``: start from a sandbox's files that ``keep_state()`` kept (the dir itself is
+      used, and removed with the sandbox): no Dockerfile is replayed, nothing installed.
     """
 
     def __init__(
@@ -137,9 +142,12 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         gateway_host: str = "127.0.0.1",
         provide_tmux: bool | str = False,
         agent_installs: str | list[str] | None = None,
+        kept_dir: str | Path | None = None,
         **kwargs,
     ):
         from slime_harbor.agents.installed.installs import DEFAULT_SETUP_TIMEOUT_SEC
+
+        self._kept_dir = Path(kept_dir) if kept_dir else None
         from slime_harbor.agents.installed.catalog import resolve_installs
 
         self._agent_installs = resolve_installs(agent_installs)
@@ -276,6 +284,14 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         )
         self._base_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         await asyncio.to_thread(sweep_stale_sandboxes, self._base_dir)
+        if self._kept_dir is not None:  # a kept state, as it was: its files, fresh overlay work dirs
+            self.sandbox_dir = self._kept_dir
+            _live_sandboxes[self.sandbox_dir] = self
+            self._etc_template = await asyncio.to_thread(etc_template, self._base_dir)
+            for point in OVERLAYS:
+                (self.sandbox_dir / "overlay" / point.strip("/") / "work").mkdir(parents=True, mode=0o755)
+            await self._start_init()
+            return
         self.sandbox_dir = new_owned_dir(self._base_dir, self.session_id)
         _live_sandboxes[self.sandbox_dir] = self
         self._etc_template = await asyncio.to_thread(etc_template, self._base_dir)
@@ -293,6 +309,34 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         # The image, as built: what the agent changes is judged against it (verifier_runtime).
         self._built = await asyncio.to_thread(self._snapshot)
         self._built_mounts = self._mount_points()
+
+    async def keep_state(self) -> KeptSandbox:
+        """The sandbox's files as they are now (its root and the overlays' upper dirs), copied on
+        the host into an owned dir beside it, for a copy started later (``kept_dir``): untouched by
+        what runs in this sandbox afterwards. The copy runs in the sandbox's user namespace, whose
+        root may read what the agent made unreadable; Harbor's mounts are not in it."""
+        if self._init_pid is None or self._stopped:
+            raise RuntimeError("the sandbox is not running")
+        kept = new_owned_dir(self._base_dir, f"{self.session_id}-kept")
+        sources = {self._rootfs: kept / "rootfs"}
+        sources |= {self.sandbox_dir / "overlay" / p.strip("/") / "upper": kept / "overlay" / p.strip("/") / "upper"
+                    for p in OVERLAYS}
+        try:
+            for target in sources.values():
+                target.parent.mkdir(parents=True, exist_ok=True)
+            argv = [host_tool("nsenter"), f"--user=/proc/self/fd/{self._namespace_fds['user']}", "--preserve-credentials",
+                    "--", "cp", "-a", "--reflink=auto", "--"]  # fmt: skip
+            for source, target in sources.items():
+                copy = await asyncio.create_subprocess_exec(
+                    *argv, str(source), str(target), pass_fds=(self._namespace_fds["user"],),
+                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+                _, err = await copy.communicate()
+                if copy.returncode != 0:
+                    raise RuntimeError(f"keeping the sandbox's files failed: {err.decode(errors='replace').strip()[-300:]}")
+        except BaseException:
+            await asyncio.to_thread(remove_tree, kept)
+            raise
+        return KeptSandbox(self, kept)
 
     async def stop(self, delete: bool) -> None:
         """Kill everything in the sandbox and (delete=True) remove its directory.
@@ -569,6 +613,34 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         if done.return_code != 0:
             raise RuntimeError(f"{what} failed (exit {done.return_code}): {done.output()}")
         return done
+
+
+class KeptSandbox:
+    """A sandbox's files kept by BubblewrapEnvironment.keep_state: start one copy of them (it
+    takes the kept dir over, and removes it when stopped), or discard them."""
+
+    def __init__(self, source: BubblewrapEnvironment, kept: Path):
+        self.source, self.kept = source, kept
+
+    async def start(self, trial_paths: TrialPaths, mounts: list[dict], session_id: str) -> BubblewrapEnvironment:
+        """A started sandbox of the kept files, with `mounts` (Harbor's log dirs) instead of the
+        source's, and no gateway; stop(delete=True) removes it and the kept files."""
+        source = self.source
+        copy = BubblewrapEnvironment(
+            environment_dir=source.environment_dir, environment_name=source.environment_name, session_id=session_id,
+            trial_paths=trial_paths, task_env_config=source.task_env_config, logger=source.logger, mounts=mounts,
+            network_policy=source.network_policy, base_dir=source._base_dir,
+            default_network_mode=source._default_network_mode.value, kept_dir=self.kept)  # fmt: skip
+        try:
+            await copy.start(force_build=False)
+        except BaseException:
+            await copy.stop(delete=True)
+            raise
+        return copy
+
+    async def discard(self) -> None:
+        if self.kept.exists() and self.kept not in _live_sandboxes:
+            await asyncio.to_thread(remove_tree, self.kept)
 
 
 # --- host-side helpers ------------------------------------------------------------------------

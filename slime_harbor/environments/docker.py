@@ -27,6 +27,9 @@ runs a ``docker compose`` process for every build, start, command and file trans
 - Leftovers: each container records its owner (pid namespace, pid, process start time); the first
   environment of a process removes those whose owner died; those live at interpreter exit too.
 - What the agent changed (for the verifier, :mod:`slime_harbor.isolation`): read from the daemon.
+- The agent's final state, kept for a second verifier (``keep_state()``, the impossible twin's:
+  :mod:`slime_harbor.impossible_twin`): the container committed to an image (labelled with its
+  owner, swept like a container when that process died), from which a copy starts later.
 
 ``check_docker()`` raises one clear error when no daemon answers; rollouts call it up front.
 """
@@ -37,6 +40,7 @@ import asyncio
 import atexit
 import contextlib
 import io
+import json
 import os
 import posixpath
 import re
@@ -66,9 +70,9 @@ from slime_harbor.agents.installed.catalog import resolve_installs
 
 # The daemon side (client, sweeps of stale containers, task images, tool layers): docker_images.py.
 from slime_harbor.environments.docker_images import (
-    API_TIMEOUT_SEC, docker_host, DockerUnavailableError, LABEL, RUN_ID, TMUX_SCRIPT, sweep_stale_containers_once,
-    check_docker, docker_client, ensure_image, ensure_layer_image, image_tag, owner_labels, remove_container,
-    task_image_on_tools, tools_base_image,
+    API_TIMEOUT_SEC, docker_host, DockerUnavailableError, KEPT_REPOSITORY, LABEL, RUN_ID, TMUX_SCRIPT,
+    sweep_stale_containers_once, check_docker, docker_client, ensure_image, ensure_layer_image, image_tag,
+    owner_labels, remove_container, remove_kept_image, task_image_on_tools, tools_base_image,
 )
 
 ENV_TYPE = "slime-docker"
@@ -93,6 +97,8 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
       itself at agent setup, which a no-network container cannot.
     - ``agent_installs``: agents to install into an image layer on top of the task's (names or
       ``module:attr``; see :mod:`slime_harbor.agents.installed`), built once per task image.
+    - ``kept_image``: start from this image (one ``keep_state()`` committed) as it is: nothing is
+      built or installed.
     """
 
     def __init__(
@@ -109,8 +115,10 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
         gateway_host: str = "127.0.0.1",
         provide_tmux: bool | str = False,
         agent_installs: str | list[str] | None = None,
+        kept_image: str | None = None,
         **kwargs,
     ):
+        self._kept_image = kept_image
         self._gateway_port = gateway_port_kwarg(gateway_port)
         self._gateway_host = gateway_host
         self._provide_tmux = flag_kwarg(provide_tmux)
@@ -240,6 +248,24 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
         if self.container_id is not None or self._stop_task is not None:
             raise RuntimeError("the container was already started")
         await asyncio.to_thread(sweep_stale_containers_once)
+        if self._kept_image is not None:  # a kept state, as it was: nothing to build
+            self.run_image = self._kept_image
+        else:
+            await self._ensure_run_image(force_build)
+        # Recorded as soon as it exists, so a stop() racing this start() removes it.
+        await asyncio.to_thread(self._create_container)
+        await self._open_gateway_forward()
+        await self._start_exec_server()
+        if not self._has_bash:
+            self.logger.debug(f"{self.image} has no bash: commands run with /bin/sh")
+        writable = self._mount_targets(writable_only=True)
+        if writable:  # bind mounts exist already; chmod so a non-root agent can write its logs
+            await self.ensure_dirs(writable)
+        if self._kept_image is None:
+            await self._upload_environment_dir_after_start()
+
+    async def _ensure_run_image(self, force_build: bool) -> None:
+        """The image the container runs (run_image): the task's, with the tool layers on top."""
         await self.install_agents(force_build)
         if self._tools_image is None:  # no layers
             await self._ensure_task_image(force_build)
@@ -250,16 +276,6 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
             self.run_image = await task_image_on_tools(
                 self.environment_dir, self.environment_name, self.environment_id, self._tools_image,
                 self.task_env_config.build_timeout_sec, force_build)  # fmt: skip
-        # Recorded as soon as it exists, so a stop() racing this start() removes it.
-        await asyncio.to_thread(self._create_container)
-        await self._open_gateway_forward()
-        await self._start_exec_server()
-        if not self._has_bash:
-            self.logger.debug(f"{self.image} has no bash: commands run with /bin/sh")
-        writable = self._mount_targets(writable_only=True)
-        if writable:  # bind mounts exist already; chmod so a non-root agent can write its logs
-            await self.ensure_dirs(writable)
-        await self._upload_environment_dir_after_start()
 
     async def _start_exec_server(self) -> None:
         try:
@@ -290,6 +306,20 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
             self._gateway_forward = None
         await asyncio.to_thread(self._client.api.restart, self.container_id, timeout=0)
         await self._start_exec_server()
+
+    async def keep_state(self) -> KeptContainer:
+        """The container's files as they are now, committed to an image (the container paused
+        meanwhile; Harbor's bind mounts are not in it), for a copy started later: untouched by what
+        runs in this container afterwards. Labelled with this process as its owner; removed by
+        KeptContainer.discard(), at exit, or by the sweep of a later process when this one died."""
+        if self.container_id is None or self._stop_task is not None:
+            raise RuntimeError("the container is not running")
+        labels = {f"{LABEL}.kept": self.trial_name, **owner_labels()}
+        committed = await asyncio.to_thread(
+            self._client.api.commit, self.container_id, repository=KEPT_REPOSITORY, tag=uuid.uuid4().hex[:16],
+            changes=[f"LABEL {k}={json.dumps(v)}" for k, v in labels.items()])  # fmt: skip
+        _live_kept_images.add(committed["Id"])
+        return KeptContainer(self, committed["Id"])
 
     def _check_prebuilt_image(self) -> None:
         import docker
@@ -622,19 +652,55 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
             archive.write(chunk)
         archive.seek(0)
 
+class KeptContainer:
+    """A container's state kept by DockerEnvironment.keep_state (an image): start copies of it,
+    then discard it."""
+
+    def __init__(self, source: DockerEnvironment, image: str):
+        self.source, self.image = source, image
+
+    async def start(self, trial_paths: TrialPaths, mounts: list[dict], session_id: str) -> DockerEnvironment:
+        """A started container of the kept state, with `mounts` (Harbor's log dirs) instead of the
+        source's, and no gateway; stop(delete=True) removes it."""
+        source = self.source
+        copy = DockerEnvironment(
+            environment_dir=source.environment_dir, environment_name=source.environment_name, session_id=session_id,
+            trial_paths=trial_paths, task_env_config=source.task_env_config, logger=source.logger, mounts=mounts,
+            network_policy=source.network_policy, default_network_mode=source._default_network_mode.value,
+            kept_image=self.image)  # fmt: skip
+        try:
+            await copy.start(force_build=False)
+        except BaseException:
+            await copy.stop(delete=True)
+            raise
+        return copy
+
+    async def discard(self) -> None:
+        await asyncio.to_thread(remove_kept_image, self.image)
+        _live_kept_images.discard(self.image)
+
+
 # Containers started by this process and not yet removed: removed at interpreter exit (e.g. a
 # script that never awaited stop(), or a Ctrl-C that cut a teardown short).
 _live_containers: dict[str, DockerEnvironment] = {}
 
 
+# Images keep_state committed and not yet discarded: removed at interpreter exit too.
+_live_kept_images: set[str] = set()
+
+
 @atexit.register
 def _remove_live_containers() -> None:
-    if not _live_containers:
+    if not _live_containers and not _live_kept_images:
         return
     with contextlib.suppress(Exception):
         api = docker_client().api
         for container_id in list(_live_containers):
             with contextlib.suppress(Exception):
                 api.remove_container(container_id, force=True)
+        for image in list(_live_kept_images):
+            with contextlib.suppress(Exception):
+                remove_kept_image(image)
     _live_containers.clear()
+    _live_kept_images.clear()
 

@@ -41,6 +41,8 @@ LABEL = "slime-harbor"
 
 
 IMAGE_REPOSITORY = "slime-harbor-env"
+KEPT_REPOSITORY = "slime-harbor-kept"
+"""Where DockerEnvironment.keep_state commits a container's state (one tag per kept state)."""
 
 
 class DockerUnavailableError(RuntimeError):
@@ -124,26 +126,44 @@ def owner_labels() -> dict[str, str]:
     }
 
 
+def _owner_died(labels: dict) -> bool:
+    """Whether the process that labelled a container or image (owner_labels) is gone, or its pid
+    now belongs to another process. Owners on another host or in another pid namespace: False."""
+    stamp = labels.get(f"{LABEL}.owner", "")
+    try:
+        namespace, pid, _ = stamp.split()
+    except ValueError:
+        return False
+    if labels.get(f"{LABEL}.owner-host") != socket.gethostname() or namespace != os.readlink("/proc/self/ns/pid"):
+        return False
+    return owner_stamp(int(pid)) != stamp
+
+
 def sweep_stale_containers(client=None) -> list[str]:
-    """Remove our containers whose owning process died (or whose pid now belongs to another
-    process). Containers owned from another host or pid namespace are left alone."""
+    """Remove our containers, and the states keep_state committed, whose owning process died (or
+    whose pid now belongs to another process). Those owned from another host or pid namespace are
+    left alone."""
     client = client or docker_client()
-    our_namespace = os.readlink("/proc/self/ns/pid")
     removed = []
     for container in client.api.containers(all=True, filters={"label": f"{LABEL}.owner"}):
-        labels = container.get("Labels") or {}
-        stamp = labels.get(f"{LABEL}.owner", "")
-        try:
-            namespace, pid, _ = stamp.split()
-        except ValueError:
-            continue
-        if labels.get(f"{LABEL}.owner-host") != socket.gethostname() or namespace != our_namespace:
-            continue
-        if owner_stamp(int(pid)) != stamp:
+        if _owner_died(container.get("Labels") or {}):
             with contextlib.suppress(Exception):  # already gone, or another sweeper got there first
                 client.api.remove_container(container["Id"], force=True)
                 removed.append(container["Id"])
+    for image in client.api.images(filters={"label": f"{LABEL}.kept"}):
+        if _owner_died(image.get("Labels") or {}):
+            with contextlib.suppress(Exception):
+                remove_kept_image(image["Id"], client)
+                removed.append(image["Id"])
     return removed
+
+
+def remove_kept_image(image: str, client=None) -> None:
+    """Remove a state keep_state committed (its tag with it); one already gone is not an error."""
+    import docker
+
+    with contextlib.suppress(docker.errors.NotFound):
+        (client or docker_client()).api.remove_image(image, force=True, noprune=False)
 
 
 _sweep_done = False

@@ -77,6 +77,10 @@ class HarborTrialsConfig(vf.TasksetConfig):
     """A judge model's OpenAI-compatible base URL (.../v1), asked about every trial."""
     hack_judge_model: str | None = None
     """The judge's model name on that server."""
+    impossible_twin: Literal["on", "off"] = "on"
+    """on: every trial that passes is graded again against its task's impossible twin (slime_harbor/
+    impossible_twin.py), where the task has one; a pass on the twin too is the hack flag
+    passes_impossible (the trace's info: hack_flags; the twin's outcome: twin) | off."""
 
 
 class HarborTrialData(vf.TaskData):
@@ -155,6 +159,7 @@ class HarborTrialsEnv(SingleAgentEnv):
                                       max_new_tokens=sampling.max_tokens or cfg.max_new_tokens),
             hack_action=cfg.hack_action, hack_detectors=list(cfg.hack_detectors),
             hack_judge_url=cfg.hack_judge_url, hack_judge_model=cfg.hack_judge_model,
+            impossible_twin=cfg.impossible_twin,
         )
         async with self._tokenizer_lock:  # once per name (transformers' lazy imports race in threads)
             if tokenizer_name not in self._tokenizers:

@@ -278,7 +278,7 @@ def setup_tasks(cfg: LearningConfig) -> tuple[Path, Path, list[list[task_familie
 
 
 def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT, guard=None,
-             reward_mapping: str = "raw", hack_action: str = "flag") -> dict:
+             reward_mapping: str = "raw", hack_action: str = "flag", impossible_twin: str = "on") -> dict:
     """SFT warm start, then cfg.grpo_steps GRPO steps in one local-trainer run whose own held-out
     evaluation (eval_samples episodes of each held-out instance, before the first step and after
     the last) gives the before/after figures. Writes OUT/results.json; prints where everything is.
@@ -302,7 +302,7 @@ def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, lora=cfg.lora, device="cpu",
         num_rollouts=cfg.grpo_steps, lr=cfg.lr, kl_coef=cfg.kl_coef, updates_per_rollout=cfg.updates_per_rollout,
         output_dir=grpo_dir, save_every=0, seed=cfg.seed, progress=True, reward_mapping=reward_mapping,
-        hack_action=hack_action, eval_tasks=heldout_dir, eval_n_samples=cfg.eval_samples, eval_every=cfg.eval_every,
+        hack_action=hack_action, impossible_twin=impossible_twin, eval_tasks=heldout_dir, eval_n_samples=cfg.eval_samples, eval_every=cfg.eval_every,
         wandb_project=wandb_project or None, wandb_run_name=f"demo-seed{cfg.seed}",
     )
     check_train_config(dataclasses.replace(config, model=None))  # bad settings fail now, not after SFT

@@ -72,6 +72,7 @@ import torch
 
 from slime_harbor.config_docs import field_docs
 from slime_harbor.exits import ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
+from slime_harbor.impossible_twin import TWIN_SWITCH
 from slime_harbor.policy.weight_check import CHECK_MODES, WeightMismatch
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.tasks.task_dir import discover_tasks
@@ -173,6 +174,7 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_facto
         learner.close()
     summary = run_summary(metrics, cfg, base_model, out, run.last_checkpoint, time.monotonic() - started)
     summary["skipped_tasks"] = skipped_tasks  # broken or flaky in --task-manifest: never trained on
+    summary.update(run.twins)  # twin_tasks, and per task what its impossible twin changed or why it has none
     summary["interrupted"] = interrupted is not None
     summary["reward_curve"] = _plot(out, metrics)
     if run.tracker is not None:
@@ -209,7 +211,8 @@ FLAG_NAMES = {"tasks_dir": "--tasks", "lora": "--no-lora", "verifier_timeout": "
 # Names users already type (other GRPO scripts), accepted as well.
 FLAG_ALIASES = {"policy_url": ["--vllm-url"], "step_limit": ["--agent-step-limit"]}
 # Fields whose values are a fixed set (argparse refuses the others in one line).
-FLAG_CHOICES = {"reward_mapping": ("raw", "pm1"), "objective": OBJECTIVES, "weight_check": CHECK_MODES}
+FLAG_CHOICES = {"reward_mapping": ("raw", "pm1"), "objective": OBJECTIVES, "weight_check": CHECK_MODES,
+                "impossible_twin": TWIN_SWITCH}
 # Harbor's own task filters (`harbor run -i NAME -x NAME`), one name per flag, repeatable.
 HARBOR_FILTER_FLAGS = {"task_names": ["-i", "--include-task-name"], "exclude_task_names": ["-x", "--exclude-task-name"]}
 

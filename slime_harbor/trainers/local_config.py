@@ -83,6 +83,10 @@ class LocalTrainConfig:
     """Also ask a judge model at this OpenAI-compatible base URL (.../v1) about every trial."""
     hack_judge_model: str | None = None
     """The judge's model name on that server."""
+    impossible_twin: str = RolloutConfig.impossible_twin
+    """on: every trial that passes is graded again against its task's impossible twin (one expected
+    value of its grading changed so that no correct solution passes: impossible_twin.py), where the
+    task has one; a pass on the twin too is the hack flag passes_impossible | off."""
     canary_tasks: Path | None = None
     """Impossible variants of tasks (`slime-harbor impossible-tasks`), mixed into each step's rollouts
     and never trained on; canary_pass_rate in metrics.json is the share that passed (any pass is a
@@ -234,6 +238,7 @@ class LocalTrainConfig:
             sampling=self.sampling(),
             gateway_host=self.gateway_host, hack_action=self.hack_action, hack_detectors=list(self.hack_detectors),
             hack_judge_url=self.hack_judge_url, hack_judge_model=self.hack_judge_model,
+            impossible_twin=self.impossible_twin,
         )
 
     def eval_rollout(self, policy_url: str, model_dir: str, out_dir: Path, lora_name: str | None = None) -> RolloutConfig:

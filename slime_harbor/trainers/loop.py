@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from slime_harbor.canaries import canary_counts
+from slime_harbor.impossible_twin import prepare_twins, twin_line, twin_table
 from slime_harbor.filters import apply_limit_filters, mask_stale, varying_groups
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.retries import RetryBudget
@@ -267,6 +269,9 @@ async def train_loop(run: TrainingRun, tasks: dict[str, Path], stream: TaskStrea
     rollout = dataclasses.replace(cfg.rollout(learner.url, run.base_model, run.out / "rollouts",
                                               lora_name=learner.lora_name), reissue_aborted_calls=not synchronous)
     rollout = await asyncio.to_thread(with_engine, rollout)  # as run_rollouts does: what serves learner.url
+    twins = await prepare_twins(list(tasks.values()), rollout)  # each task's impossible twin, checked once
+    print(twin_line(twins), file=sys.stderr)
+    run.twins = twin_table(twins)
     async with serving_gateway(rollout) as gateway:
         producer = GroupProducer(run, rollout, tasks, stream, wanted, gateway, load_tokenizer(run.base_model))
         producing = None

@@ -78,7 +78,7 @@ def wandb_key(path: str) -> str:
         return f"eval/{EVAL_SET}/{rest}"
     if head in ("timings",):
         return f"perf/{rest}"
-    if head == "weight_sync":  # the weight check's figures keep their own section
+    if head in ("weight_sync", "time"):  # the weight check's figures, time/twin_s: their own sections
         return path
     return f"{'train' if head in TRAIN_FIELDS else 'rollout'}/{path}"
 

@@ -12,7 +12,7 @@ import math
 import random
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ class TrainingRun:
     metrics: list[dict]
     tracker: Any = None  # tracking.WandbRun, or None
     last_checkpoint: str | None = None
+    twins: dict = field(default_factory=dict)  # impossible_twin.twin_table of the run's tasks
 
     def record_done(self, record: dict) -> None:
         """metrics.json rewritten (an evaluation may complete a record after its step), and wandb told."""
@@ -147,6 +148,8 @@ def step_line(r: dict) -> str:
         f"clipfrac {f(r.get('clipfrac'), '.3f')} tokens {r['n_tokens']}")
     return (f"step {r['step']}: reward {f(r['reward_mean'], '.3f')} pass {f(r['pass_rate'], '.2f')} "
             + (f"hacks {r['hack_rate']:.2f} " if r.get("hack_rate") else "")
+            + (f"twin {r['twin_coverage']:.2f} (impossible passes {r['hack/passes_impossible']}, errors "
+               f"{r['hack/twin_errors']}, {r['time/twin_s']:.1f}s) " if r.get("twin_coverage") is not None else "")
             + (f"canaries passed {r['canary_pass_rate']:.2f} " if r.get("canary_pass_rate") is not None else "")
             + f"aborted {r['aborted']}/{r['n_samples']}" + (f" failed {r['failed']}" if r.get("failed") else "")
             + f"{masked_text(r)} | {what} | rollout {r['timings']['rollout_s']:.1f}s "
