@@ -23,7 +23,7 @@ from pathlib import Path
 from slime_harbor.environments.docker_images import docker_client, ensure_layer_image, layer_image
 from scripts.agent_table import MEASURED, write_agent_table
 from slime_harbor.agents.installed.catalog import RECIPES
-from slime_harbor.policy.sampling import episode_sampling
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.policy.server import EmbeddedPolicyServer
 from slime_harbor.policy.tiny_model import ensure_tiny_model
 from slime_harbor.rollout import run_rollouts
@@ -57,7 +57,7 @@ def first_prompt_tokens(name: str, server_url: str, model_dir: Path) -> int | No
     with tempfile.TemporaryDirectory() as tmp:
         cfg = RolloutConfig(tasks_dir=DEFAULT_TASKS, task_names=[TASK], agent=name, env="docker", n_samples=1,
                             policy_url=server_url, model_dir=str(model_dir), out_dir=Path(tmp) / "out",
-                            step_limit=2, sampling=episode_sampling(max_new_tokens=32), progress=False)  # fmt: skip
+                            step_limit=2, sampling=SamplingParams(max_new_tokens=32), progress=False)  # fmt: skip
         asyncio.run(run_rollouts(cfg))
         for calls in sorted((Path(tmp) / "out" / "trials").glob("*/agent/gateway/calls.jsonl")):
             records = [json.loads(line) for line in calls.read_text().splitlines()]

@@ -55,7 +55,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from slime_harbor.policy.embedded_engine import EngineConfig
-from slime_harbor.policy.sampling import episode_sampling
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.policy.server import EmbeddedPolicyServer
 from slime_harbor.policy.tiny_model import build_tiny_model
 from slime_harbor.rollout import run_rollouts
@@ -75,7 +75,7 @@ def evaluate(cfg: LearningConfig, model_dir: Path, tasks_dir: Path, out: Path) -
         rollout = RolloutConfig(
             tasks_dir=tasks_dir, agent=cfg.agent, env=cfg.env, n_samples=cfg.eval_samples, policy_url=server.url,
             model_dir=str(model_dir), concurrency=cfg.concurrency, out_dir=out, step_limit=cfg.step_limit,
-            sampling=episode_sampling(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens), progress=False,
+            sampling=SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens), progress=False,
         )
         summary = asyncio.run(run_rollouts(rollout))
     by_family: dict[str, list[float]] = defaultdict(list)

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from slime_harbor.trial_setup import policy_endpoint
-from slime_harbor.policy.sampling import episode_sampling
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.tasks.task_dir import discover_tasks
 from slime_harbor.trial_setup import agent_config, DEFAULT_TASKS, environment_config, RolloutConfig
@@ -103,7 +103,7 @@ def main() -> None:
         cfg = RolloutConfig(
             tasks_dir=tasks_dir, task_names=a.task_names, agent=a.agent, n_samples=a.n_samples,
             concurrency=a.concurrency, env=a.env, step_limit=a.step_limit,
-            sampling=episode_sampling(max_new_tokens=a.max_new_tokens),
+            sampling=SamplingParams(max_new_tokens=a.max_new_tokens),
             out_dir=Path(tmp) / "ours", progress=False,
         )  # fmt: skip
         with policy_endpoint(cfg) as cfg:

@@ -26,7 +26,7 @@ from slime_harbor.exits import EXIT_USAGE, ConfigError, Interrupted, OneLineArgu
 from slime_harbor.hack_monitor import HACK_ACTIONS
 from slime_harbor.impossible_twin import TWIN_SWITCH
 from slime_harbor.policy.engine_launcher import ENGINES
-from slime_harbor.policy.sampling import episode_sampling, SamplingParams
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.policy.tiny_model import build_tiny_model, ensure_tiny_model
 from slime_harbor.policy.weight_check import WeightMismatch
 from slime_harbor.trial_setup import DEFAULT_TASKS, REWARD_MAPPINGS, RolloutConfig
@@ -130,7 +130,7 @@ def sampling_from_flags(a: argparse.Namespace) -> SamplingParams:
     """--temperature, --top-p, --top-k, --max-new-tokens as the episodes' sampling (ConfigError in
     one line for a value SamplingParams refuses)."""
     try:
-        return episode_sampling(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_new_tokens)
+        return SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_new_tokens)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

@@ -62,7 +62,7 @@ from slime_harbor.filters import (
     TrajectoryFilters, apply_limit_filters, kept_episode_rewards, mask_counts, mask_stale, rewards_vary,
 )
 from slime_harbor.grpo import episode_advantages
-from slime_harbor.policy.sampling import episode_sampling
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.retries import RetryBudget
 from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
 from slime_harbor.trial_setup import RolloutConfig, check_agent, uses_gateway, with_engine
@@ -228,7 +228,7 @@ def trials_dir(args, evaluation: bool) -> Path:
 
 SLIME_SAMPLING = ("temperature", "top_p", "top_k", "max_new_tokens", "stop", "stop_token_ids", "sampling_seed")
 """What the episodes take of SLiME's sampling params (SamplingParams' fields of those names; a
-missing one keeps episode_sampling's). skip_special_tokens and no_stop_trim change only the text
+missing one keeps SamplingParams' default). skip_special_tokens and no_stop_trim change only the text
 SGLang returns, never the token ids; the native agent and the gateway decode the ids themselves,
 so they need nothing from them."""
 
@@ -361,7 +361,7 @@ def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
         env=setting(args, "harbor_env"),
         policy_url=router,
         model_dir=getattr(args, "hf_checkpoint", None),
-        sampling=episode_sampling(**{k: sampling_params[k] for k in SLIME_SAMPLING if sampling_params.get(k) is not None},
+        sampling=SamplingParams(**{k: sampling_params[k] for k in SLIME_SAMPLING if sampling_params.get(k) is not None},
                                   return_top_p_token_ids=wants_top_p_ids(sampling_params)),
         max_context_len=getattr(args, "rollout_max_context_len", None),
         routing_key=getattr(sample, "session_id", None),

@@ -22,7 +22,7 @@ from typing import Any
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.agents.host import HOST_GATEWAY_AGENTS
 from slime_harbor.agents.settings import AGENT_SETTINGS, AgentSettings, check_agent_settings
-from slime_harbor.policy.sampling import episode_sampling, SamplingParams
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.tasks.task_dir import discover_tasks
 
@@ -75,7 +75,7 @@ class RolloutConfig(AgentSettings):
     """Trials running at once."""
     out_dir: Path = Path("runs/rollout")
     """Where samples.jsonl, summary.json and trials/ go."""
-    sampling: SamplingParams = field(default_factory=episode_sampling)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     """How every model call of an episode samples (policy/sampling.py: temperature, top_p, top_k,
     max_new_tokens per turn, stop, stop_token_ids, return_top_p_token_ids, ...): the native agent's
     options, and each gateway session's, which replaces a gateway agent's own. Its sampling_seed

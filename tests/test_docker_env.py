@@ -22,7 +22,7 @@ from helpers.docker import containers_labelled, docker_skip_reason
 from helpers.rollout import NATIVE_REPLY
 from helpers.samples import check_sample_against_model, masked_spans
 
-from slime_harbor.policy.sampling import episode_sampling
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig
 from slime_harbor.samples import SampleStatus, read_jsonl
@@ -386,7 +386,7 @@ def test_native_agent_samples_in_docker_are_token_exact(tmp_path, ls_policy, tok
     policy_url, model_dir, hf_model = ls_policy
     summary, samples = rollout(tmp_path, agent="native", task_names=["dedupe-lines"], n_samples=2,
                                policy_url=policy_url, model_dir=str(model_dir), step_limit=3,
-                               sampling=episode_sampling(max_new_tokens=48))  # fmt: skip
+                               sampling=SamplingParams(max_new_tokens=48))  # fmt: skip
     assert summary["status_counts"]["aborted"] == 0 and summary["status_counts"]["failed"] == 0, summary["errors"]
     assert summary["drift_count"] == 0
     for s in samples:

@@ -18,7 +18,7 @@ import pytest
 from helpers.servers import port_is_free
 
 from slime_harbor.converter import episode_end
-from slime_harbor.policy.sampling import episode_sampling
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.trial_setup import (
     agent_config, environment_config, is_installed_agent, ModelEndpoint, RolloutConfig, samples_policy, uses_gateway,
@@ -41,7 +41,7 @@ def test_which_agents_go_through_the_gateway():
 
 
 def test_host_side_agents_get_api_base_and_a_hosted_vllm_model_name():
-    cfg = RolloutConfig(agent="terminus-2", model_name="policy", step_limit=7, sampling=episode_sampling(max_new_tokens=33),
+    cfg = RolloutConfig(agent="terminus-2", model_name="policy", step_limit=7, sampling=SamplingParams(max_new_tokens=33),
                         max_context_len=900,
                         agent_kwargs={"model_info": {"max_output_tokens": 40}})
     term = agent_config(cfg, ENDPOINT)

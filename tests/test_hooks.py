@@ -17,7 +17,7 @@ from collections import Counter
 
 from slime_harbor import hooks
 from slime_harbor.cli import prepare_data
-from slime_harbor.policy.sampling import episode_sampling
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.retries import RetryBudget
 from slime_harbor.trial_setup import DEFAULT_TASKS
 from slime_harbor.hooks import HookConfigError, dynamic_sampling_filter, generate, reward_post_process
@@ -197,7 +197,7 @@ def test_a_slime_abort_stops_the_trial_and_tears_the_sandbox_down(tmp_path, poli
     from helpers.rollout import leftovers
 
     cfg = RolloutConfig(agent="native", policy_url=policy_server, model_dir=str(tiny_model_dir),
-                        step_limit=400, sampling=episode_sampling(max_new_tokens=48), progress=False)
+                        step_limit=400, sampling=SamplingParams(max_new_tokens=48), progress=False)
     out = tmp_path / "out"
     started = time.monotonic()
     flag_at: list[float] = []

@@ -26,7 +26,7 @@ from helpers.samples import recompute_logprobs
 
 from slime_harbor.policy.engine_launcher import EngineMissing, EngineProcess, process_group_alive, wait_healthy
 from slime_harbor.policy.probe import probe, weight_version
-from slime_harbor.policy.sampling import episode_sampling
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.samples import SampleStatus, read_jsonl
 from slime_harbor.trial_setup import RolloutConfig
@@ -86,7 +86,7 @@ def sglang(tiny_model_dir, tmp_path_factory, sgl_kernel_calls):
 
 
 def rollout(url: str, model_dir, out: Path, agent: str = "native", **overrides) -> list:
-    settings = dict(n_samples=2, step_limit=2, sampling=episode_sampling(max_new_tokens=32), concurrency=2) | overrides
+    settings = dict(n_samples=2, step_limit=2, sampling=SamplingParams(max_new_tokens=32), concurrency=2) | overrides
     cfg = RolloutConfig(tasks_dir=FIXTURE_TASKS, agent=agent, policy_url=url, model_dir=str(model_dir), out_dir=out,
                         progress=False, **settings)
     summary = asyncio.run(run_rollouts(cfg))

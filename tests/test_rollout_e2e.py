@@ -259,11 +259,11 @@ def test_native_agent_sampling_option_keeps_the_episode_defaults_it_does_not_nam
     from pydantic import ValidationError
 
     from slime_harbor.agents.native import NativeAgentOptions
-    from slime_harbor.policy.sampling import episode_sampling
+    from slime_harbor.policy.sampling import SamplingParams
 
     options = NativeAgentOptions.model_validate({"sampling": {"temperature": 0.7}})
-    assert options.sampling == episode_sampling(temperature=0.7) and options.sampling.max_new_tokens == 512
-    assert NativeAgentOptions().sampling == episode_sampling()
+    assert options.sampling == SamplingParams(temperature=0.7) and options.sampling.max_new_tokens == 512
+    assert NativeAgentOptions().sampling == SamplingParams()
     with pytest.raises(ValidationError, match="temperature must be >= 0"):
         NativeAgentOptions.model_validate({"sampling": {"temperature": -1}})
 

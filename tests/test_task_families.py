@@ -17,7 +17,7 @@ from harbor.models.task.task import Task
 from slime_harbor.agents.native import (DEFAULT_PROMPTS, format_observation, initial_messages, initial_prompt_ids,
                                         next_prompt_ids, reply_commands)
 from slime_harbor.policy.renderer import make_renderer
-from slime_harbor.policy.sampling import episode_sampling
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.tasks import families as tf
 from slime_harbor.trainers.sft import oracle_episode
@@ -100,7 +100,7 @@ def test_a_native_agent_trial_sees_the_prompt_of_the_oracle_episode(tasks, tiny_
     path = tasks[0]
     cfg = RolloutConfig(tasks_dir=path.parent, task_names=[path.name], agent="native", n_samples=1,
                         policy_url=policy_server, model_dir=str(tiny_model_dir), step_limit=1,
-                        sampling=episode_sampling(max_new_tokens=8),
+                        sampling=SamplingParams(max_new_tokens=8),
                         out_dir=tmp_path, progress=False)
     asyncio.run(run_rollouts(cfg))
     [sample] = read_jsonl(tmp_path / "samples.jsonl")

@@ -44,7 +44,7 @@ from slime_harbor.config_docs import field_docs
 from slime_harbor.converter import CONTEXT_EXCEEDED, STEP_LIMIT
 from slime_harbor.policy.client import PolicyClient
 from slime_harbor.policy.renderer import bridge_ids, make_renderer
-from slime_harbor.policy.sampling import episode_sampling, SamplingParams, turn_seed
+from slime_harbor.policy.sampling import SamplingParams, turn_seed
 from slime_harbor.agents.settings import AGENT_SETTINGS, AgentSettings, check_agent_settings
 
 PROMPTS_FILE = Path(__file__).with_suffix(".yaml")
@@ -167,7 +167,7 @@ class _NativeOptions(AgentOptions):
         default=None, description="HF model/tokenizer dir of the policy (env SLIME_HARBOR_TOKENIZER)."
     )
     sampling: SamplingParams = Field(
-        default_factory=episode_sampling,
+        default_factory=SamplingParams,
         description="Every turn's sampling (policy/sampling.py's SamplingParams, as a dict of its fields: "
         "temperature, top_p, top_k, max_new_tokens, stop, stop_token_ids, return_top_p_token_ids, ...). Its "
         "sampling_seed is the episode's (SLiME's under deterministic inference; None = random): turn t sends "
@@ -188,8 +188,8 @@ class _NativeOptions(AgentOptions):
     @classmethod
     def _over_episode_defaults(cls, value):
         """A partial dict (Harbor's --agent-kwarg 'sampling={"temperature": 0.7}') keeps
-        episode_sampling's values for the fields it leaves out, as a missing option would."""
-        return {**dataclasses.asdict(episode_sampling()), **value} if isinstance(value, dict) else value
+        SamplingParams' defaults for the fields it leaves out, as a missing option would."""
+        return {**dataclasses.asdict(SamplingParams()), **value} if isinstance(value, dict) else value
 
     @model_validator(mode="before")
     @classmethod

@@ -38,7 +38,7 @@ from verifiers.v1.envs.single_agent import SingleAgentEnv
 from verifiers.v1.trace import AgentInfo, TraceTask
 
 from slime_harbor.integrations.verifiers_trace import fill_trace
-from slime_harbor.policy.sampling import episode_sampling
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.retries import RetryBudget
 from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
 from slime_harbor.tasks.task_dir import discover_tasks
@@ -154,7 +154,7 @@ class HarborTrialsEnv(SingleAgentEnv):
             tasks_dir=cfg.tasks_dir, agent=cfg.agent, n_samples=1, policy_url=ctx.client.base_url,
             policy_api="openai", model_name=ctx.model, model_dir=tokenizer_name, env=cfg.environment_type,
             step_limit=cfg.max_turns, progress=False,
-            sampling=episode_sampling(temperature=1.0 if sampling.temperature is None else sampling.temperature,
+            sampling=SamplingParams(temperature=1.0 if sampling.temperature is None else sampling.temperature,
                                       top_p=1.0 if sampling.top_p is None else sampling.top_p,
                                       max_new_tokens=sampling.max_tokens or cfg.max_new_tokens),
             hack_action=cfg.hack_action, hack_detectors=list(cfg.hack_detectors),

@@ -13,9 +13,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+SGLANG_MAX_NEW_TOKENS = 128
+"""SGLang's /generate default for a request that names no max_new_tokens (the wire's, which our
+server follows); ours, below, is an agent turn's."""
+
+
 @dataclass
 class SamplingParams:
-    """Per-call sampling settings (SGLang's names and defaults)."""
+    """Per-call sampling settings (SGLang's names and defaults, but max_new_tokens: an agent turn's
+    512). In an episode's settings (RolloutConfig.sampling, the native agent's option),
+    sampling_seed is the episode's seed: turn t samples with turn_seed(seed, t)."""
 
     temperature: float = 1.0
     """Softmax temperature; 0 = greedy. 1.0 samples from the policy itself, which GRPO's importance
@@ -24,8 +31,9 @@ class SamplingParams:
     """Nucleus mass kept; 1.0 disables it."""
     top_k: int = -1
     """Keep only the k most likely tokens; <= 0 disables it."""
-    max_new_tokens: int = 128
-    """Most tokens one call may generate."""
+    max_new_tokens: int = 512
+    """Most tokens one call may generate: 512 leaves an agent's turn room for a thought and a
+    command."""
     stop: list[str] = field(default_factory=list)
     """Stop when the output text contains one of these (the chat template's end-of-turn token always stops)."""
     stop_token_ids: list[int] = field(default_factory=list)
@@ -92,7 +100,7 @@ class SamplingParams:
         unknown = sorted(set(raw) - set(cls.__dataclass_fields__))
         if unknown:
             raise ValueError(f"unsupported sampling params: {unknown}")
-        return cls(**raw)
+        return cls(**{"max_new_tokens": SGLANG_MAX_NEW_TOKENS, **raw})
 
 
 @dataclass
@@ -130,14 +138,6 @@ class Generation:
     reissued: int = 0
     """How often the server aborted this call on its own (a weight update) and the client had it
     sampled again."""
-
-
-def episode_sampling(**changes: Any) -> SamplingParams:
-    """An agent episode's sampling unless told otherwise (RolloutConfig.sampling's default and the
-    native agent's): SGLang's defaults, with 512 tokens a turn, room for a thought and a command.
-    In an episode's settings, sampling_seed is the episode's seed: turn t samples with
-    turn_seed(seed, t)."""
-    return SamplingParams(**{"max_new_tokens": 512, **changes})
 
 
 def turn_seed(seed: int, turn: int) -> int:

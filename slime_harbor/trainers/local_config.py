@@ -16,7 +16,7 @@ import torch
 from slime_harbor.exits import ConfigError
 from slime_harbor.filters import TrajectoryFilters
 from slime_harbor.grpo import GRPOConfig
-from slime_harbor.policy.sampling import episode_sampling, SamplingParams
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.trial_setup import (
     check_config, check_environment_runs, DEFAULT_TASKS, RolloutConfig, samples_policy,
 )
@@ -30,8 +30,6 @@ TEST_PRESET: dict[str, Any] = {
 OBJECTIVES = ("grpo", "rft")
 TRAINER_STATE = "trainer_state.json"  # marks a checkpoint dir: step, base model, metrics so far
 
-
-EPISODE_SAMPLING = episode_sampling()
 
 
 @dataclass
@@ -66,9 +64,9 @@ class LocalTrainConfig:
     """Trials running at once."""
     step_limit: int = RolloutConfig.step_limit
     """Most agent turns per episode."""
-    max_new_tokens: int = EPISODE_SAMPLING.max_new_tokens
+    max_new_tokens: int = SamplingParams.max_new_tokens
     """Most tokens sampled per agent turn."""
-    temperature: float = EPISODE_SAMPLING.temperature
+    temperature: float = SamplingParams.temperature
     """Sampling temperature; the trainer scales logits by the same 1/T, so logprobs agree."""
     reward_mapping: str = RolloutConfig.reward_mapping
     """raw: the verifier's reward as is; pm1: reward r in [0, 1] -> 2r - 1 (pass +1, fail -1)."""
@@ -253,7 +251,7 @@ class LocalTrainConfig:
 
     def sampling(self) -> SamplingParams:
         """The training episodes' sampling (ValueError in one line for a value SamplingParams refuses)."""
-        return episode_sampling(temperature=self.temperature, max_new_tokens=self.max_new_tokens)
+        return SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new_tokens)
 
     def filters(self) -> TrajectoryFilters:
         return TrajectoryFilters(mask_timeouts=self.mask_timeouts, mask_step_limit=self.mask_step_limit,

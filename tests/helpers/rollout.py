@@ -8,7 +8,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from slime_harbor.policy.sampling import episode_sampling, SamplingParams
+from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig
 
 SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
@@ -41,7 +41,7 @@ def config(tmp_path, policy_server, tiny_model_dir, **overrides) -> RolloutConfi
     base = dict(
         tasks_dir=DEFAULT_TASKS, task_names=EASY_TASKS[:1], agent="native", n_samples=2,
         policy_url=policy_server, model_dir=str(tiny_model_dir), concurrency=4, out_dir=tmp_path / "out",
-        step_limit=3, sampling=episode_sampling(**{"max_new_tokens": 48, **sampling}), progress=False,
+        step_limit=3, sampling=SamplingParams(**{"max_new_tokens": 48, **sampling}), progress=False,
     )
     base.update(overrides)
     return RolloutConfig(**base)
