@@ -20,16 +20,14 @@ import typing
 from collections import Counter
 from pathlib import Path
 
-from slime_harbor.config_docs import field_docs
+from slime_harbor.config_docs import add_field_flags
 from slime_harbor.converter import CONTEXT_EXCEEDED
 from slime_harbor.exits import EXIT_USAGE, ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
-from slime_harbor.hack_monitor import HACK_ACTIONS
-from slime_harbor.impossible_twin import TWIN_SWITCH
 from slime_harbor.policy.engine_launcher import ENGINES
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.policy.tiny_model import build_tiny_model, ensure_tiny_model
 from slime_harbor.policy.weight_check import WeightMismatch
-from slime_harbor.trial_setup import DEFAULT_TASKS, REWARD_MAPPINGS, RolloutConfig
+from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig, run_setting_choices
 
 PROG = "slime-harbor"
 EXIT_ALL_FAILED = 1
@@ -76,47 +74,28 @@ HACK_FLAGS = {"hack_action": "--hack-action", "hack_detectors": "--hack-detector
 SAMPLING_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
                   "max_new_tokens": "--max-new-tokens"}
 # What the command line adds to a field's own help.
-FLAG_CHOICES = {"reward_mapping": REWARD_MAPPINGS, "hack_action": HACK_ACTIONS, "impossible_twin": TWIN_SWITCH}
 FLAG_METAVARS = {"agent_setup_timeout_sec": "SEC", "hack_detectors": "MODULE:FUNCTION", "hack_judge_url": "URL",
                  "hack_judge_model": "NAME", "out_dir": "DIR", "model_dir": "DIR", "task_manifest": "FILE"}
 FLAG_DEFAULTS = {"policy_url": "an embedded policy server of --model", "model_dir": "the tiny offline model"}
 
 
-def add_field_flags(p: argparse.ArgumentParser, config_class: type, flags: dict[str, str], defaults) -> None:
-    """One flag per field of `config_class` in `flags` (field -> flag): type, default and help from
-    the field's declaration; a list field takes the flag once per item."""
-    hints, docs = typing.get_type_hints(config_class), field_docs(config_class)
-    for name, flag in flags.items():
-        default = getattr(defaults, name)
-        hint = hints[name]
-        shown = FLAG_DEFAULTS.get(name, default)
-        kwargs: dict = {"dest": name, "help": f"{docs[name]} (default: {shown})" if shown not in (None, []) else docs[name]}
-        if name in FLAG_METAVARS:
-            kwargs["metavar"] = FLAG_METAVARS[name]
-        if typing.get_origin(hint) is list:
-            kwargs["help"] += " Repeatable."
-            p.add_argument(flag, action="append", default=list(default), **kwargs)
-            continue
-        kind = next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
-        if name in FLAG_CHOICES:
-            kwargs["choices"] = FLAG_CHOICES[name]
-        p.add_argument(flag, type=kind, default=default, **kwargs)
+def field_flags(p: argparse.ArgumentParser, config_class: type, flags: dict[str, str], defaults) -> None:
+    """The rollout-side commands' flags: config_docs.add_field_flags with this command line's
+    choices, metavars and shown defaults; a list field's flag is given once per item."""
+    add_field_flags(p, config_class, defaults, flags=flags, choices=run_setting_choices(), metavars=FLAG_METAVARS,
+                    shown_defaults=FLAG_DEFAULTS, repeatable=flags)
 
 
 def add_rollout_args(p: argparse.ArgumentParser, defaults: RolloutConfig) -> None:
     add_task_source_args(p)
-    add_field_flags(p, RolloutConfig, ROLLOUT_FLAGS, defaults)
-    add_field_flags(p, SamplingParams, SAMPLING_FLAGS, defaults.sampling)
+    field_flags(p, RolloutConfig, ROLLOUT_FLAGS, defaults)
+    field_flags(p, SamplingParams, SAMPLING_FLAGS, defaults.sampling)
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_hack_args(p, defaults)
 
 
 def add_hack_args(p: argparse.ArgumentParser, defaults: RolloutConfig) -> None:
-    add_field_flags(p, RolloutConfig, HACK_FLAGS, defaults)
-
-
-def add_reward_mapping_arg(p: argparse.ArgumentParser, default: str) -> None:
-    add_field_flags(p, RolloutConfig, {"reward_mapping": "--reward-mapping"}, RolloutConfig(reward_mapping=default))
+    field_flags(p, RolloutConfig, HACK_FLAGS, defaults)
 
 
 def rollout_config(a: argparse.Namespace) -> RolloutConfig:
@@ -336,12 +315,8 @@ def build_parser(demo_agent: str = "native") -> OneLineArgumentParser:
     add_flags(p, demo_defaults(demo_agent), skip=("rft_arm",))  # the demo is GRPO only; bench/learning.py adds RFT
     p.add_argument("--wandb-project", default=DEMO_WANDB_PROJECT,
                    help="wandb project (offline unless a W&B login is configured); '' = no wandb")
-    add_reward_mapping_arg(p, RolloutConfig.reward_mapping)
-    p.add_argument("--hack-action", choices=HACK_ACTIONS, default=RolloutConfig.hack_action,
-                   help="what a hack monitor flag does (see rollout --hack-action)")
-    p.add_argument("--impossible-twin", choices=TWIN_SWITCH, default=RolloutConfig.impossible_twin,
-                   help="grade every passing trial again against its task's impossible twin (see rollout "
-                   "--impossible-twin)")
+    field_flags(p, RolloutConfig, {"reward_mapping": "--reward-mapping", "hack_action": "--hack-action",
+                                   "impossible_twin": "--impossible-twin"}, RolloutConfig())
 
     sub.add_parser("train-local", help="GRPO on this machine: rollouts from the current policy, LoRA updates "
                    "(see train-local --help)")

@@ -45,13 +45,15 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class RolloutConfig(AgentSettings):
-    """Everything one rollout needs. Every field has a default that runs on this machine. The
-    agent settings (step_limit, max_context_len, routing_key, policy_api, reissue_aborted_calls,
-    lora_name) are AgentSettings' fields: declared there, with the native agent's options."""
+class RunSettings:
+    """The knobs every runner takes as they are: the rollout command, train-local and the demo
+    (LocalTrainConfig extends this), SLiME's hook (each as harbor_<name>) and the verifiers plugin
+    derive theirs from these declarations; check_run_settings is their one check."""
 
-    tasks_dir: Path = Path("examples/harbor/tasks")
-    """Directory of Harbor task dirs (each with task.toml)."""
+    tasks_dir: Path | str = DEFAULT_TASKS
+    """Directory of Harbor task dirs (each with task.toml), or, where the runner resolves it first,
+    a dataset NAME[@VERSION] in a Harbor registry, downloaded into $SLIME_HARBOR_CACHE; default:
+    the bundled tasks."""
     task_names: list[str] | None = None
     """Only these tasks (dir names); None = all tasks in tasks_dir."""
     task_manifest: Path | None = None
@@ -60,19 +62,49 @@ class RolloutConfig(AgentSettings):
     agent: str = "native"
     """native | terminus-2 | mini-swe-agent | oracle | nop | any Harbor agent name | module:Class import
     path. Every one but native / oracle / nop samples through the recording gateway."""
+    env: str = "local"
+    """local (bubblewrap) | docker (ours, Engine API) | harbor-docker (Harbor's, docker compose) |
+    daytona | modal | ... (Harbor's environment types) | module:Class import path."""
     n_samples: int = 4
     """Episodes per task: the GRPO group size."""
+    concurrency: int = 4
+    """Trials running at once."""
+    reward_mapping: str = "raw"
+    """raw: verifier reward as is; pm1: reward r in [0,1] -> 2r-1."""
+    verifier_timeout_sec: float | None = None
+    """The verifier's time limit in seconds, instead of the task's [verifier] timeout_sec."""
+    gateway_host: str = "127.0.0.1"
+    """Address the model gateway binds (gateway agents). Loopback: our sandboxes reach it through
+    their forward; a sandbox elsewhere (Modal, Daytona, E2B) needs an address it can reach."""
+    hack_action: str = "flag"
+    """What a hack monitor flag does (hack_monitor.py): flag (recorded in metadata.hack_flags and
+    counted) | penalty (scored as a failure) | screen (out of training and its group's baseline)."""
+    hack_detectors: list[str] = field(default_factory=list)
+    """Detectors run besides the builtin ones: module:function, a function of a TrialView returning HackFlags."""
+    hack_judge_url: str | None = None
+    """A judge model's OpenAI-compatible base URL (…/v1): asked about every trial besides the detectors."""
+    hack_judge_model: str | None = None
+    """The judge's model name, as that server serves it."""
+    impossible_twin: str = "on"
+    """on: every trial that passes is graded again against its task's impossible twin (the same
+    grading with one expected value no correct solution gives: impossible_twin.py), where the task
+    has one; a pass on the twin too is the hack flag passes_impossible, acted on by hack_action |
+    off."""
+
+
+@dataclass
+class RolloutConfig(RunSettings, AgentSettings):
+    """Everything one rollout needs. Every field has a default that runs on this machine. The
+    knobs every runner shares are RunSettings' fields, the agent settings (step_limit,
+    max_context_len, routing_key, policy_api, reissue_aborted_calls, lora_name) AgentSettings':
+    declared there once."""
+
     policy_url: str | None = None
     """SGLang router / policy server base URL (the native agent's, and the gateway's upstream)."""
     model_dir: str | None = None
     """HF dir of the policy: tokenizer for the native agent and for decoding samples."""
     model_name: str = "policy"
     """Name the gateway serves the policy under (agents get `hosted_vllm/<model_name>`)."""
-    env: str = "local"
-    """local (bubblewrap) | docker (ours, Engine API) | harbor-docker (Harbor's, docker compose) |
-    daytona | modal | ... (Harbor's environment types) | module:Class import path."""
-    concurrency: int = 4
-    """Trials running at once."""
     out_dir: Path = Path("runs/rollout")
     """Where samples.jsonl, summary.json and trials/ go."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -87,10 +119,6 @@ class RolloutConfig(AgentSettings):
     """The agent's setup budget in seconds (Harbor's override_setup_timeout_sec): it bounds the
     agent's install (a Docker layer, a host venv) and Harbor's agent setup. None = Harbor's
     default for the agent (BaseAgent's 360 s, some agents more), times timeout_multiplier."""
-    verifier_timeout_sec: float | None = None
-    """The verifier's time limit in seconds, instead of the task's [verifier] timeout_sec."""
-    reward_mapping: str = "raw"
-    """raw: verifier reward as is; pm1: reward r in [0,1] -> 2r-1."""
     progress: bool = True
     """Show a progress bar on stderr."""
     agent_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -111,23 +139,6 @@ class RolloutConfig(AgentSettings):
     """The retry budget's sliding window: older reruns are forgotten."""
     retry_backoff_sec: float = 2.0
     """Wait before a rerun."""
-    gateway_host: str = "127.0.0.1"
-    """Address the model gateway binds (gateway agents). Loopback: our sandboxes reach it through
-    their forward; a sandbox elsewhere (Modal, Daytona, E2B) needs an address it can reach."""
-    hack_action: str = "flag"
-    """What a hack monitor flag does (hack_monitor.py): flag (recorded in metadata.hack_flags and
-    counted) | penalty (scored as a failure) | screen (out of training and its group's baseline)."""
-    hack_detectors: list[str] = field(default_factory=list)
-    """Detectors run besides the builtin ones: module:function, a function of a TrialView returning HackFlags."""
-    hack_judge_url: str | None = None
-    """A judge model's OpenAI-compatible base URL (…/v1): asked about every trial besides the detectors."""
-    hack_judge_model: str | None = None
-    """The judge's model name, as that server serves it."""
-    impossible_twin: str = "on"
-    """on: every trial that passes is graded again against its task's impossible twin (the same
-    grading with one expected value no correct solution gives: impossible_twin.py), where the task
-    has one; a pass on the twin too is the hack flag passes_impossible, acted on by hack_action |
-    off."""
 
     def hack_detector_functions(self) -> list:
         """The builtin detectors, hack_detectors and the judge, loaded (ValueError in one line for a bad one)."""
@@ -421,31 +432,54 @@ def install_agents_first(trial) -> None:
     trial.add_hook(TrialEvent.ENVIRONMENT_START, install)
 
 
-def check_config(cfg: RolloutConfig) -> list[Path]:
-    """Refuse, before any trial starts, what would otherwise hang, fail every trial or die in a
-    traceback mid-run: bad numbers, a missing or empty tasks dir, a task Harbor cannot load
-    (named by its task.toml), an agent or environment that does not resolve. Returns the tasks."""
+def run_setting_choices() -> dict[str, tuple[str, ...]]:
+    """The RunSettings knobs that take one of a fixed set of values, with the set (the flags' choices)."""
+    from slime_harbor.hack_monitor import HACK_ACTIONS
+    from slime_harbor.impossible_twin import TWIN_SWITCH
+
+    return {"reward_mapping": REWARD_MAPPINGS, "hack_action": HACK_ACTIONS, "impossible_twin": TWIN_SWITCH}
+
+
+def check_run_settings(settings: RunSettings) -> None:
+    """RunSettings' checks, for every runner that takes them (ValueError in one line)."""
     from slime_harbor.hack_monitor import HACK_ACTIONS
     from slime_harbor.impossible_twin import TWIN_SWITCH
 
     checks = [
-        (cfg.n_samples >= 1, f"n_samples must be at least 1, got {cfg.n_samples}"),
-        (cfg.concurrency >= 1, f"concurrency must be at least 1, got {cfg.concurrency}"),
+        (settings.n_samples >= 1, f"n_samples must be at least 1, got {settings.n_samples}"),
+        (settings.concurrency >= 1, f"concurrency must be at least 1, got {settings.concurrency}"),
+        (settings.reward_mapping in REWARD_MAPPINGS, f"reward_mapping must be raw or pm1, got {settings.reward_mapping!r}"),
+        (settings.verifier_timeout_sec is None or settings.verifier_timeout_sec > 0,
+         f"verifier_timeout_sec (the verifier's time limit) must be > 0 seconds, got {settings.verifier_timeout_sec}"),
+        (settings.hack_action in HACK_ACTIONS,
+         f"hack_action must be one of {', '.join(HACK_ACTIONS)}, got {settings.hack_action!r}"),
+        (bool(settings.hack_judge_url) == bool(settings.hack_judge_model),
+         "a hack judge needs both a URL and a model (hack_judge_url, hack_judge_model)"),
+        (settings.impossible_twin in TWIN_SWITCH, f"impossible_twin must be on or off, got {settings.impossible_twin!r}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+
+
+def check_config(cfg: RolloutConfig) -> list[Path]:
+    """Refuse, before any trial starts, what would otherwise hang, fail every trial or die in a
+    traceback mid-run: bad numbers, a missing or empty tasks dir, a task Harbor cannot load
+    (named by its task.toml), an agent or environment that does not resolve. Returns the tasks."""
+    checks = [
         # temperature and top_p: SamplingParams refuses them when built; an episode's turns need more.
         (cfg.sampling.max_new_tokens >= 1, f"max_new_tokens must be at least 1, got {cfg.sampling.max_new_tokens}"),
         (cfg.sampling.top_k == -1 or cfg.sampling.top_k >= 1,
          f"top_k must be -1 (off) or at least 1, got {cfg.sampling.top_k}"),
         (cfg.timeout_multiplier > 0, f"timeout_multiplier must be > 0, got {cfg.timeout_multiplier}"),
-        (cfg.hack_action in HACK_ACTIONS, f"hack_action must be one of {', '.join(HACK_ACTIONS)}, got {cfg.hack_action!r}"),
-        (cfg.impossible_twin in TWIN_SWITCH, f"impossible_twin must be on or off, got {cfg.impossible_twin!r}"),
         (cfg.agent_setup_timeout_sec is None or cfg.agent_setup_timeout_sec > 0,
          f"agent_setup_timeout_sec must be > 0, got {cfg.agent_setup_timeout_sec}"),
-        (cfg.reward_mapping in REWARD_MAPPINGS, f"reward_mapping must be raw or pm1, got {cfg.reward_mapping!r}"),
     ]
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
     try:
+        check_run_settings(cfg)
         check_agent_settings(cfg)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -260,7 +260,7 @@ def test_lora_endpoints_follow_sglang(tiny_model_dir, tmp_path, tokenizer):
 def test_flags_users_type_today():
     cfg = config_from_args(["--vllm-url", "http://h:1", "--agent-step-limit", "7", "--eval-timeout", "90",
                             "--save-every", "3", "--temperature", "0.7", "--weight-sync", "disk"])
-    assert (cfg.policy_url, cfg.step_limit, cfg.verifier_timeout, cfg.save_every, cfg.temperature, cfg.weight_sync) \
+    assert (cfg.policy_url, cfg.step_limit, cfg.verifier_timeout_sec, cfg.save_every, cfg.temperature, cfg.weight_sync) \
         == ("http://h:1", 7, 90.0, 3, 0.7, "disk")
     assert config_from_args(["--policy-url", "http://h:2"]).policy_url == "http://h:2"
     rollout = cfg.rollout("http://h:1", "m", Path("o"), lora_name="policy-step1")

@@ -13,8 +13,8 @@ POLICY_APIS = ("sglang", "openai")
 
 
 @dataclass
-class AgentSettings:
-    """What an agent's episode is held to, whichever agent runs it."""
+class EpisodeLimits:
+    """How long an episode may go, whichever agent runs it (a trainer's flags too)."""
 
     step_limit: int = 30
     """Most agent turns per episode."""
@@ -22,6 +22,13 @@ class AgentSettings:
     """Prompt+completion token limit of an episode (SLiME's --rollout-max-context-len); None = the
     model's max_position_embeddings. A turn gets at most the room left as max_new_tokens; once no
     room is left the episode ends with exit status context_exceeded (truncated, still verified)."""
+
+
+@dataclass
+class AgentSettings(EpisodeLimits):
+    """What an agent's episode is held to, whichever agent runs it: its limits, and how it reaches
+    the policy (set by the runner)."""
+
     routing_key: str | None = None
     """X-SMG-Routing-Key sent with every turn (the SLiME hook sends sample.session_id under
     --router-policy consistent_hashing, so one episode stays on one engine); None = no header."""

@@ -26,7 +26,7 @@ import torch
 from slime_harbor.tasks import families as task_families
 from slime_harbor.policy.renderer import make_renderer
 from slime_harbor.policy.sampling import SamplingParams
-from slime_harbor.config_docs import field_docs
+from slime_harbor.config_docs import add_field_flags
 from slime_harbor.trainers.local import train
 from slime_harbor.trainers.local_config import check_train_config, LocalTrainConfig
 from slime_harbor.trainers.sft import oracle_episode, SFTConfig, sequence_logprob, sft_model_dir
@@ -226,20 +226,8 @@ def fresh_start(cfg) -> None:
 
 def add_flags(p: argparse.ArgumentParser, defaults: LearningConfig, skip: tuple[str, ...] = ()) -> None:
     """One flag per LearningConfig field but `skip` (underscores -> dashes), defaulting to
-    `defaults`, its help the field's docstring."""
-    docs = field_docs(LearningConfig)
-    for f in dataclasses.fields(LearningConfig):
-        if f.name in skip:
-            continue
-        default = getattr(defaults, f.name)
-        flag = "--" + f.name.replace("_", "-")
-        help_text = docs.get(f.name, "").replace("%", "%%")
-        if isinstance(default, list):
-            p.add_argument(flag, nargs="+", default=default, help=help_text)
-        elif isinstance(default, bool):
-            p.add_argument(flag, type=lambda v: v.lower() in ("1", "true", "yes"), default=default, help=help_text)
-        else:
-            p.add_argument(flag, type=type(default), default=default, help=help_text)
+    `defaults`, its help the field's docstring; a true / false field takes the word."""
+    add_field_flags(p, LearningConfig, defaults, skip=skip, bools="value")
 
 
 # --------------------------------------------------------------------------------------------

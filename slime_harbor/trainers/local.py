@@ -70,14 +70,14 @@ from typing import Any
 
 import torch
 
-from slime_harbor.config_docs import field_docs
+from slime_harbor.config_docs import add_field_flags
 from slime_harbor.exits import ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
-from slime_harbor.impossible_twin import TWIN_SWITCH
 from slime_harbor.policy.weight_check import CHECK_MODES, WeightMismatch
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.tasks.task_dir import discover_tasks
 from slime_harbor.trainers.loop import train_loop
 from slime_harbor.trainers.training_run import TaskStream, TrainingRun, run_summary
+from slime_harbor.trial_setup import run_setting_choices
 from slime_harbor.trainers.local_config import (
     check_train_config, find_checkpoint, LocalTrainConfig, OBJECTIVES, resolve_device, TEST_PRESET, TRAINER_STATE, with_tasks_selected,
 )
@@ -207,12 +207,11 @@ def jsonable(d: dict) -> dict:
 # Command line: one flag per field, help from the field's docstring.
 
 
-FLAG_NAMES = {"tasks_dir": "--tasks", "lora": "--no-lora", "verifier_timeout": "--eval-timeout"}
+FLAG_NAMES = {"tasks_dir": "--tasks", "lora": "--no-lora", "verifier_timeout_sec": "--eval-timeout"}
 # Names users already type (other GRPO scripts), accepted as well.
 FLAG_ALIASES = {"policy_url": ["--vllm-url"], "step_limit": ["--agent-step-limit"]}
 # Fields whose values are a fixed set (argparse refuses the others in one line).
-FLAG_CHOICES = {"reward_mapping": ("raw", "pm1"), "objective": OBJECTIVES, "weight_check": CHECK_MODES,
-                "impossible_twin": TWIN_SWITCH}
+FLAG_CHOICES = {"objective": OBJECTIVES, "weight_check": CHECK_MODES}
 # Harbor's own task filters (`harbor run -i NAME -x NAME`), one name per flag, repeatable.
 HARBOR_FILTER_FLAGS = {"task_names": ["-i", "--include-task-name"], "exclude_task_names": ["-x", "--exclude-task-name"]}
 
@@ -224,27 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--test", action="store_true",
                    help=f"quick run: {', '.join(f'{k}={v}' for k, v in TEST_PRESET.items())}; other flags override")
-    docs = field_docs(LocalTrainConfig)
-    defaults = LocalTrainConfig()
-    for f in dataclasses.fields(LocalTrainConfig):
-        flag = FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-"))
-        default = getattr(defaults, f.name)
-        help_text = f"{docs.get(f.name, '')} (default: {default})"
-        if f.name == "lora":
-            p.add_argument(flag, dest="lora", action="store_false", help=docs["lora"])
-        elif default is False:  # switches: --progress, --mask-timeouts, --dynamic-sampling, ...
-            p.add_argument(flag, action="store_true", help=docs[f.name])
-        elif isinstance(default, list) or f.name in HARBOR_FILTER_FLAGS:
-            p.add_argument(flag, dest=f.name, nargs="+", help=help_text)
-            if f.name in HARBOR_FILTER_FLAGS:
-                p.add_argument(*HARBOR_FILTER_FLAGS[f.name], dest=f.name, action="append",
-                               help=f"one name of {flag}, repeatable (as harbor run)")
-        elif f.name in FLAG_CHOICES:
-            p.add_argument(flag, choices=list(FLAG_CHOICES[f.name]), help=help_text)
-        else:
-            # The annotation names the type where the default is None ("float | None", "Path | None").
-            kind = {"bool": int, "int": int, "float": float, "Path": Path}.get(str(f.type).split("|")[0].strip(), str)
-            p.add_argument(flag, *FLAG_ALIASES.get(f.name, []), dest=f.name, type=kind, help=help_text)
+    add_field_flags(p, LocalTrainConfig, LocalTrainConfig(), flags={
+        f.name: FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-")) for f in dataclasses.fields(LocalTrainConfig)},
+        aliases=FLAG_ALIASES, choices=run_setting_choices() | FLAG_CHOICES, given_only=True)
+    for name, extra in HARBOR_FILTER_FLAGS.items():
+        p.add_argument(*extra, dest=name, action="append",
+                       help=f"one name of --{name.replace('_', '-')}, repeatable (as harbor run)")
     return p
 
 

@@ -17,9 +17,8 @@ from slime_harbor.exits import ConfigError
 from slime_harbor.filters import TrajectoryFilters
 from slime_harbor.grpo import GRPOConfig
 from slime_harbor.policy.sampling import SamplingParams
-from slime_harbor.trial_setup import (
-    check_config, check_environment_runs, DEFAULT_TASKS, RolloutConfig, samples_policy,
-)
+from slime_harbor.agents.settings import EpisodeLimits
+from slime_harbor.trial_setup import check_config, check_environment_runs, RolloutConfig, RunSettings, samples_policy
 
 
 # --test: five of the easy bundled tasks, short episodes, two steps, a checkpoint after each.
@@ -33,58 +32,24 @@ TRAINER_STATE = "trainer_state.json"  # marks a checkpoint dir: step, base model
 
 
 @dataclass
-class LocalTrainConfig:
+class LocalTrainConfig(RunSettings, EpisodeLimits):
     """Every knob of a local GRPO run. Each field is a command-line flag (underscores -> dashes).
-    Where a RolloutConfig or SamplingParams field is the same knob, its default is that field's;
-    sampling() and rollout() turn these into what a rollout takes, the checks are theirs."""
+    The knobs every runner shares (tasks, agent, env, group size, hack monitor, ...) are
+    RunSettings' and the episode limits EpisodeLimits': declared there once, as a rollout takes
+    them. Where a SamplingParams field is the same knob, its default is that field's; sampling()
+    and rollout() turn these into what a rollout takes, the checks are theirs."""
 
     # --- what to train on ---
-    tasks_dir: Path | str = DEFAULT_TASKS
-    """Directory of Harbor task dirs, or a dataset NAME[@VERSION] in a Harbor registry, downloaded by
-    Harbor into $SLIME_HARBOR_CACHE (flag --tasks; default: the bundled tasks)."""
-    task_names: list[str] | None = None
-    """Only these tasks (also -i / --include-task-name, repeatable; for a dataset, glob patterns as
-    harbor run -i takes them); None = every task."""
     exclude_task_names: list[str] | None = None
     """Not these tasks (also -x / --exclude-task-name, repeatable; for a dataset, glob patterns)."""
     registry_path: Path | None = None
     """With a dataset name: the registry JSON file it is found in; None = Harbor's registry."""
     registry_url: str | None = None
     """With a dataset name: the URL of the registry JSON it is found in; None = Harbor's registry."""
-    task_manifest: Path | None = None
-    """A `slime-harbor calibrate` manifest: the tasks it marks broken or flaky are not trained on."""
-    agent: str = RolloutConfig.agent
-    """native | terminus-2 | mini-swe-agent | another Harbor agent | module:Class: an agent that samples
-    from the policy being trained (all but native through the recording gateway)."""
-    env: str = RolloutConfig.env
-    """Where trials run: local (bubblewrap) | docker | <harbor env type> | module:Class."""
-    n_samples: int = RolloutConfig.n_samples
-    """Episodes per task per step: the GRPO group size."""
-    concurrency: int = RolloutConfig.concurrency
-    """Trials running at once."""
-    step_limit: int = RolloutConfig.step_limit
-    """Most agent turns per episode."""
     max_new_tokens: int = SamplingParams.max_new_tokens
     """Most tokens sampled per agent turn."""
     temperature: float = SamplingParams.temperature
     """Sampling temperature; the trainer scales logits by the same 1/T, so logprobs agree."""
-    reward_mapping: str = RolloutConfig.reward_mapping
-    """raw: the verifier's reward as is; pm1: reward r in [0, 1] -> 2r - 1 (pass +1, fail -1)."""
-    verifier_timeout: float | None = None
-    """The verifier's time limit in seconds (flag --eval-timeout); None = each task's own."""
-    hack_action: str = RolloutConfig.hack_action
-    """What a hack monitor flag does (hack_monitor.py): flag (recorded, counted) | penalty (scored as
-    a failure) | screen (out of training and its group's baseline)."""
-    hack_detectors: list[str] = field(default_factory=list)
-    """Detectors of your own besides the builtin ones (module:function)."""
-    hack_judge_url: str | None = None
-    """Also ask a judge model at this OpenAI-compatible base URL (.../v1) about every trial."""
-    hack_judge_model: str | None = None
-    """The judge's model name on that server."""
-    impossible_twin: str = RolloutConfig.impossible_twin
-    """on: every trial that passes is graded again against its task's impossible twin (one expected
-    value of its grading changed so that no correct solution passes: impossible_twin.py), where the
-    task has one; a pass on the twin too is the hack flag passes_impossible | off."""
     canary_tasks: Path | None = None
     """Impossible variants of tasks (`slime-harbor impossible-tasks`), mixed into each step's rollouts
     and never trained on; canary_pass_rate in metrics.json is the share that passed (any pass is a
@@ -98,9 +63,6 @@ class LocalTrainConfig:
     one; it must serve --model. After each optimizer step the weights are written under
     OUTPUT_DIR/weights and the server is told to load them (see --weight-sync): the server reads
     that path itself, so it must run on this host or see it on a shared filesystem."""
-    gateway_host: str = RolloutConfig.gateway_host
-    """Address the model gateway binds (agents other than native); a sandbox off this host needs
-    an address it can reach."""
     weight_sync: str = "auto"
     """With --policy-url: lora (/load_lora_adapter + /unload_lora_adapter) | disk (the full, merged
     weights: SGLang's /update_weights_from_disk, vLLM's reload_weights) | none (the server keeps its
@@ -227,17 +189,10 @@ class LocalTrainConfig:
 
     def rollout(self, policy_url: str, model_dir: str, out_dir: Path, task_names: list[str] | None = None,
                 lora_name: str | None = None) -> RolloutConfig:
-        return RolloutConfig(
-            lora_name=lora_name, verifier_timeout_sec=self.verifier_timeout,
-            tasks_dir=self.tasks_dir, task_names=task_names if task_names is not None else self.task_names,
-            agent=self.agent, n_samples=self.n_samples,
-            policy_url=policy_url, model_dir=model_dir, env=self.env, concurrency=self.concurrency,
-            out_dir=out_dir, step_limit=self.step_limit, reward_mapping=self.reward_mapping, progress=self.progress,
-            sampling=self.sampling(),
-            gateway_host=self.gateway_host, hack_action=self.hack_action, hack_detectors=list(self.hack_detectors),
-            hack_judge_url=self.hack_judge_url, hack_judge_model=self.hack_judge_model,
-            impossible_twin=self.impossible_twin,
-        )
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(RunSettings) + dataclasses.fields(EpisodeLimits)}
+        return RolloutConfig(**shared | {"task_names": task_names if task_names is not None else self.task_names},
+                             policy_url=policy_url, model_dir=model_dir, out_dir=out_dir, progress=self.progress,
+                             sampling=self.sampling(), lora_name=lora_name)
 
     def eval_rollout(self, policy_url: str, model_dir: str, out_dir: Path, lora_name: str | None = None) -> RolloutConfig:
         """The evaluation's episodes: held-out tasks, eval_n_samples each, the eval sampling settings."""
@@ -352,8 +307,6 @@ def check_train_config(cfg: LocalTrainConfig) -> None:
         raise ConfigError(f"weight_sync must be one of {', '.join(MODES)}, got {cfg.weight_sync!r}")
     if cfg.weight_sync == "lora" and not cfg.lora:
         raise ConfigError("weight_sync lora needs LoRA training (drop --no-lora, or use disk)")
-    if cfg.verifier_timeout is not None and not cfg.verifier_timeout > 0:
-        raise ConfigError(f"eval_timeout (the verifier's time limit) must be > 0 seconds, got {cfg.verifier_timeout}")
     # Tasks, agent and environment, as a rollout checks them (the policy server is ours).
     n_tasks = len(check_config(cfg.rollout("http://embedded", cfg.model or "embedded", Path("unused"))))
     if cfg.rollout_batch_size is not None and not 1 <= cfg.rollout_batch_size <= n_tasks:
