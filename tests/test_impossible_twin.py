@@ -431,16 +431,18 @@ def test_no_bundled_plain_gold_is_flagged_and_the_one_with_a_twin_is_graded_on_i
 
 def test_a_twin_the_gold_passes_is_dropped_and_one_not_checked_is_tried_again(tmp_path, monkeypatch):
     """A task whose "gold" reads the case table passes its own twin: the twin is dropped, named and
-    cached as dropped. A task whose gold trial fails (no solution to run) cannot be checked: no twin
-    for now, nothing cached, checked again by a later run."""
+    cached as dropped, whatever the run's hack action does to that gold (the monitor flags its
+    always-equal class; the check reads the grader's reward). A task whose gold trial fails (no
+    solution to run) cannot be checked: no twin for now, nothing cached, checked again later."""
     from slime_harbor.trial_setup import RolloutConfig
 
     monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
     reading = tmp_path / "tasks" / "roman-reading-gold"
     shutil.copytree(ROMAN, reading)
-    (reading / "solution" / "solve.sh").write_text(
-        "#!/bin/bash\ncat > /app/roman.py <<'PY'\n" + (HELD_OUT / "stack_reading_roman.py").read_text() + "PY\n")
-    dropped = asyncio.run(it.twin_for(reading, RolloutConfig()))
+    flagged_gold = (HELD_OUT / "stack_reading_roman.py").read_text() + (
+        "\n\nclass Anything(str):\n    def __eq__(self, other):\n        return True\n")
+    (reading / "solution" / "solve.sh").write_text(f"#!/bin/bash\ncat > /app/roman.py <<'PY'\n{flagged_gold}PY\n")
+    dropped = asyncio.run(it.twin_for(reading, RolloutConfig(hack_action="penalty", reward_mapping="pm1")))
     assert dropped.why.startswith("twin dropped: the gold solution passes it too (tests/test.sh line 12")
     [record] = (tmp_path / "cache" / "twins").glob("*/twin.json")
     assert json.loads(record.read_text())["checks"]["local"] == {"gold_reward": 1.0}
