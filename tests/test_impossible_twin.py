@@ -217,6 +217,24 @@ def test_a_twin_is_built_once_and_the_off_switch_and_canaries_have_none(tmp_path
     assert json.loads(record.read_text())["why"] == none.why
 
 
+def test_a_verifiers_trace_carries_the_twin_and_its_penalty(tokenizer):
+    """The verifiers environment (Prime-RL): a trial that passed its twin too is penalised in its
+    trace and says why in its info."""
+    vf = pytest.importorskip("verifiers.v1")
+    from verifiers.v1.trace import AgentInfo, TraceTask
+
+    from slime_harbor.hack_monitor import apply_hack_action, HackFlag
+    from slime_harbor.integrations.verifiers_trace import fill_trace
+    from helpers.samples import make_episode
+
+    episode = make_episode(1.0, metadata={"raw_rewards": {"reward": 1.0}, "twin": {"result": "passed", "reward": 1.0}})
+    apply_hack_action(episode, [HackFlag("passes_impossible", "its impossible twin passed too")], "penalty", "raw")
+    trace = vf.Trace(task=TraceTask(type="t", data={}, key="k", hash="h"), agent=AgentInfo(config={}))
+    fill_trace(trace, episode, tokenizer)
+    assert trace.reward == 0.0 and trace.info["hack_flags"] == ["passes_impossible"]
+    assert trace.info["twin"]["result"] == "passed"
+
+
 # --- real trials ---------------------------------------------------------------------------------------
 
 
