@@ -666,8 +666,10 @@ async def _gold_on_twin(twin: Twin, cfg) -> tuple[float | None, str | None]:
     None (and why) when the trial was not scored."""
     from slime_harbor.rollout import run_episode
 
-    check = dataclasses.replace(cfg, agent="oracle", impossible_twin="off", reward_mapping="raw", hack_detectors=[],
-                                hack_judge_url=None, hack_judge_model=None, agent_kwargs={}, progress=False)
+    # The grader's own reward: no mapping, and no hack action (a flagged gold keeps what it scored).
+    check = dataclasses.replace(cfg, agent="oracle", impossible_twin="off", reward_mapping="raw", hack_action="flag",
+                                hack_detectors=[], hack_judge_url=None, hack_judge_model=None, agent_kwargs={},
+                                progress=False)
     with tempfile.TemporaryDirectory(prefix="slime-harbor-twin-check-") as trials:
         episode = await run_episode(twin.dir, check, group_index=0, index=0, trials_dir=Path(trials))
     return (episode.reward, None) if episode.scored else (None, episode.error)

@@ -217,6 +217,24 @@ def test_a_twin_is_built_once_and_the_off_switch_and_canaries_have_none(tmp_path
     assert json.loads(record.read_text())["why"] == none.why
 
 
+def test_a_verifiers_trace_carries_the_twin_and_its_penalty(tokenizer):
+    """The verifiers environment (Prime-RL): a trial that passed its twin too is penalised in its
+    trace and says why in its info."""
+    vf = pytest.importorskip("verifiers.v1")
+    from verifiers.v1.trace import AgentInfo, TraceTask
+
+    from slime_harbor.hack_monitor import apply_hack_action, HackFlag
+    from slime_harbor.integrations.verifiers_trace import fill_trace
+    from helpers.samples import make_episode
+
+    episode = make_episode(1.0, metadata={"raw_rewards": {"reward": 1.0}, "twin": {"result": "passed", "reward": 1.0}})
+    apply_hack_action(episode, [HackFlag("passes_impossible", "its impossible twin passed too")], "penalty", "raw")
+    trace = vf.Trace(task=TraceTask(type="t", data={}, key="k", hash="h"), agent=AgentInfo(config={}))
+    fill_trace(trace, episode, tokenizer)
+    assert trace.reward == 0.0 and trace.info["hack_flags"] == ["passes_impossible"]
+    assert trace.info["twin"]["result"] == "passed"
+
+
 # --- real trials ---------------------------------------------------------------------------------------
 
 
@@ -427,3 +445,55 @@ def test_no_bundled_plain_gold_is_flagged_and_the_one_with_a_twin_is_graded_on_i
     assert {t for t, s in got.items() if s["metadata"]["twin"]["result"] == "none"} == set(got) - {"config-parser"}
     assert list(summary["twins"]) == ["config-parser"] and len(summary["no_twin"]) == 13
     assert summary["twin_tasks"] == pytest.approx(1 / 14) and summary["twin_coverage"] == pytest.approx(1 / 14)
+
+
+def test_a_twin_the_gold_passes_is_dropped_and_one_not_checked_is_tried_again(tmp_path, monkeypatch):
+    """A task whose "gold" reads the case table passes its own twin: the twin is dropped, named and
+    cached as dropped, whatever the run's hack action does to that gold (the monitor flags its
+    always-equal class; the check reads the grader's reward). A task whose gold trial fails (no
+    solution to run) cannot be checked: no twin for now, nothing cached, checked again later."""
+    from slime_harbor.trial_setup import RolloutConfig
+
+    monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
+    reading = tmp_path / "tasks" / "roman-reading-gold"
+    shutil.copytree(ROMAN, reading)
+    flagged_gold = (HELD_OUT / "stack_reading_roman.py").read_text() + (
+        "\n\nclass Anything(str):\n    def __eq__(self, other):\n        return True\n")
+    (reading / "solution" / "solve.sh").write_text(f"#!/bin/bash\ncat > /app/roman.py <<'PY'\n{flagged_gold}PY\n")
+    dropped = asyncio.run(it.twin_for(reading, RolloutConfig(hack_action="penalty", reward_mapping="pm1")))
+    assert dropped.why.startswith("twin dropped: the gold solution passes it too (tests/test.sh line 12")
+    [record] = (tmp_path / "cache" / "twins").glob("*/twin.json")
+    assert json.loads(record.read_text())["checks"]["local"] == {"gold_reward": 1.0}
+    unsolvable = tmp_path / "tasks" / "roman-without-gold"
+    shutil.copytree(ROMAN, unsolvable, ignore=shutil.ignore_patterns("solution"))
+    unchecked = asyncio.run(it.twin_for(unsolvable, RolloutConfig()))
+    assert unchecked.why.startswith("its twin could not be checked: the gold trial on it failed")
+    assert all(not json.loads(r.read_text())["checks"] for r in (tmp_path / "cache" / "twins").glob("*/twin.json")
+               if json.loads(r.read_text())["task"] == unsolvable.name)
+
+
+@pytest.mark.slow
+def test_train_local_counts_the_twin_in_metrics_the_step_line_and_wandb(tmp_path, monkeypatch, tiny_model_dir, capsys):
+    """train-local's agent applies the held-out to_roman: its step record (metrics.json), its step
+    line and wandb carry hack/passes_impossible, hack/twin_errors, twin_coverage and time/twin_s;
+    summary.json names the task's twin."""
+    from helpers.training import run_config
+
+    from slime_harbor.trainers.local import train
+    from slime_harbor.trainers.tracking import read_offline_history
+
+    monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("HELD_OUT_AGENT_FILES", json.dumps({"/app/roman.py": str(HELD_OUT / "stack_reading_roman.py")}))
+    out = tmp_path / "run"
+    summary = train(run_config(tiny_model_dir, out, tasks_dir=ROMAN.parent, agent=HELD_OUT_AGENT, n_samples=2,
+                               num_rollouts=1, save_every=0, hack_action="penalty", wandb_project="test-project",
+                               wandb_run_name="twin"))
+    [record] = json.loads((out / "metrics.json").read_text())
+    assert record["hack/passes_impossible"] == 2 and record["hack/twin_errors"] == 0 and record["twin_coverage"] == 1.0
+    assert record["time/twin_s"] > 0 and record["reward_mean"] == 0.0  # penalised
+    assert "twin 1.00 (impossible passes 2, errors 0" in capsys.readouterr().err
+    assert summary["twin_tasks"] == 1.0 and list(summary["twins"]) == [ROMAN.name]
+    (run_dir,) = (out / "wandb").glob("offline-run-*")
+    [row] = [r for r in read_offline_history(run_dir) if "rollout/hack_rate" in r]  # the step's record
+    assert row["rollout/hack/passes_impossible"] == 2 and row["rollout/twin_coverage"] == 1.0 and "time/twin_s" in row
