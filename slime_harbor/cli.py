@@ -71,6 +71,8 @@ ROLLOUT_FLAGS = {
 HACK_FLAGS = {"hack_action": "--hack-action", "hack_detectors": "--hack-detector",
               "hack_judge_url": "--hack-judge-url", "hack_judge_model": "--hack-judge-model",
               "impossible_twin": "--impossible-twin"}
+DEMO_RUN_FLAGS = {"reward_mapping": "--reward-mapping", "hack_action": "--hack-action", "impossible_twin": "--impossible-twin"}
+"""The demo's flags that are RunSettings knobs (its other flags are LearningConfig's)."""
 SAMPLING_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
                   "max_new_tokens": "--max-new-tokens"}
 # What the command line adds to a field's own help.
@@ -315,8 +317,7 @@ def build_parser(demo_agent: str = "native") -> OneLineArgumentParser:
     add_flags(p, demo_defaults(demo_agent), skip=("rft_arm",))  # the demo is GRPO only; bench/learning.py adds RFT
     p.add_argument("--wandb-project", default=DEMO_WANDB_PROJECT,
                    help="wandb project (offline unless a W&B login is configured); '' = no wandb")
-    field_flags(p, RolloutConfig, {"reward_mapping": "--reward-mapping", "hack_action": "--hack-action",
-                                   "impossible_twin": "--impossible-twin"}, RolloutConfig())
+    field_flags(p, RolloutConfig, DEMO_RUN_FLAGS, RolloutConfig())
 
     sub.add_parser("train-local", help="GRPO on this machine: rollouts from the current policy, LoRA updates "
                    "(see train-local --help)")
@@ -417,11 +418,10 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
     elif a.command == "demo":
         from slime_harbor.trainers.demo import LearningConfig, run_demo
 
-        project, mapping = vars(a).pop("wandb_project"), vars(a).pop("reward_mapping")
-        hack_action, impossible_twin = vars(a).pop("hack_action"), vars(a).pop("impossible_twin")
+        project = vars(a).pop("wandb_project")
+        run_settings = {name: vars(a).pop(name) for name in DEMO_RUN_FLAGS}
         fields = {k: v for k, v in vars(a).items() if k != "command"}
-        run_demo(LearningConfig(**fields), wandb_project=project, guard=guard, reward_mapping=mapping,
-                 hack_action=hack_action, impossible_twin=impossible_twin)
+        run_demo(LearningConfig(**fields), wandb_project=project, guard=guard, **run_settings)
     elif a.command == "view":
         view(a.out, host=a.host, port=a.port)
     elif a.command == "prepare-data":

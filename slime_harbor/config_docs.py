@@ -25,11 +25,33 @@ def field_docs(config_class: type) -> dict[str, str]:
     for cls in reversed(config_class.__mro__):
         if cls is object or not hasattr(cls, "__dataclass_fields__"):
             continue
-        body = ast.parse(inspect.getsource(cls)).body[0].body
+        try:
+            body = ast.parse(inspect.getsource(cls)).body[0].body
+        except (OSError, TypeError):  # a class made by derived_fields + make_dataclass: its docs are in metadata
+            body = []
         for node, nxt in zip(body, body[1:]):
             if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
                 docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    for f in dataclasses.fields(config_class):
+        if "doc" in f.metadata:
+            docs[f.name] = " ".join(f.metadata["doc"].split())
     return docs
+
+
+def derived_fields(source: type, names: Mapping[str, str], notes: Mapping[str, str] | None = None) -> list[tuple]:
+    """Fields for `dataclasses.make_dataclass`, each the `source` dataclass field it is named after
+    (names: new name -> source field): its type, its default and its docstring (plus
+    `notes[new name]`, said after it), so a knob another config repeats is declared once."""
+    hints, docs = typing.get_type_hints(source), field_docs(source)
+    fields = {f.name: f for f in dataclasses.fields(source)}
+    out = []
+    for name, of in names.items():
+        f = fields[of]
+        doc = " ".join(filter(None, [docs.get(of, ""), (notes or {}).get(name, "")]))
+        default = ({"default_factory": f.default_factory} if f.default_factory is not dataclasses.MISSING
+                   else {"default": f.default})
+        out.append((name, hints[of], dataclasses.field(**default, metadata={"doc": doc, "declared": f"{source.__name__}.{of}"})))
+    return out
 
 
 def add_field_flags(parser: argparse.ArgumentParser, config_class: type, defaults, *,
@@ -61,7 +83,7 @@ def add_field_flags(parser: argparse.ArgumentParser, config_class: type, default
         kwargs: dict = {"dest": name, "default": argparse.SUPPRESS if given_only else default}
         if metavars and name in metavars:
             kwargs["metavar"] = metavars[name]
-        hint = _one_type(hints[name])
+        hint = one_type(hints[name])
         if hint is bool and bools == "switch":
             parser.add_argument(flag, action="store_false" if default else "store_true", help=doc,
                                 **kwargs | ({} if given_only else {"default": default}))
@@ -79,7 +101,7 @@ def add_field_flags(parser: argparse.ArgumentParser, config_class: type, default
             parser.add_argument(flag, *(aliases or {}).get(name, []), type=hint, help=help_text, **kwargs)
 
 
-def _one_type(hint):
+def one_type(hint):
     """A field's annotation without None (`int | None` -> int; `Path | str` -> Path: a path is
     what a flag's text becomes); list[...] stays a list."""
     args = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) in (typing.Union, _UnionType) else None

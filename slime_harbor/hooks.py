@@ -49,7 +49,9 @@ import dataclasses
 import functools
 import logging
 import math
+import re
 import sys
+import typing
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -57,6 +59,8 @@ from pathlib import Path
 from typing import Any
 
 from slime_harbor.converter import Episode
+from slime_harbor.agents.settings import check_agent_settings
+from slime_harbor.config_docs import derived_fields, one_type
 from slime_harbor.exits import ConfigError
 from slime_harbor.filters import (
     TrajectoryFilters, apply_limit_filters, kept_episode_rewards, mask_counts, mask_stale, rewards_vary,
@@ -65,24 +69,14 @@ from slime_harbor.grpo import episode_advantages
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.retries import RetryBudget
 from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
-from slime_harbor.trial_setup import RolloutConfig, check_agent, uses_gateway, with_engine
+from slime_harbor.trial_setup import BUNDLED_TASKS, RolloutConfig, check_agent, check_run_settings, uses_gateway, with_engine
 from slime_harbor.samples import SampleStatus, episode_key, is_scored, is_success, pass_at_k
 
 
 @dataclass(frozen=True)
-class HookSettings:
-    """The plugin's settings: each field a key of SLiME's --custom-config-path YAML, read off `args`
-    (`setting`); unset or null: the default here. Where a RolloutConfig field is the same knob, its
-    default is that field's."""
+class HookOwnSettings:
+    """The plugin's own settings (HookSettings adds the ones a rollout already declares)."""
 
-    harbor_agent: str = RolloutConfig.agent
-    """Agent that runs each trial: native (slime-harbor's token-exact agent), mini-swe-agent,
-    terminus-2, another Harbor agent, or an import path module:Class of a Harbor agent. All but
-    native sample through slime-harbor's recording gateway in front of SLiME's router (token-exact
-    samples). A prompt row's metadata.harbor_agent overrides it."""
-    harbor_env: str = RolloutConfig.env
-    """Sandbox of each trial: local (bubblewrap on the rollout host, needs bwrap), docker (needs a
-    reachable Docker daemon), another Harbor environment type, or module:Class."""
     harbor_tasks: str | None = None
     """Where the tasks prompts name (by their dir name) live: a directory of Harbor task dirs, or a
     dataset NAME[@VERSION] in a Harbor registry (e.g. terminal-bench@2.0), downloaded by Harbor
@@ -91,39 +85,12 @@ class HookSettings:
     """With a dataset name in harbor_tasks: the registry JSON file it is in. null: Harbor's registry."""
     harbor_registry_url: str | None = None
     """With a dataset name in harbor_tasks: the URL of the registry JSON it is in. null: Harbor's registry."""
-    harbor_tasks_dir: str = "examples/harbor/tasks"
+    harbor_tasks_dir: str = BUNDLED_TASKS
     """Directory of Harbor task dirs (each with task.toml), when harbor_tasks is null (the older key)."""
     harbor_concurrency: int = 8
     """Trials running at once in one rollout worker (each holds a sandbox and agent turns in flight)."""
-    harbor_trial_timeout_multiplier: float = RolloutConfig.timeout_multiplier
-    """Multiplies the agent/verifier/build timeouts of every task.toml and the agent's setup budget
-    (raise it on a slow cluster)."""
-    harbor_agent_setup_timeout_sec: float | None = RolloutConfig.agent_setup_timeout_sec
-    """The agent's setup budget in seconds, its install included (a Docker layer, a host venv): never
-    the task's build timeout. null: Harbor's default for the agent (360 s for most) x the multiplier."""
-    harbor_reward_mapping: str = RolloutConfig.reward_mapping
-    """Verifier reward -> training reward: raw (as the verifier wrote it) or pm1 (2r - 1, so a
-    failure is -1)."""
-    harbor_step_limit: int = RolloutConfig.step_limit
-    """Agent turns per episode before the trial is cut (status truncated, still verified)."""
     harbor_trials_dir: str = "runs/slime-trials"
     """Where Harbor writes trial dirs (config, logs, verifier output) for inspection."""
-    harbor_max_retries_per_task: int = RolloutConfig.max_retries_per_task
-    """A transient infra failure (sandbox did not start, policy server unreachable, cancellation)
-    runs the task again while its budget lasts: reruns per task within a sliding window. Once spent,
-    the task's transient failures are FAILED (removed) until its oldest rerun leaves the window.
-    Permanent failures (no such task, image that does not build, verifier without a reward) are
-    never retried."""
-    harbor_retry_window_sec: float = RolloutConfig.retry_window_sec
-    """The retry budget's window in seconds: reruns older than this no longer count."""
-    harbor_retry_backoff_sec: float = RolloutConfig.retry_backoff_sec
-    """Seconds before such a rerun."""
-    harbor_env_start_retries: int = RolloutConfig.env_start_retries
-    """Environment start failures retried inside one episode (with doubling backoff) before it aborts."""
-    harbor_task_manifest: str | None = None
-    """A `slime-harbor calibrate` manifest (JSON): samples of the tasks it marks broken, hackable or
-    flaky are skipped (FAILED, removed, skipped_by_manifest) and counted; tasks it does not list
-    run. null: every task runs."""
     harbor_eval_trials_dir: str | None = None
     """Where SLiME's evaluation trials (--eval-prompt-data; the hook's evaluation=True) are written,
     apart from the training ones. null: <harbor_trials_dir>/eval."""
@@ -139,25 +106,35 @@ class HookSettings:
     """Fully-async rollout only (slime_harbor.hooks.generate_rollout_fully_async): mask episodes with
     a model call more than this many weight versions behind the engines' (masked/stale). null: no
     bound."""
-    harbor_hack_action: str = RolloutConfig.hack_action
-    """The hack monitor (slime_harbor/hack_monitor.py) looks at every trial. What a flag does: flag
-    (recorded in metadata.hack_flags, counted as hack/<detector>), penalty (scored as a failure)
-    or screen (removed from training and its group's baseline, masked_by hack)."""
-    harbor_hack_detectors: list[str] = field(default_factory=list)
-    """Detectors besides the builtin ones: module:function each, a function of a TrialView
-    returning HackFlags."""
-    harbor_hack_judge_url: str | None = RolloutConfig.hack_judge_url
-    """A judge model asked about every trial besides the detectors: its OpenAI-compatible base URL
-    (.../v1); set with harbor_hack_judge_model or not at all. Nothing is sent anywhere while unset."""
-    harbor_hack_judge_model: str | None = RolloutConfig.hack_judge_model
-    """The model the judge's server serves, by name."""
-    harbor_impossible_twin: str = RolloutConfig.impossible_twin
-    """on: every trial that passes is graded again against its task's impossible twin (one expected
-    value of its grading changed so that no correct solution passes: slime_harbor/impossible_twin.py;
-    built and checked by the task's gold on its first trial in this process, cached on disk), where
-    the task has one; a pass on the twin too is the hack flag passes_impossible, acted on by
-    harbor_hack_action (counted as hack/passes_impossible, hack/twin_errors, twin/passing,
-    twin/graded) | off."""
+
+
+HOOK_KNOBS = {
+    "harbor_agent": "agent", "harbor_env": "env", "harbor_step_limit": "step_limit",
+    "harbor_reward_mapping": "reward_mapping", "harbor_task_manifest": "task_manifest",
+    "harbor_trial_timeout_multiplier": "timeout_multiplier", "harbor_agent_setup_timeout_sec": "agent_setup_timeout_sec",
+    "harbor_max_retries_per_task": "max_retries_per_task", "harbor_retry_window_sec": "retry_window_sec",
+    "harbor_retry_backoff_sec": "retry_backoff_sec", "harbor_env_start_retries": "env_start_retries",
+    "harbor_hack_action": "hack_action", "harbor_hack_detectors": "hack_detectors",
+    "harbor_hack_judge_url": "hack_judge_url", "harbor_hack_judge_model": "hack_judge_model",
+    "harbor_impossible_twin": "impossible_twin",
+}
+"""The plugin's settings that are a rollout's knobs: key -> the RolloutConfig field it is (its type,
+default and docs are that field's, declared once there)."""
+HOOK_NOTES = {
+    "harbor_agent": "A prompt row's metadata.harbor_agent overrides it.",
+    "harbor_env": "local needs bwrap on the rollout host, docker a reachable Docker daemon.",
+    "harbor_task_manifest": "Its samples are FAILED, removed, skipped_by_manifest, and counted.",
+    "harbor_impossible_twin": ("Each task's twin is built and checked by its gold on its first trial in this "
+                               "process and cached on disk; counted as hack/passes_impossible, hack/twin_errors, "
+                               "twin/passing, twin/graded."),
+}
+"""What a key means in SLiME beyond its field's docs."""
+
+HookSettings = dataclasses.make_dataclass(
+    "HookSettings", derived_fields(RolloutConfig, HOOK_KNOBS, HOOK_NOTES), bases=(HookOwnSettings,), frozen=True,
+    namespace={"__module__": __name__, "__doc__": """The plugin's settings: each field a key of SLiME's
+    --custom-config-path YAML, read off `args` (`setting`); unset or null: the default here. Its own
+    (HookOwnSettings), then the rollout's knobs as harbor_<name> (HOOK_KNOBS), declared in RolloutConfig."""})
 
 
 DEFAULTS = dataclasses.asdict(HookSettings())
@@ -252,22 +229,27 @@ def check_supported(args) -> None:
         raise HookConfigError("--partial-rollout: a Harbor trial cannot be resumed from a partial sample; drop the flag")
     if refusal := _agent_refusal(setting(args, "harbor_agent")):
         raise HookConfigError(f"harbor_agent: {refusal}")
-    from slime_harbor.hack_monitor import HACK_ACTIONS, load_detector
+    try:  # a rollout's knobs get a rollout's checks, in the plugin's names
+        knobs = RolloutConfig(**hook_knobs(args))
+        check_run_settings(knobs)
+        check_agent_settings(knobs)
+    except ValueError as exc:
+        raise HookConfigError(plugin_names(str(exc))) from None
+    from slime_harbor.hack_monitor import load_detector
 
-    if (action := setting(args, "harbor_hack_action")) not in HACK_ACTIONS:
-        raise HookConfigError(f"harbor_hack_action must be one of {', '.join(HACK_ACTIONS)}, got {action!r}")
     for spec in setting(args, "harbor_hack_detectors"):
         try:
             load_detector(spec)
         except ValueError as exc:
             raise HookConfigError(f"harbor_hack_detectors: {exc}") from None
-    if bool(setting(args, "harbor_hack_judge_url")) != bool(setting(args, "harbor_hack_judge_model")):
-        raise HookConfigError("harbor_hack_judge_url and harbor_hack_judge_model go together: set both or neither")
-    from slime_harbor.impossible_twin import TWIN_SWITCH
-
-    if (twin := twin_setting(args)) not in TWIN_SWITCH:
-        raise HookConfigError(f"harbor_impossible_twin must be on or off, got {twin!r}")
     tasks_dir(args)
+
+
+def plugin_names(message: str) -> str:
+    """A rollout check's message with each knob named as the plugin's YAML names it (harbor_<name>)."""
+    for key, name in HOOK_KNOBS.items():
+        message = re.sub(rf"(?<![\w]){name}(?![\w])", key, message)
+    return message
 
 
 def tasks_dir(args) -> Path:
@@ -357,32 +339,34 @@ def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
     """SLiME args + per-call sampling params (+ the sample's routing key) -> our RolloutConfig."""
     router = f"http://{getattr(args, 'sglang_router_ip', None)}:{getattr(args, 'sglang_router_port', None)}"
     return with_engine(RolloutConfig(
-        agent=agent_for(args, sample),
-        env=setting(args, "harbor_env"),
+        **hook_knobs(args) | {"agent": agent_for(args, sample)},
         policy_url=router,
         model_dir=getattr(args, "hf_checkpoint", None),
         sampling=SamplingParams(**{k: sampling_params[k] for k in SLIME_SAMPLING if sampling_params.get(k) is not None},
-                                  return_top_p_token_ids=wants_top_p_ids(sampling_params)),
+                                return_top_p_token_ids=wants_top_p_ids(sampling_params)),
         max_context_len=getattr(args, "rollout_max_context_len", None),
         routing_key=getattr(sample, "session_id", None),
-        step_limit=int(setting(args, "harbor_step_limit")),
-        timeout_multiplier=float(setting(args, "harbor_trial_timeout_multiplier")),
-        agent_setup_timeout_sec=(None if (budget := setting(args, "harbor_agent_setup_timeout_sec")) is None
-                                 else float(budget)),
-        reward_mapping=setting(args, "harbor_reward_mapping"),
-        hack_action=setting(args, "harbor_hack_action"),
-        hack_detectors=list(setting(args, "harbor_hack_detectors")),
-        hack_judge_url=setting(args, "harbor_hack_judge_url"), hack_judge_model=setting(args, "harbor_hack_judge_model"),
-        impossible_twin=twin_setting(args),
         progress=False,
-        env_start_retries=int(setting(args, "harbor_env_start_retries")),
-        max_retries_per_task=int(setting(args, "harbor_max_retries_per_task")),
-        retry_window_sec=float(setting(args, "harbor_retry_window_sec")),
-        retry_backoff_sec=float(setting(args, "harbor_retry_backoff_sec")),
         # SLiME's fully-async rollout updates weights under running trials (pause_generation aborts
         # their calls); elsewhere an abort ends the round and the episode.
         reissue_aborted_calls=str(getattr(args, "rollout_function_path", "")).endswith("generate_rollout_fully_async"),
     ))
+
+
+def hook_knobs(args) -> dict[str, Any]:
+    """The rollout's knobs as the plugin's settings give them (HOOK_KNOBS: harbor_<name> ->
+    RolloutConfig's <name>), each as its field's type (YAML's numbers and lists as they came)."""
+    hints = typing.get_type_hints(RolloutConfig)
+    knobs = {}
+    for key, name in HOOK_KNOBS.items():
+        value = twin_setting(args) if key == "harbor_impossible_twin" else setting(args, key)
+        kind = one_type(hints[name])
+        if value is not None and typing.get_origin(kind) is list:
+            value = list(value)
+        elif value is not None and kind in (int, float, Path):
+            value = kind(value)
+        knobs[name] = value
+    return knobs
 
 
 @functools.lru_cache(maxsize=4)

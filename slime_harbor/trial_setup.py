@@ -26,8 +26,11 @@ from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.tasks.task_dir import discover_tasks
 
-DEFAULT_TASKS = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks"
-"""The bundled example tasks."""
+BUNDLED_TASKS = "examples/harbor/tasks"
+"""The bundled example tasks, relative to the repository (as the SLiME plugin's YAML and launch
+script name them: training runs from the repository)."""
+DEFAULT_TASKS = Path(__file__).resolve().parent.parent / BUNDLED_TASKS
+"""The bundled example tasks: every runner's default tasks dir."""
 LOCAL_SANDBOX = "slime_harbor.environments.bubblewrap:BubblewrapEnvironment"
 DOCKER_SANDBOX = "slime_harbor.environments.docker:DockerEnvironment"
 NATIVE_AGENT = "slime_harbor.agents.native:NativeAgent"

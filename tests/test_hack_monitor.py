@@ -588,7 +588,7 @@ def test_a_judge_needs_a_url_and_a_model_in_one_line(tmp_path):
 
     with pytest.raises(ConfigError, match="needs both a URL and a model"):
         check_config(RolloutConfig(agent="oracle", hack_judge_url="http://127.0.0.1:1/v1"))
-    with pytest.raises(HookConfigError, match="harbor_hack_judge_url and harbor_hack_judge_model go together"):
+    with pytest.raises(HookConfigError, match=r"needs both a URL and a model \(harbor_hack_judge_url, harbor_hack_judge_model\)"):
         check_supported(type("Args", (), {"harbor_hack_judge_model": "judge-7b"})())
 
 

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
 
 import verifiers.v1 as vf
-from pydantic import Field
+from pydantic import create_model, Field, model_validator
 from verifiers.v1.envs.single_agent import SingleAgentEnv
 from verifiers.v1.trace import AgentInfo, TraceTask
 
@@ -42,24 +43,15 @@ from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.retries import RetryBudget
 from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
 from slime_harbor.tasks.task_dir import discover_tasks
-from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig, uses_gateway
+from slime_harbor.agents.settings import check_agent_settings
+from slime_harbor.config_docs import derived_fields
+from slime_harbor.trial_setup import check_run_settings, RolloutConfig, uses_gateway
 
 
-class HarborTrialsConfig(vf.TasksetConfig):
-    """The plugin's knobs (`--env.taskset.<field>`, or `[...env.taskset]` in TOML)."""
+class _HarborTrialsOwnConfig(vf.TasksetConfig):
+    """The plugin's own knobs (HarborTrialsConfig adds a rollout's, VERIFIERS_KNOBS)."""
 
-    tasks_dir: Path = DEFAULT_TASKS
-    """Directory of Harbor task dirs (each with task.toml)."""
-    environment_type: str = "local"
-    """Where trials run: local (bubblewrap, replays the Dockerfile) | docker | any Harbor env type | module:Class."""
-    agent: str = "native"
-    """native (token in / token out over /v1/completions) | terminus-2 | mini-swe-agent | another Harbor
-    agent | module:Class (chat completions through the recording gateway, token ids upstream)."""
-    max_turns: int = Field(30, ge=1)
-    """Most agent turns per trial."""
-    n_parallel_envs: int = Field(4, ge=1)
-    """Harbor trials running at once in this env process (sandboxes / containers alive together)."""
-    max_new_tokens: int = Field(512, ge=1)
+    max_new_tokens: int = Field(SamplingParams.max_new_tokens, ge=1)
     """Tokens per turn when the run's sampling sets no max_tokens."""
     tokenizer: str | None = None
     """The policy's HF tokenizer (dir or hub id); default: the client's renderer_model_name, else the model."""
@@ -67,20 +59,48 @@ class HarborTrialsConfig(vf.TasksetConfig):
     """The verifier value (reward.json key) that is the reward; the other values are metrics."""
     trials_dir: Path = Path("runs/verifiers-trials")
     """Where Harbor writes its trial dirs (config, result, agent logs, verifier output)."""
-    hack_action: Literal["flag", "penalty", "screen"] = "flag"
-    """What a hack monitor flag does (slime_harbor/hack_monitor.py): flag (recorded in the trace's
-    info as hack_flags) | penalty (the reward becomes the failure value) | screen (the trace is
-    discarded from training)."""
-    hack_detectors: list[str] = Field(default_factory=list)
-    """Detectors besides the builtin ones, module:function each."""
-    hack_judge_url: str | None = None
-    """A judge model's OpenAI-compatible base URL (.../v1), asked about every trial."""
-    hack_judge_model: str | None = None
-    """The judge's model name on that server."""
-    impossible_twin: Literal["on", "off"] = "on"
-    """on: every trial that passes is graded again against its task's impossible twin (slime_harbor/
-    impossible_twin.py), where the task has one; a pass on the twin too is the hack flag
-    passes_impossible (the trace's info: hack_flags; the twin's outcome: twin) | off."""
+
+    @model_validator(mode="after")
+    def _checked(self):
+        """A rollout's checks of its knobs, in this plugin's names (ValueError: pydantic's error)."""
+        knobs = rollout_knobs(self)
+        try:
+            check_run_settings(knobs)
+            check_agent_settings(knobs)
+        except ValueError as exc:
+            message = str(exc)
+            for name, field in VERIFIERS_KNOBS.items():
+                message = re.sub(rf"(?<![\w]){field}(?![\w])", name, message)
+            raise ValueError(message) from None
+        return self
+
+
+VERIFIERS_KNOBS = {
+    "tasks_dir": "tasks_dir", "environment_type": "env", "agent": "agent", "max_turns": "step_limit",
+    "n_parallel_envs": "concurrency", "hack_action": "hack_action", "hack_detectors": "hack_detectors",
+    "hack_judge_url": "hack_judge_url", "hack_judge_model": "hack_judge_model", "impossible_twin": "impossible_twin",
+}
+"""The plugin's knobs that are a rollout's: name (verifiers' where it has one) -> the RolloutConfig
+field it is, whose type, default and docs it takes (declared once there)."""
+
+
+def _pydantic(derived: tuple) -> tuple:
+    name, kind, field = derived
+    default = ({"default_factory": field.default_factory} if field.default_factory is not dataclasses.MISSING
+               else {"default": field.default})
+    return kind, Field(**default, description=field.metadata["doc"])
+
+
+HarborTrialsConfig = create_model(
+    "HarborTrialsConfig", __base__=_HarborTrialsOwnConfig, __module__=__name__,
+    __doc__="The plugin's knobs (`--env.taskset.<field>`, or `[...env.taskset]` in TOML): its own, and a "
+            "rollout's (VERIFIERS_KNOBS) as RolloutConfig declares them.",
+    **{d[0]: _pydantic(d) for d in derived_fields(RolloutConfig, VERIFIERS_KNOBS)})
+
+
+def rollout_knobs(cfg) -> RolloutConfig:
+    """The plugin's knobs that are a rollout's, as one (the rest at RolloutConfig's defaults)."""
+    return RolloutConfig(**{field: getattr(cfg, name) for name, field in VERIFIERS_KNOBS.items()})
 
 
 class HarborTrialData(vf.TaskData):
@@ -150,16 +170,12 @@ class HarborTrialsEnv(SingleAgentEnv):
         cfg: HarborTrialsConfig = self.taskset.config
         tokenizer_name = cfg.tokenizer or getattr(ctx.client, "renderer_model_name", None) or ctx.model
         sampling = ctx.sampling
-        rollout = RolloutConfig(
-            tasks_dir=cfg.tasks_dir, agent=cfg.agent, n_samples=1, policy_url=ctx.client.base_url,
-            policy_api="openai", model_name=ctx.model, model_dir=tokenizer_name, env=cfg.environment_type,
-            step_limit=cfg.max_turns, progress=False,
+        rollout = dataclasses.replace(
+            rollout_knobs(cfg), n_samples=1, policy_url=ctx.client.base_url, policy_api="openai", model_name=ctx.model,
+            model_dir=tokenizer_name, progress=False,
             sampling=SamplingParams(temperature=1.0 if sampling.temperature is None else sampling.temperature,
-                                      top_p=1.0 if sampling.top_p is None else sampling.top_p,
-                                      max_new_tokens=sampling.max_tokens or cfg.max_new_tokens),
-            hack_action=cfg.hack_action, hack_detectors=list(cfg.hack_detectors),
-            hack_judge_url=cfg.hack_judge_url, hack_judge_model=cfg.hack_judge_model,
-            impossible_twin=cfg.impossible_twin,
+                                    top_p=1.0 if sampling.top_p is None else sampling.top_p,
+                                    max_new_tokens=sampling.max_tokens or cfg.max_new_tokens),
         )
         async with self._tokenizer_lock:  # once per name (transformers' lazy imports race in threads)
             if tokenizer_name not in self._tokenizers:

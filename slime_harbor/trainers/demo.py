@@ -265,12 +265,12 @@ def setup_tasks(cfg: LearningConfig) -> tuple[Path, Path, list[list[task_familie
     return train_dir, heldout_dir, schedule
 
 
-def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT, guard=None,
-             reward_mapping: str = "raw", hack_action: str = "flag", impossible_twin: str = "on") -> dict:
+def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT, guard=None, **run_settings) -> dict:
     """SFT warm start, then cfg.grpo_steps GRPO steps in one local-trainer run whose own held-out
     evaluation (eval_samples episodes of each held-out instance, before the first step and after
     the last) gives the before/after figures. Writes OUT/results.json; prints where everything is.
-    `guard`: the command line's SignalGuard (SIGINT / SIGTERM stop the GRPO run in order)."""
+    `guard`: the command line's SignalGuard (SIGINT / SIGTERM stop the GRPO run in order);
+    `run_settings`: RunSettings knobs for the GRPO run (reward_mapping, hack_action, ...)."""
     started = time.monotonic()
     fresh_start(cfg)
     timings: dict[str, float] = {}
@@ -289,9 +289,9 @@ def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT
         agent=cfg.agent, env=cfg.env, n_samples=cfg.n_samples, concurrency=cfg.concurrency, step_limit=cfg.step_limit,
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, lora=cfg.lora, device="cpu",
         num_rollouts=cfg.grpo_steps, lr=cfg.lr, kl_coef=cfg.kl_coef, updates_per_rollout=cfg.updates_per_rollout,
-        output_dir=grpo_dir, save_every=0, seed=cfg.seed, progress=True, reward_mapping=reward_mapping,
-        hack_action=hack_action, impossible_twin=impossible_twin, eval_tasks=heldout_dir, eval_n_samples=cfg.eval_samples, eval_every=cfg.eval_every,
-        wandb_project=wandb_project or None, wandb_run_name=f"demo-seed{cfg.seed}",
+        output_dir=grpo_dir, save_every=0, seed=cfg.seed, progress=True, eval_tasks=heldout_dir,
+        eval_n_samples=cfg.eval_samples, eval_every=cfg.eval_every, wandb_project=wandb_project or None,
+        wandb_run_name=f"demo-seed{cfg.seed}", **run_settings,
     )
     check_train_config(dataclasses.replace(config, model=None))  # bad settings fail now, not after SFT
     stage("setup", t)
