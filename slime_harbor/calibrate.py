@@ -132,7 +132,7 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
     """Run gold and empty K times per task, and each attack once (`attacks`: name -> script; with
     them, each task's own trusted_files attack); write and return the manifest."""
     from slime_harbor.impossible_twin import prepare_twins, twin_table
-    from slime_harbor.rollout import run_rollouts
+    from slime_harbor.rollout import gold_check, run_rollouts
     from slime_harbor.tasks.task_dir import discover_tasks
     from slime_harbor.trial_setup import RolloutConfig
 
@@ -158,8 +158,8 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
         return grouped
 
     try:
-        twins = twin_table(await prepare_twins(discover_tasks(tasks_dir), RolloutConfig(
-            tasks_dir=tasks_dir, agent="oracle", env=env, concurrency=concurrency, progress=False)))
+        checking = RolloutConfig(tasks_dir=tasks_dir, agent="oracle", env=env, concurrency=concurrency, progress=False)
+        twins = twin_table(await prepare_twins(discover_tasks(tasks_dir), checking, gold_check(checking)))
         by_agent = {agent: await run(agent, tasks_dir, repeats, agent) for agent in ("oracle", "nop")}
         attacked: dict[str, dict[str, float | None]] = {}
         trusted: dict[str, list[str]] = {}

@@ -31,9 +31,8 @@ from pathlib import Path
 from slime_harbor.exits import ConfigError
 from slime_harbor.impossible_twin import write_swe_twin
 from slime_harbor.samples import episode_key, is_scored, is_success
+from slime_harbor.tasks.task_dir import CANARY_PREFIX, is_canary
 
-CANARY_PREFIX = "canary--"
-"""Every variant's task name starts with it, so a canary is never mistaken for its task."""
 CANARY_FILE = ".slime-harbor-canary"
 
 
@@ -126,10 +125,6 @@ def main(tasks_dir: Path, out: Path, env: str = "local", check: bool = True) -> 
 
 
 # --- in training: never trained on, counted --------------------------------------------------------
-
-
-def is_canary(task_name: str) -> bool:
-    return task_name.startswith(CANARY_PREFIX)
 
 
 def canary_counts(samples) -> dict:

@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harbor.verifier.verifier import Verifier
+from slime_harbor.tasks.task_dir import is_canary
 
 
 TWIN_SWITCH = ("on", "off")
@@ -537,22 +537,6 @@ def twin_mode(task_dir: Path) -> str | None:
     return IN_GRADER if (Path(task_dir) / "tests" / "instance.json").is_file() else REGRADE
 
 
-def environment_keeps_state(env: str) -> bool:
-    """Whether the run's environment can keep the agent's state for a second verifier
-    (keep_state(): our docker and local sandboxes)."""
-    from slime_harbor.trial_setup import environment_config
-
-    config = environment_config(env)
-    if not config.import_path:
-        return False
-    from harbor.utils.import_path import import_class
-
-    try:
-        return hasattr(import_class(config.import_path, label="environment"), "keep_state")
-    except Exception:
-        return False
-
-
 _twins: dict[tuple[str, str], Twin | NoTwin] = {}
 """(task key, env) -> the task's twin or why it has none, for this process."""
 _keys: dict[Path, tuple[tuple, str]] = {}
@@ -568,12 +552,11 @@ def _key(task_dir: Path) -> str:
     return known[1]
 
 
-async def twin_for(task_dir: Path, cfg) -> Twin | NoTwin:
+async def twin_for(task_dir: Path, cfg, check: GoldCheck) -> Twin | NoTwin:
     """The checked twin of the task at `task_dir` for a run with `cfg` (RolloutConfig), or why it
-    has none. Built and checked the first time (the gold solution, one real trial in cfg.env, must
-    fail it), then read from the cache: this process's, else $SLIME_HARBOR_CACHE/twins."""
-    from slime_harbor.canaries import is_canary
-
+    has none. Built and checked the first time (`check`: the gold solution, one real trial in
+    cfg.env, must fail it), then read from the cache: this process's, else
+    $SLIME_HARBOR_CACHE/twins. A canary (an impossible task already) has none."""
     task_dir = Path(task_dir)
     name = task_dir.name
     if cfg.impossible_twin == "off":
@@ -588,7 +571,7 @@ async def twin_for(task_dir: Path, cfg) -> Twin | NoTwin:
         lock = _locks.setdefault((asyncio.get_running_loop(), *key), asyncio.Lock())
         async with lock:
             if key not in _twins:
-                found = await _checked_twin(task_dir, key[0], cfg)
+                found = await _checked_twin(task_dir, key[0], cfg, check)
                 if isinstance(found, Twin) or not found.why.startswith(_UNCHECKED):
                     _twins[key] = found  # an unchecked twin (the gold trial failed) is tried again later
                 return found
@@ -600,7 +583,7 @@ async def twin_for(task_dir: Path, cfg) -> Twin | NoTwin:
 _UNCHECKED = "its twin could not be checked"
 
 
-async def _checked_twin(task_dir: Path, key: str, cfg) -> Twin | NoTwin:
+async def _checked_twin(task_dir: Path, key: str, cfg, check: GoldCheck) -> Twin | NoTwin:
     name = task_dir.name
     try:
         mode = await asyncio.to_thread(twin_mode, task_dir)
@@ -608,7 +591,7 @@ async def _checked_twin(task_dir: Path, key: str, cfg) -> Twin | NoTwin:
         return NoTwin(name, f"no twin: the task does not load ({_one_line(exc)})")
     if mode is None:
         return NoTwin(name, "no twin: a multi-step task")
-    if mode == KEPT and not environment_keeps_state(cfg.env):
+    if mode == KEPT and not check.keeps_state:
         return NoTwin(name, f"no twin: env {cfg.env!r} cannot keep the agent's state for a second verifier "
                             "(docker and local can)")
     grader = task_dir / "tests" / "grade.py"
@@ -623,14 +606,14 @@ async def _checked_twin(task_dir: Path, key: str, cfg) -> Twin | NoTwin:
     if record.get("why"):
         return NoTwin(name, record["why"])
     twin = Twin(name, root / name, record["changed"])
-    check = record.get("checks", {}).get(cfg.env)
-    if check is None:
-        reward, error = await _gold_on_twin(twin, cfg)
+    checked = record.get("checks", {}).get(cfg.env)
+    if checked is None:
+        reward, error = await check.gold_reward(twin.dir, cfg)
         if reward is None:
             return NoTwin(name, f"{_UNCHECKED}: the gold trial on it failed ({error})")
-        check = {"gold_reward": reward}
-        await asyncio.to_thread(_record_check, record_file, cfg.env, check)
-    if check["gold_reward"] is not None and check["gold_reward"] >= 1.0:
+        checked = {"gold_reward": reward}
+        await asyncio.to_thread(_record_check, record_file, cfg.env, checked)
+    if checked["gold_reward"] is not None and checked["gold_reward"] >= 1.0:
         return NoTwin(name, f"twin dropped: the gold solution passes it too ({twin.changed})")
     return twin
 
@@ -661,27 +644,24 @@ def _record_check(record_file: Path, env: str, check: dict) -> None:
     os.replace(partial, record_file)
 
 
-async def _gold_on_twin(twin: Twin, cfg) -> tuple[float | None, str | None]:
-    """The gold solution's raw reward on the twin (Harbor's oracle, one real trial in cfg.env);
-    None (and why) when the trial was not scored."""
-    from slime_harbor.rollout import run_episode
+@dataclass(frozen=True)
+class GoldCheck:
+    """How a run checks a twin, given by the rollout (rollout.gold_check), which runs trials:
+    `gold_reward(task_dir, cfg)` is the gold solution's raw reward on a task (None and why when
+    its trial was not scored); `keeps_state`, whether cfg.env can keep the agent's state for a
+    second verifier (a twin graded in the sandbox needs it)."""
 
-    # The grader's own reward: no mapping, and no hack action (a flagged gold keeps what it scored).
-    check = dataclasses.replace(cfg, agent="oracle", impossible_twin="off", reward_mapping="raw", hack_action="flag",
-                                hack_detectors=[], hack_judge_url=None, hack_judge_model=None, agent_kwargs={},
-                                progress=False)
-    with tempfile.TemporaryDirectory(prefix="slime-harbor-twin-check-") as trials:
-        episode = await run_episode(twin.dir, check, group_index=0, index=0, trials_dir=Path(trials))
-    return (episode.reward, None) if episode.scored else (None, episode.error)
+    gold_reward: Any
+    keeps_state: bool
 
 
-async def prepare_twins(tasks: Sequence[Path], cfg) -> dict[str, Twin | NoTwin]:
+async def prepare_twins(tasks: Sequence[Path], cfg, check: GoldCheck) -> dict[str, Twin | NoTwin]:
     """Each task's twin (twin_for), checked at the start of a run, cfg.concurrency at a time."""
     gate = asyncio.Semaphore(max(1, cfg.concurrency))
 
     async def one(task: Path) -> Twin | NoTwin:
         async with gate:
-            return await twin_for(task, cfg)
+            return await twin_for(task, cfg, check)
 
     found = await asyncio.gather(*(one(Path(t)) for t in tasks))
     return {Path(t).name: twin for t, twin in zip(tasks, found)}
@@ -704,218 +684,6 @@ def twin_line(twins: dict[str, Twin | NoTwin]) -> str:
 
 def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
-
-
-# --- a passing trial, graded again ---------------------------------------------------------------
-
-OUTPUT_CHARS = 600
-"""The end of the twin's output kept in the episode's metadata (and the flag's detail, shorter)."""
-VIEWER_KEY = "slime-harbor impossible twin"
-"""The entry of the trial's verifier/reward-details.json (Harbor's viewer, Verifier tab) with the
-twin's result beside the verifier's."""
-
-
-class TwinWatch:
-    """The impossible twin of one Harbor trial. After the trial, `grade(episode)` has a passing
-    episode graded again on the twin and returns the flag a pass raises; `discard()` drops what was
-    kept for it, however the trial ended. Before, by the task's twin_mode:
-
-    - KEPT: a hook keeps the sandbox's state right before the real verifier, after isolation.py's
-      checks (registered first) passed; the twin's tests run in a copy of it;
-    - IN_GRADER: the trial's verifier (`verifier_config`) puts the twin's instance.json and eval.sh
-      in the grading container (/tests/twin), where tests/grade.py grades a resolved patch against
-      them too (verifier/twin/ of the trial dir);
-    - REGRADE: Harbor's regrade of the finished trial against the twin task."""
-
-    def __init__(self, trial, twin: Twin | NoTwin, cfg):
-        from harbor.trial.hooks import TrialEvent
-
-        self.trial, self.twin, self.cfg = trial, twin, cfg
-        self.kept = None
-        self.keep_error: str | None = None
-        self.seconds = 0.0
-        self.mode = twin_mode(twin.dir) if isinstance(twin, Twin) else None
-        if self.mode == KEPT:
-            trial.add_hook(TrialEvent.VERIFICATION_START, self._keep)
-
-    async def _keep(self, event) -> None:
-        started = time.monotonic()
-        try:
-            self.kept = await self.trial.agent_environment.keep_state()
-        except Exception as exc:  # never the trial's failure: a passing trial's twin is an error then
-            self.keep_error = f"keeping the agent's state failed: {_one_line(exc)}"
-        self.seconds += time.monotonic() - started
-
-    async def grade(self, episode) -> list:
-        """A passing episode (scored, samples.is_success) graded again on the twin; its outcome in
-        episode.metadata["twin"] (and the viewer); returns [the passes_impossible flag] when the
-        twin passed too. An episode that did not pass is not graded again."""
-        from slime_harbor.hack_monitor import HackFlag, PASSES_IMPOSSIBLE, add_viewer_entry
-        from slime_harbor.samples import is_success
-
-        outcome = None
-        if episode.scored and is_success(episode.reward):
-            if isinstance(self.twin, NoTwin):
-                outcome = {"result": "none", "why": self.twin.why}
-            else:
-                started = time.monotonic()
-                try:
-                    outcome = await {KEPT: self._grade_kept, IN_GRADER: self._graded_in_grader,
-                                     REGRADE: self._regrade}[self.mode]()
-                except Exception as exc:  # the twin's own failure: no flag, the reward stands
-                    outcome = {"result": "error", "error": _one_line(exc)}
-                seconds = time.monotonic() - started + outcome.pop("grader_seconds", 0.0)
-                self.seconds += seconds
-                outcome = {**outcome, "changed": self.twin.changed, "seconds": round(seconds, 3)}
-                add_viewer_entry(episode.trial_dir, VIEWER_KEY, outcome)
-            episode.metadata["twin"] = outcome
-        if self.seconds:
-            episode.metadata["twin_seconds"] = round(self.seconds, 3)
-        if outcome is None or outcome["result"] != "passed":
-            return []
-        output = " ".join(outcome.get("output", "").split())[-160:]
-        detail = f"its impossible twin passed too (reward {outcome['reward']:g}; {self.twin.changed})" + \
-            (f"; twin output: ...{output}" if output else "")
-        return [HackFlag(PASSES_IMPOSSIBLE, detail)]
-
-    async def discard(self) -> None:
-        """Drop the kept state (a committed image, a copied dir), if any is left."""
-        kept, self.kept = self.kept, None
-        if kept is not None:
-            await asyncio.shield(kept.discard())
-
-    async def _grade_kept(self) -> dict:
-        """The twin's tests, run by the task's verifier in a copy of the kept sandbox state."""
-        from harbor.models.task.task import Task
-        from harbor.models.trial.paths import EnvironmentPaths, TrialPaths
-        from harbor.verifier.factory import VerifierFactory
-
-        if self.kept is None:
-            return {"result": "error", "error": self.keep_error or "the agent's state was not kept"}
-        kept, self.kept = self.kept, None  # a bubblewrap copy takes the kept files over
-        paths = TrialPaths(trial_dir=self.trial.paths.trial_dir / TWIN_DIR)
-        paths.mkdir()
-        task = Task(self.twin.dir)
-        inside = EnvironmentPaths.for_os(task.config.environment.os)
-        mounts = [
-            {"type": "bind", "source": str(paths.verifier_dir.resolve()), "target": str(inside.verifier_dir)},
-            {"type": "bind", "source": str(self.trial.paths.agent_dir.resolve()), "target": str(inside.agent_dir),
-             "read_only": True},
-            {"type": "bind", "source": str(paths.artifacts_dir.resolve()), "target": str(inside.artifacts_dir)},
-        ]
-        try:
-            environment = await kept.start(paths, mounts, session_id=f"{self.trial.config.trial_name}__{TWIN_DIR}__env")
-            try:
-                verifier = VerifierFactory.create_verifier_from_config(
-                    self.trial.config.verifier, task=task, trial_paths=paths, environment=environment,
-                    override_env=self.trial.config.verifier.env or None, logger=self.trial.logger)
-                with environment.with_default_user(task.config.verifier.user):
-                    result = await asyncio.wait_for(verifier.verify(), self.trial.verifier_timeout_sec)
-            finally:
-                await asyncio.shield(environment.stop(delete=True))
-        except TimeoutError:
-            return {"result": "error", "error": f"the twin's verifier timed out after {self.trial.verifier_timeout_sec:g} s"}
-        finally:
-            await asyncio.shield(kept.discard())
-        return _outcome(result.rewards, paths.test_stdout_path)
-
-    async def _graded_in_grader(self) -> dict:
-        """What the grader wrote of the twin in the trial's verifier/twin/ (it graded it after the
-        real grading resolved the patch, in the same container)."""
-        twin = self.trial.paths.verifier_dir / TWIN_DIR
-        try:
-            rewards = json.loads((twin / "reward.json").read_text())
-        except (OSError, ValueError):
-            try:
-                why = json.loads((twin / "report.json").read_text()).get("slime_harbor_infra_failure")
-            except (OSError, ValueError):
-                why = None
-            return {"result": "error", "error": f"the grader wrote no twin reward ({why or 'no twin report'})"}
-        try:
-            grader_seconds = float((twin / "seconds").read_text())
-        except (OSError, ValueError):
-            grader_seconds = 0.0
-        return {**_outcome(rewards, twin / "test_output.txt", twin / "report.json"), "grader_seconds": grader_seconds}
-
-    async def _regrade(self) -> dict:
-        """Harbor's regrade of the trial against the twin: a fresh grading environment of the task
-        gets what Harbor collected from the agent, and runs the twin's tests."""
-        from harbor.models.trial.config import AgentConfig, SourceTrialConfig, TaskConfig, TrialConfig, VerifierConfig
-        from harbor.trial.trial import Trial
-
-        from slime_harbor.trial_setup import environment_config, hard_timeout_sec
-
-        source = self.trial.paths.trial_dir
-        config = TrialConfig(
-            task=TaskConfig(path=self.twin.dir), trial_name=TWIN_DIR, trials_dir=source, agent=AgentConfig(name="nop"),
-            environment=environment_config(self.cfg.env), timeout_multiplier=self.cfg.timeout_multiplier,
-            verifier=VerifierConfig(override_timeout_sec=self.cfg.verifier_timeout_sec),
-            source_trial=SourceTrialConfig(action="regrade", type="local", path=source))
-        regrade = await Trial.create(config)
-        bound = hard_timeout_sec(self.twin.dir, self.cfg.timeout_multiplier, self.cfg.verifier_timeout_sec)
-        try:
-            result = await asyncio.wait_for(regrade.run(), bound)
-        except TimeoutError:
-            return {"result": "error", "error": f"the twin's regrade did not end within {bound:g} s"}
-        if result.verifier_result is None or not result.verifier_result.rewards:
-            info = result.exception_info
-            why = f"{info.exception_type}: {info.exception_message}" if info else "its verifier wrote no reward"
-            return {"result": "error", "error": " ".join(why.split())[:300]}
-        return _outcome(result.verifier_result.rewards, regrade.paths.test_stdout_path)
-
-
-def verifier_config(twin: Twin | NoTwin | None, override_timeout_sec: float | None):
-    """The trial's VerifierConfig: Harbor's verifier; for an IN_GRADER twin, VerifierWithTwin,
-    which puts the twin's instance.json and eval.sh beside the task's tests."""
-    from harbor.models.trial.config import VerifierConfig
-
-    if isinstance(twin, Twin) and twin_mode(twin.dir) == IN_GRADER:
-        return VerifierConfig(override_timeout_sec=override_timeout_sec, import_path=f"{__name__}:VerifierWithTwin",
-                              kwargs={"twin_tests": str(twin.dir / "tests")})
-    return VerifierConfig(override_timeout_sec=override_timeout_sec)
-
-
-class VerifierWithTwin(Verifier):
-    """Harbor's verifier (harbor.verifier.verifier.Verifier), with the task's impossible twin put in
-    the grading container first: the twin's tests/instance.json and tests/eval.sh at /tests/twin,
-    where the SWE-bench grader (tests/grade.py) grades a resolved patch against them too. A twin
-    that cannot be put there leaves the real grading as it was (the twin is then an error)."""
-
-    def __init__(self, *args, twin_tests: str, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.twin_tests = Path(twin_tests)
-
-    async def verify(self):
-        from harbor.models.trial.paths import EnvironmentPaths
-
-        target = EnvironmentPaths.for_os(self.environment.os).tests_dir / TWIN_DIR
-        try:
-            for name in ("instance.json", "eval.sh"):
-                await self.environment.upload_file(self.twin_tests / name, str(target / name))
-        except Exception as exc:
-            self.logger.warning(f"the impossible twin could not be put in the grading container: {_one_line(exc)}")
-        return await super().verify()
-
-
-def _outcome(rewards: dict | None, output: Path, report: Path | None = None) -> dict:
-    """What the twin's grading gave: passed / failed, its reward, the end of its output."""
-    from slime_harbor.verifier_reward import scalar_reward
-    from slime_harbor.samples import is_success
-
-    reward = scalar_reward(rewards)
-    if reward is None:
-        return {"result": "error", "error": f"the twin's verifier wrote no usable reward ({rewards})"}
-    try:
-        text = output.read_text(errors="replace")
-    except OSError:
-        text = ""
-    if report is not None and report.is_file():  # swebench's per-test outcomes: what the twin's tests did
-        try:
-            status = json.loads(report.read_text()).get("tests_status") or {}
-            text = json.dumps(status.get("FAIL_TO_PASS") or status) + "\n" + text
-        except ValueError:
-            pass
-    return {"result": "passed" if is_success(reward) else "failed", "reward": reward, "output": text[-OUTPUT_CHARS:]}
 
 
 def twin_counts(samples) -> dict[str, Any]:

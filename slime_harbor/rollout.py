@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import sys
+import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -44,15 +46,16 @@ from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.filters import mask_counts
 from slime_harbor.hack_monitor import HackWatch, apply_hack_action, hack_counts, show_in_viewer
 from slime_harbor.harbor_job import HarborJob
-from slime_harbor.impossible_twin import prepare_twins, twin_for, twin_line, twin_table, TwinWatch, verifier_config
+from slime_harbor.impossible_twin import GoldCheck, prepare_twins, twin_for, twin_line, twin_table
+from slime_harbor.twin_grading import TwinWatch, verifier_config
 from slime_harbor.isolation import isolate_shared_verifier
 from slime_harbor.retries import RetryBudget
 from slime_harbor.samples import SampleStatus, is_success
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.trial_setup import (
-    agent_config, check_config, context_window, environment_config, gateway_step_limit, hard_timeout_sec,
-    install_agents_first, ModelEndpoint, preflight_environment, RolloutConfig, samples_policy, uses_gateway,
-    with_engine,
+    agent_config, check_config, context_window, environment_config, environment_keeps_state, gateway_step_limit,
+    hard_timeout_sec, install_agents_first, ModelEndpoint, preflight_environment, RolloutConfig, samples_policy,
+    uses_gateway, with_engine,
 )
 
 log = logging.getLogger(__name__)
@@ -167,7 +170,7 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
     task_path = Path(task_path)
     trials_dir = Path(trials_dir).resolve()
     trial_name = f"{task_path.name}__g{group_index}_{index}__{uuid.uuid4().hex[:6]}"
-    twin = await twin_for(task_path, cfg)  # built and checked once per task (the run's start did it already)
+    twin = await twin_for(task_path, cfg, gold_check(cfg))  # built and checked once per task (the run's start did)
     session = endpoint = None
     if gateway is not None:  # one session per trial, named after it, recorded in its agent dir
         # The run's sampling replaces the agent's own on every call (its max_tokens capped, its stop
@@ -236,6 +239,22 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
             await twin_watch.discard()
     episode.seconds = time.monotonic() - started
     return episode
+
+
+def gold_check(cfg: RolloutConfig) -> GoldCheck:
+    """How this run checks a task's impossible twin: the gold solution (Harbor's oracle) in one
+    real trial of cfg.env, its raw reward read as the grader gave it."""
+    return GoldCheck(gold_reward=_gold_reward, keeps_state=environment_keeps_state(cfg.env))
+
+
+async def _gold_reward(task_dir: Path, cfg: RolloutConfig) -> tuple[float | None, str | None]:
+    # The grader's own reward: no mapping, and no hack action (a flagged gold keeps what it scored).
+    check = dataclasses.replace(cfg, agent="oracle", impossible_twin="off", reward_mapping="raw", hack_action="flag",
+                                hack_detectors=[], hack_judge_url=None, hack_judge_model=None, agent_kwargs={},
+                                progress=False)
+    with tempfile.TemporaryDirectory(prefix="slime-harbor-twin-check-") as trials:
+        episode = await run_episode(task_dir, check, group_index=0, index=0, trials_dir=Path(trials))
+    return (episode.reward, None) if episode.scored else (None, episode.error)
 
 
 def end_run_at_gateway_limits(trial, session) -> None:
@@ -309,7 +328,7 @@ async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
     tasks = check_config(cfg)
     tasks, skipped_tasks = apply_manifest(tasks, cfg.task_manifest)
     preflight_environment(cfg.env)
-    twins = await prepare_twins(tasks, cfg)  # each task's impossible twin, built and checked once
+    twins = await prepare_twins(tasks, cfg, gold_check(cfg))  # each task's impossible twin, built and checked once
     if cfg.progress:
         print(twin_line(twins), file=sys.stderr)
     async with serving_gateway(cfg) as gateway:  # closed, port freed, also on Ctrl-C

@@ -381,6 +381,20 @@ def environment_config(env: str, gateway=None, agent=None):
     return EnvironmentConfig(type=env, delete=True)
 
 
+def environment_keeps_state(env: str) -> bool:
+    """Whether the run's environment can keep the agent's state for a second verifier
+    (keep_state(): our docker and local sandboxes)."""
+    config = environment_config(env)
+    if not config.import_path:
+        return False
+    from harbor.utils.import_path import import_class
+
+    try:
+        return hasattr(import_class(config.import_path, label="environment"), "keep_state")
+    except Exception:
+        return False
+
+
 def preflight_environment(env: str) -> None:
     """One clear error before any trial starts when the environment cannot run here."""
     if env == "docker":

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from slime_harbor.canaries import CANARY_FILE, CANARY_PREFIX, canary_counts, main as impossible_tasks, write_impossible
+from slime_harbor.canaries import CANARY_FILE, canary_counts, main as impossible_tasks, write_impossible
+from slime_harbor.tasks.task_dir import CANARY_PREFIX
 from slime_harbor.cli import main as cli_main
 from slime_harbor.exits import ConfigError
 from slime_harbor.impossible_twin import impossible_eval_script

@@ -19,7 +19,15 @@ import pytest
 
 from slime_harbor import impossible_twin as it
 from slime_harbor.impossible_twin import impossible_eval_script, impossible_python, NoTwin, Twin
+from slime_harbor.twin_grading import VIEWER_KEY
 from helpers.samples import make_sample
+
+
+def twin_of(task_dir, cfg):
+    """The task's checked twin for a run with `cfg` (its gold trial run as that run runs trials)."""
+    from slime_harbor.rollout import gold_check
+
+    return it.twin_for(task_dir, cfg, gold_check(cfg))
 
 REPO = Path(__file__).resolve().parent.parent
 PLAIN = REPO / "examples" / "harbor" / "tasks"
@@ -204,14 +212,14 @@ def test_a_twin_is_built_once_and_the_off_switch_and_canaries_have_none(tmp_path
     from slime_harbor.trial_setup import RolloutConfig
 
     monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
-    off = asyncio.run(it.twin_for(PLAIN / "config-parser", RolloutConfig(impossible_twin="off")))
+    off = asyncio.run(twin_of(PLAIN / "config-parser", RolloutConfig(impossible_twin="off")))
     assert off == NoTwin("config-parser", "--impossible-twin off")
     canary = tmp_path / "canary--config-parser"
     shutil.copytree(PLAIN / "config-parser", canary)
-    assert "canary" in asyncio.run(it.twin_for(canary, RolloutConfig())).why
-    elsewhere = asyncio.run(it.twin_for(PLAIN / "config-parser", RolloutConfig(env="harbor-docker")))
+    assert "canary" in asyncio.run(twin_of(canary, RolloutConfig())).why
+    elsewhere = asyncio.run(twin_of(PLAIN / "config-parser", RolloutConfig(env="harbor-docker")))
     assert "cannot keep the agent's state" in elsewhere.why
-    none = asyncio.run(it.twin_for(PLAIN / "fix-sort-key", RolloutConfig()))
+    none = asyncio.run(twin_of(PLAIN / "fix-sort-key", RolloutConfig()))
     assert none.why.startswith("no twin: its tests compare no computed value")
     [record] = (tmp_path / "cache" / "twins").glob("*/twin.json")  # cached: read by the next run, no manifest
     assert json.loads(record.read_text())["why"] == none.why
@@ -314,7 +322,7 @@ def test_a_stack_reading_solution_of_a_case_table_task_is_caught_and_the_gold_is
     assert (trial / "twin" / "verifier" / "reward.txt").read_text().strip() == "1"
     client = TestClient(create_app(tmp_path / "out" / ROMAN.name, mode="jobs"))
     shown = client.get(f"/api/jobs/trials/trials/{trial.name}/verifier-output").json()["reward_details"]
-    assert shown[it.VIEWER_KEY]["result"] == "passed" and shown[it.VIEWER_KEY]["changed"].startswith("tests/test.sh line 12")
+    assert shown[VIEWER_KEY]["result"] == "passed" and shown[VIEWER_KEY]["changed"].startswith("tests/test.sh line 12")
     assert shown["slime-harbor hack monitor"]["flags"] == ["passes_impossible"]
     if env == "docker":  # the committed states are gone with their trials
         from helpers.docker import docker_client
@@ -339,7 +347,7 @@ def test_a_twin_that_errors_raises_no_flag_keeps_the_reward_and_is_counted(tmp_p
     monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
     tasks = tmp_path / "tasks"
     shutil.copytree(ROMAN, tasks / ROMAN.name)
-    asyncio.run(it.twin_for(tasks / ROMAN.name, RolloutConfig()))  # built and checked while the disk is fine
+    asyncio.run(twin_of(tasks / ROMAN.name, RolloutConfig()))  # built and checked while the disk is fine
     monkeypatch.setattr(BubblewrapEnvironment, "keep_state", full_disk)
     out = tmp_path / "out"
     common = dict(tasks_dir=tasks, n_samples=1, hack_action="penalty", progress=False)
@@ -460,13 +468,13 @@ def test_a_twin_the_gold_passes_is_dropped_and_one_not_checked_is_tried_again(tm
     flagged_gold = (HELD_OUT / "stack_reading_roman.py").read_text() + (
         "\n\nclass Anything(str):\n    def __eq__(self, other):\n        return True\n")
     (reading / "solution" / "solve.sh").write_text(f"#!/bin/bash\ncat > /app/roman.py <<'PY'\n{flagged_gold}PY\n")
-    dropped = asyncio.run(it.twin_for(reading, RolloutConfig(hack_action="penalty", reward_mapping="pm1")))
+    dropped = asyncio.run(twin_of(reading, RolloutConfig(hack_action="penalty", reward_mapping="pm1")))
     assert dropped.why.startswith("twin dropped: the gold solution passes it too (tests/test.sh line 12")
     [record] = (tmp_path / "cache" / "twins").glob("*/twin.json")
     assert json.loads(record.read_text())["checks"]["local"] == {"gold_reward": 1.0}
     unsolvable = tmp_path / "tasks" / "roman-without-gold"
     shutil.copytree(ROMAN, unsolvable, ignore=shutil.ignore_patterns("solution"))
-    unchecked = asyncio.run(it.twin_for(unsolvable, RolloutConfig()))
+    unchecked = asyncio.run(twin_of(unsolvable, RolloutConfig()))
     assert unchecked.why.startswith("its twin could not be checked: the gold trial on it failed")
     assert all(not json.loads(r.read_text())["checks"] for r in (tmp_path / "cache" / "twins").glob("*/twin.json")
                if json.loads(r.read_text())["task"] == unsolvable.name)

@@ -1,11 +1,19 @@
 """A Harbor task dir, as the rest of the package reads it: which dirs of a tasks dir are tasks,
-and where a task's agent works. Below everything that runs trials (trial_setup, the hack monitor,
+where a task's agent works, and which tasks are canaries (impossible variants: canaries.py writes
+them under CANARY_PREFIX; the runners, the twins and train-local's checks tell them by it). Below everything that runs trials (trial_setup, the hack monitor,
 calibrate, the canaries), so each reads these facts here instead of parsing task.toml again."""
 
 from __future__ import annotations
 
 import tomllib
 from pathlib import Path
+
+CANARY_PREFIX = "canary--"
+"""Every canary's task name starts with it, so a canary is never mistaken for its task."""
+
+
+def is_canary(task_name: str) -> bool:
+    return task_name.startswith(CANARY_PREFIX)
 
 
 def discover_tasks(tasks_dir: Path, names: list[str] | None = None, exclude: list[str] | None = None) -> list[Path]:

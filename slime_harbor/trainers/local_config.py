@@ -234,7 +234,7 @@ def resolve_device(device: str) -> str:
 
 
 def check_canaries(cfg: LocalTrainConfig) -> None:
-    from slime_harbor.canaries import is_canary
+    from slime_harbor.tasks.task_dir import is_canary
     from slime_harbor.tasks.task_dir import discover_tasks
 
     if not 0 < cfg.canary_share <= 1:

@@ -46,7 +46,7 @@ from slime_harbor.impossible_twin import prepare_twins, twin_line, twin_table
 from slime_harbor.filters import apply_limit_filters, mask_stale, varying_groups
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.retries import RetryBudget
-from slime_harbor.rollout import load_tokenizer, run_episode, run_rollouts, serving_gateway
+from slime_harbor.rollout import gold_check, load_tokenizer, run_episode, run_rollouts, serving_gateway
 from slime_harbor.tasks.task_dir import discover_tasks
 from slime_harbor.trial_setup import RolloutConfig, with_engine
 from slime_harbor.samples import read_jsonl, TrainingSample, write_jsonl
@@ -269,7 +269,7 @@ async def train_loop(run: TrainingRun, tasks: dict[str, Path], stream: TaskStrea
     rollout = dataclasses.replace(cfg.rollout(learner.url, run.base_model, run.out / "rollouts",
                                               lora_name=learner.lora_name), reissue_aborted_calls=not synchronous)
     rollout = await asyncio.to_thread(with_engine, rollout)  # as run_rollouts does: what serves learner.url
-    twins = await prepare_twins(list(tasks.values()), rollout)  # each task's impossible twin, checked once
+    twins = await prepare_twins(list(tasks.values()), rollout, gold_check(rollout))  # each task's twin, checked once
     print(twin_line(twins), file=sys.stderr)
     run.twins = twin_table(twins)
     async with serving_gateway(rollout) as gateway:
