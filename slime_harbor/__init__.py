@@ -3,7 +3,8 @@
 The chain, one module per arrow:
     tasks (Harbor task dirs; tasks/ writes procedural ones)
       -> rollout.py     runs Harbor Trials: agent.py (policy/client.py) in environments/, verifier
-      -> converter.py   trajectory (Harbor RolloutDetail) -> samples.py TrainingSample
+      -> converter.py   trajectory (Harbor RolloutDetail) -> episode.py Episode, whose
+                        samples.py TrainingSamples are built where it leaves
       -> grpo.py        group advantages and the clipped policy loss
       -> trainers       hooks.py (SLiME), trainers/local.py (one GPU / CPU)
 The policy is served by SGLang in production and by policy/server.py (policy/tiny_model.py) here.

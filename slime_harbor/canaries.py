@@ -30,7 +30,8 @@ from pathlib import Path
 
 from slime_harbor.exits import ConfigError
 from slime_harbor.impossible_twin import write_swe_twin
-from slime_harbor.samples import episode_key, is_scored, is_success
+from slime_harbor.episode import is_scored
+from slime_harbor.samples import episode_key, is_success
 from slime_harbor.tasks.task_dir import CANARY_PREFIX, is_canary
 
 CANARY_FILE = ".slime-harbor-canary"

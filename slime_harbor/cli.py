@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 from slime_harbor.config_docs import add_field_flags
-from slime_harbor.converter import CONTEXT_EXCEEDED
+from slime_harbor.episode import CONTEXT_EXCEEDED
 from slime_harbor.exits import EXIT_USAGE, ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
 from slime_harbor.policy.engine_launcher import ENGINES
 from slime_harbor.policy.sampling import SamplingParams

@@ -31,7 +31,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from slime_harbor.converter import CONTEXT_EXCEEDED, Episode
+from slime_harbor.episode import CONTEXT_EXCEEDED, Episode
 from slime_harbor.samples import TrainingSample, episode_key
 
 TIMEOUT_EXCEPTIONS = frozenset({"AgentTimeoutError"})
@@ -72,7 +72,7 @@ def limit_hit(sample: TrainingSample) -> str | None:
 
 def mask(target, reason: str) -> bool:
     """The one way anything is masked out of training: a sample (ours or SLiME's), or a
-    converter.Episode before its samples are built (they inherit the mark: Episode.removed). What
+    episode.Episode before its samples are built (they inherit the mark: Episode.removed). What
     is out of training already (an infrastructure failure, or masked before: its first reason
     stays) is left as it is; returns whether `target` was masked now."""
     if reason not in MASK_REASONS:

@@ -838,7 +838,7 @@ def failure_reward(reward_mapping: str) -> float:
 
 
 def apply_hack_action(episode, flags: list[HackFlag], action: str, reward_mapping: str) -> None:
-    """Record `flags` on the episode (converter.Episode; metadata hack_flags: detector names;
+    """Record `flags` on the episode (episode.Episode; metadata hack_flags: detector names;
     hack_details: one line each) and act on them. Only a scored episode is penalised or screened
     (an infrastructure failure is out of training already)."""
     if action not in HACK_ACTIONS:

@@ -35,7 +35,7 @@ from slime_harbor.samples import SampleStatus
 if TYPE_CHECKING:
     from harbor.models.trial.result import TrialResult
 
-    from slime_harbor.converter import Episode
+    from slime_harbor.episode import Episode
     from slime_harbor.trial_setup import RolloutConfig
 
 CONFIG_FILE = "config.json"

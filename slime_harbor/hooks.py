@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slime_harbor.converter import Episode
+from slime_harbor.episode import Episode, is_scored
 from slime_harbor.agents.settings import check_agent_settings
 from slime_harbor.config_docs import derived_fields, one_type
 from slime_harbor.exits import ConfigError
@@ -70,7 +70,7 @@ from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.retries import RetryBudget
 from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
 from slime_harbor.trial_setup import BUNDLED_TASKS, RolloutConfig, check_agent, check_run_settings, uses_gateway, with_engine
-from slime_harbor.samples import SampleStatus, episode_key, is_scored, is_success, pass_at_k
+from slime_harbor.samples import SampleStatus, episode_key, is_success, pass_at_k
 
 
 @dataclass(frozen=True)

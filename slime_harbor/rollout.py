@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from slime_harbor.agents.host import report_exit_status
-from slime_harbor.converter import Episode, EpisodeEnd, trial_to_episode, TRUNCATING_EXITS
+from slime_harbor.converter import trial_to_episode
+from slime_harbor.episode import Episode, EpisodeEnd, TRUNCATING_EXITS
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.filters import mask_counts
 from slime_harbor.hack_monitor import HackWatch, apply_hack_action, hack_counts, show_in_viewer
@@ -402,7 +403,7 @@ def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, inter
         "n_trainable_samples": sum(not s.remove_sample for s in samples),
         # episodes masked out of training per reason (a rollout masks only the hack monitor's screen)
         "masked_episodes": mask_counts(samples),
-        # how the episodes ended, in the agents' and the gateway's words (converter.EpisodeEnd.exit_status)
+        # how the episodes ended, in the agents' and the gateway's words (episode.EpisodeEnd.exit_status)
         "exit_status_counts": dict(Counter(e.end.exit_status for e in episodes if e.end.exit_status)),
         "context_window": context_window(cfg) if samples_policy(cfg.agent) else None,
         # episodes that became several segments (samples sharing a rollout_id): a gateway agent's

@@ -49,17 +49,6 @@ class SampleStatus(str, Enum):
     FAILED = "failed"  # the agent or verifier raised; no trustworthy reward
 
 
-SCORED_STATUSES = frozenset({SampleStatus.COMPLETED, SampleStatus.TRUNCATED})
-"""The verifier scored the finished trajectory: the only episodes whose reward is trained or
-counted. The others (aborted, failed) carry no reward and remove_sample=True."""
-
-
-def is_scored(sample) -> bool:
-    """Whether the episode was scored by the verifier: a converter.Episode, or any sample of one
-    (ours read back from JSONL, SLiME's Sample: same values)."""
-    return SampleStatus(getattr(sample.status, "value", sample.status)) in SCORED_STATUSES and sample.reward is not None
-
-
 SUCCESS_REWARD = 1.0
 """The reward of a solved task: Harbor's binary verifiers write 1 (0 for a failure), and pm1
 reward mapping keeps 1 for a success (2r - 1)."""
@@ -197,7 +186,7 @@ def episode_key(sample) -> tuple:
     """The episode a sample belongs to: (group_index, rollout_id, or index without one). The
     converter splits an episode whose tokens drifted into several samples sharing one rollout_id;
     they are one episode in a group's baseline, in a filter's count and in a staleness verdict.
-    Works on SLiME's Sample and on a converter.Episode too (same attribute names)."""
+    Works on SLiME's Sample and on an episode.Episode too (same attribute names)."""
     return sample.group_index, sample.rollout_id if sample.rollout_id is not None else sample.index
 
 

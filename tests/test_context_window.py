@@ -17,7 +17,7 @@ import pytest
 from helpers.cli import run_cli
 from helpers.rollout import config, leftovers
 
-from slime_harbor.converter import CONTEXT_EXCEEDED
+from slime_harbor.episode import CONTEXT_EXCEEDED
 from slime_harbor.hooks import to_slime_samples
 from slime_harbor.rollout import run_episode, run_rollouts
 from slime_harbor.samples import read_jsonl, SampleStatus

@@ -5,7 +5,8 @@ expected value is known exactly."""
 
 import pytest
 
-from slime_harbor.converter import episode_end, split_into_segments, trial_to_episode
+from slime_harbor.converter import split_into_segments, trial_to_episode
+from slime_harbor.episode import episode_end
 from slime_harbor.samples import SampleStatus, TrainingSample, read_jsonl, write_jsonl
 from helpers.trial_results import C0, C1, L0, L1, linear_detail, make_result, OBS0, P0
 

@@ -736,7 +736,7 @@ def test_a_prompt_over_the_window_is_each_dialects_400_and_one_end(base_server, 
     raised and the rollout ended its run at the limit, keeping the error; it names the limit
     itself), the converter ends the episode the same: truncated, scored, `context_exceeded`, and
     nothing trained."""
-    from slime_harbor.converter import CONTEXT_EXCEEDED
+    from slime_harbor.episode import CONTEXT_EXCEEDED
 
     def requests(session, stream: bool) -> tuple[str, dict]:
         root = session.openai_base_url().removesuffix("/v1")

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 import pytest
 from helpers.servers import port_is_free
 
-from slime_harbor.converter import episode_end
+from slime_harbor.episode import episode_end
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.trial_setup import (
@@ -219,7 +219,7 @@ def test_an_agent_that_raises_at_a_gateway_limit_is_ended_there_and_any_other_ra
 
     from harbor.models.agent.context import AgentContext
 
-    from slime_harbor.converter import CONTEXT_EXCEEDED, STEP_LIMIT
+    from slime_harbor.episode import CONTEXT_EXCEEDED, STEP_LIMIT
     from slime_harbor.rollout import end_run_at_gateway_limits
 
     class Refused(Exception):

@@ -1,5 +1,5 @@
 """Every kind of agent a trial can run, in one place. Each samples the policy token in / token out
-and ends its episode in words the converter reads (converter.TRUNCATING_EXITS and the rest).
+and ends its episode in the words episode.py reads (TRUNCATING_EXITS and the rest).
 
     settings.py     AgentSettings: what every agent's episode is held to (step limit, context, ...)
     native.py       slime-harbor's own agent (`--agent native`): one bash command per turn, straight

@@ -41,7 +41,7 @@ from harbor.utils.trajectory_utils import format_trajectory_json
 from pydantic import create_model, Field, field_validator, model_validator
 
 from slime_harbor.config_docs import field_docs
-from slime_harbor.converter import CONTEXT_EXCEEDED, STEP_LIMIT
+from slime_harbor.episode import CONTEXT_EXCEEDED, STEP_LIMIT
 from slime_harbor.policy.client import PolicyClient
 from slime_harbor.policy.renderer import bridge_ids, make_renderer
 from slime_harbor.policy.sampling import SamplingParams, turn_seed

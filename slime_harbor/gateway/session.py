@@ -46,7 +46,7 @@ from harbor.models.trajectories import (Agent, FinalMetrics, Metrics, Observatio
                                         ToolCall, Trajectory)
 from harbor.utils.trajectory_utils import format_trajectory_json
 
-from slime_harbor.converter import CONTEXT_EXCEEDED, STEP_LIMIT
+from slime_harbor.episode import CONTEXT_EXCEEDED, STEP_LIMIT
 from slime_harbor.http_api import BadRequest
 from slime_harbor.policy.renderer import bridge_ids
 from slime_harbor.policy.sampling import Generation, SamplingParams

@@ -13,7 +13,7 @@ from itertools import groupby
 
 import verifiers.v1 as vf
 
-from slime_harbor.converter import Episode
+from slime_harbor.episode import Episode
 from slime_harbor.samples import SampleStatus, TrainingSample
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slime_harbor.converter import episode_end
+from slime_harbor.episode import episode_end
 from slime_harbor.gateway.server import Gateway
 from slime_harbor.policy.sampling import Generation, SamplingParams
 from slime_harbor.samples import SampleStatus

@@ -18,7 +18,8 @@ from typing import Any
 
 from slime_harbor.hack_monitor import hack_counts
 from slime_harbor.filters import MASK_REASONS, drop_zero_std_groups, mask_counts
-from slime_harbor.samples import TrainingSample, episode_key, is_scored, is_success
+from slime_harbor.episode import is_scored
+from slime_harbor.samples import TrainingSample, episode_key, is_success
 from slime_harbor.trainers.local_config import LocalTrainConfig
 
 

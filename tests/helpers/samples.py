@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from slime_harbor.converter import Episode, EpisodeEnd, Segment
-from slime_harbor.samples import SCORED_STATUSES, SampleStatus, TrainingSample
+from slime_harbor.episode import SCORED_STATUSES, Episode, EpisodeEnd, Segment
+from slime_harbor.samples import SampleStatus, TrainingSample
 
 
 def make_sample(reward: float | None = 1.0, status: SampleStatus | str = SampleStatus.COMPLETED, group: int = 0,

@@ -28,7 +28,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from slime_harbor.converter import CONTEXT_EXCEEDED
+from slime_harbor.episode import CONTEXT_EXCEEDED
 from slime_harbor.gateway.session import STEP_LIMIT_CODE
 from slime_harbor.agents.installed.installs import SANDBOX_ROOT, NpmInstall, PypiInstall, SandboxInstall
 from slime_harbor.agents.installed.recipe import AgentRecipe, json_events, recipe_class

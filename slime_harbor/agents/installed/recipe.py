@@ -28,7 +28,7 @@ from harbor.agents.installed.base import NonZeroAgentExitCodeError
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
-from slime_harbor.converter import TRUNCATING_EXITS
+from slime_harbor.episode import TRUNCATING_EXITS
 from slime_harbor.agents.installed.installs import PypiInstall, SandboxInstall, check_installed
 
 CATALOG_MODULE = "slime_harbor.agents.installed.catalog"

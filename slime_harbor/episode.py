@@ -1,0 +1,323 @@
+"""The episode: what one Harbor trial produced, the one owner of its outcome.
+
+An `Episode` holds how the trial ended (`EpisodeEnd`, decided once by `episode_end` from the
+trial's result and the gateway's session), the reward it trains on, its segments' tokens
+(`Segment`) and what is known about it. Whether it was `scored`, and whether it is out of
+training (`removed`: not scored, nothing sampled, or masked), are its own; the training samples
+(samples.py) are built from it once, where it leaves (`Episode.samples`).
+
+The words an episode ends with (STEP_LIMIT, CONTEXT_EXCEEDED: the agents' and the gateway's) and
+which exceptions make it ABORTED (transient, may run again) or FAILED (permanent) are here too:
+they are what its status means. The converter (converter.py) builds an Episode from a trial's
+tokens; the filters (filters.py) mask it; the hack monitor scores or screens it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+from slime_harbor.verifier_reward import scalar_reward
+from slime_harbor.samples import SampleStatus, TrainingSample
+
+# Transient infrastructure failures: the policy is not to blame and a new trial may well succeed
+# (sandbox start, policy server unreachable, cancellation). Status ABORTED: never trained, and the
+# SLiME hook may run the task again within its retry budget.
+TRANSIENT_EXCEPTIONS = frozenset(
+    {
+        "CancelledError",
+        "PolicyServerError",
+        "EnvironmentStartTimeoutError",
+        "SandboxError",
+        "HealthcheckError",
+        "AgentSetupTimeoutError",
+        "AgentInstallError",
+        "AgentInstallTimeoutError",
+        "ConnectError",
+        "DockerError",
+    }
+)
+# Permanent failures: running the task again gives the same result (an image that does not build,
+# a Dockerfile we cannot replay). Status FAILED: never trained and never retried. A verifier that
+# wrote no reward and a task dir Harbor rejects are FAILED too (see episode_end / run_episode).
+PERMANENT_EXCEPTIONS = frozenset({"SandboxBuildFailedError", "DockerfileError"})
+REFUSED_VERIFICATION = "VerifierRefused"
+"""isolation.VerifierRefused: the agent tampered with the verifier's runtime or plumbing."""
+STEP_LIMIT = "step_limit"
+"""The episode used its turns (the agent's own limit, or the gateway's max_calls)."""
+CONTEXT_EXCEEDED = "context_exceeded"
+"""The episode's prompt is over the context window (the run's max_context_len, else the model's):
+the instruction alone, or the conversation grown over it after some turns, or a reply that filled
+it. Every agent ends such an episode with this word: the native agent itself, the gateway for the
+agents that sample through it (its session's exit_reason, whatever the agent did with the 400 it
+got: terminus-2 raises ContextLengthExceededError, an SDK raises its BadRequestError, an installed
+agent exits non-zero), the installed agents' recipes where the agent says so itself."""
+TRUNCATING_EXITS = frozenset({STEP_LIMIT, CONTEXT_EXCEEDED})
+"""Exits at a limit: verified and scored as TRUNCATED, the limit as the reason (see episode_end).
+Agents report them in agent_result.metadata["exit_status"] (the native agent, the installed
+agents' recipes); terminus-2's is read by agents/host.report_exit_status; a limit the gateway enforced
+is its session's exit_reason (see episode_end)."""
+
+
+SCORED_STATUSES = frozenset({SampleStatus.COMPLETED, SampleStatus.TRUNCATED})
+"""The verifier scored the finished trajectory: the only episodes whose reward is trained or
+counted. The others (aborted, failed) carry no reward and remove_sample=True."""
+
+
+def is_scored(sample) -> bool:
+    """Whether the episode was scored by the verifier: an Episode, or any sample of one
+    (ours read back from JSONL, SLiME's Sample: same values)."""
+    return SampleStatus(getattr(sample.status, "value", sample.status)) in SCORED_STATUSES and sample.reward is not None
+
+
+@dataclass
+class Segment:
+    """One token-aligned stretch of an episode: a prompt and the response that follows it.
+
+    With top-p replay recorded, `top_p_ids` / `top_p_offsets` span the whole response the way
+    SLiME's Sample holds them: sampled token i keeps top_p_ids[offsets[i]:offsets[i + 1]], and
+    tokens the policy did not sample get empty sets (the offset repeats), as SLiME's
+    `_pad_rollout_top_p_offsets` pads non-trainable tokens.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: list[int] = field(default_factory=list)
+    top_p_ids: list[int] | None = None
+    top_p_offsets: list[int] | None = None
+    weight_versions: list[str] = field(default_factory=list)
+    """One entry per model call, as SLiME's Sample.weight_versions (strings); empty where unknown."""
+    prompt: str = ""
+    response: str = ""
+    """The decoded text, where a tokenizer was at hand."""
+
+    def extend(
+        self,
+        ids: list[int],
+        mask: int,
+        logprobs: list[float] | None = None,
+        top_p: tuple[list[int], list[int]] | None = None,
+    ) -> None:
+        self.response_ids += ids
+        self.loss_mask += [mask] * len(ids)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        if self.top_p_offsets is None:
+            return
+        base = self.top_p_offsets[-1]
+        if top_p is None:  # not sampled here: empty kept sets
+            self.top_p_offsets += [base] * len(ids)
+        else:
+            kept, offsets = top_p
+            self.top_p_ids += kept
+            self.top_p_offsets += [base + o for o in offsets[1:]]
+
+
+AGENT_INSTALL_EXCEPTIONS = frozenset({"AgentInstallError", "AgentInstallTimeoutError"})
+"""installed_agents' install failures, raised before the environment starts (trial_setup.install_agents_first)."""
+
+
+def environment_start_failed(result) -> bool:
+    """The trial raised while its environment was starting (or failing its healthcheck, or while
+    the agent's install that comes first was built): the agent was never set up. Build failures
+    are excluded: they are permanent, not worth a retry."""
+    exc = result.exception_info
+    return (
+        exc is not None
+        and exc.exception_type not in PERMANENT_EXCEPTIONS
+        and exc.exception_type != "CancelledError"
+        and (result.environment_setup is not None or exc.exception_type in AGENT_INSTALL_EXCEPTIONS)
+        and result.agent_setup is None
+    )
+
+
+def agent_exit_status(result) -> str | None:
+    """How the agent says its episode ended (agent_result.metadata["exit_status"]; a host agent
+    that says nothing has it filled in by agents/host.report_exit_status)."""
+    meta = (result.agent_result.metadata if result.agent_result else None) or {}
+    return meta.get("exit_status")
+
+
+@dataclass(frozen=True)
+class EpisodeEnd:
+    """How an episode ended, decided once (:func:`episode_end`), held by its :class:`Episode` and
+    read from there by everything after: the episode's samples, the filters (``metadata["exit_status"]``),
+    the rollout's environment-start retry, the SLiME hook's retries and the summaries."""
+
+    status: SampleStatus
+    reward: float | None
+    """The verifier's scalar reward; None unless the episode is scored (completed or truncated)."""
+    exit_status: str | None
+    """submitted | step_limit | context_exceeded | aborted | ...: the agent's own word, else the
+    gateway's (the step or context limit it enforced); None where neither says."""
+    why: str
+    """One line: the status' reason."""
+    environment_start_failed: bool = False
+    """The environment never started (the agent was never set up): worth another start."""
+
+
+def episode_end(result, gateway_exit: str | None = None) -> EpisodeEnd:
+    """How the trial's episode ended, from everything that knows: the agent's result, the model
+    gateway's session (`gateway_exit`: its exit_reason, "policy_unavailable" aborts the episode,
+    a limit it enforced truncates it, whatever the agent did with the 400 it got), the
+    environment and the verifier. Only verifier-scored episodes keep a reward.
+
+    ABORTED = transient infra failure (may be retried), FAILED = permanent (never retried).
+
+    An episode at a limit (TRUNCATING_EXITS) is TRUNCATED and scored, with the limit as its reason
+    whatever exception the agent ended on (rollout.end_run_at_gateway_limits lets the verifier run
+    after an agent raised on the gateway's refusal). That includes a first prompt already over the
+    context window (CONTEXT_EXCEEDED, nothing sampled), for every agent alike: it is scored on the
+    workdir as the agent left it, untouched, and has no tokens, so Episode.removed keeps it out of
+    training and out of its group's baseline (the SLiME hook sends a removed placeholder) while the
+    run's counts still show it. Masking it instead would hide a window too small for the task
+    behind an infrastructure-like status; truncated is what the native agent always reported.
+    """
+    rewards = result.verifier_result.rewards if result.verifier_result else None
+    reward = scalar_reward(rewards)
+    exc = result.exception_info
+    exc_type = exc.exception_type if exc else None
+    agent_exit = agent_exit_status(result)
+    exit_status = agent_exit
+    if gateway_exit in TRUNCATING_EXITS and agent_exit not in (*TRUNCATING_EXITS, "aborted"):
+        exit_status = gateway_exit  # the gateway ended it at a limit the agent does not report
+    start_failed = environment_start_failed(result)
+
+    def end(status: SampleStatus, why: str, scored: bool = False) -> EpisodeEnd:
+        return EpisodeEnd(status, reward if scored else None, exit_status, why, start_failed)
+
+    if exc_type in PERMANENT_EXCEPTIONS:
+        return end(SampleStatus.FAILED, f"{exc_type}: {exc.exception_message}")
+    if exc_type == REFUSED_VERIFICATION and reward is not None:  # the policy tampered: scored 0 (isolation.py)
+        return end(SampleStatus.COMPLETED, exc.exception_message, scored=True)
+    if gateway_exit == "policy_unavailable":
+        return end(SampleStatus.ABORTED, "policy unavailable (the gateway answered 503)")
+    if exc_type in TRANSIENT_EXCEPTIONS or exit_status == "aborted" or start_failed:
+        why = f"{exc_type}: {exc.exception_message}" if exc else f"policy abort: {exit_status}"
+        return end(SampleStatus.ABORTED, f"environment start failed: {why}" if start_failed else why)
+    if reward is None:
+        return end(SampleStatus.FAILED, f"{exc_type}: {exc.exception_message}" if exc else "verifier produced no reward")
+    if exit_status in TRUNCATING_EXITS:
+        return end(SampleStatus.TRUNCATED, exit_status, scored=True)
+    if exc_type == "AgentTimeoutError":
+        return end(SampleStatus.TRUNCATED, exc_type, scored=True)
+    if exc_type is not None:
+        return end(SampleStatus.FAILED, f"{exc_type}: {exc.exception_message}")
+    return end(SampleStatus.COMPLETED, exit_status or "completed", scored=True)
+
+
+@dataclass
+class Episode:
+    """What one trial produced, the one owner of its outcome: how it ended (`end`), the reward it
+    trains on, its segments' tokens and what is known about it (`metadata`, written once). The
+    training samples (`samples`) are built from it once, when it leaves for SLiME or JSONL; until
+    then the retry policy and the hack monitor change the episode, never a sample."""
+
+    task_name: str
+    group_index: int
+    index: int
+    end: EpisodeEnd
+    reward: float | None
+    """The reward trained on (reward_mapping applied, a hack penalty too); None unless scored."""
+    segments: list[Segment] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Everything else known about the episode (trial_dir, agent, turns, raw_rewards, tampering,
+    gateway stats, drift, hack flags, env_start_attempts, ...): every sample carries it, with how
+    the episode ended (exit_status, status_reason)."""
+    rollout_id: int | None = None
+    seconds: float = 0.0
+
+    @property
+    def status(self) -> SampleStatus:
+        return self.end.status
+
+    @property
+    def scored(self) -> bool:
+        """The verifier scored the episode: its reward is trained and counted."""
+        return is_scored(self)
+
+    @property
+    def error(self) -> str | None:
+        """Why the episode was not scored; None when it was."""
+        return None if self.scored else self.end.why
+
+    @property
+    def unscored_reason(self) -> str | None:
+        """Why the verifier did not score the episode, as a short key to count episodes by (its
+        samples carry it as metadata["unscored"]); None when it was scored. `error` has the
+        one-line detail. The environment never started; else the exception Harbor recorded (the
+        image did not build, the verifier wrote no reward file, ...); else the policy server
+        went away (policy_unavailable, policy_aborted); else no_reward (the verifier ran and
+        wrote none)."""
+        if self.scored:
+            return None
+        if self.end.environment_start_failed:
+            return "environment_start_failed"
+        if exception := self.metadata.get("exception_type"):
+            return exception
+        if (self.metadata.get("gateway") or {}).get("exit_reason") == "policy_unavailable":
+            return "policy_unavailable"
+        if self.end.exit_status == "aborted":
+            return "policy_aborted"
+        return "no_reward"
+
+    @property
+    def trial_dir(self) -> str | None:
+        return self.metadata.get("trial_dir")
+
+    @property
+    def removed(self) -> bool:
+        """Out of training: not scored, nothing sampled, or masked (the hack monitor's screen)."""
+        return not self.scored or not self.segments or "masked_by" in self.metadata
+
+    def retries_spent(self, why: str) -> None:
+        """An aborted episode that will not run again (its task's retry budget is spent): FAILED,
+        which nothing retries, with `why` before the abort's own reason. Its end stays what
+        episode_end decided otherwise: only the retry policy, which the episode cannot know,
+        changes."""
+        assert self.end.status == SampleStatus.ABORTED, self.end.status
+        assert "samples" not in self.__dict__, "the episode's samples were built already; change the episode first"
+        self.end = dataclasses.replace(self.end, status=SampleStatus.FAILED, why=f"{why}; last: {self.end.why}")
+        self.metadata["retry_budget_spent"] = True
+
+    def ended_metadata(self) -> dict[str, Any]:
+        """The metadata every sample of the episode carries: `metadata` and how it ended."""
+        metadata = {**self.metadata, "exit_status": self.end.exit_status, "status_reason": self.end.why}
+        if self.end.environment_start_failed:
+            metadata["environment_start_failed"] = True
+        if (reason := self.unscored_reason) is not None:
+            metadata["unscored"] = reason
+        return metadata
+
+    @functools.cached_property
+    def samples(self) -> list[TrainingSample]:
+        """The episode as training samples, one per segment (one without tokens where it has
+        none), all with its rollout_id, reward, status and metadata. Built once, on first use."""
+        common = dict(reward=self.reward, status=self.status, group_index=self.group_index, index=self.index,
+                      rollout_id=self.rollout_id if self.rollout_id is not None else self.index,
+                      remove_sample=self.removed)
+        metadata = self.ended_metadata()
+        if not self.segments:
+            # Agents that record no tokens (oracle, nop, a crash before the first turn) still report
+            # their reward and status; there is nothing to train on.
+            return [TrainingSample(tokens=[], response_length=0, loss_mask=[], rollout_log_probs=[], **common,
+                                   metadata={**metadata, "segment": 0, "no_tokens": True})]
+        return [
+            TrainingSample(
+                tokens=seg.prompt_ids + seg.response_ids,
+                response_length=len(seg.response_ids),
+                loss_mask=seg.loss_mask,
+                rollout_log_probs=seg.logprobs,
+                prompt=seg.prompt,
+                response=seg.response,
+                **common,
+                metadata={**metadata, "segment": k, "turn_indices": seg.turns},
+                weight_versions=seg.weight_versions,
+                rollout_top_p_token_ids=seg.top_p_ids,
+                rollout_top_p_token_offsets=seg.top_p_offsets,
+            )
+            for k, seg in enumerate(self.segments)
+        ]
