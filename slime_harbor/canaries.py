@@ -22,7 +22,6 @@ dir of every canary that passed is named in summary.json (`canary_passes`) for a
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import shutil
 import tempfile
@@ -87,17 +86,13 @@ def write_impossible(tasks_dir: Path, out: Path) -> tuple[dict[str, str], dict[s
 
 async def gold_rewards(tasks_dir: Path, env: str) -> dict[str, float | None]:
     """Each task's gold reward (Harbor's oracle, one real trial; None: the trial failed)."""
-    from slime_harbor.rollout import run_rollouts
+    from slime_harbor.rollout import run_rollout_episodes
     from slime_harbor.trial_setup import RolloutConfig
 
     with tempfile.TemporaryDirectory(prefix="slime-harbor-canary-check-") as runs:
-        await run_rollouts(RolloutConfig(tasks_dir=tasks_dir, agent="oracle", n_samples=1, env=env,
-                                         out_dir=Path(runs), reward_mapping="raw", progress=False))
-        rewards = {}
-        for line in (Path(runs) / "samples.jsonl").read_text().splitlines():
-            sample = json.loads(line)
-            rewards.setdefault(sample["metadata"]["task_name"], sample["reward"])
-        return rewards
+        rollouts = await run_rollout_episodes(RolloutConfig(tasks_dir=tasks_dir, agent="oracle", n_samples=1, env=env,
+                                                            out_dir=Path(runs), reward_mapping="raw", progress=False))
+        return {e.metadata["task_name"]: e.reward for e in rollouts.episodes}
 
 
 def main(tasks_dir: Path, out: Path, env: str = "local", check: bool = True) -> dict[str, str]:

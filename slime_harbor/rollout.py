@@ -9,6 +9,9 @@ One episode = one real Harbor Trial (agent + sandbox + verifier) = `run_episode`
                         verifier output) with the job's config.json and result.json beside them
                         (harbor_job.py), so `harbor view OUT` / `slime-harbor view OUT` show the run
 
+and returns the summary (`run_rollouts`), or the summary and the episodes (`run_rollout_episodes`:
+what an evaluation and the canaries read, never samples.jsonl read back).
+
 `run_episode` is the unit the SLiME hook (hooks.py) and the local trainer call too; it reruns an
 aborted episode (a transient failure) within the task's RetryBudget (retries.py). What a trial is
 made of (RolloutConfig, the agent's and the sandbox's Harbor configs, the config checks) is in
@@ -36,7 +39,7 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -323,8 +326,23 @@ def load_tokenizer(model_dir: str | None):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
+@dataclass
+class Rollouts:
+    """What a rollout returns: its summary (summary.json's) and its episodes, in the order they
+    ended, for a caller that reads them further (an evaluation, the canaries) instead of reading
+    samples.jsonl back."""
+
+    summary: dict[str, Any]
+    episodes: list[Episode]
+
+
 async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
     """Run n_samples trials per task; stream samples to OUT/samples.jsonl; return the summary."""
+    return (await run_rollout_episodes(cfg)).summary
+
+
+async def run_rollout_episodes(cfg: RolloutConfig) -> Rollouts:
+    """run_rollouts, returning the episodes with the summary."""
     cfg = await asyncio.to_thread(with_engine, cfg)
     tasks = check_config(cfg)
     tasks, skipped_tasks = apply_manifest(tasks, cfg.task_manifest)
@@ -341,7 +359,7 @@ async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
 
 
 async def _run_all(cfg: RolloutConfig, tasks: list[Path], out: Path, job: HarborJob, tokenizer, gateway,
-                   skipped_tasks: dict[str, str], twins: dict[str, Any]) -> dict[str, Any]:
+                   skipped_tasks: dict[str, str], twins: dict[str, Any]) -> Rollouts:
     semaphore = asyncio.Semaphore(cfg.concurrency)
     retry_budget = RetryBudget()
     episodes: list[Episode] = []
@@ -382,7 +400,7 @@ async def _run_all(cfg: RolloutConfig, tasks: list[Path], out: Path, job: Harbor
             summary.update(twins)  # twin_tasks, and per task what its impossible twin changed or why it has none
             (out / "summary.json").write_text(json.dumps(summary, indent=2))
             job.finish(interrupted)
-    return summary
+    return Rollouts(summary, episodes)
 
 
 def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, interrupted: bool = False) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from harbor.models.trajectories import Trajectory
 
-from slime_harbor.rollout import run_episode, run_rollouts
+from slime_harbor.rollout import run_episode, run_rollout_episodes, run_rollouts
 from slime_harbor.trial_setup import DEFAULT_TASKS
 from slime_harbor.samples import SampleStatus, read_jsonl
 from helpers.rollout import config, EASY_TASKS, leftovers, trial_names
@@ -21,9 +21,12 @@ from helpers.samples import check_sample_against_model, masked_spans
 
 def test_native_agent_samples_are_token_exact(tmp_path, responsive_server, responsive_model_dir, hf_model, tokenizer):
     cfg = config(tmp_path, responsive_server, responsive_model_dir, task_names=EASY_TASKS, n_samples=2)
-    summary = asyncio.run(run_rollouts(cfg))
-    samples = read_jsonl(cfg.out_dir / "samples.jsonl")
+    rollouts = asyncio.run(run_rollout_episodes(cfg))
+    summary, samples = rollouts.summary, read_jsonl(cfg.out_dir / "samples.jsonl")
     assert summary["n_trials"] == 4 and len({s.rollout_id for s in samples}) == 4
+    # The episodes it returns are those samples.jsonl holds (an evaluation reads them, not the file).
+    assert json.loads((cfg.out_dir / "summary.json").read_text())["n_trials"] == 4
+    assert sorted(s.to_json() for e in rollouts.episodes for s in e.samples) == sorted(s.to_json() for s in samples)
     assert summary["status_counts"]["aborted"] == 0 and summary["status_counts"]["failed"] == 0, summary["errors"]
     assert summary["drift_count"] == 0 and summary["split_episodes"] == 0  # token in, token out: no retokenization
     diffs = []

@@ -2,7 +2,7 @@
 
 An evaluation is an ordinary rollout (rollout.run_rollouts: real Harbor Trials, the agent sampling
 from the policy, each task's verifier) with the evaluation's own sampling settings and its own
-output dir; its samples are read for metrics only, never trained on.
+output dir; its episodes (those the rollout returns) are read for metrics only, never trained on.
 
 pass@k per task is the unbiased estimator of Chen et al. (2021), as SLiME's
 slime/observability/metric_utils.py computes it: with n scored episodes of which c succeeded,
@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from slime_harbor.rollout import run_rollouts
-from slime_harbor.samples import pass_at_k, is_success, read_jsonl
+from slime_harbor.rollout import run_rollout_episodes
+from slime_harbor.samples import pass_at_k, is_success
 from slime_harbor.trainers.local_config import LocalTrainConfig
 from slime_harbor.trainers.training_run import truncated_ratio
 
@@ -31,10 +31,10 @@ async def evaluation(cfg: LocalTrainConfig, policy_url: str, model_dir: str, out
                      lora_name: str | None = None) -> dict[str, Any]:
     """Held-out pass@1 / pass@k of the policy served at policy_url: cfg's eval_rollout (the
     held-out tasks, eval_n_samples each, the eval sampling settings) into out_dir."""
-    summary = await run_rollouts(cfg.eval_rollout(policy_url, model_dir, out_dir, lora_name))
-    result = eval_metrics(summary["per_task_rewards"], cfg.eval_n_samples)
-    result["truncated_ratio"] = truncated_ratio(read_jsonl(out_dir / "samples.jsonl"))
-    result["wall_s"] = summary["wall_seconds"]
+    rollouts = await run_rollout_episodes(cfg.eval_rollout(policy_url, model_dir, out_dir, lora_name))
+    result = eval_metrics(rollouts.summary["per_task_rewards"], cfg.eval_n_samples)
+    result["truncated_ratio"] = truncated_ratio([s for e in rollouts.episodes for s in e.samples])
+    result["wall_s"] = rollouts.summary["wall_seconds"]
     return result
 
 

@@ -46,10 +46,10 @@ from slime_harbor.impossible_twin import prepare_twins, twin_line, twin_table
 from slime_harbor.filters import apply_limit_filters, mask_stale, varying_groups
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.retries import RetryBudget
-from slime_harbor.rollout import gold_check, load_tokenizer, run_episode, run_rollouts, serving_gateway
+from slime_harbor.rollout import gold_check, load_tokenizer, run_episode, run_rollout_episodes, serving_gateway
 from slime_harbor.tasks.task_dir import discover_tasks
 from slime_harbor.trial_setup import RolloutConfig, with_engine
-from slime_harbor.samples import read_jsonl, TrainingSample, write_jsonl
+from slime_harbor.samples import TrainingSample, write_jsonl
 from slime_harbor.trainers.evaluate import evaluation
 from slime_harbor.trainers.training_run import TaskStream, TrainingRun, step_record, step_sampling
 
@@ -252,8 +252,9 @@ async def run_canaries(run: TrainingRun, rollout: RolloutConfig, canaries: TaskS
     counted, never trained on."""
     names = canaries.take(max(1, round(run.cfg.canary_share * wanted)))
     out = step_dir / "canaries"
-    await run_rollouts(dataclasses.replace(rollout, tasks_dir=run.cfg.canary_tasks, task_names=names, out_dir=out))
-    return canary_counts(read_jsonl(out / "samples.jsonl"))
+    rollouts = await run_rollout_episodes(dataclasses.replace(rollout, tasks_dir=run.cfg.canary_tasks,
+                                                              task_names=names, out_dir=out))
+    return canary_counts([s for e in rollouts.episodes for s in e.samples])
 
 
 async def train_loop(run: TrainingRun, tasks: dict[str, Path], stream: TaskStream) -> None:
