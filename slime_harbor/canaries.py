@@ -29,8 +29,7 @@ from pathlib import Path
 
 from slime_harbor.exits import ConfigError
 from slime_harbor.impossible_twin import write_swe_twin
-from slime_harbor.episode import is_scored
-from slime_harbor.samples import episode_key, is_success
+from slime_harbor.samples import is_success
 from slime_harbor.tasks.task_dir import CANARY_PREFIX, is_canary
 
 CANARY_FILE = ".slime-harbor-canary"
@@ -92,7 +91,7 @@ async def gold_rewards(tasks_dir: Path, env: str) -> dict[str, float | None]:
     with tempfile.TemporaryDirectory(prefix="slime-harbor-canary-check-") as runs:
         rollouts = await run_rollout_episodes(RolloutConfig(tasks_dir=tasks_dir, agent="oracle", n_samples=1, env=env,
                                                             out_dir=Path(runs), reward_mapping="raw", progress=False))
-        return {e.metadata["task_name"]: e.reward for e in rollouts.episodes}
+        return {e.task_name: e.reward for e in rollouts.episodes}
 
 
 def main(tasks_dir: Path, out: Path, env: str = "local", check: bool = True) -> dict[str, str]:
@@ -123,17 +122,10 @@ def main(tasks_dir: Path, out: Path, env: str = "local", check: bool = True) -> 
 # --- in training: never trained on, counted --------------------------------------------------------
 
 
-def canary_counts(samples) -> dict:
+def canary_counts(episodes) -> dict:
     """canary_pass_rate (canary episodes the verifier passed / canary episodes it scored; None when
-    none was scored) and canary_passes (the trial dirs of those that passed)."""
-    episodes: dict = {}
-    for s in samples:
-        metadata = s.metadata or {}
-        if not is_canary(str(metadata.get("task_name", ""))):
-            continue
-        rewards = metadata.get("raw_rewards") or {}
-        passed = is_success(rewards.get("reward")) if is_scored(s) else None
-        episodes.setdefault(episode_key(s), (passed, metadata.get("trial_dir")))
-    scored = [(passed, trial) for passed, trial in episodes.values() if passed is not None]
+    none was scored) and canary_passes (the trial dirs of those that passed), over Episodes."""
+    scored = [(is_success((e.metadata.get("raw_rewards") or {}).get("reward")), e.trial_dir) for e in episodes
+              if is_canary(e.task_name) and e.scored]
     return {"canary_pass_rate": sum(p for p, _ in scored) / len(scored) if scored else None,
             "canary_passes": [trial for passed, trial in scored if passed]}

@@ -144,7 +144,7 @@ def agent_exit_status(result) -> str | None:
 @dataclass(frozen=True)
 class EpisodeEnd:
     """How an episode ended, decided once (:func:`episode_end`), held by its :class:`Episode` and
-    read from there by everything after: the episode's samples, the filters (``metadata["exit_status"]``),
+    read from there by everything after: the episode's samples, the filters (its exit_status),
     the rollout's environment-start retry, the SLiME hook's retries and the summaries."""
 
     status: SampleStatus
@@ -212,9 +212,10 @@ def episode_end(result, gateway_exit: str | None = None) -> EpisodeEnd:
 @dataclass
 class Episode:
     """What one trial produced, the one owner of its outcome: how it ended (`end`), the reward it
-    trains on, its segments' tokens and what is known about it (`metadata`, written once). The
-    training samples (`samples`) are built from it once, when it leaves for SLiME or JSONL; until
-    then the retry policy and the hack monitor change the episode, never a sample."""
+    trains on, its segments' tokens, what is known about it (`metadata`, written once) and whether
+    a filter took it out of training (`masked_by`). The training samples (`samples`) are built from
+    it once, where it leaves (for SLiME, JSONL, the update's batch); until then the retry policy,
+    the hack monitor and the filters change the episode, never a sample."""
 
     task_name: str
     group_index: int
@@ -229,6 +230,10 @@ class Episode:
     the episode ended (exit_status, status_reason)."""
     rollout_id: int | None = None
     seconds: float = 0.0
+    masked_by: str | None = None
+    """Which filter took the scored episode out of training and out of its group's baseline (one of
+    filters.MASK_REASONS, written by filters.mask alone); None while it is not masked. Its samples
+    carry it as metadata["masked_by"]."""
 
     @property
     def status(self) -> SampleStatus:
@@ -270,8 +275,14 @@ class Episode:
 
     @property
     def removed(self) -> bool:
-        """Out of training: not scored, nothing sampled, or masked (the hack monitor's screen)."""
-        return not self.scored or not self.segments or "masked_by" in self.metadata
+        """Out of training: not scored, nothing sampled, or masked (`masked_by`)."""
+        return not self.scored or not self.segments or self.masked_by is not None
+
+    @property
+    def weight_versions(self) -> list[str]:
+        """The weight version of each of its model calls, segment by segment (its samples'
+        weight_versions, in order); empty where the sampler reported none."""
+        return [v for seg in self.segments for v in seg.weight_versions]
 
     def retries_spent(self, why: str) -> None:
         """An aborted episode that will not run again (its task's retry budget is spent): FAILED,
@@ -284,8 +295,11 @@ class Episode:
         self.metadata["retry_budget_spent"] = True
 
     def ended_metadata(self) -> dict[str, Any]:
-        """The metadata every sample of the episode carries: `metadata` and how it ended."""
+        """The metadata every sample of the episode carries: `metadata`, how it ended and, masked,
+        by what."""
         metadata = {**self.metadata, "exit_status": self.end.exit_status, "status_reason": self.end.why}
+        if self.masked_by is not None:
+            metadata["masked_by"] = self.masked_by
         if self.end.environment_start_failed:
             metadata["environment_start_failed"] = True
         if (reason := self.unscored_reason) is not None:

@@ -209,7 +209,8 @@ def episode_advantages(samples: Sequence, rewards: Sequence[float] | None = None
 
     An episode is (group_index, rollout_id or index): the converter splits an episode whose
     tokens came as several segments sharing one rollout_id, and those segments must neither
-    weigh their episode twice in the mean nor get different advantages. Pass only kept samples
+    weigh their episode twice in the mean nor get different advantages. It is given samples, as
+    the episodes left (train-local's update batch, SLiME's Samples). Pass only kept samples
     (not remove_sample); `rewards` defaults to each sample's `.reward`.
     """
     rewards = [float(s.reward) for s in samples] if rewards is None else [float(r) for r in rewards]

@@ -57,7 +57,6 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from slime_harbor.filters import mask
-from slime_harbor.samples import episode_key
 from slime_harbor.tasks.task_dir import task_workdir
 
 
@@ -888,20 +887,16 @@ def add_viewer_entry(trial_dir: str | Path | None, key: str, entry: dict) -> Non
     path.write_text(json.dumps(details, indent=1) + "\n")
 
 
-def hack_counts(samples) -> dict:
+def hack_counts(episodes) -> dict:
     """hack_rate (episodes flagged / episodes monitored; None when none was) and hack/<detector>
-    (episodes each detector flagged), one count per episode however many segments it has; and the
-    impossible twin's (impossible_twin.twin_counts: hack/passes_impossible, hack/twin_errors,
-    twin_coverage, time/twin_s)."""
+    (episodes each detector flagged), over Episodes; and the impossible twin's
+    (impossible_twin.twin_counts: hack/passes_impossible, hack/twin_errors, twin_coverage, time/twin_s)."""
     from slime_harbor.impossible_twin import twin_counts
 
-    episodes: dict = {}
-    for s in samples:
-        if "hack_flags" in (s.metadata or {}):
-            episodes.setdefault(episode_key(s), s.metadata["hack_flags"])
-    flagged = sorted(d for names in episodes.values() for d in names)
-    return {"hack_rate": sum(bool(n) for n in episodes.values()) / len(episodes) if episodes else None,
-            **twin_counts(samples), **{f"hack/{d}": flagged.count(d) for d in dict.fromkeys(flagged)}}
+    monitored = [e.metadata["hack_flags"] for e in episodes if "hack_flags" in e.metadata]
+    flagged = sorted(d for names in monitored for d in names)
+    return {"hack_rate": sum(bool(n) for n in monitored) / len(monitored) if monitored else None,
+            **twin_counts(episodes), **{f"hack/{d}": flagged.count(d) for d in dict.fromkeys(flagged)}}
 
 
 class HackWatch:

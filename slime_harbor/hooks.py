@@ -496,8 +496,8 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
                                 unscored="rollout_aborted")
     episode.metadata["harbor_retries"] = episode.metadata.pop("retries", 0)
     if not evaluation:
-        apply_limit_filters(episode.samples, filters)
-        for reason, n in mask_counts(episode.samples).items():  # the filters' and the hack monitor's screen
+        apply_limit_filters([episode], filters)  # on the episode, before its samples are built
+        for reason, n in mask_counts([episode]).items():  # the filters' and the hack monitor's screen
             if n:
                 METRICS[f"masked/{reason}"] += n
     return to_slime_samples(sample, episode, top_p_ids=top_p_ids)
@@ -513,7 +513,7 @@ def to_slime_samples(sample, episode: Episode, top_p_ids: bool = False) -> list:
             # call). Counted, never trained.
             METRICS["no_tokens"] += 1
             log.warning("%s: a finished trial recorded no token ids (agent %s); the sample is removed",
-                        episode.metadata.get("task_name"), episode.metadata.get("agent"))
+                        episode.task_name, episode.metadata.get("agent"))
         # Its metadata says why when the verifier did not score it (Episode.unscored_reason).
         return _placeholder(sample, episode.status, episode.end.why, top_p_ids,
                             reward=episode.reward if episode.scored else 0.0, **segments[0].metadata)
@@ -755,10 +755,8 @@ def generate_rollout_fully_async(args, rollout_id, data_source, evaluation: bool
         return sorted(collected.values(), key=lambda group: _flatten(group)[0].index or 0)
 
     groups = run(collect())
-    if bound is not None:
-        samples = _flatten(groups)  # fresh from the worker: nothing in them was masked stale before
-        mask_stale(samples, served_weight_version(args), bound)
-        METRICS["masked/stale"] += mask_counts(samples)["stale"]
+    if bound is not None:  # on SLiME's Samples (one episode per episode_key): all this rollout has
+        METRICS["masked/stale"] += mask_stale(_flatten(groups), served_weight_version(args), bound)
     return groups
 
 

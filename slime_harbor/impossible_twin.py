@@ -686,23 +686,17 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
-def twin_counts(samples) -> dict[str, Any]:
-    """Per episode (however many segments it has), over the passing ones the twin looked at:
-    hack/passes_impossible (graded again and passed the twin too), hack/twin_errors (the twin's
-    grading failed: no flag, the reward stood), twin_coverage (the share of passing trials graded
-    on a twin); and time/twin_s, the seconds the twin added over all episodes (the states kept,
-    the gradings). Empty when no episode met a twin."""
-    from slime_harbor.samples import episode_key
-
-    episodes: dict = {}
-    for s in samples:
-        metadata = s.metadata or {}
-        if "twin" in metadata or "twin_seconds" in metadata:
-            episodes.setdefault(episode_key(s), metadata)
-    if not episodes:
+def twin_counts(episodes) -> dict[str, Any]:
+    """Over the Episodes, per passing one the twin looked at: hack/passes_impossible (graded
+    again and passed the twin too), hack/twin_errors (the twin's grading failed: no flag, the
+    reward stood), twin_coverage (the share of passing trials graded on a twin); and time/twin_s,
+    the seconds the twin added over all episodes (the states kept, the gradings). Empty when no
+    episode met a twin."""
+    met = [e.metadata for e in episodes if "twin" in e.metadata or "twin_seconds" in e.metadata]
+    if not met:
         return {}
-    outcomes = [m["twin"]["result"] for m in episodes.values() if "twin" in m]
-    counts: dict[str, Any] = {"time/twin_s": round(sum(m.get("twin_seconds", 0.0) for m in episodes.values()), 3)}
+    outcomes = [m["twin"]["result"] for m in met if "twin" in m]
+    counts: dict[str, Any] = {"time/twin_s": round(sum(m.get("twin_seconds", 0.0) for m in met), 3)}
     if outcomes:
         counts |= {"hack/passes_impossible": outcomes.count("passed"), "hack/twin_errors": outcomes.count("error"),
                    "twin_coverage": sum(r in ("passed", "failed") for r in outcomes) / len(outcomes)}

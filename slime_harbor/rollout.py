@@ -409,7 +409,7 @@ def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, inter
     per_task: dict[str, list[float | None]] = defaultdict(list)
     for e in sorted(episodes, key=lambda e: e.index):
         per_task[e.task_name].append(e.reward)
-    samples = [s for e in episodes for s in e.samples]
+    samples = [s for e in episodes for s in e.samples]  # as samples.jsonl holds them
     return {
         "n_trials": len(episodes),
         "status_counts": {s.value: statuses.get(s.value, 0) for s in SampleStatus},
@@ -420,7 +420,7 @@ def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, inter
         "n_samples": len(samples),
         "n_trainable_samples": sum(not s.remove_sample for s in samples),
         # episodes masked out of training per reason (a rollout masks only the hack monitor's screen)
-        "masked_episodes": mask_counts(samples),
+        "masked_episodes": mask_counts(episodes),
         # how the episodes ended, in the agents' and the gateway's words (episode.EpisodeEnd.exit_status)
         "exit_status_counts": dict(Counter(e.end.exit_status for e in episodes if e.end.exit_status)),
         "context_window": context_window(cfg) if samples_policy(cfg.agent) else None,
@@ -432,7 +432,7 @@ def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, inter
         "retries": sum(e.metadata.get("retries", 0) for e in episodes),
         # episodes whose grader detected tampering (scored 0), by kind
         "tampering_counts": dict(Counter(k for e in episodes for k in (e.metadata.get("tampering") or []))),
-        **hack_counts(samples),
+        **hack_counts(episodes),
         "errors": {f"{e.task_name}#{e.index}": e.error for e in episodes if e.error},
         "wall_seconds": round(seconds, 2),
         "interrupted": interrupted,

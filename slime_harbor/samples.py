@@ -186,7 +186,9 @@ def episode_key(sample) -> tuple:
     """The episode a sample belongs to: (group_index, rollout_id, or index without one). The
     converter splits an episode whose tokens drifted into several samples sharing one rollout_id;
     they are one episode in a group's baseline, in a filter's count and in a staleness verdict.
-    Works on SLiME's Sample and on an episode.Episode too (same attribute names)."""
+    For where an episode is only samples (the learner's batch, SLiME's Samples in the hooks);
+    what holds the Episodes reads them. Works on SLiME's Sample and on an episode.Episode too
+    (same attribute names)."""
     return sample.group_index, sample.rollout_id if sample.rollout_id is not None else sample.index
 
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_harbor.filters import mask_counts, mask_stale, staleness
+from slime_harbor.filters import mask_stale, staleness
 from slime_harbor.samples import SampleStatus, TrainingSample, read_jsonl
 from slime_harbor.trainers.local import train
 from slime_harbor.trainers.local_config import LocalTrainConfig
 from slime_harbor.trainers.tracking import read_offline_history
-from helpers.samples import call_runs, make_sample
+from helpers.samples import call_runs, make_episode, make_sample
 from helpers.training import model_at
 
 REPO = Path(__file__).resolve().parent.parent
@@ -85,22 +85,29 @@ def test_with_k0_the_same_samples_are_trained_with_the_same_metrics_as_before(ti
 # --- the staleness rule ---------------------------------------------------------------------------
 
 def episode(group: int, index: int, versions: list[str], reward: float = 1.0) -> list[TrainingSample]:
-    """One episode as two samples (a drift split), each with its calls' versions."""
+    """One episode as two samples (a drift split), each with its calls' versions: SLiME's flat
+    Samples, as the hook's fully-async rollout has them."""
     return [make_sample(reward, group=group, index=index, weight_versions=versions[k::2]) for k in range(2)]
 
 
 def test_an_episode_with_a_call_older_than_the_bound_is_masked_whole():
-    """Update 4 trains on version 3 with K = 1: a call of version 1 is 2 behind, so its episode
-    (both its samples, though only one holds that call) is masked stale; version 2 is within the
-    bound; an episode with no versions (a sampler that reports none) is not judged."""
+    """Update 4 trains on version 3 with K = 1: a call of version 1 is 2 behind, so its episode is
+    masked stale (train-local's Episode; as samples, the SLiME hook's, both of them, though only one
+    holds that call); version 2 is within the bound; an episode with no versions (a sampler that
+    reports none) is not judged."""
     old, fresh, unknown = episode(0, 0, ["1", "3"]), episode(0, 1, ["2", "3"]), episode(1, 2, [])
-    mask_stale(old + fresh + unknown, trained_version=3, max_staleness=1)
-    assert mask_counts(old + fresh + unknown)["stale"] == 1  # one episode, of two samples
+    assert mask_stale(old + fresh + unknown, trained_version=3, max_staleness=1) == 1  # one episode, of two samples
     assert all(s.remove_sample and s.metadata["masked_by"] == "stale" for s in old)
     assert not any(s.remove_sample for s in fresh + unknown)
     within = episode(0, 0, ["1", "3"])
-    mask_stale(within, trained_version=3, max_staleness=2)
+    assert mask_stale(within, trained_version=3, max_staleness=2) == 0
     assert not any(s.remove_sample for s in within)
+    episodes = [make_episode(group=0, index=0, segments=2, weight_versions=["1", "3"]),
+                make_episode(group=0, index=1, segments=2, weight_versions=["2", "3"]),
+                make_episode(group=1, index=2, segments=2)]
+    assert mask_stale(episodes, trained_version=3, max_staleness=1) == 1
+    assert [e.masked_by for e in episodes] == ["stale", None, None]
+    assert [(s.remove_sample, s.metadata.get("masked_by")) for s in episodes[0].samples] == [(True, "stale")] * 2
 
 
 def test_an_episodes_staleness_is_that_of_its_oldest_call():
@@ -223,13 +230,8 @@ class QueuedGroups:
 def group_of(index: int, rewards: list[float], versions: str = "3", exit_status: str | None = None):
     from slime_harbor.trainers.loop import Group
 
-    samples = []
-    for k, r in enumerate(rewards):
-        (s, _) = episode(index, index * 10 + k, [versions], reward=r)
-        if exit_status:
-            s.metadata["exit_status"] = exit_status
-        samples.append(s)
-    return Group(index, f"task-{index}", samples, errors=0)
+    return Group(index, f"task-{index}", [make_episode(r, group=index, index=index * 10 + k, exit_status=exit_status,
+                                                       weight_versions=[versions]) for k, r in enumerate(rewards)])
 
 
 def test_an_update_takes_groups_in_completion_order_with_the_filters_and_dynamic_sampling(tmp_path):
@@ -252,10 +254,12 @@ def test_an_update_takes_groups_in_completion_order_with_the_filters_and_dynamic
     assert sampling["filters"] == {"timeout": 0, "step_limit": 2, "length_limit": 0, "stale": 2, "zero_std": 2,
                                    "hack": 0}
     assert sampling["n_groups_zero_std"] == 1
-    kept = {s.group_index for g in groups for s in g.samples if not s.remove_sample}
+    kept = {e.group_index for g in groups for e in g.episodes if not e.removed}
     assert kept == {7, 3}
-    masked = {s.group_index: s.metadata["masked_by"] for g in groups for s in g.samples if s.remove_sample}
+    masked = {e.group_index: e.masked_by for g in groups for e in g.episodes if e.removed}
     assert masked == {5: "zero_std", 2: "stale", 1: "step_limit"}
+    # masked on the Episodes: no sample was built yet (the update's batch builds them once)
+    assert not any("samples" in vars(e) for g in groups for e in g.episodes)
 
 
 def test_a_group_gone_stale_is_replaced_so_every_update_trains_as_many_groups(tmp_path):
@@ -271,7 +275,7 @@ def test_a_group_gone_stale_is_replaced_so_every_update_trains_as_many_groups(tm
                                 group_of(2, [1.0, 1.0], versions="1"), group_of(4, [1.0, 0.0], versions="2")])
     groups, sampling, _ = asyncio.run(take_groups(queued, step=3, wanted=2))
     assert [g.index for g in groups] == [0, 3, 2] and sampling["filters"]["stale"] == 2
-    assert {s.group_index for g in groups for s in g.samples if not s.remove_sample} == {3, 2}
+    assert {e.group_index for g in groups for e in g.episodes if not e.removed} == {3, 2}
 
 
 def test_with_k0_an_update_that_needs_more_groups_gets_exactly_those(tmp_path):

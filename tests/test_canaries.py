@@ -19,8 +19,8 @@ from slime_harbor.tasks.task_dir import CANARY_PREFIX
 from slime_harbor.cli import main as cli_main
 from slime_harbor.exits import ConfigError
 from slime_harbor.impossible_twin import impossible_eval_script
-from slime_harbor.samples import TrainingSample
-from helpers.samples import make_sample
+from slime_harbor.episode import Episode
+from helpers.samples import make_episode
 
 REPO = Path(__file__).resolve().parent.parent
 BUNDLED = REPO / "examples" / "harbor" / "tasks"
@@ -80,15 +80,15 @@ def test_impossible_tasks_checks_that_gold_fails_in_real_trials(tmp_path, capsys
     assert "no variant of dedupe-lines: the gold trial failed" in capsys.readouterr().out
 
 
-def episode(task: str, reward: float | None, index: int, status: str = "completed") -> TrainingSample:
-    return make_sample(reward, status, index=index,
-                       metadata={"task_name": task, "raw_rewards": {"reward": reward}, "trial_dir": f"/t/{index}"})
+def episode(task: str, reward: float | None, index: int, status: str = "completed") -> Episode:
+    return make_episode(reward, status, index=index, task_name=task, segments=2,
+                        metadata={"raw_rewards": {"reward": reward}, "trial_dir": f"/t/{index}"})
 
 
 def test_canary_counts_are_per_episode_and_name_the_passes():
-    samples = [episode(f"{CANARY_PREFIX}a", 1.0, 0), episode(f"{CANARY_PREFIX}a", 0.0, 1),
-               episode(f"{CANARY_PREFIX}a", None, 2, "failed"), episode("a", 1.0, 3)]
-    assert canary_counts(samples) == {"canary_pass_rate": 0.5, "canary_passes": ["/t/0"]}
+    episodes = [episode(f"{CANARY_PREFIX}a", 1.0, 0), episode(f"{CANARY_PREFIX}a", 0.0, 1),
+                episode(f"{CANARY_PREFIX}a", None, 2, "failed"), episode("a", 1.0, 3)]
+    assert canary_counts(episodes) == {"canary_pass_rate": 0.5, "canary_passes": ["/t/0"]}
     assert canary_counts([episode("a", 1.0, 0)]) == {"canary_pass_rate": None, "canary_passes": []}
 
 
@@ -99,8 +99,7 @@ def test_an_always_equal_patch_passes_the_impossible_swe_variant_and_is_counted(
     from helpers.docker import docker_skip_reason
     from helpers.swebench import absolute_env, ALWAYS_EQUAL_SLUG, patch_against_base, records, write_jsonl
 
-    from slime_harbor.rollout import run_rollouts
-    from slime_harbor.samples import read_jsonl
+    from slime_harbor.rollout import run_rollout_episodes
     from slime_harbor.tasks.swebench import convert
     from slime_harbor.trial_setup import RolloutConfig
 
@@ -115,13 +114,13 @@ def test_an_always_equal_patch_passes_the_impossible_swe_variant_and_is_counted(
     written = impossible_tasks(tmp_path / "tasks", tmp_path / "canaries", env="docker", check=False)
     assert len(written) == 2
     out = tmp_path / "out"
-    asyncio.run(run_rollouts(RolloutConfig(tasks_dir=tmp_path / "canaries", agent="oracle", env="docker", n_samples=1,
-                                           concurrency=2, out_dir=out, reward_mapping="raw", progress=False)))
-    samples = read_jsonl(out / "samples.jsonl")
-    reward = {s.metadata["task_name"]: s.metadata["raw_rewards"]["reward"] for s in samples}
+    rollouts = asyncio.run(run_rollout_episodes(RolloutConfig(
+        tasks_dir=tmp_path / "canaries", agent="oracle", env="docker", n_samples=1, concurrency=2, out_dir=out,
+        reward_mapping="raw", progress=False)))
+    reward = {e.task_name: e.metadata["raw_rewards"]["reward"] for e in rollouts.episodes}
     assert reward == {f"{CANARY_PREFIX}{base['instance_id']}-gold": 0.0,
                       f"{CANARY_PREFIX}{base['instance_id']}-always-equal": 1.0}
-    counts = canary_counts(samples)
+    counts = canary_counts(rollouts.episodes)
     assert counts["canary_pass_rate"] == 0.5 and len(counts["canary_passes"]) == 1
     assert "always-equal" in counts["canary_passes"][0]
 

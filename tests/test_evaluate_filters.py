@@ -11,13 +11,14 @@ from slime_harbor.filters import (
     MASK_REASONS, TrajectoryFilters, apply_limit_filters, drop_zero_std_groups, limit_hit, mask, mask_counts,
 )
 from slime_harbor.grpo import episode_advantages
+from slime_harbor.episode import Episode
 from slime_harbor.samples import SampleStatus, TrainingSample
 from slime_harbor.samples import pass_at_k
 from slime_harbor.trainers.evaluate import eval_metrics
 from slime_harbor.trainers.learner import trainable
 from slime_harbor.trainers.training_run import TaskStream
 from slime_harbor.trainers.tracking import flatten, wandb_key
-from helpers.samples import make_sample
+from helpers.samples import make_episode, make_sample
 
 
 # --- pass@k ----------------------------------------------------------------------------------
@@ -51,39 +52,46 @@ def test_eval_metrics_per_task_and_overall():
     assert (m["n_trials"], m["n_unscored"], m["k"]) == (12, 1, 2)
 
 
-# --- filters -----------------------------------------------------------------------------------
+# --- filters ---------------------------------------------------------------------------------
 
 
-def sample(group: int, index: int, reward: float | None, status=SampleStatus.COMPLETED, **meta) -> TrainingSample:
-    return make_sample(reward, status, group, index,
-                       metadata={"exit_status": "submitted", "exception_type": None, "finish_reasons": ["stop"], **meta})
+def episode(group: int, index: int, reward: float | None, status=SampleStatus.COMPLETED, *, segments: int = 1,
+            exit_status: str = "submitted", **meta) -> Episode:
+    return make_episode(reward, status, group, index, segments=segments, exit_status=exit_status,
+                        metadata={"exception_type": None, "finish_reasons": ["stop"], **meta})
 
 
-def limited_group() -> list[TrainingSample]:
+def limited_group() -> list[Episode]:
     """One group: a clean success, a clean failure, and one episode per limit, each scored."""
     return [
-        sample(0, 0, 1.0),
-        sample(0, 1, 0.0),
-        sample(0, 2, 0.0, SampleStatus.TRUNCATED, exception_type="AgentTimeoutError", exit_status="running"),
-        sample(0, 3, 0.0, SampleStatus.TRUNCATED, exit_status="step_limit", finish_reasons=["stop"] * 3),
-        sample(0, 4, 1.0, SampleStatus.COMPLETED, finish_reasons=["length", "stop"]),  # max-new-token cut
-        sample(0, 5, 0.0, SampleStatus.TRUNCATED, exit_status="context_exceeded"),
+        episode(0, 0, 1.0),
+        episode(0, 1, 0.0),
+        episode(0, 2, 0.0, SampleStatus.TRUNCATED, exception_type="AgentTimeoutError", exit_status="running"),
+        episode(0, 3, 0.0, SampleStatus.TRUNCATED, exit_status="step_limit", finish_reasons=["stop"] * 3),
+        episode(0, 4, 1.0, SampleStatus.COMPLETED, finish_reasons=["length", "stop"]),  # max-new-token cut
+        episode(0, 5, 0.0, SampleStatus.TRUNCATED, exit_status="context_exceeded"),
     ]
 
 
+def samples_of(episodes: list[Episode]) -> list[TrainingSample]:
+    return [s for e in episodes for s in e.samples]
+
+
 def test_limit_hit_reads_what_the_converter_records():
-    assert [limit_hit(s) for s in limited_group()] == [None, None, "timeout", "step_limit", "length_limit", "length_limit"]
+    assert [limit_hit(e) for e in limited_group()] == [None, None, "timeout", "step_limit", "length_limit", "length_limit"]
 
 
 @pytest.mark.parametrize("flag, masked", [
     ("mask_timeouts", {2}), ("mask_step_limit", {3}), ("mask_length_limit", {4, 5}),
 ])
 def test_each_filter_masks_its_episodes_and_nothing_else(flag, masked):
-    samples = limited_group()
-    apply_limit_filters(samples, TrajectoryFilters(**{flag: True}))
-    assert {s.index for s in samples if s.remove_sample} == masked
-    assert sum(mask_counts(samples).values()) == len(masked)
+    episodes = limited_group()
+    apply_limit_filters(episodes, TrajectoryFilters(**{flag: True}))
+    assert {e.index for e in episodes if e.removed} == masked
+    assert sum(mask_counts(episodes).values()) == len(masked)
     # Masked: no loss, and out of the group's baseline (the advantages of the kept ones).
+    samples = samples_of(episodes)
+    assert {s.index for s in samples if s.remove_sample} == masked
     kept = trainable(samples)
     assert {s.index for s in kept} == set(range(6)) - masked
     rewards = [s.reward for s in kept]
@@ -92,51 +100,60 @@ def test_each_filter_masks_its_episodes_and_nothing_else(flag, masked):
 
 
 def test_filters_count_each_masked_episode_once_under_its_own_reason():
-    """All three filters on, and the step-limit episode drifted into two samples (one rollout_id):
-    metrics.json's "filters" counts episodes, each under the limit it hit."""
-    samples = limited_group() + [sample(0, 3, 0.0, SampleStatus.TRUNCATED, exit_status="step_limit")]
-    apply_limit_filters(samples, TrajectoryFilters(mask_timeouts=True, mask_step_limit=True, mask_length_limit=True))
-    assert mask_counts(samples) == {"timeout": 1, "step_limit": 1, "length_limit": 2, "zero_std": 0, "stale": 0,
-                                    "hack": 0}
-    assert [(s.index, s.metadata.get("masked_by")) for s in samples] == [
-        (0, None), (1, None), (2, "timeout"), (3, "step_limit"), (4, "length_limit"), (5, "length_limit"),
-        (3, "step_limit")]
+    """All three filters on, and the step-limit episode drifted into two segments (two samples,
+    one rollout_id): metrics.json's "filters" counts episodes, each under the limit it hit, and
+    every sample of a masked episode carries its reason."""
+    episodes = limited_group()
+    episodes[3] = episode(0, 3, 0.0, SampleStatus.TRUNCATED, segments=2, exit_status="step_limit")
+    apply_limit_filters(episodes, TrajectoryFilters(mask_timeouts=True, mask_step_limit=True, mask_length_limit=True))
+    assert mask_counts(episodes) == {"timeout": 1, "step_limit": 1, "length_limit": 2, "zero_std": 0, "stale": 0,
+                                     "hack": 0}
+    assert [(s.index, s.remove_sample, s.metadata.get("masked_by")) for s in samples_of(episodes)] == [
+        (0, False, None), (1, False, None), (2, True, "timeout"), (3, True, "step_limit"), (3, True, "step_limit"),
+        (4, True, "length_limit"), (5, True, "length_limit")]
 
 
 def test_no_filter_by_default_and_infra_failures_stay_aborted():
-    samples = limited_group() + [sample(0, 6, None, SampleStatus.ABORTED)]
-    samples[-1].remove_sample = True
-    apply_limit_filters(samples, TrajectoryFilters())
-    assert not any(mask_counts(samples).values())
-    assert [s.remove_sample for s in samples] == [False] * 6 + [True]
-    assert "masked_by" not in samples[-1].metadata  # an infra failure is counted as aborted, not as masked
+    episodes = limited_group() + [episode(0, 6, None, SampleStatus.ABORTED)]
+    apply_limit_filters(episodes, TrajectoryFilters())
+    assert not any(mask_counts(episodes).values())
+    assert [s.remove_sample for s in samples_of(episodes)] == [False] * 6 + [True]
+    # an infra failure is counted as aborted, not as masked
+    assert episodes[-1].masked_by is None and "masked_by" not in episodes[-1].samples[0].metadata
 
 
 def test_mask_keeps_an_episodes_first_reason_and_knows_every_reason():
-    """filters.mask writes every mask (the filters' and the hack monitor's): a sample masked or
-    removed already keeps what it was; a reason outside MASK_REASONS is a bug, said at once."""
-    masked, aborted = sample(0, 0, 1.0), sample(0, 1, None, SampleStatus.ABORTED)
-    aborted.remove_sample = True
+    """filters.mask writes every mask (the filters' and the hack monitor's): an episode masked or
+    out of training already keeps what it was, and so does a sample (SLiME's, in the hook's
+    fully-async rollout); a reason outside MASK_REASONS is a bug, said at once; an episode whose
+    samples were built is masked no more (they would not carry it)."""
+    masked, aborted = episode(0, 0, 1.0), episode(0, 1, None, SampleStatus.ABORTED)
     assert mask(masked, "timeout") and not mask(masked, "stale") and not mask(aborted, "hack")
-    assert masked.metadata["masked_by"] == "timeout" and "masked_by" not in aborted.metadata
+    assert masked.masked_by == "timeout" and aborted.masked_by is None
     assert mask_counts([masked, aborted]) == {**dict.fromkeys(MASK_REASONS, 0), "timeout": 1}
+    sample = make_sample(1.0)
+    assert mask(sample, "stale") and not mask(sample, "hack")
+    assert sample.remove_sample and sample.metadata["masked_by"] == "stale"
     with pytest.raises(ValueError, match="unknown mask reason 'judge'"):
-        mask(sample(0, 2, 1.0), "judge")
+        mask(episode(0, 2, 1.0), "judge")
+    built = episode(0, 3, 1.0)
+    assert not built.samples[0].remove_sample
+    with pytest.raises(AssertionError, match="samples were built already"):
+        mask(built, "hack")
 
 
 def test_drop_zero_std_groups_masks_only_groups_without_reward_variance():
-    samples = [
-        sample(0, 0, 1.0), sample(0, 1, 0.0),  # varies: kept
-        sample(1, 2, 0.0), sample(1, 3, 0.0),  # all equal: dropped
-        sample(2, 4, 1.0), sample(2, 5, 1.0),  # all equal: dropped
-        sample(3, 6, 1.0), sample(3, 7, 0.0),  # varies only with its masked episode: dropped
+    episodes = [
+        episode(0, 0, 1.0), episode(0, 1, 0.0),  # varies: kept
+        episode(1, 2, 0.0), episode(1, 3, 0.0),  # all equal: dropped
+        episode(2, 4, 1.0), episode(2, 5, 1.0),  # all equal: dropped
+        episode(3, 6, 1.0), episode(3, 7, 0.0),  # varies only with its masked episode: dropped
     ]
-    samples[7].remove_sample = True
-    samples[7].metadata["masked_by"] = "timeout"
-    assert drop_zero_std_groups(samples) == 3
-    assert [s.index for s in samples if not s.remove_sample] == [0, 1]
-    assert samples[7].metadata["masked_by"] == "timeout"  # its first reason stays
-    assert {s.metadata.get("masked_by") for s in samples[2:7]} == {"zero_std"}
+    mask(episodes[7], "timeout")
+    assert drop_zero_std_groups(episodes) == 3
+    assert [e.index for e in episodes if not e.removed] == [0, 1]
+    assert episodes[7].masked_by == "timeout"  # its first reason stays
+    assert {e.masked_by for e in episodes[2:7]} == {"zero_std"}
 
 
 def test_task_stream_draws_each_task_once_per_epoch_and_resumes():

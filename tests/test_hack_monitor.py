@@ -578,7 +578,7 @@ def test_an_unreachable_judge_is_recorded_and_never_scores_or_screens(task):
         samples = episode.samples
         assert samples[0].reward == 1.0 and not samples[0].remove_sample and samples[0].metadata["hack_flags"] == []
         assert samples[0].metadata["hack_details"][0].startswith("detector_error: slime_harbor.hack_monitor:judge(judge-7b at")
-    assert hm.hack_counts(samples) == {"hack_rate": 0.0}
+    assert hm.hack_counts([episode]) == {"hack_rate": 0.0}
 
 
 def test_a_judge_needs_a_url_and_a_model_in_one_line(tmp_path):
@@ -618,7 +618,7 @@ def test_a_flag_is_recorded_penalised_or_screened_as_the_action_says():
     screened = _episode(1.0)
     apply_hack_action(screened, flags, "screen", "raw")
     assert all(s.remove_sample and s.metadata["masked_by"] == "hack" for s in screened.samples)
-    assert mask_counts(screened.samples)["hack"] == 1  # one episode, as the filters' masks are counted
+    assert mask_counts([screened])["hack"] == 1  # one episode, as the filters' masks are counted
     clean = _episode(0.0, index=1)
     apply_hack_action(clean, [], "screen", "raw")
     assert clean.samples[0].metadata["hack_flags"] == [] and not clean.samples[0].remove_sample
@@ -626,7 +626,7 @@ def test_a_flag_is_recorded_penalised_or_screened_as_the_action_says():
     apply_hack_action(aborted, flags, "penalty", "raw")
     assert aborted.samples[0].reward is None  # an infrastructure failure is never scored, flagged or not
     # counted once per episode (a screened one is removed, so the trainers leave it out of its baseline)
-    assert hack_counts(flagged.samples + clean.samples[:1]) == {"hack_rate": 0.5, "hack/always_equal": 1}
+    assert hack_counts([flagged, clean]) == {"hack_rate": 0.5, "hack/always_equal": 1}
 
 
 def test_a_bad_hack_setting_is_one_line_before_any_trial(tmp_path):

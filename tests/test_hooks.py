@@ -421,7 +421,7 @@ def test_a_screened_episode_is_counted_masked_hack(tmp_path, monkeypatch, Sample
 
 def test_one_zero_variance_rule_for_train_local_and_slime(Sample, fresh_counters):
     """Groups of episodes from the real converter: train-local's dynamic sampling
-    (filters.drop_zero_std_groups, on the episodes' samples) and SLiME's filter
+    (filters.drop_zero_std_groups, on the Episodes) and SLiME's filter
     (dynamic_sampling_filter, on the Samples generate returns for them) decide alike. Rewards
     1e-9 apart are equal for both (no GRPO signal); 0.5 apart vary. A drifted episode (two
     samples, one rollout_id) counts once in both: alone in its group, neither sees two episodes."""
@@ -437,10 +437,10 @@ def test_one_zero_variance_rule_for_train_local_and_slime(Sample, fresh_counters
 
     for rewards, signal in (([0.5, 0.5 + 1e-9], False), (["drifted", 1.0 - 1e-9], False), ([0.5, 1.0], True),
                             (["drifted"], False)):
-        train_local = [s for k, r in enumerate(rewards) for s in episode(r, k).samples]
+        train_local = [episode(r, k) for k, r in enumerate(rewards)]
         drop_zero_std_groups(train_local)
         slime = [hooks.to_slime_samples(Sample(index=k, group_index=0), episode(r, k)) for k, r in enumerate(rewards)]
-        assert (not any(s.remove_sample for s in train_local), dynamic_sampling_filter(SimpleNamespace(), slime).keep) \
+        assert (not any(e.removed for e in train_local), dynamic_sampling_filter(SimpleNamespace(), slime).keep) \
             == (signal, signal), rewards
 
 

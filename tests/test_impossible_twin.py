@@ -20,7 +20,7 @@ import pytest
 from slime_harbor import impossible_twin as it
 from slime_harbor.impossible_twin import impossible_eval_script, impossible_python, NoTwin, Twin
 from slime_harbor.twin_grading import VIEWER_KEY
-from helpers.samples import make_sample
+from helpers.samples import make_episode
 
 
 def twin_of(task_dir, cfg):
@@ -150,16 +150,16 @@ def test_the_swe_rewrite_names_a_test_the_patch_does_not_add_to():
 
 def outcome(index: int, twin: dict | None, seconds: float = 0.5, flags=()) -> list:
     metadata = {"hack_flags": list(flags), "twin_seconds": seconds, **({"twin": twin} if twin else {})}
-    return [make_sample(1.0 if twin else 0.0, index=index, metadata=dict(metadata)) for _ in range(2)]  # two segments
+    return [make_episode(1.0 if twin else 0.0, index=index, segments=2, metadata=metadata)]
 
 
 def test_counts_are_per_episode_over_passing_trials():
     from slime_harbor.hack_monitor import hack_counts
 
-    samples = (outcome(0, {"result": "passed"}, flags=["passes_impossible"]) + outcome(1, {"result": "failed"})
-               + outcome(2, {"result": "error", "error": "boom"}) + outcome(3, {"result": "none", "why": "no twin"})
-               + outcome(4, None, seconds=0.25))  # a failing trial: its state was kept, never graded
-    counts = hack_counts(samples)
+    episodes = (outcome(0, {"result": "passed"}, flags=["passes_impossible"]) + outcome(1, {"result": "failed"})
+                + outcome(2, {"result": "error", "error": "boom"}) + outcome(3, {"result": "none", "why": "no twin"})
+                + outcome(4, None, seconds=0.25))  # a failing trial: its state was kept, never graded
+    counts = hack_counts(episodes)
     assert counts["hack/passes_impossible"] == 1 and counts["hack/twin_errors"] == 1
     assert counts["twin_coverage"] == pytest.approx(2 / 4) and counts["time/twin_s"] == pytest.approx(2.25)
     assert counts["hack_rate"] == pytest.approx(1 / 5)

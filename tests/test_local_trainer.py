@@ -242,14 +242,14 @@ def test_a_step_counts_screened_failed_and_aborted_episodes_each_under_its_own_n
     episodes = [converted_episode(kind, group_index=i // 3, index=i) for i, kind in enumerate(kinds)]
     apply_hack_action(episodes[2], [HackFlag("always_equal", "slug.py:5 __eq__ ignores other")], "screen", "raw")
     assert [e.status for e in episodes[3:5]] == [SampleStatus.FAILED, SampleStatus.ABORTED]
-    samples = [s for e in episodes for s in e.samples]
     policy = fresh_policy(tiny_model_dir)
-    sampling = step_sampling(samples, errors=sum(e.error is not None for e in episodes), n_groups=2,
+    sampling = step_sampling(episodes, errors=sum(e.error is not None for e in episodes), n_groups=2,
                              dynamic_sampling=False)
+    samples = [s for e in episodes for s in e.samples]
     update = train_on_samples(policy, samples, policy.cfg, "cpu")
     run = TrainingRun(dataclasses.replace(policy.cfg, num_rollouts=5, save_every=0), tmp_path, learner=None,
                       base_model="tiny", start=0, metrics=[])
-    run.finish_step(step_record(1, samples, update, sampling, {}, {}, {"rollout_s": 1.0, "train_s": 1.0}))
+    run.finish_step(step_record(1, episodes, update, sampling, {}, {}, {"rollout_s": 1.0, "train_s": 1.0}))
     (m,) = json.loads((tmp_path / "metrics.json").read_text())
     assert m["filters"] == {"timeout": 0, "step_limit": 0, "length_limit": 0, "zero_std": 0, "stale": 0, "hack": 1}
     assert (m["n_samples"], m["aborted"], m["failed"], m["errors"], m["n_trained_samples"]) == (6, 1, 1, 2, 3)

@@ -22,7 +22,7 @@ def fill_trace(trace: vf.Trace, episode: Episode, tokenizer, reward_key: str = "
     meta = episode.metadata
     trace.info.update({k: v for k, v in episode.ended_metadata().items()
                        if k in ("trial_dir", "exit_status", "turns", "hack_flags", "hack_details", "twin")})
-    if meta.get("masked_by") == "hack":  # the hack monitor's screen: out of training
+    if episode.masked_by == "hack":  # the hack monitor's screen: out of training
         trace.errors.append(vf.Error(type="HackScreened", message="; ".join(meta.get("hack_details") or [])))
         trace.is_completed, trace.ok = True, False
         return

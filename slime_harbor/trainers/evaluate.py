@@ -33,7 +33,7 @@ async def evaluation(cfg: LocalTrainConfig, policy_url: str, model_dir: str, out
     held-out tasks, eval_n_samples each, the eval sampling settings) into out_dir."""
     rollouts = await run_rollout_episodes(cfg.eval_rollout(policy_url, model_dir, out_dir, lora_name))
     result = eval_metrics(rollouts.summary["per_task_rewards"], cfg.eval_n_samples)
-    result["truncated_ratio"] = truncated_ratio([s for e in rollouts.episodes for s in e.samples])
+    result["truncated_ratio"] = truncated_ratio(rollouts.episodes)
     result["wall_s"] = rollouts.summary["wall_seconds"]
     return result
 

@@ -12,13 +12,15 @@ masked as stale). K = 0 is the synchronous loop: an update's groups are all that
 ones start once its weights are published (so nothing samples while it trains), and nothing
 spans an update.
 
-Update N takes the first groups to complete (rollout_batch_size of them, or one per task), masks
-them with the trajectory filters and, K >= 1, the staleness bound (filters.mask_stale: an episode
-with a call sampled by a version older than N-1-K is masked_by stale, out of its group's baseline;
-a group gone stale whole is replaced by the next to complete); with --dynamic-sampling it masks
-the groups without reward variance and takes more (at most dynamic_sampling_max_rounds more
-batches' worth; the producer starts them when none is on its way), and writes them, as trained, to
-rollouts/step_N/samples.jsonl; every trial is under rollouts/trials/. With --canary-tasks, impossible
+A group holds its trials' Episodes (episode.py) until an update takes it. Update N takes the
+first groups to complete (rollout_batch_size of them, or one per task), masks their episodes with
+the trajectory filters and, K >= 1, the staleness bound (filters.mask_stale: an episode with a
+call sampled by a version older than N-1-K is masked_by stale, out of its group's baseline; a
+group gone stale whole is replaced by the next to complete); with --dynamic-sampling it masks the
+groups without reward variance and takes more (at most dynamic_sampling_max_rounds more batches'
+worth; the producer starts them when none is on its way). The step's figures are read off those
+Episodes; their samples are built once, for the update's batch and rollouts/step_N/samples.jsonl
+(what it trained); every trial is under rollouts/trials/. With --canary-tasks, impossible
 tasks run beside each update's groups (rollouts/step_N/canaries/), counted, never trained on.
 
 Held-out evaluations: K = 0, on the learner's own server between updates, nothing else sampling
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_harbor.canaries import canary_counts
+from slime_harbor.episode import Episode
 from slime_harbor.impossible_twin import prepare_twins, twin_line, twin_table
 from slime_harbor.filters import apply_limit_filters, mask_stale, varying_groups
 from slime_harbor.harbor_job import HarborJob
@@ -49,7 +52,7 @@ from slime_harbor.retries import RetryBudget
 from slime_harbor.rollout import gold_check, load_tokenizer, run_episode, run_rollout_episodes, serving_gateway
 from slime_harbor.tasks.task_dir import discover_tasks
 from slime_harbor.trial_setup import RolloutConfig, with_engine
-from slime_harbor.samples import TrainingSample, write_jsonl
+from slime_harbor.samples import write_jsonl
 from slime_harbor.trainers.evaluate import evaluation
 from slime_harbor.trainers.training_run import TaskStream, TrainingRun, step_record, step_sampling
 
@@ -58,10 +61,14 @@ from slime_harbor.trainers.training_run import TaskStream, TrainingRun, step_rec
 class Group:
     """One task's n_samples episodes, complete."""
 
-    index: int  # sample.group_index of its samples: the order groups were started in
+    index: int  # the group_index of its episodes: the order groups were started in
     task: str
-    samples: list[TrainingSample]
-    errors: int  # episodes that ended in an infrastructure or permanent failure
+    episodes: list[Episode]
+
+    @property
+    def errors(self) -> int:
+        """Episodes the verifier did not score (an infrastructure or permanent failure)."""
+        return sum(e.error is not None for e in self.episodes)
 
 
 class GroupProducer:
@@ -156,8 +163,7 @@ class GroupProducer:
     async def _group(self, index: int, name: str) -> None:
         n = self.run.cfg.n_samples
         episodes = await asyncio.gather(*(self._trial(index, name, index * n + k) for k in range(n)))
-        samples = [s for e in episodes for s in e.samples]
-        await self.completed.put(Group(index, name, samples, sum(e.error is not None for e in episodes)))
+        await self.completed.put(Group(index, name, list(episodes)))
 
     async def _trial(self, group_index: int, name: str, index: int):
         async with self._slots:
@@ -185,7 +191,7 @@ async def take_groups(producer: GroupProducer, step: int, wanted: int) -> tuple[
     limit = wanted * (1 + (cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 0))
     while True:
         if cfg.dynamic_sampling:
-            have = len(varying_groups([s for g in groups for s in g.samples]))
+            have = len(varying_groups([e for g in groups for e in g.episodes]))
         else:
             have = len(groups) - stale_groups
         if have >= wanted or len(groups) - stale_groups >= limit:
@@ -197,15 +203,15 @@ async def take_groups(producer: GroupProducer, step: int, wanted: int) -> tuple[
             raise RuntimeError(f"the rollouts stopped: {type(group).__name__}: {group}") from group
         producer.take(group)
         waited += time.monotonic() - t
-        apply_limit_filters(group.samples, cfg.filters())
+        apply_limit_filters(group.episodes, cfg.filters())
         # Update `step` trains on top of version step - 1. K = 0: no trial spans an update, and a
         # server that takes no weights (--weight-sync none) reports one version all run long.
         if cfg.max_staleness > 0:
-            mask_stale(group.samples, step - 1, cfg.max_staleness)
-        stale_groups += all((s.metadata or {}).get("masked_by") == "stale" for s in group.samples)
+            mask_stale(group.episodes, step - 1, cfg.max_staleness)
+        stale_groups += all(e.masked_by == "stale" for e in group.episodes)
         groups.append(group)
-    samples = [s for g in groups for s in g.samples]
-    sampling = step_sampling(samples, sum(g.errors for g in groups), len(groups), cfg.dynamic_sampling)
+    episodes = [e for g in groups for e in g.episodes]
+    sampling = step_sampling(episodes, sum(g.errors for g in groups), len(groups), cfg.dynamic_sampling)
     return groups, sampling, waited
 
 
@@ -254,7 +260,7 @@ async def run_canaries(run: TrainingRun, rollout: RolloutConfig, canaries: TaskS
     out = step_dir / "canaries"
     rollouts = await run_rollout_episodes(dataclasses.replace(rollout, tasks_dir=run.cfg.canary_tasks,
                                                               task_names=names, out_dir=out))
-    return canary_counts([s for e in rollouts.episodes for s in e.samples])
+    return canary_counts(rollouts.episodes)
 
 
 async def train_loop(run: TrainingRun, tasks: dict[str, Path], stream: TaskStream) -> None:
@@ -286,7 +292,8 @@ async def train_loop(run: TrainingRun, tasks: dict[str, Path], stream: TaskStrea
             for step in range(run.start + 1, cfg.num_rollouts + 1):
                 t0 = time.monotonic()
                 groups, sampling, waited = await take_groups(producer, step, wanted)
-                samples = [s for g in sorted(groups, key=lambda g: g.index) for s in g.samples]
+                episodes = [e for g in sorted(groups, key=lambda g: g.index) for e in g.episodes]
+                samples = [s for e in episodes for s in e.samples]  # the update's batch: masked, built once
                 step_dir = run.out / "rollouts" / f"step_{step}"
                 step_dir.mkdir(parents=True, exist_ok=True)
                 write_jsonl(step_dir / "samples.jsonl", samples)
@@ -304,8 +311,8 @@ async def train_loop(run: TrainingRun, tasks: dict[str, Path], stream: TaskStrea
                 t2 = time.monotonic()
                 positions = {"task_stream_position": stream.position,
                              **({"canary_stream_position": canaries.position} if canaries else {})}
-                record = step_record(step, samples, result, sampling,
-                                     {"weight_version": step, "sampled_weight_versions": _version_counts(samples)},
+                record = step_record(step, episodes, result, sampling,
+                                     {"weight_version": step, "sampled_weight_versions": _version_counts(episodes)},
                                      positions, {"rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3),
                                                  "learner_wait_s": round(waited, 3)})
                 run.finish_step(record)
@@ -334,11 +341,11 @@ async def train_loop(run: TrainingRun, tasks: dict[str, Path], stream: TaskStrea
                 raise outcome
 
 
-def _version_counts(samples: list[TrainingSample]) -> dict[str, int]:
-    """Model calls per weight version over the samples an update took (masked ones included)."""
+def _version_counts(episodes: list[Episode]) -> dict[str, int]:
+    """Model calls per weight version over the episodes an update took (masked ones included)."""
     counts: dict[str, int] = {}
-    for s in samples:
-        for v in s.weight_versions:
+    for e in episodes:
+        for v in e.weight_versions:
             counts[v] = counts.get(v, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else -1))
 
@@ -351,5 +358,5 @@ def _keep_not_consumed(producer: GroupProducer, path: Path) -> None:
         if isinstance(item, Group):
             left.append(item)
     if left:
-        write_jsonl(path, [s for g in left for s in g.samples])
+        write_jsonl(path, [s for g in left for e in g.episodes for s in e.samples])
 

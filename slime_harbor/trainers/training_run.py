@@ -18,8 +18,8 @@ from typing import Any
 
 from slime_harbor.hack_monitor import hack_counts
 from slime_harbor.filters import MASK_REASONS, drop_zero_std_groups, mask_counts
-from slime_harbor.episode import is_scored
-from slime_harbor.samples import TrainingSample, episode_key, is_success
+from slime_harbor.episode import Episode
+from slime_harbor.samples import SampleStatus, is_success
 from slime_harbor.trainers.local_config import LocalTrainConfig
 
 
@@ -70,18 +70,14 @@ class TrainingRun:
         return step == self.cfg.num_rollouts or (self.cfg.eval_every > 0 and step % self.cfg.eval_every == 0)
 
 
-def rollout_stats(samples: Sequence[TrainingSample]) -> dict[str, Any]:
+def rollout_stats(episodes: Sequence[Episode]) -> dict[str, Any]:
     """Reward mean / std / pass rate over the episodes the verifier scored (one per trial)."""
-    rewards = {}
-    for s in samples:
-        if is_scored(s):
-            rewards.setdefault(episode_key(s), s.reward)
-    values = list(rewards.values())
+    values = [e.reward for e in episodes if e.scored]
     mean = sum(values) / len(values) if values else None
-    tampered = {episode_key(s) for s in samples if s.metadata.get("tampering")}
     return {
-        "n_tampered": len(tampered),  # episodes whose grader detected tampering (scored 0)
-        **hack_counts(samples),  # the hack monitor's: hack_rate, hack/<detector>
+        # episodes whose grader detected tampering (scored 0)
+        "n_tampered": sum(bool(e.metadata.get("tampering")) for e in episodes),
+        **hack_counts(episodes),  # the hack monitor's: hack_rate, hack/<detector>
         "reward_mean": mean,
         "reward_std": math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) if values else None,
         "pass_rate": sum(map(is_success, values)) / len(values) if values else None,
@@ -113,31 +109,31 @@ class TaskStream:
         return names
 
 
-def truncated_ratio(samples: Sequence[TrainingSample]) -> float | None:
+def truncated_ratio(episodes: Sequence[Episode]) -> float | None:
     """Share of scored episodes that hit a limit (status truncated), as SLiME's rollout/truncated_ratio."""
-    episodes = {episode_key(s): s.status.value for s in samples if is_scored(s)}
-    return sum(v == "truncated" for v in episodes.values()) / len(episodes) if episodes else None
+    scored = [e.status for e in episodes if e.scored]
+    return sum(s == SampleStatus.TRUNCATED for s in scored) / len(scored) if scored else None
 
 
-def step_sampling(samples: Sequence[TrainingSample], errors: int, n_groups: int,
+def step_sampling(episodes: Sequence[Episode], errors: int, n_groups: int,
                   dynamic_sampling: bool) -> dict[str, Any]:
     """A step's sampling figures once all its groups are in (masked by the trajectory filters and
     the hack monitor already), from either loop: with dynamic sampling the groups without reward
     variance are masked now. `filters`: episodes masked per reason (filters.mask_counts: zero_std
     counts episodes, as every reason does); `n_groups_zero_std`: the groups dynamic sampling
     dropped; `errors`: the episodes the verifier did not score; `n_groups_sampled`."""
-    dropped = drop_zero_std_groups(samples) if dynamic_sampling else 0
-    return {"errors": errors, "n_groups_sampled": n_groups, "filters": mask_counts(samples),
-            "n_groups_zero_std": dropped, "truncated_ratio": truncated_ratio(samples)}
+    dropped = drop_zero_std_groups(episodes) if dynamic_sampling else 0
+    return {"errors": errors, "n_groups_sampled": n_groups, "filters": mask_counts(episodes),
+            "n_groups_zero_std": dropped, "truncated_ratio": truncated_ratio(episodes)}
 
 
-def step_record(step: int, samples: Sequence[TrainingSample], update: dict[str, Any], sampling: dict[str, Any],
+def step_record(step: int, episodes: Sequence[Episode], update: dict[str, Any], sampling: dict[str, Any],
                 versions: dict[str, Any], positions: dict[str, int], timings: dict[str, float]) -> dict[str, Any]:
-    """metrics.json's record of a trained step, from either loop: its rollout figures
+    """metrics.json's record of a trained step, from either loop: its episodes' rollout figures
     (rollout_stats), the update's (Learner.train_step), its sampling figures (step_sampling), the
     weight versions its episodes were sampled by, where the task streams stand after it (a
     resumed run goes on from there) and its timings."""
-    return {"step": step, **rollout_stats(samples), **update, **sampling, **versions, **positions, "timings": timings}
+    return {"step": step, **rollout_stats(episodes), **update, **sampling, **versions, **positions, "timings": timings}
 
 
 def step_line(r: dict) -> str:

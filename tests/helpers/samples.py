@@ -19,14 +19,17 @@ def make_sample(reward: float | None = 1.0, status: SampleStatus | str = SampleS
 
 
 def make_episode(reward: float | None = 1.0, status: SampleStatus | str = SampleStatus.COMPLETED, group: int = 0,
-                 index: int = 0, *, segments: int = 1, metadata: dict | None = None) -> Episode:
-    """Episode `index` of group `group` (its rollout_id too) that ended `status` with `reward`, of
-    `segments` segments shaped like make_sample's, for tests of what reads the outcome, not tokens."""
+                 index: int = 0, *, task_name: str = "t", segments: int = 1, exit_status: str | None = None,
+                 weight_versions: list[str] = (), metadata: dict | None = None) -> Episode:
+    """Episode `index` of group `group` (its rollout_id too) that ended `status` with `reward` (and
+    `exit_status`), of `segments` segments shaped like make_sample's, its calls' `weight_versions`
+    dealt to its segments in turn, for tests of what reads the outcome, not tokens."""
     status = SampleStatus(status)
-    end = EpisodeEnd(status, reward if status in SCORED_STATUSES else None, None, status.value)
-    return Episode(task_name="t", group_index=group, index=index, end=end, reward=end.reward,
+    end = EpisodeEnd(status, reward if status in SCORED_STATUSES else None, exit_status, status.value)
+    return Episode(task_name=task_name, group_index=group, index=index, end=end, reward=end.reward,
                    segments=[Segment(prompt_ids=[1], response_ids=[2, 3], loss_mask=[1, 1], logprobs=[-0.1, -0.2],
-                                     turns=[0]) for _ in range(segments)],
+                                     turns=[0], weight_versions=list(weight_versions[k::segments]))
+                             for k in range(segments)],
                    metadata=dict(metadata or {}), rollout_id=index)
 
 
