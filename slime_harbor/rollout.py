@@ -196,9 +196,9 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
                     session.max_calls = gateway_step_limit(agent, cfg.step_limit)
                 trial = await Trial.create(config)
                 install_agents_first(trial)  # within the agent's setup budget, not the task's build timeout
-                isolate_shared_verifier(trial)  # no agent process or reward file survives into the verifier
-                watch = HackWatch(trial, task_path, cfg.hack_detector_functions())  # after it: reads a clean sandbox
-                twin_watch = TwinWatch(trial, twin, cfg)  # after it too: keeps the sandbox its checks passed
+                left = isolate_shared_verifier(trial)  # no agent process or reward file survives into the verifier
+                watch = HackWatch(trial, task_path, cfg.hack_detector_functions(), left)  # reads what isolation read
+                twin_watch = TwinWatch(trial, twin, cfg)  # after isolation's hook: keeps the sandbox its checks passed
                 if session is not None:
                     end_run_at_gateway_limits(trial, session)
                     # The agent is done: its session's files (the ATIF trajectory of an agent that
@@ -298,10 +298,9 @@ async def _finish_environment_stop(trial) -> None:
     sandbox dir or container left behind). Calling stop() again joins the teardown (our sandbox
     shares one stop task; Harbor's other environments tolerate a second stop).
     """
-    environment = getattr(trial, "agent_environment", None)
-    if environment is None:
+    if trial is None:  # never created: nothing started
         return
-    stop = asyncio.ensure_future(environment.stop(delete=trial.config.environment.delete))
+    stop = asyncio.ensure_future(trial.agent_environment.stop(delete=trial.config.environment.delete))
     cancelled = None
     while not stop.done():
         try:

@@ -382,15 +382,17 @@ def environment_config(env: str, gateway=None, agent=None):
 
 
 def environment_keeps_state(env: str) -> bool:
-    """Whether the run's environment can keep the agent's state for a second verifier
-    (keep_state(): our docker and local sandboxes)."""
+    """Whether the run's environment can keep the agent's state for a second verifier: its class
+    declares abilities.KeepsState (our docker and local sandboxes)."""
     config = environment_config(env)
     if not config.import_path:
         return False
     from harbor.utils.import_path import import_class
 
+    from slime_harbor.environments.abilities import KeepsState
+
     try:
-        return hasattr(import_class(config.import_path, label="environment"), "keep_state")
+        return issubclass(import_class(config.import_path, label="environment"), KeepsState)
     except Exception:
         return False
 
@@ -435,11 +437,14 @@ def install_agents_first(trial) -> None:
     and the multipliers), not the task's build timeout, which Harbor puts around the start. A hook
     on the trial's ENVIRONMENT_START event, which Harbor awaits before that bound; an install that
     fails or runs out of budget ends the trial with AgentInstallError (an infrastructure failure,
-    retried like an environment that did not start). Environments without installs: nothing."""
+    retried like an environment that did not start). Environments that do not declare
+    abilities.InstallsAgents: nothing."""
     from harbor.trial.hooks import TrialEvent
 
+    from slime_harbor.environments.abilities import InstallsAgents
+
     environment = trial.agent_environment
-    if not hasattr(environment, "install_agents"):
+    if not isinstance(environment, InstallsAgents):
         return
     environment.agent_setup_timeout_sec = trial.agent_setup_timeout_sec
 

@@ -52,9 +52,15 @@ class TwinWatch:
             trial.add_hook(TrialEvent.VERIFICATION_START, self._keep)
 
     async def _keep(self, event) -> None:
+        from slime_harbor.environments.abilities import KeepsState
+
         started = time.monotonic()
+        environment = self.trial.agent_environment
+        if not isinstance(environment, KeepsState):  # a run's twins are checked against this (GoldCheck.keeps_state)
+            self.keep_error = f"{type(environment).__name__} cannot keep the agent's state"
+            return
         try:
-            self.kept = await self.trial.agent_environment.keep_state()
+            self.kept = await environment.keep_state()
         except Exception as exc:  # never the trial's failure: a passing trial's twin is an error then
             self.keep_error = f"keeping the agent's state failed: {one_line(exc)}"
         self.seconds += time.monotonic() - started
