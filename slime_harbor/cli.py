@@ -204,6 +204,9 @@ def print_summary(summary: dict, out: Path) -> None:
         print(impossible_twin_text(summary))
     print(f"wall time: {summary['wall_seconds']}s   output: {out}/samples.jsonl, {out}/summary.json, {out}/trials/")
     print(f"browse the trials: slime-harbor view {out}")
+    if summary.get("internal_errors"):  # bugs of ours: said on stderr, where a failing run looks
+        print(f"{len(summary['internal_errors'])} internal errors (slime-harbor bugs, not the tasks'): tracebacks in "
+              f"each trial dir's slime-harbor-error.txt, e.g. {summary['internal_errors'][0]}", file=sys.stderr)
 
 
 def impossible_twin_text(summary: dict) -> str:

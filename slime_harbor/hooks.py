@@ -495,6 +495,8 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
             return _placeholder(sample, SampleStatus.ABORTED, "rollout aborted by SLiME during the trial", top_p_ids,
                                 unscored="rollout_aborted")
     episode.metadata["harbor_retries"] = episode.metadata.pop("retries", 0)
+    if episode.metadata.get("internal_error"):  # a bug of ours (rollout.internal_error): counted, never a bad task
+        METRICS["internal_errors"] += 1
     if not evaluation:
         apply_limit_filters(episode.samples, filters)
         for reason, n in mask_counts(episode.samples).items():  # the filters' and the hack monitor's screen

@@ -30,15 +30,19 @@ import contextlib
 import dataclasses
 import json
 import logging
+import re
 import sys
 import tempfile
 import time
+import tomllib
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+import pydantic
 
 from slime_harbor.agents.host import report_exit_status
 from slime_harbor.converter import Episode, EpisodeEnd, trial_to_episode, TRUNCATING_EXITS
@@ -214,31 +218,103 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
                 # wait_for cancelled the trial, which recorded a CancelledError (classified aborted).
                 await _finish_environment_stop(trial)
                 result = trial.result
-            except Exception as exc:  # the trial could not even be created (malformed task dir, bad config): permanent
-                log.warning("trial for %s failed before running: %s", task_path.name, exc)
+            except TASK_MISTAKES as exc:  # the task's or the user's: a malformed task dir, a config Harbor refuses
+                log.warning("trial for %s failed before running: %s", task_path.name, one_line(exc))
                 return Episode(
                     task_name=task_path.name, group_index=group_index, index=index,
-                    end=EpisodeEnd(SampleStatus.FAILED, None, None, f"{type(exc).__name__}: {exc}"), reward=None,
-                    metadata={"task_name": task_path.name, "exception_type": type(exc).__name__}, seconds=time.monotonic() - started,
+                    end=EpisodeEnd(SampleStatus.FAILED, None, None, f"{type(exc).__name__}: {one_line(exc)}"),
+                    reward=None, metadata={"task_name": task_path.name, "exception_type": type(exc).__name__},
+                    seconds=time.monotonic() - started,
                 )
+            except Exception as exc:  # anything else is a bug of ours: loud, counted, never a bad task
+                return internal_error(exc, task_path, trials_dir / trial_name, group_index, index, started)
         finally:  # ended, failed or cancelled: in-flight calls are aborted and the recording flushed
             if session is not None:
                 await _close_session(gateway, trial_name)
-        report_exit_status(result)  # terminus-2 says nothing of its end: its module reads it
-        episode = trial_to_episode(
-            result, group_index=group_index, index=index, tokenizer=tokenizer, reward_mapping=cfg.reward_mapping,
-            **({"recorded": session} if session is not None else {}),
-        )
-        episode.task_name = task_path.name  # the task dir's name, which Harbor's own task name need not be
-        flags = await asyncio.to_thread(watch.flags)
-        flags += await twin_watch.grade(episode)  # a passing episode, graded again on its impossible twin
-        apply_hack_action(episode, flags, cfg.hack_action, cfg.reward_mapping)
-        show_in_viewer(episode.trial_dir, flags, cfg.hack_action)
+        if bug := bug_of_ours(result):  # Harbor caught it and would have made it the trial's failure
+            return internal_error(bug, task_path, trials_dir / trial_name, group_index, index, started)
+        try:
+            report_exit_status(result)  # terminus-2 says nothing of its end: its module reads it
+            episode = trial_to_episode(
+                result, group_index=group_index, index=index, tokenizer=tokenizer, reward_mapping=cfg.reward_mapping,
+                **({"recorded": session} if session is not None else {}),
+            )
+            episode.task_name = task_path.name  # the task dir's name, which Harbor's own task name need not be
+            flags = await asyncio.to_thread(watch.flags)
+            flags += await twin_watch.grade(episode)  # a passing episode, graded again on its impossible twin
+            apply_hack_action(episode, flags, cfg.hack_action, cfg.reward_mapping)
+            show_in_viewer(episode.trial_dir, flags, cfg.hack_action)
+        except Exception as exc:  # reading the finished trial: only our code runs here, so a bug of ours
+            return internal_error(exc, task_path, trials_dir / trial_name, group_index, index, started)
     finally:  # whatever ended the trial: the state kept for the twin goes (an image, a copied dir)
         if twin_watch is not None:
             await twin_watch.discard()
     episode.seconds = time.monotonic() - started
     return episode
+
+
+TASK_MISTAKES = (FileNotFoundError, NotADirectoryError, tomllib.TOMLDecodeError, pydantic.ValidationError, ConfigError)
+"""What setting a trial up raises for a task's or a user's mistake (a task dir without its files,
+task.toml that does not parse or that Harbor's schema refuses, a setting refused in one line): the
+episode is FAILED with the reason. Anything else raised there is a bug of ours (internal_error)."""
+INTERNAL_ERROR_BUDGET = 3
+"""Bugs of ours a process lives through (each an episode FAILED, its traceback in its trial dir);
+the next one stops the run (InternalErrorBudgetSpent)."""
+INTERNAL_ERRORS: list[str] = []
+"""This process's internal errors so far: each trial dir whose slime-harbor-error.txt holds one."""
+
+
+class InternalErrorBudgetSpent(RuntimeError):
+    """More bugs of ours than INTERNAL_ERROR_BUDGET: the run stops rather than train around them."""
+
+
+BUG_TYPES = frozenset({"AttributeError", "TypeError", "NameError", "UnboundLocalError", "KeyError", "IndexError",
+                       "AssertionError", "ZeroDivisionError", "ImportError", "ModuleNotFoundError", "RecursionError"})
+"""Exception types that mean a programming error where they are raised."""
+PACKAGE_DIR = str(Path(__file__).resolve().parent)
+
+
+class RecordedBug(Exception):
+    """A bug of ours that Harbor caught during the trial and recorded (its exception.txt)."""
+
+
+def bug_of_ours(result) -> RecordedBug | None:
+    """The trial's recorded exception when it is a programming error (BUG_TYPES) raised in our code
+    (its traceback's last frame in the slime_harbor package: the native agent, our sandboxes, the
+    isolation and monitor hooks); None for any other end, the task's or an agent's of Harbor's.
+    One of ours that a library raises on our behalf (a wrong argument) still looks like the trial's."""
+    info = result.exception_info
+    if info is None or info.exception_type not in BUG_TYPES:
+        return None
+    frames = re.findall(r'^\s*File "([^"]+)", line \d+', info.exception_traceback or "", re.M)
+    if not frames or not frames[-1].startswith(PACKAGE_DIR):
+        return None
+    return RecordedBug(f"{info.exception_type}: {one_line(info.exception_message or '')}\n{info.exception_traceback}")
+
+
+def internal_error(exc: Exception, task_path: Path, trial_dir: Path, group_index: int, index: int,
+                   started: float) -> Episode:
+    """A bug of ours while a trial was set up or run (agent_config, the hack monitor, the isolation
+    hooks, the twin's grading...): its traceback goes to the trial dir's slime-harbor-error.txt and
+    to the log at ERROR, the episode is FAILED (an infrastructure failure: removed, never scored,
+    never a bad task) with that said in its reason, and the process counts it; past
+    INTERNAL_ERROR_BUDGET it raises InternalErrorBudgetSpent, which stops the run."""
+    import traceback
+
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    record = trial_dir / "slime-harbor-error.txt"
+    record.write_text(str(exc) if isinstance(exc, RecordedBug) else "".join(traceback.format_exception(exc)))
+    INTERNAL_ERRORS.append(str(trial_dir))
+    what = one_line(str(exc).split("\n")[0]) if isinstance(exc, RecordedBug) else f"{type(exc).__name__}: {one_line(exc)}"
+    why = f"internal error (a slime-harbor bug, not the task's): {what} (traceback: {record})"
+    log.error("trial of %s: %s", task_path.name, why)
+    if len(INTERNAL_ERRORS) > INTERNAL_ERROR_BUDGET:
+        raise InternalErrorBudgetSpent(f"{len(INTERNAL_ERRORS)} internal errors (slime-harbor bugs) in this process, "
+                                       f"more than {INTERNAL_ERROR_BUDGET}: stopping; the last: {why}") from exc
+    return Episode(task_name=task_path.name, group_index=group_index, index=index,
+                   end=EpisodeEnd(SampleStatus.FAILED, None, None, why), reward=None,
+                   metadata={"task_name": task_path.name, "exception_type": type(exc).__name__, "internal_error": True,
+                             "trial_dir": str(trial_dir)}, seconds=time.monotonic() - started)
 
 
 def gold_check(cfg: RolloutConfig) -> GoldCheck:
@@ -274,7 +350,7 @@ def end_run_at_gateway_limits(trial, session) -> None:
     async def run_until_a_gateway_limit(instruction, environment, context):
         try:
             await run(instruction=instruction, environment=environment, context=context)
-        except Exception as exc:
+        except Exception as exc:  # whatever the agent raises on the gateway's 400; anything else is raised again
             if session.exit_reason not in TRUNCATING_EXITS:
                 raise
             kind, message = type(exc).__name__, one_line(exc)
@@ -367,10 +443,13 @@ async def _run_all(cfg: RolloutConfig, tasks: list[Path], out: Path, job: Harbor
             # A TaskGroup, not gather: on Ctrl-C / cancellation it cancels every trial and waits
             # for all of them to finish tearing down. gather returns at the first cancelled
             # child, and the event loop's shutdown would then cut the others' sandbox teardown.
-            async with asyncio.TaskGroup() as group:
-                for group_index, task_path in enumerate(tasks):
-                    for k in range(cfg.n_samples):
-                        group.create_task(one(task_path, group_index, group_index * cfg.n_samples + k))
+            try:
+                async with asyncio.TaskGroup() as group:
+                    for group_index, task_path in enumerate(tasks):
+                        for k in range(cfg.n_samples):
+                            group.create_task(one(task_path, group_index, group_index * cfg.n_samples + k))
+            except* InternalErrorBudgetSpent as stopped:  # the run stops on it: raised as itself, not in a group
+                raise stopped.exceptions[0] from None
         except (asyncio.CancelledError, KeyboardInterrupt):
             interrupted = True
             raise
@@ -415,6 +494,8 @@ def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, inter
         "tampering_counts": dict(Counter(k for e in episodes for k in (e.metadata.get("tampering") or []))),
         **hack_counts(samples),
         "errors": {f"{e.task_name}#{e.index}": e.error for e in episodes if e.error},
+        # bugs of ours (never the task's): each trial dir holds its traceback in slime-harbor-error.txt
+        "internal_errors": [e.metadata["trial_dir"] for e in episodes if e.metadata.get("internal_error")],
         "wall_seconds": round(seconds, 2),
         "interrupted": interrupted,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},

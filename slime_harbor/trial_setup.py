@@ -391,7 +391,7 @@ def environment_keeps_state(env: str) -> bool:
 
     try:
         return hasattr(import_class(config.import_path, label="environment"), "keep_state")
-    except Exception:
+    except Exception:  # an environment that does not import: check_config says so; it keeps nothing
         return False
 
 
@@ -540,7 +540,7 @@ def check_agent(cfg: RolloutConfig) -> None:
                           "install in the sandbox")
     try:
         agent_class(agent_config(cfg))
-    except Exception as exc:
+    except Exception as exc:  # whatever importing a user's module:Class or Harbor's agent raises: one line
         if ":" not in cfg.agent and cfg.agent not in RECIPES:
             examples = ", ".join(AgentFactory.registered_names()[:4])
             raise ConfigError(f"unknown agent {cfg.agent!r}: use native, terminus-2, mini-swe-agent, oracle, nop, another Harbor "
@@ -566,7 +566,7 @@ def _check_agent_installs(cfg: RolloutConfig) -> None:
 def _check_environment(env: str) -> None:
     try:
         config = environment_config(env)
-    except Exception:
+    except Exception:  # a name environment_config cannot place: one line naming the choices
         raise ConfigError(f"unknown env {env!r}: use local, docker, another Harbor environment type "
                           f"(daytona, modal, ...) or module:Class") from None
     try:

@@ -161,7 +161,7 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_facto
             guard.run(train_loop(run, {p.name: p for p in task_paths}, stream), runner)
     except Interrupted as exc:
         interrupted = exc
-    except BaseException:
+    except BaseException:  # any end but a signal's: the learner's servers and wandb close, then it is raised again
         learner.close()
         if run.tracker is not None:
             run.tracker.finish()
