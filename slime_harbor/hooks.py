@@ -68,7 +68,8 @@ from slime_harbor.filters import (
 from slime_harbor.grpo import episode_advantages
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.retries import RetryBudget
-from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
+from slime_harbor.policy.renderer import load_tokenizer
+from slime_harbor.rollout import run_episode, start_gateway
 from slime_harbor.trial_setup import BUNDLED_TASKS, RolloutConfig, check_agent, check_run_settings, uses_gateway, with_engine
 from slime_harbor.samples import SampleStatus, episode_key, is_scored, is_success, pass_at_k
 
@@ -161,12 +162,6 @@ class HookConfigError(ValueError):
 def hook_metrics() -> dict[str, int]:
     """The process's counts, with the reruns and each task's reruns in its current retry window."""
     return {**METRICS, **RETRY_BUDGET.counts, **RETRY_BUDGET.metrics()}
-
-
-@functools.lru_cache(maxsize=4)
-def _tokenizer(model_dir: str | None):
-    """The policy's tokenizer, loaded once per rollout worker: it decodes `sample.response`."""
-    return load_tokenizer(model_dir)
 
 
 def setting(args, key: str):
@@ -487,7 +482,7 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
         # An aborted episode runs again within the task's budget (run_episode), unless SLiME ended the round.
         episode = await run_unless_aborted(
             run_episode(task_dir, cfg, group_index=sample.group_index or 0, index=sample.index or 0,
-                        trials_dir=trials_dir(args, evaluation), tokenizer=_tokenizer(cfg.model_dir),
+                        trials_dir=trials_dir(args, evaluation), tokenizer=load_tokenizer(cfg.model_dir),
                         gateway=gateway, retry_budget=RETRY_BUDGET, stop_retrying=slime_rollout_aborted),
             slime_rollout_aborted,
         )

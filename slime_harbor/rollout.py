@@ -53,6 +53,7 @@ from slime_harbor.harbor_job import HarborJob
 from slime_harbor.impossible_twin import GoldCheck, prepare_twins, twin_for, twin_line, twin_table
 from slime_harbor.twin_grading import TwinWatch, verifier_config
 from slime_harbor.isolation import isolate_shared_verifier
+from slime_harbor.policy.renderer import load_tokenizer
 from slime_harbor.retries import RetryBudget
 from slime_harbor.samples import SampleStatus, is_success
 from slime_harbor.tasks.manifest import apply_manifest
@@ -390,12 +391,6 @@ async def _finish_environment_stop(trial) -> None:
         raise cancelled
 
 
-def load_tokenizer(model_dir: str | None):
-    if not model_dir:
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
 
 
 async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:

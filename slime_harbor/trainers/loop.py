@@ -46,7 +46,8 @@ from slime_harbor.impossible_twin import prepare_twins, twin_line, twin_table
 from slime_harbor.filters import apply_limit_filters, mask_stale, varying_groups
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.retries import RetryBudget
-from slime_harbor.rollout import gold_check, load_tokenizer, run_episode, run_rollouts, serving_gateway
+from slime_harbor.policy.renderer import load_tokenizer
+from slime_harbor.rollout import gold_check, run_episode, run_rollouts, serving_gateway
 from slime_harbor.tasks.task_dir import discover_tasks
 from slime_harbor.trial_setup import RolloutConfig, with_engine
 from slime_harbor.samples import read_jsonl, TrainingSample, write_jsonl
