@@ -26,6 +26,7 @@ installed agents (run inside the sandbox) as OPENAI_BASE_URL & co., through the 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import dataclasses
 import json
@@ -149,6 +150,50 @@ async def serving_gateway(cfg: RolloutConfig):
         yield gateway
     finally:
         await gateway.aclose()
+
+
+_SHARED_GATEWAYS: dict[asyncio.AbstractEventLoop, dict[tuple, Any]] = {}
+"""Per event loop (a gateway's server runs in the loop that started it), per upstream: the gateway
+runners that outlive one trial share (the SLiME hook's process, the verifiers env)."""
+_SHARED_LOCKS: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
+
+
+async def shared_gateway(cfg: RolloutConfig):
+    """The running event loop's gateway in front of cfg's policy (its URL, API, served name, model
+    dir and adapter), started on first use and reused by every later trial of that loop;
+    close_shared_gateways closes them. A runner whose trials end with it uses serving_gateway."""
+    loop = asyncio.get_running_loop()
+    key = (cfg.policy_url, cfg.policy_api, cfg.model_name, cfg.model_dir, cfg.lora_name)
+    async with _SHARED_LOCKS.setdefault(loop, asyncio.Lock()):
+        gateways = _SHARED_GATEWAYS.setdefault(loop, {})
+        if key not in gateways:
+            gateways[key] = await start_gateway(cfg)
+            log.info("model gateway for Harbor agents at %s (upstream %s)", gateways[key].base_url, cfg.policy_url)
+        return gateways[key]
+
+
+async def close_shared_gateways() -> None:
+    """Close the running event loop's shared gateways (their sessions, servers and ports)."""
+    loop = asyncio.get_running_loop()
+    _SHARED_LOCKS.pop(loop, None)
+    for gateway in _SHARED_GATEWAYS.pop(loop, {}).values():
+        await gateway.aclose()
+
+
+@atexit.register
+def _close_shared_gateways_at_exit() -> None:
+    """At interpreter exit: close each loop's gateways in that loop, where it can still run them
+    (SLiME runs its rollout loop in a background thread; a closed loop took its sockets with it)."""
+    for loop, gateways in list(_SHARED_GATEWAYS.items()):
+        _SHARED_GATEWAYS.pop(loop, None)
+        for gateway in gateways.values():
+            try:
+                if loop.is_running():
+                    asyncio.run_coroutine_threadsafe(gateway.aclose(), loop).result(timeout=30)
+                elif not loop.is_closed():
+                    loop.run_until_complete(gateway.aclose())
+            except Exception as exc:  # exiting anyway: say so, never raise from atexit
+                log.warning("closing the model gateway at exit failed: %s", exc)
 
 
 async def start_gateway(cfg: RolloutConfig):

@@ -16,6 +16,7 @@ import pytest
 from collections import Counter
 
 from slime_harbor import hooks
+from slime_harbor import rollout as rollout_module
 from slime_harbor.cli import prepare_data
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.retries import RetryBudget
@@ -162,19 +163,19 @@ def test_generate_hook_runs_terminus2_through_the_process_gateway(tmp_path, resp
         plain = Sample(group_index=0, index=1, prompt="p", label=task.name, session_id="sess-1",
                        metadata={"task_dir": str(task)})
         first = await generate(args, plain, {"temperature": 1.0, "max_new_tokens": 96})
-        gateway = hooks._loops[asyncio.get_running_loop()].gateway
+        (gateway,) = rollout_module._SHARED_GATEWAYS[asyncio.get_running_loop()].values()
         replay = Sample(group_index=0, index=2, prompt="p", label=task.name, session_id="sess-2",
                         metadata={"task_dir": str(task)})
         second = await generate(args, replay, {"temperature": 1.0, "top_p": 0.9, "max_new_tokens": 96,
                                                 "stop_token_ids": [5], "sampling_seed": 3,
                                                 "custom_params": {"return_top_p_token_ids": True}})
-        assert hooks._loops[asyncio.get_running_loop()].gateway is gateway  # one per process and loop
+        assert list(rollout_module._SHARED_GATEWAYS[asyncio.get_running_loop()].values()) == [gateway]  # one per loop
         await hooks.close_gateway()
         return first, second, gateway.port, asyncio.get_running_loop()
 
     first, second, gateway_port, loop = asyncio.run(two_trials())
     # (Another loop's gateway may remain: a SLiME round run earlier in this process keeps its own.)
-    assert port_is_free(gateway_port) and loop not in hooks._loops
+    assert port_is_free(gateway_port) and loop not in rollout_module._SHARED_GATEWAYS
     for s in first:
         assert s.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED) and not s.remove_sample
         n = s.response_length

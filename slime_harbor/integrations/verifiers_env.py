@@ -42,7 +42,7 @@ from slime_harbor.integrations.verifiers_trace import fill_trace
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.retries import RetryBudget
 from slime_harbor.policy.renderer import load_tokenizer
-from slime_harbor.rollout import run_episode, start_gateway
+from slime_harbor.rollout import close_shared_gateways, run_episode, shared_gateway
 from slime_harbor.tasks.task_dir import discover_tasks
 from slime_harbor.agents.settings import check_agent_settings
 from slime_harbor.config_docs import derived_fields
@@ -127,9 +127,6 @@ class HarborTrialsEnv(SingleAgentEnv):
     def __init__(self, config) -> None:
         super().__init__(config)
         self._gate: asyncio.Semaphore | None = None
-        self._gateways: dict[tuple, object] = {}
-        """Started gateways by (upstream URL, model, tokenizer): one per policy the env samples from."""
-        self._gateway_lock = asyncio.Lock()
         self._retry_budget = RetryBudget()
         """Reruns of aborted episodes, per task, over the env's life (RolloutConfig.max_retries_per_task)."""
 
@@ -144,23 +141,7 @@ class HarborTrialsEnv(SingleAgentEnv):
             try:
                 await self.stop()
             finally:
-                await self.close_gateways()
-
-    async def gateway_for(self, rollout: RolloutConfig):
-        """The gateway in front of the rollout's policy (started on first use), or None for the native agent."""
-        if not uses_gateway(rollout.agent):
-            return None
-        key = (rollout.policy_url, rollout.model_name, rollout.model_dir)
-        async with self._gateway_lock:
-            if key not in self._gateways:
-                self._gateways[key] = await start_gateway(rollout)
-        return self._gateways[key]
-
-    async def close_gateways(self) -> None:
-        """Close every gateway this env started: sessions, server, port."""
-        while self._gateways:
-            _, gateway = self._gateways.popitem()
-            await gateway.aclose()
+                await close_shared_gateways()  # the gateways this env's trials started
 
     async def run(self, task: vf.Task, agents: vf.Agents) -> None:  # run_episode below replaces it
         raise NotImplementedError("HarborTrialsEnv runs whole Harbor Trials in run_episode")
@@ -183,7 +164,7 @@ class HarborTrialsEnv(SingleAgentEnv):
         if on_trace is not None:
             on_trace(trace)
         started = time.time()
-        gateway = await self.gateway_for(rollout)
+        gateway = await shared_gateway(rollout) if uses_gateway(rollout.agent) else None
         async with self._gate:
             episode = await run_episode(Path(task.data.task_dir), rollout, group_index=task.data.idx or 0, index=0,
                                         trials_dir=cfg.trials_dir, tokenizer=tokenizer,
