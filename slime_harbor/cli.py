@@ -16,7 +16,6 @@ import dataclasses
 import json
 import os
 import sys
-import typing
 from collections import Counter
 from pathlib import Path
 

@@ -52,14 +52,12 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import dataclasses
 import hashlib
 import json
 import os
 import re
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path

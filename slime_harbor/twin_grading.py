@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 from harbor.verifier.verifier import Verifier
 
