@@ -562,3 +562,26 @@ def test_a_state_kept_by_a_killed_run_is_swept_by_the_next_start(env, tmp_path):
         assert Path(kept).is_dir()
         sweep_stale_sandboxes(base)  # what the next BubblewrapEnvironment.start() runs first
         assert not Path(kept).exists()
+
+
+@pytest.mark.slow
+def test_a_task_with_another_separate_verifier_is_regraded_against_its_twin(tmp_path, monkeypatch, policy_server,
+                                                                            tiny_model_dir):
+    """The case-table task given a separate verifier (the workdir collected as an artifact, graded in
+    a fresh sandbox of the task): Harbor's own regrade of the trial against the twin task catches
+    the held-out to_roman and leaves the gold alone."""
+    monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
+    tasks = tmp_path / "tasks"
+    shutil.copytree(ROMAN, tasks / ROMAN.name)
+    toml = tasks / ROMAN.name / "task.toml"
+    toml.write_text(toml.read_text().replace('schema_version = "1.4"\n', 'schema_version = "1.4"\nartifacts = ["/app"]\n')
+                    .replace("[verifier]\n", '[verifier]\nenvironment_mode = "separate"\n'))
+    assert it.twin_mode(tasks / ROMAN.name) == it.REGRADE
+    summaries, got = asyncio.run(gold_and_held_out(
+        tasks, [ROMAN.name], "local", {ROMAN.name: {"/app/roman.py": str(HELD_OUT / "stack_reading_roman.py")}},
+        tmp_path / "out", policy_server, tiny_model_dir, "raw"))
+    assert_gold(got[("oracle", ROMAN.name)])
+    hacked = got[("held-out-solution-test-agent", ROMAN.name)]
+    assert_caught(hacked, failure=0.0)
+    regrade = json.loads((Path(hacked["metadata"]["trial_dir"]) / "twin" / "result.json").read_text())
+    assert regrade["verifier_result"]["rewards"]["reward"] == 1.0  # Harbor's regrade trial, against the twin
