@@ -147,8 +147,10 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
     async def run(agent: str, tasks: Path, n: int, name: str) -> dict[str, list[dict]]:
         if tasks != tasks_dir:
             throwaway.extend(p.name for p in tasks.iterdir())
+        # The grader's rewards are what calibrate judges: no twin grading of its own runs (the tasks'
+        # twins are checked once above), none built for the attack copies.
         cfg = RolloutConfig(tasks_dir=tasks, agent=agent, n_samples=n, env=env, concurrency=concurrency,
-                            out_dir=runs / name, reward_mapping="raw", progress=False)
+                            out_dir=runs / name, reward_mapping="raw", progress=False, impossible_twin="off")
         await run_rollouts(cfg)
         grouped: dict[str, list[dict]] = {}
         for line in (runs / name / "samples.jsonl").read_text().splitlines():
