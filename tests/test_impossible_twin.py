@@ -369,10 +369,10 @@ def test_the_slime_hook_grades_a_passing_trial_on_its_twin(tmp_path, monkeypatch
     from types import SimpleNamespace
 
     from slime_harbor import hooks
-    from helpers.slime import SampleLike
-
     if importlib.util.find_spec("slime") is not None:
         from slime.utils.types import Sample as SampleLike
+    else:
+        from helpers.slime import SampleLike
 
     monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HELD_OUT_AGENT_FILES", json.dumps({"/app/roman.py": str(HELD_OUT / "stack_reading_roman.py")}))
