@@ -134,7 +134,7 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
     from slime_harbor.impossible_twin import prepare_twins, twin_table
     from slime_harbor.rollout import gold_check, run_rollouts
     from slime_harbor.tasks.task_dir import discover_tasks
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     if repeats < 1:
         raise ConfigError(f"repeats must be at least 1, got {repeats}")

@@ -69,7 +69,8 @@ from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.retries import RetryBudget
 from slime_harbor.policy.renderer import load_tokenizer
 from slime_harbor.rollout import close_shared_gateways, run_episode, shared_gateway
-from slime_harbor.trial_setup import BUNDLED_TASKS, RolloutConfig, check_agent, check_run_settings, uses_gateway, with_engine
+from slime_harbor.agents.placement import uses_gateway
+from slime_harbor.run_config import BUNDLED_TASKS, RolloutConfig, check_agent, check_run_settings, with_engine
 from slime_harbor.samples import SampleStatus, episode_key, is_scored, is_success, pass_at_k
 
 

@@ -11,8 +11,8 @@ One episode = one real Harbor Trial (agent + sandbox + verifier) = `run_episode`
 
 `run_episode` is the unit the SLiME hook (hooks.py) and the local trainer call too; it reruns an
 aborted episode (a transient failure) within the task's RetryBudget (retries.py). What a trial is
-made of (RolloutConfig, the agent's and the sandbox's Harbor configs, the config checks) is in
-trial_setup.py.
+made of: the run's settings and their checks (run_config.py), the agent's Harbor config
+(agents/placement.py), the sandbox's (trial_setup.py).
 
 Every agent but native / oracle / nop samples through the recording gateway (slime_harbor/gateway):
 `run_rollouts` starts one in front of cfg.policy_url, `run_episode` opens one session per trial
@@ -58,10 +58,21 @@ from slime_harbor.policy.renderer import load_tokenizer
 from slime_harbor.retries import RetryBudget
 from slime_harbor.samples import SampleStatus, is_success
 from slime_harbor.tasks.manifest import apply_manifest
+from slime_harbor.agents.placement import (
+    agent_config,
+    gateway_step_limit,
+    ModelEndpoint,
+    samples_policy,
+    uses_gateway,
+)
+from slime_harbor.agents.settings import context_window
+from slime_harbor.run_config import check_config, RolloutConfig, with_engine
 from slime_harbor.trial_setup import (
-    agent_config, check_config, context_window, environment_config, environment_keeps_state, gateway_step_limit,
-    hard_timeout_sec, install_agents_first, ModelEndpoint, preflight_environment, RolloutConfig, samples_policy,
-    uses_gateway, with_engine,
+    environment_config,
+    environment_keeps_state,
+    hard_timeout_sec,
+    install_agents_first,
+    preflight_environment,
 )
 
 log = logging.getLogger(__name__)

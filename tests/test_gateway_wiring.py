@@ -18,9 +18,15 @@ from helpers.servers import port_is_free
 
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.rollout import run_rollouts
-from slime_harbor.trial_setup import (
-    agent_config, environment_config, is_installed_agent, ModelEndpoint, RolloutConfig, samples_policy, uses_gateway,
+from slime_harbor.agents.placement import (
+    agent_config,
+    is_installed_agent,
+    ModelEndpoint,
+    samples_policy,
+    uses_gateway,
 )
+from slime_harbor.run_config import RolloutConfig
+from slime_harbor.trial_setup import environment_config
 from slime_harbor.samples import SampleStatus, read_jsonl
 from helpers.rollout import config, leftovers
 from helpers.samples import check_trains

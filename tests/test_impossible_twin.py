@@ -188,7 +188,7 @@ def test_every_runner_has_the_switch_and_refuses_a_bad_value_in_one_line(capsys)
     from slime_harbor.hooks import check_supported, HookConfigError, HookSettings, rollout_config as hook_config
     from slime_harbor.integrations.verifiers_env import HarborTrialsConfig
     from slime_harbor.trainers.local import config_from_args
-    from slime_harbor.trial_setup import check_config, RolloutConfig
+    from slime_harbor.run_config import check_config, RolloutConfig
 
     assert RolloutConfig().impossible_twin == "on" and HookSettings().harbor_impossible_twin == "on"
     assert HarborTrialsConfig().impossible_twin == "on"
@@ -209,7 +209,7 @@ def test_every_runner_has_the_switch_and_refuses_a_bad_value_in_one_line(capsys)
 
 
 def test_a_twin_is_built_once_and_the_off_switch_and_canaries_have_none(tmp_path, monkeypatch):
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
     off = asyncio.run(twin_of(PLAIN / "config-parser", RolloutConfig(impossible_twin="off")))
@@ -260,7 +260,7 @@ async def gold_and_held_out(tasks: Path, names: list[str], env: str, held_out: d
     """Harbor's oracle (the gold) on `names`, then the held-out solutions applied by an agent on
     the tasks of `held_out` (task -> sandbox path -> host file), all with --hack-action penalty."""
     from slime_harbor.rollout import run_rollouts
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     common = dict(tasks_dir=tasks, env=env, n_samples=1, concurrency=3, reward_mapping=reward_mapping,
                   hack_action="penalty", progress=False)
@@ -339,7 +339,7 @@ def test_a_twin_that_errors_raises_no_flag_keeps_the_reward_and_is_counted(tmp_p
     its 1 unflagged, and hack/twin_errors counts it; a failing trial is never graded again."""
     from slime_harbor.environments.bubblewrap import BubblewrapEnvironment
     from slime_harbor.rollout import run_rollouts
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     async def full_disk(self):
         raise OSError(28, "No space left on device")
@@ -441,7 +441,7 @@ def test_no_bundled_plain_gold_is_flagged_and_the_one_with_a_twin_is_graded_on_i
     table) is graded again on its twin and fails it; the others have no twin and say why; nothing
     is flagged."""
     from slime_harbor.rollout import run_rollouts
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"
@@ -460,7 +460,7 @@ def test_a_twin_the_gold_passes_is_dropped_and_one_not_checked_is_tried_again(tm
     cached as dropped, whatever the run's hack action does to that gold (the monitor flags its
     always-equal class; the check reads the grader's reward). A task whose gold trial fails (no
     solution to run) cannot be checked: no twin for now, nothing cached, checked again later."""
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
     reading = tmp_path / "tasks" / "roman-reading-gold"

@@ -63,7 +63,7 @@ def test_a_bug_in_our_agent_that_harbor_caught_is_an_internal_error(tmp_path, po
 
 
 def test_a_malformed_task_is_the_tasks_failure_not_ours(tmp_path, policy_server, tiny_model_dir):
-    from slime_harbor.trial_setup import DEFAULT_TASKS
+    from slime_harbor.run_config import DEFAULT_TASKS
 
     tasks = tmp_path / "tasks"
     shutil.copytree(DEFAULT_TASKS / "dedupe-lines", tasks / "dedupe-lines")

@@ -46,7 +46,8 @@ from slime_harbor.rollout import close_shared_gateways, run_episode, shared_gate
 from slime_harbor.tasks.task_dir import discover_tasks
 from slime_harbor.agents.settings import check_agent_settings
 from slime_harbor.config_docs import derived_fields
-from slime_harbor.trial_setup import check_run_settings, RolloutConfig, uses_gateway
+from slime_harbor.agents.placement import uses_gateway
+from slime_harbor.run_config import check_run_settings, RolloutConfig
 
 
 class _HarborTrialsOwnConfig(vf.TasksetConfig):

@@ -77,7 +77,7 @@ from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.tasks.task_dir import discover_tasks
 from slime_harbor.trainers.loop import train_loop
 from slime_harbor.trainers.training_run import TaskStream, TrainingRun, run_summary
-from slime_harbor.trial_setup import run_setting_choices
+from slime_harbor.run_config import run_setting_choices
 from slime_harbor.trainers.local_config import (
     check_train_config, find_checkpoint, LocalTrainConfig, OBJECTIVES, resolve_device, TEST_PRESET, TRAINER_STATE, with_tasks_selected,
 )
