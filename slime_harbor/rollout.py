@@ -39,7 +39,7 @@ import tomllib
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,23 @@ from slime_harbor.trial_setup import (
 
 log = logging.getLogger(__name__)
 
+@dataclass(frozen=True)
+class EpisodeSlot:
+    """One episode's place in a run, and what the run lends its trials: handed whole down
+    run_episode's reruns and environment restarts to the trial."""
+
+    task_path: Path
+    group_index: int
+    index: int
+    """Its place in its task's group."""
+    trials_dir: Path
+    """Where its trial dirs go (Harbor's trials_dir)."""
+    tokenizer: Any = None
+    """The policy's tokenizer, to decode its samples (None: loaded from cfg.model_dir)."""
+    gateway: Any = None
+    """The started gateway a gateway agent samples through (one session per trial)."""
+
+
 async def run_episode(
     task_path: Path,
     cfg: RolloutConfig,
@@ -101,16 +118,20 @@ async def run_episode(
 
     A gateway agent samples through `gateway` (a started slime_harbor.gateway.Gateway), one session
     per trial; without one, the episode starts its own and closes it when it ends."""
+    slot = EpisodeSlot(Path(task_path), group_index, index, Path(trials_dir).resolve(), tokenizer, gateway)
     if gateway is None and uses_gateway(cfg.agent):
         async with serving_gateway(cfg) as gateway:
-            return await run_episode(task_path, cfg, group_index=group_index, index=index, trials_dir=trials_dir,
-                                     tokenizer=tokenizer, gateway=gateway, retry_budget=retry_budget,
-                                     stop_retrying=stop_retrying)
-    task = Path(task_path).name
+            return await _run_with_reruns(dataclasses.replace(slot, gateway=gateway), cfg, retry_budget, stop_retrying)
+    return await _run_with_reruns(slot, cfg, retry_budget, stop_retrying)
+
+
+async def _run_with_reruns(slot: EpisodeSlot, cfg: RolloutConfig, retry_budget: RetryBudget | None,
+                           stop_retrying: Callable[[], bool]) -> Episode:
+    """The episode, run again after a transient failure while the task's retry budget lasts."""
+    task = slot.task_path.name
     retries = 0
     while True:
-        episode = await _run_starting_environment(task_path, cfg, group_index=group_index, index=index,
-                                                  trials_dir=trials_dir, tokenizer=tokenizer, gateway=gateway)
+        episode = await _run_starting_environment(slot, cfg)
         if retry_budget is None or episode.status != SampleStatus.ABORTED or stop_retrying():
             break
         # A transient infra failure: run the task again while its budget lasts.
@@ -129,21 +150,19 @@ async def run_episode(
     return episode
 
 
-async def _run_starting_environment(task_path: Path, cfg: RolloutConfig, *, group_index, index, trials_dir,
-                                    tokenizer, gateway) -> Episode:
+async def _run_starting_environment(slot: EpisodeSlot, cfg: RolloutConfig) -> Episode:
     """One episode, its trial run again while its environment fails to start (cfg.env_start_retries)."""
     started = time.monotonic()
     attempts = 0
     while True:
         attempts += 1
-        episode = await _run_trial_once(task_path, cfg, group_index=group_index, index=index,
-                                        trials_dir=trials_dir, tokenizer=tokenizer, started=started, gateway=gateway)
+        episode = await _run_trial_once(slot, cfg, started)
         retry = episode.end.environment_start_failed and attempts <= cfg.env_start_retries
         if not retry:
             break
         delay = cfg.env_start_backoff_sec * 2 ** (attempts - 1)
         log.warning("environment of %s failed to start (attempt %d): %s; retrying in %.1fs",
-                    Path(task_path).name, attempts, episode.error, delay)
+                    slot.task_path.name, attempts, episode.error, delay)
         await asyncio.sleep(delay)
     episode.metadata["env_start_attempts"] = attempts
     return episode
@@ -222,14 +241,13 @@ async def start_gateway(cfg: RolloutConfig):
     return gateway
 
 
-async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, trials_dir, tokenizer, started,
-                          gateway=None) -> Episode:
+async def _run_trial_once(slot: EpisodeSlot, cfg: RolloutConfig, started: float) -> Episode:
     from harbor.models.trial.config import TaskConfig, TrialConfig
     from harbor.trial.hooks import TrialEvent
     from harbor.trial.trial import Trial
 
-    task_path = Path(task_path)
-    trials_dir = Path(trials_dir).resolve()
+    task_path, trials_dir, gateway = slot.task_path, slot.trials_dir, slot.gateway
+    group_index, index = slot.group_index, slot.index
     trial_name = f"{task_path.name}__g{group_index}_{index}__{uuid.uuid4().hex[:6]}"
     twin = await twin_for(task_path, cfg, gold_check(cfg))  # built and checked once per task (the run's start did)
     session = endpoint = None
@@ -284,16 +302,16 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
                     seconds=time.monotonic() - started,
                 )
             except Exception as exc:  # anything else is a bug of ours: loud, counted, never a bad task
-                return internal_error(exc, task_path, trials_dir / trial_name, group_index, index, started)
+                return internal_error(exc, slot, trial_name, started)
         finally:  # ended, failed or cancelled: in-flight calls are aborted and the recording flushed
             if session is not None:
                 await _close_session(gateway, trial_name)
         if bug := bug_of_ours(result):  # Harbor caught it and would have made it the trial's failure
-            return internal_error(bug, task_path, trials_dir / trial_name, group_index, index, started)
+            return internal_error(bug, slot, trial_name, started)
         try:
             report_exit_status(result)  # terminus-2 says nothing of its end: its module reads it
             episode = trial_to_episode(
-                result, group_index=group_index, index=index, tokenizer=tokenizer, reward_mapping=cfg.reward_mapping,
+                result, group_index=group_index, index=index, tokenizer=slot.tokenizer, reward_mapping=cfg.reward_mapping,
                 **({"recorded": session} if session is not None else {}),
             )
             episode.task_name = task_path.name  # the task dir's name, which Harbor's own task name need not be
@@ -302,7 +320,7 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
             apply_hack_action(episode, flags, cfg.hack_action, cfg.reward_mapping)
             show_in_viewer(episode.trial_dir, flags, cfg.hack_action)
         except Exception as exc:  # reading the finished trial: only our code runs here, so a bug of ours
-            return internal_error(exc, task_path, trials_dir / trial_name, group_index, index, started)
+            return internal_error(exc, slot, trial_name, started)
     finally:  # whatever ended the trial: the state kept for the twin goes (an image, a copied dir)
         if twin_watch is not None:
             await twin_watch.discard()
@@ -349,8 +367,7 @@ def bug_of_ours(result) -> RecordedBug | None:
     return RecordedBug(f"{info.exception_type}: {one_line(info.exception_message or '')}\n{info.exception_traceback}")
 
 
-def internal_error(exc: Exception, task_path: Path, trial_dir: Path, group_index: int, index: int,
-                   started: float) -> Episode:
+def internal_error(exc: Exception, slot: EpisodeSlot, trial_name: str, started: float) -> Episode:
     """A bug of ours while a trial was set up or run (agent_config, the hack monitor, the isolation
     hooks, the twin's grading...): its traceback goes to the trial dir's slime-harbor-error.txt and
     to the log at ERROR, the episode is FAILED (an infrastructure failure: removed, never scored,
@@ -358,6 +375,7 @@ def internal_error(exc: Exception, task_path: Path, trial_dir: Path, group_index
     INTERNAL_ERROR_BUDGET it raises InternalErrorBudgetSpent, which stops the run."""
     import traceback
 
+    task_path, trial_dir = slot.task_path, slot.trials_dir / trial_name
     trial_dir.mkdir(parents=True, exist_ok=True)
     record = trial_dir / "slime-harbor-error.txt"
     record.write_text(str(exc) if isinstance(exc, RecordedBug) else "".join(traceback.format_exception(exc)))
@@ -368,7 +386,7 @@ def internal_error(exc: Exception, task_path: Path, trial_dir: Path, group_index
     if len(INTERNAL_ERRORS) > INTERNAL_ERROR_BUDGET:
         raise InternalErrorBudgetSpent(f"{len(INTERNAL_ERRORS)} internal errors (slime-harbor bugs) in this process, "
                                        f"more than {INTERNAL_ERROR_BUDGET}: stopping; the last: {why}") from exc
-    return Episode(task_name=task_path.name, group_index=group_index, index=index,
+    return Episode(task_name=task_path.name, group_index=slot.group_index, index=slot.index,
                    end=EpisodeEnd(SampleStatus.FAILED, None, None, why), reward=None,
                    metadata={"task_name": task_path.name, "exception_type": type(exc).__name__, "internal_error": True,
                              "trial_dir": str(trial_dir)}, seconds=time.monotonic() - started)
