@@ -29,6 +29,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from slime_harbor.policy.renderer import load_tokenizer
 from slime_harbor.verifier_reward import scalar_reward, tampering_kinds
 from slime_harbor.samples import SampleStatus, TrainingSample, is_scored, top_p_offsets_ok
 
@@ -460,16 +461,9 @@ def agent_tokenizer(result):
     config = getattr(result, "config", None)
     agent = getattr(config, "agent", None)
     path = (getattr(agent, "kwargs", None) or {}).get("tokenizer_path")
-    return _load_tokenizer(str(path)) if path else None
-
-
-@functools.lru_cache(maxsize=4)
-def _load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-
     try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError):  # moved or not a model dir: text is optional, tokens are not
+        return load_tokenizer(path)
+    except (OSError, ValueError):  # a result read later whose model dir moved: its text is optional, its tokens are not
         return None
 
 

@@ -696,7 +696,7 @@ def monitor(view: TrialView, detectors: Sequence[Detector] | None = None) -> lis
     for detector in BUILTIN_DETECTORS.values() if detectors is None else detectors:
         try:
             flags.extend(detector(view))
-        except Exception as error:
+        except Exception as error:  # a user's or a judge's detector: its failure is a detector_error flag, never the trial's
             name = f"{getattr(detector, '__module__', '?')}:{getattr(detector, '__qualname__', repr(detector))}"
             flags.append(HackFlag(DETECTOR_ERROR, f"{name} raised {type(error).__name__}: {_one_line(error)}"))
     return flags
