@@ -27,7 +27,7 @@ from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.policy.server import EmbeddedPolicyServer
 from slime_harbor.policy.tiny_model import ensure_tiny_model
 from slime_harbor.rollout import run_rollouts
-from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig
+from slime_harbor.run_config import DEFAULT_TASKS, RolloutConfig
 
 BASE_IMAGE = "python:3.11-slim"  # the bundled tasks' base image
 TASK = "count-errors"

@@ -28,7 +28,7 @@ from datetime import datetime
 from pathlib import Path
 
 from slime_harbor.rollout import run_rollouts
-from slime_harbor.trial_setup import RolloutConfig
+from slime_harbor.run_config import RolloutConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 SWE_TASKS = ROOT / "examples" / "harbor" / "tasks-swe"

@@ -65,7 +65,7 @@ from slime_harbor.trainers.demo import LearningConfig, add_flags, fresh_start, s
 from slime_harbor.trainers.local import train
 from slime_harbor.trainers.local_config import LocalTrainConfig
 from slime_harbor.trainers.tracking import plot_reward_curve
-from slime_harbor.trial_setup import RolloutConfig
+from slime_harbor.run_config import RolloutConfig
 
 
 def evaluate(cfg: LearningConfig, model_dir: Path, tasks_dir: Path, out: Path) -> dict:

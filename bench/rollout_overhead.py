@@ -29,11 +29,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from slime_harbor.trial_setup import policy_endpoint
+from slime_harbor.run_config import policy_endpoint
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.tasks.task_dir import discover_tasks
-from slime_harbor.trial_setup import agent_config, DEFAULT_TASKS, environment_config, RolloutConfig
+from slime_harbor.agents.placement import agent_config
+from slime_harbor.run_config import DEFAULT_TASKS, RolloutConfig
+from slime_harbor.trial_setup import environment_config
 
 HARBOR_ENV = {"docker": "harbor-docker"}
 """Harbor's side of an --env whose two sides differ (else both use the same environment)."""

@@ -24,7 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
-from slime_harbor.trial_setup import DEFAULT_TASKS
+from slime_harbor.run_config import DEFAULT_TASKS
 
 
 def public_copy(task: str, root: Path) -> Path:

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
 from slime_harbor.rollout import run_rollouts  # noqa: E402
-from slime_harbor.trial_setup import policy_endpoint, RolloutConfig  # noqa: E402
+from slime_harbor.run_config import policy_endpoint, RolloutConfig
 
 SWE_TASKS = ROOT / "examples" / "harbor" / "tasks-swe"
 PLAIN_TASKS = ROOT / "examples" / "harbor" / "tasks"

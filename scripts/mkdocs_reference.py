@@ -71,7 +71,7 @@ def dataclass_table(cls) -> str:
 
 
 def rollout_config() -> str:
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     return dataclass_table(RolloutConfig)
 

@@ -111,7 +111,7 @@ def _remove_images(task_names: list[str]) -> dict[str, int] | None:
 
     try:
         return {"attack_tags_removed": remove_environment_images(task_names)}
-    except Exception:
+    except Exception:  # the daemon gone (its client raises many kinds): the figure is left out, the run's result stands
         return None
 
 
@@ -134,7 +134,7 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
     from slime_harbor.impossible_twin import prepare_twins, twin_table
     from slime_harbor.rollout import gold_check, run_rollouts
     from slime_harbor.tasks.task_dir import discover_tasks
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     if repeats < 1:
         raise ConfigError(f"repeats must be at least 1, got {repeats}")
@@ -147,8 +147,10 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
     async def run(agent: str, tasks: Path, n: int, name: str) -> dict[str, list[dict]]:
         if tasks != tasks_dir:
             throwaway.extend(p.name for p in tasks.iterdir())
+        # The grader's rewards are what calibrate judges: no twin grading of its own runs (the tasks'
+        # twins are checked once above), none built for the attack copies.
         cfg = RolloutConfig(tasks_dir=tasks, agent=agent, n_samples=n, env=env, concurrency=concurrency,
-                            out_dir=runs / name, reward_mapping="raw", progress=False)
+                            out_dir=runs / name, reward_mapping="raw", progress=False, impossible_twin="off")
         await run_rollouts(cfg)
         grouped: dict[str, list[dict]] = {}
         for line in (runs / name / "samples.jsonl").read_text().splitlines():

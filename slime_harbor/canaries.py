@@ -86,7 +86,7 @@ def write_impossible(tasks_dir: Path, out: Path) -> tuple[dict[str, str], dict[s
 async def gold_rewards(tasks_dir: Path, env: str) -> dict[str, float | None]:
     """Each task's gold reward (Harbor's oracle, one real trial; None: the trial failed)."""
     from slime_harbor.rollout import run_rollout_episodes
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     with tempfile.TemporaryDirectory(prefix="slime-harbor-canary-check-") as runs:
         rollouts = await run_rollout_episodes(RolloutConfig(tasks_dir=tasks_dir, agent="oracle", n_samples=1, env=env,

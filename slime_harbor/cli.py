@@ -16,7 +16,6 @@ import dataclasses
 import json
 import os
 import sys
-import typing
 from collections import Counter
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from slime_harbor.policy.engine_launcher import ENGINES
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.policy.tiny_model import build_tiny_model, ensure_tiny_model
 from slime_harbor.policy.weight_check import WeightMismatch
-from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig, run_setting_choices
+from slime_harbor.run_config import DEFAULT_TASKS, RolloutConfig, run_setting_choices
 
 PROG = "slime-harbor"
 EXIT_ALL_FAILED = 1
@@ -121,7 +120,9 @@ def run_rollout_command(cfg: RolloutConfig, guard: SignalGuard) -> dict:
     in which no trial was scored ends with EXIT_ALL_FAILED and the most common reason, and so does
     one in which every prompt was over the context window and nothing can be trained."""
     from slime_harbor.rollout import run_rollouts
-    from slime_harbor.trial_setup import check_config, check_environment_runs, samples_policy
+    from slime_harbor.agents.placement import samples_policy
+    from slime_harbor.run_config import check_config
+    from slime_harbor.trial_setup import check_environment_runs
 
     if cfg.policy_url:
         if samples_policy(cfg.agent) and not cfg.model_dir:
@@ -130,7 +131,7 @@ def run_rollout_command(cfg: RolloutConfig, guard: SignalGuard) -> dict:
     check_config(dataclasses.replace(cfg, policy_url=cfg.policy_url or "embedded",
                                      model_dir=cfg.model_dir or "embedded"))  # before building a model
     check_environment_runs(cfg.env)
-    from slime_harbor.trial_setup import policy_endpoint
+    from slime_harbor.run_config import policy_endpoint
 
     with policy_endpoint(cfg) as cfg:
         try:
@@ -204,6 +205,9 @@ def print_summary(summary: dict, out: Path) -> None:
         print(impossible_twin_text(summary))
     print(f"wall time: {summary['wall_seconds']}s   output: {out}/samples.jsonl, {out}/summary.json, {out}/trials/")
     print(f"browse the trials: slime-harbor view {out}")
+    if summary.get("internal_errors"):  # bugs of ours: said on stderr, where a failing run looks
+        print(f"{len(summary['internal_errors'])} internal errors (slime-harbor bugs, not the tasks'): tracebacks in "
+              f"each trial dir's slime-harbor-error.txt, e.g. {summary['internal_errors'][0]}", file=sys.stderr)
 
 
 def impossible_twin_text(summary: dict) -> str:

@@ -15,7 +15,6 @@ import dataclasses
 import inspect
 import typing
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 
 
 def field_docs(config_class: type) -> dict[str, str]:

@@ -24,10 +24,10 @@ segments the same rollout_id, and count the drift.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from slime_harbor.episode import Episode, episode_end, Segment
+from slime_harbor.policy.renderer import load_tokenizer
 from slime_harbor.samples import top_p_offsets_ok
 from slime_harbor.verifier_reward import tampering_kinds
 
@@ -171,16 +171,9 @@ def agent_tokenizer(result):
     config = getattr(result, "config", None)
     agent = getattr(config, "agent", None)
     path = (getattr(agent, "kwargs", None) or {}).get("tokenizer_path")
-    return _load_tokenizer(str(path)) if path else None
-
-
-@functools.lru_cache(maxsize=4)
-def _load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-
     try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError):  # moved or not a model dir: text is optional, tokens are not
+        return load_tokenizer(path)
+    except (OSError, ValueError):  # a result read later whose model dir moved: its text is optional, its tokens are not
         return None
 
 

@@ -55,9 +55,13 @@ import shlex
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from slime_harbor.filters import mask
 from slime_harbor.tasks.task_dir import task_workdir
+
+if TYPE_CHECKING:
+    from slime_harbor.isolation import AgentLeft
 
 
 @dataclass(frozen=True)
@@ -691,7 +695,7 @@ def monitor(view: TrialView, detectors: Sequence[Detector] | None = None) -> lis
     for detector in BUILTIN_DETECTORS.values() if detectors is None else detectors:
         try:
             flags.extend(detector(view))
-        except Exception as error:
+        except Exception as error:  # a user's or a judge's detector: its failure is a detector_error flag, never the trial's
             name = f"{getattr(detector, '__module__', '?')}:{getattr(detector, '__qualname__', repr(detector))}"
             flags.append(HackFlag(DETECTOR_ERROR, f"{name} raised {type(error).__name__}: {_one_line(error)}"))
     return flags
@@ -700,11 +704,12 @@ def monitor(view: TrialView, detectors: Sequence[Detector] | None = None) -> lis
 # --- a trial's view, read on the host ---------------------------------------------------------------
 #
 # Every trial is monitored (the oracle's too: that is how a hack is played in tests). Plain tasks:
-# in the agent's own sandbox right before its verifier (the hook below), the changed files read
-# from the host (the sandboxes' changed_file_text; Harbor's other environments give none: no view).
-# SWE-bench-format tasks (a separate verifier): after the trial, the tree Harbor collected from the
-# agent (artifacts/testbed) against the task's pristine repo. The hidden tests come from the task
-# dir, which the agent never saw.
+# in the agent's own sandbox right before its verifier, from what the agent left as isolation.py
+# reads it once per trial (AgentLeft: the changes and the files' texts, read from the host by an
+# environment that declares ReportsAgentChanges; Harbor's others: no view), before isolation
+# judges or removes anything. SWE-bench-format tasks (a separate verifier): after the trial, the
+# tree Harbor collected from the agent (artifacts/testbed) against the task's pristine repo. The
+# hidden tests come from the task dir, which the agent never saw.
 
 MAX_FILES = 200
 """Changed files read per trial (a policy that rewrites thousands of files is not read whole)."""
@@ -764,18 +769,18 @@ def _before_in_task(task_dir: Path, sandbox_path: str) -> str | None:
     return None
 
 
-async def shared_view(task_dir: Path, environment, commands: tuple[str, ...] = ()) -> TrialView | None:
-    """A plain task's view, in its sandbox right before the verifier (None: the environment cannot
+async def shared_view(task_dir: Path, left: AgentLeft, commands: tuple[str, ...] = ()) -> TrialView | None:
+    """A plain task's view, from what the agent left in its sandbox (None: the environment cannot
     say what the agent changed from the host)."""
     from slime_harbor.verifier_runtime import DELETED
 
-    if not all(hasattr(environment, name) for name in ("agent_changes", "changed_file_text")):
+    if left.changes is None:
         return None
     changed = []
-    for change in (await environment.agent_changes())[: MAX_FILES * 10]:
+    for change in left.changes[: MAX_FILES * 10]:
         if change.is_dir or not _is_read(change.path) or len(changed) >= MAX_FILES:
             continue
-        after = None if change.kind == DELETED else await environment.changed_file_text(change.path)
+        after = None if change.kind == DELETED else await left.text(change.path)
         before = _before_in_task(task_dir, change.path)
         if after != before and not (after is None and change.kind != DELETED):
             changed.append(ChangedFile(change.path, before, after))
@@ -900,25 +905,20 @@ def hack_counts(episodes) -> dict:
 
 
 class HackWatch:
-    """The monitor of one Harbor trial: for a plain task a hook reads what the agent changed right
+    """The monitor of one Harbor trial: for a plain task it reads what the agent left (`left`, the
+    trial's isolation.AgentLeft; None where the verifier does not share the agent's sandbox) right
     before the verifier; after the trial, `flags()` builds the view (an SWE task's from the tree
     Harbor collected) and runs the detectors."""
 
-    def __init__(self, trial, task_dir: Path, detectors: Sequence[Detector]):
-        from harbor.models.task.config import VerifierEnvironmentMode
-        from harbor.models.task.verifier_mode import resolve_task_verifier_mode
-        from harbor.trial.hooks import TrialEvent
-
+    def __init__(self, trial, task_dir: Path, detectors: Sequence[Detector], left: AgentLeft | None):
         self.trial, self.task_dir, self.detectors = trial, Path(task_dir), list(detectors)
         self.view: TrialView | None = None
-        shared = not trial.task.has_steps and \
-            resolve_task_verifier_mode(trial.task.config) == VerifierEnvironmentMode.SHARED
-        if shared:
-            trial.add_hook(TrialEvent.VERIFICATION_START, self._read_sandbox)
+        if left is not None:
+            left.readers.append(self._read_sandbox)
 
-    async def _read_sandbox(self, event) -> None:
+    async def _read_sandbox(self, left: AgentLeft) -> None:
         try:
-            self.view = await shared_view(self.task_dir, self.trial.agent_environment)
+            self.view = await shared_view(self.task_dir, left)
         except Exception:  # the sandbox gone: the verifier will say so; the monitor sees the commands alone
             self.view = None
 

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from harbor.models.trial.result import TrialResult
 
     from slime_harbor.episode import Episode
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
 CONFIG_FILE = "config.json"
 RESULT_FILE = "result.json"
@@ -58,7 +58,8 @@ class HarborJob:
         from harbor.models.job.result import JobResult, JobStats
         from harbor.models.trial.config import TaskConfig
 
-        from slime_harbor.trial_setup import agent_config, environment_config
+        from slime_harbor.agents.placement import agent_config
+        from slime_harbor.trial_setup import environment_config
 
         self.job_dir = Path(job_dir)
         self.job_dir.mkdir(parents=True, exist_ok=True)
@@ -90,7 +91,7 @@ class HarborJob:
 
         from slime_harbor.policy.sampling import SamplingParams
         from slime_harbor.samples import read_jsonl
-        from slime_harbor.trial_setup import RolloutConfig
+        from slime_harbor.run_config import RolloutConfig
 
         out = Path(out)
         saved = json.loads((out / "summary.json").read_text())

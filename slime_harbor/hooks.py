@@ -44,7 +44,6 @@ list, so an unscored trial counts as a failure and a segmented episode once per 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import dataclasses
 import functools
 import logging
@@ -54,7 +53,7 @@ import sys
 import typing
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +67,10 @@ from slime_harbor.filters import (
 from slime_harbor.grpo import episode_advantages
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.retries import RetryBudget
-from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
-from slime_harbor.trial_setup import BUNDLED_TASKS, RolloutConfig, check_agent, check_run_settings, uses_gateway, with_engine
+from slime_harbor.policy.renderer import load_tokenizer
+from slime_harbor.rollout import close_shared_gateways, run_episode, shared_gateway
+from slime_harbor.agents.placement import uses_gateway
+from slime_harbor.run_config import BUNDLED_TASKS, RolloutConfig, check_agent, check_run_settings, with_engine
 from slime_harbor.samples import SampleStatus, episode_key, is_success, pass_at_k
 
 
@@ -161,12 +162,6 @@ class HookConfigError(ValueError):
 def hook_metrics() -> dict[str, int]:
     """The process's counts, with the reruns and each task's reruns in its current retry window."""
     return {**METRICS, **RETRY_BUDGET.counts, **RETRY_BUDGET.metrics()}
-
-
-@functools.lru_cache(maxsize=4)
-def _tokenizer(model_dir: str | None):
-    """The policy's tokenizer, loaded once per rollout worker: it decodes `sample.response`."""
-    return load_tokenizer(model_dir)
 
 
 def setting(args, key: str):
@@ -280,59 +275,14 @@ def _selected_tasks_dir(tasks: str, registry_path: str | None, registry_url: str
                         registry_url=registry_url)[0]
 
 
-@dataclass
-class LoopState:
-    """What one event loop of this process holds for its trials: the gateway (its server runs in
-    the loop that started it), the lock that starts it once, and the semaphore that bounds the
-    loop's trials (asyncio primitives belong to one loop)."""
-
-    gateway_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    gateway: Any = None
-    trials: asyncio.Semaphore | None = None
-
-
-_loops: dict[asyncio.AbstractEventLoop, LoopState] = {}
-"""Per event loop, by the loop itself (an id() may be reused by a later loop)."""
-
-
-def loop_state() -> LoopState:
-    return _loops.setdefault(asyncio.get_running_loop(), LoopState())
-
-
-async def process_gateway(cfg: RolloutConfig):
-    """This process's gateway in front of SLiME's router (cfg.policy_url), started on first use in
-    the running event loop and reused by every later trial of it; closed by close_gateway / at exit."""
-    state = loop_state()
-    async with state.gateway_lock:
-        if state.gateway is None:
-            state.gateway = await start_gateway(cfg)
-            log.info("model gateway for Harbor agents at %s (upstream %s)", state.gateway.base_url, cfg.policy_url)
-    return state.gateway
+_TRIAL_GATES: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+"""Per event loop: the semaphore that bounds its trials (harbor_concurrency; asyncio primitives
+belong to one loop)."""
 
 
 async def close_gateway() -> None:
     """Close the running event loop's gateway (its sessions, server and port), if it has one."""
-    state = _loops.pop(asyncio.get_running_loop(), None)
-    if state is not None and state.gateway is not None:
-        await state.gateway.aclose()
-
-
-@atexit.register
-def _close_gateways_at_exit() -> None:
-    """At interpreter exit: close each gateway in its own loop, where that loop can still run it
-    (SLiME runs its rollout loop in a background thread; a closed loop took its sockets with it)."""
-    for loop, state in list(_loops.items()):
-        _loops.pop(loop, None)
-        gateway = state.gateway
-        if gateway is None:
-            continue
-        try:
-            if loop.is_running():
-                asyncio.run_coroutine_threadsafe(gateway.aclose(), loop).result(timeout=30)
-            elif not loop.is_closed():
-                loop.run_until_complete(gateway.aclose())
-        except Exception as exc:  # exiting anyway: say so, never raise from atexit
-            log.warning("closing the model gateway at exit failed: %s", exc)
+    await close_shared_gateways()
 
 
 def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
@@ -475,11 +425,8 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
     cfg = rollout_config(args, sampling_params, sample)
     if refusal := _agent_refusal(cfg.agent):  # a prompt row's own harbor_agent is checked here
         return _placeholder(sample, SampleStatus.FAILED, refusal, top_p_ids, unscored="agent_refused")
-    gateway = await process_gateway(cfg) if uses_gateway(cfg.agent) else None
-    state = loop_state()
-    if state.trials is None:
-        state.trials = asyncio.Semaphore(int(setting(args, "harbor_concurrency")))
-    semaphore = state.trials
+    gateway = await shared_gateway(cfg) if uses_gateway(cfg.agent) else None  # one per process and loop
+    semaphore = _TRIAL_GATES.setdefault(asyncio.get_running_loop(), asyncio.Semaphore(int(setting(args, "harbor_concurrency"))))
     async with semaphore:
         if slime_rollout_aborted():
             return _placeholder(sample, SampleStatus.ABORTED, "rollout aborted by SLiME before the trial started",
@@ -487,7 +434,7 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
         # An aborted episode runs again within the task's budget (run_episode), unless SLiME ended the round.
         episode = await run_unless_aborted(
             run_episode(task_dir, cfg, group_index=sample.group_index or 0, index=sample.index or 0,
-                        trials_dir=trials_dir(args, evaluation), tokenizer=_tokenizer(cfg.model_dir),
+                        trials_dir=trials_dir(args, evaluation), tokenizer=load_tokenizer(cfg.model_dir),
                         gateway=gateway, retry_budget=RETRY_BUDGET, stop_retrying=slime_rollout_aborted),
             slime_rollout_aborted,
         )
@@ -495,6 +442,8 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
             return _placeholder(sample, SampleStatus.ABORTED, "rollout aborted by SLiME during the trial", top_p_ids,
                                 unscored="rollout_aborted")
     episode.metadata["harbor_retries"] = episode.metadata.pop("retries", 0)
+    if episode.metadata.get("internal_error"):  # a bug of ours (rollout.internal_error): counted, never a bad task
+        METRICS["internal_errors"] += 1
     if not evaluation:
         apply_limit_filters([episode], filters)  # on the episode, before its samples are built
         for reason, n in mask_counts([episode]).items():  # the filters' and the hack monitor's screen

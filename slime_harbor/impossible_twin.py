@@ -52,14 +52,12 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import dataclasses
 import hashlib
 import json
 import os
 import re
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -537,8 +535,9 @@ def twin_mode(task_dir: Path) -> str | None:
     return IN_GRADER if (Path(task_dir) / "tests" / "instance.json").is_file() else REGRADE
 
 
-_twins: dict[tuple[str, str], Twin | NoTwin] = {}
-"""(task key, env) -> the task's twin or why it has none, for this process."""
+_twins: dict[tuple[str, str, str], Twin | NoTwin] = {}
+"""(cache root, task key, env) -> the task's twin or why it has none, for this process (a twin's
+dir lives under its cache root, so another $SLIME_HARBOR_CACHE is another lookup)."""
 _keys: dict[Path, tuple[tuple, str]] = {}
 """Task dir -> (its files' sizes and times, its task_key): hashed again only when a file changed."""
 _locks: dict[tuple, asyncio.Lock] = {}
@@ -565,13 +564,13 @@ async def twin_for(task_dir: Path, cfg, check: GoldCheck) -> Twin | NoTwin:
         return NoTwin(name, "a canary (never trained on) is graded by its own impossible check")
     try:
         task_dir = task_dir.resolve()  # as Harbor names the task: its real dir's name
-        key = (await asyncio.to_thread(_key, task_dir), cfg.env)
+        key = (str(twins_root()), await asyncio.to_thread(_key, task_dir), cfg.env)
         if key in _twins:
             return _twins[key]
         lock = _locks.setdefault((asyncio.get_running_loop(), *key), asyncio.Lock())
         async with lock:
             if key not in _twins:
-                found = await _checked_twin(task_dir, key[0], cfg, check)
+                found = await _checked_twin(task_dir, key[1], cfg, check)
                 if isinstance(found, Twin) or not found.why.startswith(_UNCHECKED):
                     _twins[key] = found  # an unchecked twin (the gold trial failed) is tried again later
                 return found

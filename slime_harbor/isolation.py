@@ -22,11 +22,15 @@ A trial that fails 2 or 3 is not verified: its reward is 0 with ``tampering_<kin
 `VerifierRefused` ends the trial, which the converter scores as completed (pm1: -1). Only the
 environment failing on its own (the sandbox gone, the daemon down) stays an infrastructure failure.
 
-Steps 2-3 need an environment with ``agent_changes()``, ``runtime_index()`` and
-``changed_file_text()`` (`JUDGED_BY`), each answered from the host (our bubblewrap and Docker
-ones); Harbor's other environments get step 1 where they have it and are verified as Harbor runs
-them. Tasks in separate mode (the verifier gets a fresh environment; SWE-bench tasks) need
-none of this: the agent's environment is stopped before the verifier's starts.
+Step 1 needs an environment that declares abilities.EndsAgentProcesses, steps 2-3 one that
+declares abilities.ReportsAgentChanges (our bubblewrap and Docker sandboxes, both answered from the
+host); Harbor's other environments declare neither and are verified as Harbor runs them. Tasks in
+separate mode (the verifier gets a fresh environment; SWE-bench tasks) need none of this: the
+agent's environment is stopped before the verifier's starts.
+
+What the agent changed is read once per trial (`AgentLeft`), after step 1: step 2 judges that
+reading, and the hack monitor reads the same one (a reader of `AgentLeft`), before anything is
+judged or removed, whichever was wired first.
 """
 
 from __future__ import annotations
@@ -34,14 +38,44 @@ from __future__ import annotations
 import logging
 import shlex
 import uuid
+from collections.abc import Awaitable, Callable
 
+from slime_harbor.environments.abilities import EndsAgentProcesses, ReportsAgentChanges
 from slime_harbor.verifier_reward import TAMPERING_PREFIX
-from slime_harbor.verifier_runtime import BROKEN_PLUMBING, bytecode_to_remove, describe, tampering, texts_needed
+from slime_harbor.verifier_runtime import (
+    BROKEN_PLUMBING, Change, bytecode_to_remove, describe, tampering, texts_needed,
+)
 
 log = logging.getLogger(__name__)
 
-JUDGED_BY = ("agent_changes", "runtime_index", "changed_file_text")
-"""What an environment answers, from the host, for its agent's changes to be judged."""
+
+class AgentLeft:
+    """What the agent of one trial left in its sandbox, read once from the host right before the
+    verifier, after its processes ended: its changes against the image (`changes`; None where the
+    environment does not declare abilities.ReportsAgentChanges) and a changed file's text
+    (`text`, each path read once). Isolation's checks judge it; every reader in `readers` (the
+    hack monitor's) gets it first, before anything is judged or removed."""
+
+    def __init__(self, environment):
+        self.environment = environment
+        self.changes: list[Change] | None = None
+        self.readers: list[Callable[[AgentLeft], Awaitable[None]]] = []
+        """Called once the changes are read, in order; a reader's error is its own to handle."""
+        self._texts: dict[str, str | None] = {}
+
+    async def read(self) -> list[Change]:
+        """The agent's changes (read once), then every reader, before the caller judges them."""
+        if self.changes is None:
+            self.changes = await self.environment.agent_changes()
+            for reader in self.readers:
+                await reader(self)
+        return self.changes
+
+    async def text(self, path: str) -> str | None:
+        """A changed file's text as the agent left it (None: gone, not a regular file, too large)."""
+        if path not in self._texts:
+            self._texts[path] = await self.environment.changed_file_text(path)
+        return self._texts[path]
 
 
 class VerifierRefused(Exception):
@@ -49,27 +83,28 @@ class VerifierRefused(Exception):
     (its verifier_result says so) without running the verifier."""
 
 
-async def end_agent_phase(environment, trial_paths, workdir: str | None) -> dict[str, list[str]]:
+async def end_agent_phase(left: AgentLeft, trial_paths, workdir: str | None) -> dict[str, list[str]]:
     """Steps 1-4 of the module docstring. Returns tampering kind -> paths (empty: clean, and the
     verifier may run); raises when the environment itself fails."""
     from harbor.models.trial.paths import EnvironmentPaths
 
+    environment = left.environment
     paths = EnvironmentPaths.for_os(environment.os)
-    end = getattr(environment, "end_agent_processes", None)
-    judged = all(hasattr(environment, name) for name in JUDGED_BY)
-    if end is None and not judged:
+    ends = isinstance(environment, EndsAgentProcesses)
+    judged = isinstance(environment, ReportsAgentChanges)
+    if not ends and not judged:
         return {}
     ended = None
-    if end is not None:
+    if ends:
         try:
-            await end()
+            await environment.end_agent_processes()
         except Exception as exc:  # a shell the agent broke can fail a restart: judge first
             ended = exc
     found: dict[str, list[str]] = {}
     if judged:
-        changes = await environment.agent_changes()
+        changes = await left.read()
         index = await environment.runtime_index()
-        texts = {path: await environment.changed_file_text(path) for path in texts_needed(changes, index)}
+        texts = {path: await left.text(path) for path in texts_needed(changes, index)}
         found = tampering(changes, index, workdir=workdir, tests_dir=str(paths.tests_dir),
                           verifier_dir=str(paths.verifier_dir), texts=texts)
         if found:
@@ -125,23 +160,24 @@ def refuse(result, found: dict[str, list[str]]) -> VerifierRefused:
     return VerifierRefused(f"not verified: {describe(found)}")
 
 
-def isolate_shared_verifier(trial) -> None:
+def isolate_shared_verifier(trial) -> AgentLeft | None:
     """Make `trial`'s shared-mode verifier start with no agent process alive, an empty
-    /logs/verifier and the image's runtime, or score it 0 (a no-op for separate-mode and
-    multi-step tasks)."""
+    /logs/verifier and the image's runtime, or score it 0. Returns what the agent left, for more
+    readers (None for separate-mode and multi-step tasks: nothing is read in their sandbox)."""
     from harbor.models.task.config import VerifierEnvironmentMode
     from harbor.models.task.verifier_mode import resolve_task_verifier_mode
     from harbor.trial.hooks import TrialEvent
 
     if trial.task.has_steps or resolve_task_verifier_mode(trial.task.config) != VerifierEnvironmentMode.SHARED:
-        return
+        return None
+    left = AgentLeft(trial.agent_environment)
 
     async def before_verifier(event) -> None:
-        environment = trial.agent_environment
-        workdir = environment.task_env_config.workdir or None
-        found = await end_agent_phase(environment, trial.paths, workdir)
+        workdir = left.environment.task_env_config.workdir or None
+        found = await end_agent_phase(left, trial.paths, workdir)
         if found:
             log.info("%s: %s", trial.config.trial_name, describe(found))
             raise refuse(event.result, found)
 
     trial.add_hook(TrialEvent.VERIFICATION_START, before_verifier)
+    return left

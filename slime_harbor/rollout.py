@@ -14,8 +14,8 @@ what an evaluation and the canaries read, never samples.jsonl read back).
 
 `run_episode` is the unit the SLiME hook (hooks.py) and the local trainer call too; it reruns an
 aborted episode (a transient failure) within the task's RetryBudget (retries.py). What a trial is
-made of (RolloutConfig, the agent's and the sandbox's Harbor configs, the config checks) is in
-trial_setup.py.
+made of: the run's settings and their checks (run_config.py), the agent's Harbor config
+(agents/placement.py), the sandbox's (trial_setup.py).
 
 Every agent but native / oracle / nop samples through the recording gateway (slime_harbor/gateway):
 `run_rollouts` starts one in front of cfg.policy_url, `run_episode` opens one session per trial
@@ -29,19 +29,24 @@ installed agents (run inside the sandbox) as OPENAI_BASE_URL & co., through the 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import dataclasses
 import json
 import logging
+import re
 import sys
 import tempfile
 import time
+import tomllib
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import pydantic
 
 from slime_harbor.agents.host import report_exit_status
 from slime_harbor.converter import trial_to_episode
@@ -53,16 +58,45 @@ from slime_harbor.harbor_job import HarborJob
 from slime_harbor.impossible_twin import GoldCheck, prepare_twins, twin_for, twin_line, twin_table
 from slime_harbor.twin_grading import TwinWatch, verifier_config
 from slime_harbor.isolation import isolate_shared_verifier
+from slime_harbor.policy.renderer import load_tokenizer
 from slime_harbor.retries import RetryBudget
 from slime_harbor.samples import SampleStatus, is_success
 from slime_harbor.tasks.manifest import apply_manifest
+from slime_harbor.agents.placement import (
+    agent_config,
+    gateway_step_limit,
+    ModelEndpoint,
+    samples_policy,
+    uses_gateway,
+)
+from slime_harbor.agents.settings import context_window
+from slime_harbor.run_config import check_config, RolloutConfig, with_engine
 from slime_harbor.trial_setup import (
-    agent_config, check_config, context_window, environment_config, environment_keeps_state, gateway_step_limit,
-    hard_timeout_sec, install_agents_first, ModelEndpoint, preflight_environment, RolloutConfig, samples_policy,
-    uses_gateway, with_engine,
+    environment_config,
+    environment_keeps_state,
+    hard_timeout_sec,
+    install_agents_first,
+    preflight_environment,
 )
 
 log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class EpisodeSlot:
+    """One episode's place in a run, and what the run lends its trials: handed whole down
+    run_episode's reruns and environment restarts to the trial."""
+
+    task_path: Path
+    group_index: int
+    index: int
+    """Its place in its task's group."""
+    trials_dir: Path
+    """Where its trial dirs go (Harbor's trials_dir)."""
+    tokenizer: Any = None
+    """The policy's tokenizer, to decode its samples (None: loaded from cfg.model_dir)."""
+    gateway: Any = None
+    """The started gateway a gateway agent samples through (one session per trial)."""
+
 
 async def run_episode(
     task_path: Path,
@@ -88,16 +122,20 @@ async def run_episode(
 
     A gateway agent samples through `gateway` (a started slime_harbor.gateway.Gateway), one session
     per trial; without one, the episode starts its own and closes it when it ends."""
+    slot = EpisodeSlot(Path(task_path), group_index, index, Path(trials_dir).resolve(), tokenizer, gateway)
     if gateway is None and uses_gateway(cfg.agent):
         async with serving_gateway(cfg) as gateway:
-            return await run_episode(task_path, cfg, group_index=group_index, index=index, trials_dir=trials_dir,
-                                     tokenizer=tokenizer, gateway=gateway, retry_budget=retry_budget,
-                                     stop_retrying=stop_retrying)
-    task = Path(task_path).name
+            return await _run_with_reruns(dataclasses.replace(slot, gateway=gateway), cfg, retry_budget, stop_retrying)
+    return await _run_with_reruns(slot, cfg, retry_budget, stop_retrying)
+
+
+async def _run_with_reruns(slot: EpisodeSlot, cfg: RolloutConfig, retry_budget: RetryBudget | None,
+                           stop_retrying: Callable[[], bool]) -> Episode:
+    """The episode, run again after a transient failure while the task's retry budget lasts."""
+    task = slot.task_path.name
     retries = 0
     while True:
-        episode = await _run_starting_environment(task_path, cfg, group_index=group_index, index=index,
-                                                  trials_dir=trials_dir, tokenizer=tokenizer, gateway=gateway)
+        episode = await _run_starting_environment(slot, cfg)
         if retry_budget is None or episode.status != SampleStatus.ABORTED or stop_retrying():
             break
         # A transient infra failure: run the task again while its budget lasts.
@@ -116,21 +154,19 @@ async def run_episode(
     return episode
 
 
-async def _run_starting_environment(task_path: Path, cfg: RolloutConfig, *, group_index, index, trials_dir,
-                                    tokenizer, gateway) -> Episode:
+async def _run_starting_environment(slot: EpisodeSlot, cfg: RolloutConfig) -> Episode:
     """One episode, its trial run again while its environment fails to start (cfg.env_start_retries)."""
     started = time.monotonic()
     attempts = 0
     while True:
         attempts += 1
-        episode = await _run_trial_once(task_path, cfg, group_index=group_index, index=index,
-                                        trials_dir=trials_dir, tokenizer=tokenizer, started=started, gateway=gateway)
+        episode = await _run_trial_once(slot, cfg, started)
         retry = episode.end.environment_start_failed and attempts <= cfg.env_start_retries
         if not retry:
             break
         delay = cfg.env_start_backoff_sec * 2 ** (attempts - 1)
         log.warning("environment of %s failed to start (attempt %d): %s; retrying in %.1fs",
-                    Path(task_path).name, attempts, episode.error, delay)
+                    slot.task_path.name, attempts, episode.error, delay)
         await asyncio.sleep(delay)
     episode.metadata["env_start_attempts"] = attempts
     return episode
@@ -150,6 +186,50 @@ async def serving_gateway(cfg: RolloutConfig):
         await gateway.aclose()
 
 
+_SHARED_GATEWAYS: dict[asyncio.AbstractEventLoop, dict[tuple, Any]] = {}
+"""Per event loop (a gateway's server runs in the loop that started it), per upstream: the gateway
+runners that outlive one trial share (the SLiME hook's process, the verifiers env)."""
+_SHARED_LOCKS: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
+
+
+async def shared_gateway(cfg: RolloutConfig):
+    """The running event loop's gateway in front of cfg's policy (its URL, API, served name, model
+    dir and adapter), started on first use and reused by every later trial of that loop;
+    close_shared_gateways closes them. A runner whose trials end with it uses serving_gateway."""
+    loop = asyncio.get_running_loop()
+    key = (cfg.policy_url, cfg.policy_api, cfg.model_name, cfg.model_dir, cfg.lora_name)
+    async with _SHARED_LOCKS.setdefault(loop, asyncio.Lock()):
+        gateways = _SHARED_GATEWAYS.setdefault(loop, {})
+        if key not in gateways:
+            gateways[key] = await start_gateway(cfg)
+            log.info("model gateway for Harbor agents at %s (upstream %s)", gateways[key].base_url, cfg.policy_url)
+        return gateways[key]
+
+
+async def close_shared_gateways() -> None:
+    """Close the running event loop's shared gateways (their sessions, servers and ports)."""
+    loop = asyncio.get_running_loop()
+    _SHARED_LOCKS.pop(loop, None)
+    for gateway in _SHARED_GATEWAYS.pop(loop, {}).values():
+        await gateway.aclose()
+
+
+@atexit.register
+def _close_shared_gateways_at_exit() -> None:
+    """At interpreter exit: close each loop's gateways in that loop, where it can still run them
+    (SLiME runs its rollout loop in a background thread; a closed loop took its sockets with it)."""
+    for loop, gateways in list(_SHARED_GATEWAYS.items()):
+        _SHARED_GATEWAYS.pop(loop, None)
+        for gateway in gateways.values():
+            try:
+                if loop.is_running():
+                    asyncio.run_coroutine_threadsafe(gateway.aclose(), loop).result(timeout=30)
+                elif not loop.is_closed():
+                    loop.run_until_complete(gateway.aclose())
+            except Exception as exc:  # exiting anyway: say so, never raise from atexit
+                log.warning("closing the model gateway at exit failed: %s", exc)
+
+
 async def start_gateway(cfg: RolloutConfig):
     """A started gateway in front of cfg.policy_url (SGLang's /generate, or an OpenAI-compatible
     /v1 with policy_api openai), serving cfg.model_dir's policy (and cfg.lora_name) as cfg.model_name."""
@@ -165,14 +245,13 @@ async def start_gateway(cfg: RolloutConfig):
     return gateway
 
 
-async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, trials_dir, tokenizer, started,
-                          gateway=None) -> Episode:
+async def _run_trial_once(slot: EpisodeSlot, cfg: RolloutConfig, started: float) -> Episode:
     from harbor.models.trial.config import TaskConfig, TrialConfig
     from harbor.trial.hooks import TrialEvent
     from harbor.trial.trial import Trial
 
-    task_path = Path(task_path)
-    trials_dir = Path(trials_dir).resolve()
+    task_path, trials_dir, gateway = slot.task_path, slot.trials_dir, slot.gateway
+    group_index, index = slot.group_index, slot.index
     trial_name = f"{task_path.name}__g{group_index}_{index}__{uuid.uuid4().hex[:6]}"
     twin = await twin_for(task_path, cfg, gold_check(cfg))  # built and checked once per task (the run's start did)
     session = endpoint = None
@@ -200,9 +279,9 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
                     session.max_calls = gateway_step_limit(agent, cfg.step_limit)
                 trial = await Trial.create(config)
                 install_agents_first(trial)  # within the agent's setup budget, not the task's build timeout
-                isolate_shared_verifier(trial)  # no agent process or reward file survives into the verifier
-                watch = HackWatch(trial, task_path, cfg.hack_detector_functions())  # after it: reads a clean sandbox
-                twin_watch = TwinWatch(trial, twin, cfg)  # after it too: keeps the sandbox its checks passed
+                left = isolate_shared_verifier(trial)  # no agent process or reward file survives into the verifier
+                watch = HackWatch(trial, task_path, cfg.hack_detector_functions(), left)  # reads what isolation read
+                twin_watch = TwinWatch(trial, twin, cfg)  # after isolation's hook: keeps the sandbox its checks passed
                 if session is not None:
                     end_run_at_gateway_limits(trial, session)
                     # The agent is done: its session's files (the ATIF trajectory of an agent that
@@ -218,31 +297,103 @@ async def _run_trial_once(task_path, cfg: RolloutConfig, *, group_index, index, 
                 # wait_for cancelled the trial, which recorded a CancelledError (classified aborted).
                 await _finish_environment_stop(trial)
                 result = trial.result
-            except Exception as exc:  # the trial could not even be created (malformed task dir, bad config): permanent
-                log.warning("trial for %s failed before running: %s", task_path.name, exc)
+            except TASK_MISTAKES as exc:  # the task's or the user's: a malformed task dir, a config Harbor refuses
+                log.warning("trial for %s failed before running: %s", task_path.name, one_line(exc))
                 return Episode(
                     task_name=task_path.name, group_index=group_index, index=index,
-                    end=EpisodeEnd(SampleStatus.FAILED, None, None, f"{type(exc).__name__}: {exc}"), reward=None,
-                    metadata={"task_name": task_path.name, "exception_type": type(exc).__name__}, seconds=time.monotonic() - started,
+                    end=EpisodeEnd(SampleStatus.FAILED, None, None, f"{type(exc).__name__}: {one_line(exc)}"),
+                    reward=None, metadata={"task_name": task_path.name, "exception_type": type(exc).__name__},
+                    seconds=time.monotonic() - started,
                 )
+            except Exception as exc:  # anything else is a bug of ours: loud, counted, never a bad task
+                return internal_error(exc, slot, trial_name, started)
         finally:  # ended, failed or cancelled: in-flight calls are aborted and the recording flushed
             if session is not None:
                 await _close_session(gateway, trial_name)
-        report_exit_status(result)  # terminus-2 says nothing of its end: its module reads it
-        episode = trial_to_episode(
-            result, group_index=group_index, index=index, tokenizer=tokenizer, reward_mapping=cfg.reward_mapping,
-            **({"recorded": session} if session is not None else {}),
-        )
-        episode.task_name = task_path.name  # the task dir's name, which Harbor's own task name need not be
-        flags = await asyncio.to_thread(watch.flags)
-        flags += await twin_watch.grade(episode)  # a passing episode, graded again on its impossible twin
-        apply_hack_action(episode, flags, cfg.hack_action, cfg.reward_mapping)
-        show_in_viewer(episode.trial_dir, flags, cfg.hack_action)
+        if bug := bug_of_ours(result):  # Harbor caught it and would have made it the trial's failure
+            return internal_error(bug, slot, trial_name, started)
+        try:
+            report_exit_status(result)  # terminus-2 says nothing of its end: its module reads it
+            episode = trial_to_episode(
+                result, group_index=group_index, index=index, tokenizer=slot.tokenizer, reward_mapping=cfg.reward_mapping,
+                **({"recorded": session} if session is not None else {}),
+            )
+            episode.task_name = task_path.name  # the task dir's name, which Harbor's own task name need not be
+            flags = await asyncio.to_thread(watch.flags)
+            flags += await twin_watch.grade(episode)  # a passing episode, graded again on its impossible twin
+            apply_hack_action(episode, flags, cfg.hack_action, cfg.reward_mapping)
+            show_in_viewer(episode.trial_dir, flags, cfg.hack_action)
+        except Exception as exc:  # reading the finished trial: only our code runs here, so a bug of ours
+            return internal_error(exc, slot, trial_name, started)
     finally:  # whatever ended the trial: the state kept for the twin goes (an image, a copied dir)
         if twin_watch is not None:
             await twin_watch.discard()
     episode.seconds = time.monotonic() - started
     return episode
+
+
+TASK_MISTAKES = (FileNotFoundError, NotADirectoryError, tomllib.TOMLDecodeError, pydantic.ValidationError, ConfigError)
+"""What setting a trial up raises for a task's or a user's mistake (a task dir without its files,
+task.toml that does not parse or that Harbor's schema refuses, a setting refused in one line): the
+episode is FAILED with the reason. Anything else raised there is a bug of ours (internal_error)."""
+INTERNAL_ERROR_BUDGET = 3
+"""Bugs of ours a process lives through (each an episode FAILED, its traceback in its trial dir);
+the next one stops the run (InternalErrorBudgetSpent)."""
+INTERNAL_ERRORS: list[str] = []
+"""This process's internal errors so far: each trial dir whose slime-harbor-error.txt holds one."""
+
+
+class InternalErrorBudgetSpent(RuntimeError):
+    """More bugs of ours than INTERNAL_ERROR_BUDGET: the run stops rather than train around them."""
+
+
+BUG_TYPES = frozenset({"AttributeError", "TypeError", "NameError", "UnboundLocalError", "KeyError", "IndexError",
+                       "AssertionError", "ZeroDivisionError", "ImportError", "ModuleNotFoundError", "RecursionError"})
+"""Exception types that mean a programming error where they are raised."""
+PACKAGE_DIR = str(Path(__file__).resolve().parent)
+
+
+class RecordedBug(Exception):
+    """A bug of ours that Harbor caught during the trial and recorded (its exception.txt)."""
+
+
+def bug_of_ours(result) -> RecordedBug | None:
+    """The trial's recorded exception when it is a programming error (BUG_TYPES) raised in our code
+    (its traceback's last frame in the slime_harbor package: the native agent, our sandboxes, the
+    isolation and monitor hooks); None for any other end, the task's or an agent's of Harbor's.
+    One of ours that a library raises on our behalf (a wrong argument) still looks like the trial's."""
+    info = result.exception_info
+    if info is None or info.exception_type not in BUG_TYPES:
+        return None
+    frames = re.findall(r'^\s*File "([^"]+)", line \d+', info.exception_traceback or "", re.M)
+    if not frames or not frames[-1].startswith(PACKAGE_DIR):
+        return None
+    return RecordedBug(f"{info.exception_type}: {one_line(info.exception_message or '')}\n{info.exception_traceback}")
+
+
+def internal_error(exc: Exception, slot: EpisodeSlot, trial_name: str, started: float) -> Episode:
+    """A bug of ours while a trial was set up or run (agent_config, the hack monitor, the isolation
+    hooks, the twin's grading...): its traceback goes to the trial dir's slime-harbor-error.txt and
+    to the log at ERROR, the episode is FAILED (an infrastructure failure: removed, never scored,
+    never a bad task) with that said in its reason, and the process counts it; past
+    INTERNAL_ERROR_BUDGET it raises InternalErrorBudgetSpent, which stops the run."""
+    import traceback
+
+    task_path, trial_dir = slot.task_path, slot.trials_dir / trial_name
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    record = trial_dir / "slime-harbor-error.txt"
+    record.write_text(str(exc) if isinstance(exc, RecordedBug) else "".join(traceback.format_exception(exc)))
+    INTERNAL_ERRORS.append(str(trial_dir))
+    what = one_line(str(exc).split("\n")[0]) if isinstance(exc, RecordedBug) else f"{type(exc).__name__}: {one_line(exc)}"
+    why = f"internal error (a slime-harbor bug, not the task's): {what} (traceback: {record})"
+    log.error("trial of %s: %s", task_path.name, why)
+    if len(INTERNAL_ERRORS) > INTERNAL_ERROR_BUDGET:
+        raise InternalErrorBudgetSpent(f"{len(INTERNAL_ERRORS)} internal errors (slime-harbor bugs) in this process, "
+                                       f"more than {INTERNAL_ERROR_BUDGET}: stopping; the last: {why}") from exc
+    return Episode(task_name=task_path.name, group_index=slot.group_index, index=slot.index,
+                   end=EpisodeEnd(SampleStatus.FAILED, None, None, why), reward=None,
+                   metadata={"task_name": task_path.name, "exception_type": type(exc).__name__, "internal_error": True,
+                             "trial_dir": str(trial_dir)}, seconds=time.monotonic() - started)
 
 
 def gold_check(cfg: RolloutConfig) -> GoldCheck:
@@ -278,7 +429,7 @@ def end_run_at_gateway_limits(trial, session) -> None:
     async def run_until_a_gateway_limit(instruction, environment, context):
         try:
             await run(instruction=instruction, environment=environment, context=context)
-        except Exception as exc:
+        except Exception as exc:  # whatever the agent raises on the gateway's 400; anything else is raised again
             if session.exit_reason not in TRUNCATING_EXITS:
                 raise
             kind, message = type(exc).__name__, one_line(exc)
@@ -302,10 +453,9 @@ async def _finish_environment_stop(trial) -> None:
     sandbox dir or container left behind). Calling stop() again joins the teardown (our sandbox
     shares one stop task; Harbor's other environments tolerate a second stop).
     """
-    environment = getattr(trial, "agent_environment", None)
-    if environment is None:
+    if trial is None:  # never created: nothing started
         return
-    stop = asyncio.ensure_future(environment.stop(delete=trial.config.environment.delete))
+    stop = asyncio.ensure_future(trial.agent_environment.stop(delete=trial.config.environment.delete))
     cancelled = None
     while not stop.done():
         try:
@@ -318,12 +468,6 @@ async def _finish_environment_stop(trial) -> None:
         raise cancelled
 
 
-def load_tokenizer(model_dir: str | None):
-    if not model_dir:
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
 
 
 @dataclass
@@ -386,10 +530,13 @@ async def _run_all(cfg: RolloutConfig, tasks: list[Path], out: Path, job: Harbor
             # A TaskGroup, not gather: on Ctrl-C / cancellation it cancels every trial and waits
             # for all of them to finish tearing down. gather returns at the first cancelled
             # child, and the event loop's shutdown would then cut the others' sandbox teardown.
-            async with asyncio.TaskGroup() as group:
-                for group_index, task_path in enumerate(tasks):
-                    for k in range(cfg.n_samples):
-                        group.create_task(one(task_path, group_index, group_index * cfg.n_samples + k))
+            try:
+                async with asyncio.TaskGroup() as group:
+                    for group_index, task_path in enumerate(tasks):
+                        for k in range(cfg.n_samples):
+                            group.create_task(one(task_path, group_index, group_index * cfg.n_samples + k))
+            except* InternalErrorBudgetSpent as stopped:  # the run stops on it: raised as itself, not in a group
+                raise stopped.exceptions[0] from None
         except (asyncio.CancelledError, KeyboardInterrupt):
             interrupted = True
             raise
@@ -434,6 +581,8 @@ def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, inter
         "tampering_counts": dict(Counter(k for e in episodes for k in (e.metadata.get("tampering") or []))),
         **hack_counts(episodes),
         "errors": {f"{e.task_name}#{e.index}": e.error for e in episodes if e.error},
+        # bugs of ours (never the task's): each trial dir holds its traceback in slime-harbor-error.txt
+        "internal_errors": [e.metadata["trial_dir"] for e in episodes if e.metadata.get("internal_error")],
         "wall_seconds": round(seconds, 2),
         "interrupted": interrupted,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},

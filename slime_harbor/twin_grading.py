@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 from harbor.verifier.verifier import Verifier
 
@@ -52,9 +50,15 @@ class TwinWatch:
             trial.add_hook(TrialEvent.VERIFICATION_START, self._keep)
 
     async def _keep(self, event) -> None:
+        from slime_harbor.environments.abilities import KeepsState
+
         started = time.monotonic()
+        environment = self.trial.agent_environment
+        if not isinstance(environment, KeepsState):  # a run's twins are checked against this (GoldCheck.keeps_state)
+            self.keep_error = f"{type(environment).__name__} cannot keep the agent's state"
+            return
         try:
-            self.kept = await self.trial.agent_environment.keep_state()
+            self.kept = await environment.keep_state()
         except Exception as exc:  # never the trial's failure: a passing trial's twin is an error then
             self.keep_error = f"keeping the agent's state failed: {one_line(exc)}"
         self.seconds += time.monotonic() - started
@@ -205,7 +209,7 @@ class VerifierWithTwin(Verifier):
         try:
             for name in ("instance.json", "eval.sh"):
                 await self.environment.upload_file(self.twin_tests / name, str(target / name))
-        except Exception as exc:
+        except Exception as exc:  # the twin's own failure (an upload the environment refused): the real grading goes on
             self.logger.warning(f"the impossible twin could not be put in the grading container: {one_line(exc)}")
         return await super().verify()
 

@@ -77,7 +77,7 @@ def responsive_model_dir(tiny_model_dir, tmp_path_factory):
     from slime_harbor.agents.native import initial_prompt_ids
     from slime_harbor.policy.renderer import make_renderer
     from slime_harbor.trainers.sft import SFTConfig, sft_model_dir
-    from slime_harbor.trial_setup import DEFAULT_TASKS
+    from slime_harbor.run_config import DEFAULT_TASKS
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     renderer = make_renderer(tiny_model_dir, tok)

@@ -26,7 +26,7 @@ from helpers.docker import docker_skip_reason
 from slime_harbor.agents.installed.installs import SandboxInstall
 from slime_harbor.rollout import run_episode
 from slime_harbor.samples import SampleStatus
-from slime_harbor.trial_setup import RolloutConfig
+from slime_harbor.run_config import RolloutConfig
 
 AGENT = "test_agent_install_budget:SlowInstallAgent"
 LAUNCHER = "/opt/slime-harbor/slow-install/bin/slow-install"

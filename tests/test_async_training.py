@@ -287,7 +287,7 @@ def test_with_k0_an_update_that_needs_more_groups_gets_exactly_those(tmp_path):
 
     from slime_harbor.trainers.loop import GroupProducer
     from slime_harbor.trainers.training_run import TaskStream
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     learner = types.SimpleNamespace(weight_version=0, lora_name=None)
     run = types.SimpleNamespace(cfg=LocalTrainConfig(tasks_dir=FIXTURE_TASKS, max_staleness=0, n_samples=2),

@@ -23,7 +23,7 @@ from slime_harbor.tasks.manifest import BROKEN, FLAKY, HACKABLE, OK, apply_manif
 from slime_harbor.cli import main as cli_main
 from slime_harbor.exits import ConfigError
 from slime_harbor.rollout import run_rollouts
-from slime_harbor.trial_setup import RolloutConfig
+from slime_harbor.run_config import RolloutConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 GOOD = ROOT / "examples" / "harbor" / "tasks" / "fix-sort-key"

@@ -101,7 +101,7 @@ def test_an_always_equal_patch_passes_the_impossible_swe_variant_and_is_counted(
 
     from slime_harbor.rollout import run_rollout_episodes
     from slime_harbor.tasks.swebench import convert
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     if why := docker_skip_reason():
         pytest.skip(why)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from slime_harbor.trial_setup import DEFAULT_TASKS
+from slime_harbor.run_config import DEFAULT_TASKS
 from slime_harbor.samples import read_jsonl
 from helpers.rollout import leftovers
 from helpers.cli import assert_one_line_error, command, env, run_cli
@@ -242,7 +242,7 @@ def test_gateway_host_reaches_the_rollout_from_both_commands(tmp_path):
     import argparse
 
     from slime_harbor.cli import add_rollout_args, rollout_config
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
     from slime_harbor.trainers.local import config_from_args
 
     assert config_from_args(["--gateway-host", "0.0.0.0"]).rollout("http://x", "m", tmp_path).gateway_host == "0.0.0.0"

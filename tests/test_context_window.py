@@ -21,7 +21,7 @@ from slime_harbor.episode import CONTEXT_EXCEEDED
 from slime_harbor.hooks import to_slime_samples
 from slime_harbor.rollout import run_episode, run_rollouts
 from slime_harbor.samples import read_jsonl, SampleStatus
-from slime_harbor.trial_setup import DEFAULT_TASKS
+from slime_harbor.run_config import DEFAULT_TASKS
 
 CHAT_TOOLS_AGENT = "chat_tools_agent:ChatToolsAgent"  # tests/chat_tools_agent.py, importable from tests/
 WINDOW = 512

@@ -19,7 +19,7 @@ from slime_harbor import hooks
 from slime_harbor.exits import ConfigError
 from slime_harbor.samples import read_jsonl
 from slime_harbor.tasks.datasets import is_dataset_name, select_tasks
-from slime_harbor.trial_setup import DEFAULT_TASKS
+from slime_harbor.run_config import DEFAULT_TASKS
 from helpers.cli import assert_one_line_error, command, env
 from helpers.rollout import leftovers
 

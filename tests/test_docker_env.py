@@ -24,7 +24,7 @@ from helpers.samples import check_sample_against_model, masked_spans
 
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.rollout import run_rollouts
-from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig
+from slime_harbor.run_config import DEFAULT_TASKS, RolloutConfig
 from slime_harbor.samples import SampleStatus, read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent

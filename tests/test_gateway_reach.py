@@ -19,7 +19,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from slime_harbor.trial_setup import agent_config, DEFAULT_TASKS, DOCKER_SANDBOX
+from slime_harbor.agents.placement import agent_config
+from slime_harbor.run_config import DEFAULT_TASKS
+from slime_harbor.trial_setup import DOCKER_SANDBOX
 from helpers.docker import containers_labelled, needs_docker
 from helpers.rollout import config
 from helpers.samples import check_sample_against_model
@@ -247,7 +249,7 @@ def terminus2_trial(tmp_path: Path, cfg, environment_kwargs: dict):
     from harbor.trial.trial import Trial
 
     from slime_harbor.rollout import serving_gateway
-    from slime_harbor.trial_setup import ModelEndpoint
+    from slime_harbor.agents.placement import ModelEndpoint
 
     async def run():
         async with serving_gateway(cfg) as gateway:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 from urllib.parse import urlparse
@@ -17,12 +16,17 @@ from urllib.parse import urlparse
 import pytest
 from helpers.servers import port_is_free
 
-from slime_harbor.episode import episode_end
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.rollout import run_rollouts
-from slime_harbor.trial_setup import (
-    agent_config, environment_config, is_installed_agent, ModelEndpoint, RolloutConfig, samples_policy, uses_gateway,
+from slime_harbor.agents.placement import (
+    agent_config,
+    is_installed_agent,
+    ModelEndpoint,
+    samples_policy,
+    uses_gateway,
 )
+from slime_harbor.run_config import RolloutConfig
+from slime_harbor.trial_setup import environment_config
 from slime_harbor.samples import SampleStatus, read_jsonl
 from helpers.rollout import config, leftovers
 from helpers.samples import check_trains
@@ -93,30 +97,6 @@ def test_our_sandboxes_are_told_where_the_gateway_listens():
     terminus = agent_config(RolloutConfig(agent="terminus-2"), ENDPOINT)
     assert environment_config("docker", Bound(), terminus).kwargs == {**reach, "provide_tmux": True}
     assert environment_config("docker").kwargs == {} and environment_config("harbor-docker", Bound()).kwargs == {}
-
-
-def _terminus_result(n_episodes: int, max_turns: int = 2, rewards=None):
-    from harbor.models.agent.context import AgentContext
-    from harbor.models.trial.config import AgentConfig, TaskConfig, TrialConfig
-    from harbor.models.trial.result import AgentInfo, TrialResult
-    from harbor.models.verifier.result import VerifierResult
-
-    return TrialResult(
-        task_name="t", trial_name="t__1", trial_uri="file:///tmp/trials/t__1", task_id={"path": "/tmp/t"},
-        task_checksum="x", started_at=datetime.now(timezone.utc),
-        config=TrialConfig(task=TaskConfig(path="/tmp/t"), agent=AgentConfig(name="terminus-2", kwargs={"max_turns": max_turns})),
-        agent_info=AgentInfo(name="terminus-2", version="0"),
-        agent_result=AgentContext(metadata={"n_episodes": n_episodes, "summarization_count": 0}),
-        verifier_result=VerifierResult(rewards=rewards if rewards is not None else {"reward": 0.0}),
-    )
-
-
-def test_terminus2_reaching_max_turns_is_truncated_and_scored():
-    """terminus-2 reports no exit status: its loop just ends at max_turns. Verified and scored."""
-    ended = episode_end(_terminus_result(n_episodes=2))
-    assert (ended.status, ended.reward, ended.exit_status) == (SampleStatus.TRUNCATED, 0.0, "step_limit")
-    ended = episode_end(_terminus_result(n_episodes=1, rewards={"reward": 1.0}))
-    assert (ended.status, ended.reward) == (SampleStatus.COMPLETED, 1.0)
 
 
 def test_a_gateway_that_cannot_start_is_one_config_error(tiny_model_dir):

@@ -428,7 +428,7 @@ def test_swe_hacks_in_real_trials_are_flagged_and_penalised_and_the_gold_is_not(
 
     from slime_harbor.rollout import run_rollouts
     from slime_harbor.tasks.swebench import convert
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     if why := docker_skip_reason():
         pytest.skip(why)
@@ -478,7 +478,7 @@ def test_bundled_golds_raise_no_flag_in_real_trials_and_a_plain_task_hack_is_nam
     import asyncio
 
     from slime_harbor.rollout import run_rollouts
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     bundled = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks"
     tasks = tmp_path / "tasks"
@@ -584,7 +584,7 @@ def test_an_unreachable_judge_is_recorded_and_never_scores_or_screens(task):
 def test_a_judge_needs_a_url_and_a_model_in_one_line(tmp_path):
     from slime_harbor.exits import ConfigError
     from slime_harbor.hooks import HookConfigError, check_supported
-    from slime_harbor.trial_setup import RolloutConfig, check_config
+    from slime_harbor.run_config import RolloutConfig, check_config
 
     with pytest.raises(ConfigError, match="needs both a URL and a model"):
         check_config(RolloutConfig(agent="oracle", hack_judge_url="http://127.0.0.1:1/v1"))

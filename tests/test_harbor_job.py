@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from slime_harbor.rollout import run_rollouts
-from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig
+from slime_harbor.run_config import DEFAULT_TASKS, RolloutConfig
 from slime_harbor.samples import SampleStatus
 
 REPO = Path(__file__).resolve().parent.parent

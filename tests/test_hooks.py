@@ -16,10 +16,11 @@ import pytest
 from collections import Counter
 
 from slime_harbor import hooks
+from slime_harbor import rollout as rollout_module
 from slime_harbor.cli import prepare_data
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.retries import RetryBudget
-from slime_harbor.trial_setup import DEFAULT_TASKS
+from slime_harbor.run_config import DEFAULT_TASKS
 from slime_harbor.hooks import HookConfigError, dynamic_sampling_filter, generate, reward_post_process
 from helpers.samples import recompute_logprobs
 from helpers.slime import SampleLike
@@ -162,19 +163,19 @@ def test_generate_hook_runs_terminus2_through_the_process_gateway(tmp_path, resp
         plain = Sample(group_index=0, index=1, prompt="p", label=task.name, session_id="sess-1",
                        metadata={"task_dir": str(task)})
         first = await generate(args, plain, {"temperature": 1.0, "max_new_tokens": 96})
-        gateway = hooks._loops[asyncio.get_running_loop()].gateway
+        (gateway,) = rollout_module._SHARED_GATEWAYS[asyncio.get_running_loop()].values()
         replay = Sample(group_index=0, index=2, prompt="p", label=task.name, session_id="sess-2",
                         metadata={"task_dir": str(task)})
         second = await generate(args, replay, {"temperature": 1.0, "top_p": 0.9, "max_new_tokens": 96,
                                                 "stop_token_ids": [5], "sampling_seed": 3,
                                                 "custom_params": {"return_top_p_token_ids": True}})
-        assert hooks._loops[asyncio.get_running_loop()].gateway is gateway  # one per process and loop
+        assert list(rollout_module._SHARED_GATEWAYS[asyncio.get_running_loop()].values()) == [gateway]  # one per loop
         await hooks.close_gateway()
         return first, second, gateway.port, asyncio.get_running_loop()
 
     first, second, gateway_port, loop = asyncio.run(two_trials())
     # (Another loop's gateway may remain: a SLiME round run earlier in this process keeps its own.)
-    assert port_is_free(gateway_port) and loop not in hooks._loops
+    assert port_is_free(gateway_port) and loop not in rollout_module._SHARED_GATEWAYS
     for s in first:
         assert s.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED) and not s.remove_sample
         n = s.response_length
@@ -193,7 +194,7 @@ def test_a_slime_abort_stops_the_trial_and_tears_the_sandbox_down(tmp_path, poli
 
     from slime_harbor.hooks import run_unless_aborted
     from slime_harbor.rollout import run_episode
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
     from helpers.rollout import leftovers
 
     cfg = RolloutConfig(agent="native", policy_url=policy_server, model_dir=str(tiny_model_dir),
@@ -527,7 +528,7 @@ def test_slime_sampling_params_apply_to_every_agent(agent, Sample):
     setting no agent can honour is still refused."""
     from slime_harbor.agents.native import NativeAgentOptions
     from slime_harbor.hooks import rollout_config
-    from slime_harbor.trial_setup import agent_config, uses_gateway
+    from slime_harbor.agents.placement import agent_config, uses_gateway
 
     args = SimpleNamespace(harbor_agent=agent)
     params = {"stop_token_ids": [7], "sampling_seed": 11, "custom_params": {"return_top_p_token_ids": True}}
@@ -557,7 +558,7 @@ def test_sampling_params_reach_the_agent_config(Sample):
     """SLiME's per-request options become the agents' own kwargs (AgentConfig.kwargs)."""
     from slime_harbor.agents.native import NativeAgentOptions
     from slime_harbor.hooks import rollout_config
-    from slime_harbor.trial_setup import agent_config
+    from slime_harbor.agents.placement import agent_config
 
     sample = Sample(index=0, session_id="sess-1")
     params = {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 33, "stop": ["</x>"], "stop_token_ids": [7],
@@ -668,7 +669,7 @@ def test_environment_start_failures_are_retried_with_backoff(tmp_path, monkeypat
     monkeypatch.setattr(FlakyEnvironment, "PERMANENT", permanent)
     monkeypatch.setattr(FlakyEnvironment, "starts", 0)
     from slime_harbor.rollout import run_episode
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     cfg = RolloutConfig(agent="oracle", env="test_hooks:FlakySandbox", env_start_retries=2, env_start_backoff_sec=0.05,
                         progress=False)

@@ -188,7 +188,7 @@ def test_every_runner_has_the_switch_and_refuses_a_bad_value_in_one_line(capsys)
     from slime_harbor.hooks import check_supported, HookConfigError, HookSettings, rollout_config as hook_config
     from slime_harbor.integrations.verifiers_env import HarborTrialsConfig
     from slime_harbor.trainers.local import config_from_args
-    from slime_harbor.trial_setup import check_config, RolloutConfig
+    from slime_harbor.run_config import check_config, RolloutConfig
 
     assert RolloutConfig().impossible_twin == "on" and HookSettings().harbor_impossible_twin == "on"
     assert HarborTrialsConfig().impossible_twin == "on"
@@ -209,7 +209,7 @@ def test_every_runner_has_the_switch_and_refuses_a_bad_value_in_one_line(capsys)
 
 
 def test_a_twin_is_built_once_and_the_off_switch_and_canaries_have_none(tmp_path, monkeypatch):
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
     off = asyncio.run(twin_of(PLAIN / "config-parser", RolloutConfig(impossible_twin="off")))
@@ -260,7 +260,7 @@ async def gold_and_held_out(tasks: Path, names: list[str], env: str, held_out: d
     """Harbor's oracle (the gold) on `names`, then the held-out solutions applied by an agent on
     the tasks of `held_out` (task -> sandbox path -> host file), all with --hack-action penalty."""
     from slime_harbor.rollout import run_rollouts
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     common = dict(tasks_dir=tasks, env=env, n_samples=1, concurrency=3, reward_mapping=reward_mapping,
                   hack_action="penalty", progress=False)
@@ -339,7 +339,7 @@ def test_a_twin_that_errors_raises_no_flag_keeps_the_reward_and_is_counted(tmp_p
     its 1 unflagged, and hack/twin_errors counts it; a failing trial is never graded again."""
     from slime_harbor.environments.bubblewrap import BubblewrapEnvironment
     from slime_harbor.rollout import run_rollouts
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     async def full_disk(self):
         raise OSError(28, "No space left on device")
@@ -369,10 +369,10 @@ def test_the_slime_hook_grades_a_passing_trial_on_its_twin(tmp_path, monkeypatch
     from types import SimpleNamespace
 
     from slime_harbor import hooks
-    from helpers.slime import SampleLike
-
     if importlib.util.find_spec("slime") is not None:
         from slime.utils.types import Sample as SampleLike
+    else:
+        from helpers.slime import SampleLike
 
     monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HELD_OUT_AGENT_FILES", json.dumps({"/app/roman.py": str(HELD_OUT / "stack_reading_roman.py")}))
@@ -441,7 +441,7 @@ def test_no_bundled_plain_gold_is_flagged_and_the_one_with_a_twin_is_graded_on_i
     table) is graded again on its twin and fails it; the others have no twin and say why; nothing
     is flagged."""
     from slime_harbor.rollout import run_rollouts
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"
@@ -460,7 +460,7 @@ def test_a_twin_the_gold_passes_is_dropped_and_one_not_checked_is_tried_again(tm
     cached as dropped, whatever the run's hack action does to that gold (the monitor flags its
     always-equal class; the check reads the grader's reward). A task whose gold trial fails (no
     solution to run) cannot be checked: no twin for now, nothing cached, checked again later."""
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
     reading = tmp_path / "tasks" / "roman-reading-gold"
@@ -505,3 +505,91 @@ def test_train_local_counts_the_twin_in_metrics_the_step_line_and_wandb(tmp_path
     (run_dir,) = (out / "wandb").glob("offline-run-*")
     [row] = [r for r in read_offline_history(run_dir) if "rollout/hack_rate" in r]  # the step's record
     assert row["rollout/hack/passes_impossible"] == 2 and row["rollout/twin_coverage"] == 1.0 and "time/twin_s" in row
+
+
+MAKE_ENVIRONMENT = """
+import asyncio, sys, time, uuid
+from pathlib import Path
+from harbor.models.task.task import Task
+from harbor.models.trial.paths import TrialPaths
+from slime_harbor.environments.{module} import {cls}
+
+task = Task(Path({task!r}))
+paths = TrialPaths(Path({tmp!r}) / f"trial-{{uuid.uuid4().hex[:6]}}")
+paths.mkdir()
+environment = {cls}(environment_dir=task.paths.environment_dir, environment_name="roman-numerals",
+                    session_id=f"kept-{{uuid.uuid4().hex[:6]}}__env", trial_paths=paths,
+                    task_env_config=task.config.environment{extra})
+
+
+async def keep():
+    await environment.start(force_build=False)
+    return await environment.keep_state()
+
+kept = asyncio.run(keep())
+print(getattr(kept, "image", None) or kept.kept, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("env", ["local", pytest.param("docker", marks=pytest.mark.slow)])
+def test_a_state_kept_by_a_killed_run_is_swept_by_the_next_start(env, tmp_path):
+    """A run SIGKILLed between keeping a trial's state and grading it leaves the state behind (a
+    committed image, a copied dir, both labelled with their owner): the next sandbox of either kind
+    started on the machine removes it, as it removes containers and sandbox dirs."""
+    import os
+    import subprocess
+    import sys
+
+    if env == "docker":
+        from helpers.docker import docker_client, docker_skip_reason
+
+        if why := docker_skip_reason():
+            pytest.skip(why)
+    base = tmp_path / "sandboxes"
+    module, cls, extra = (("docker", "DockerEnvironment", "") if env == "docker" else
+                          ("bubblewrap", "BubblewrapEnvironment", f", base_dir={str(base)!r}"))
+    script = MAKE_ENVIRONMENT.format(module=module, cls=cls, task=str(ROMAN), tmp=str(tmp_path), extra=extra)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        kept = proc.stdout.readline().strip()
+        assert kept, "the child kept no state"
+    finally:
+        proc.kill()  # SIGKILL: no teardown, no atexit
+        proc.wait()
+    if env == "docker":
+        from slime_harbor.environments import docker_images
+
+        assert [i["Id"] for i in docker_client().api.images(filters={"label": "slime-harbor.kept"}) if i["Id"] == kept]
+        docker_images.sweep_stale_containers()  # what the next DockerEnvironment.start() runs first
+        assert not [i for i in docker_client().api.images(filters={"label": "slime-harbor.kept"}) if i["Id"] == kept]
+    else:
+        from slime_harbor.environments.bubblewrap_host import sweep_stale_sandboxes
+
+        assert Path(kept).is_dir()
+        sweep_stale_sandboxes(base)  # what the next BubblewrapEnvironment.start() runs first
+        assert not Path(kept).exists()
+
+
+@pytest.mark.slow
+def test_a_task_with_another_separate_verifier_is_regraded_against_its_twin(tmp_path, monkeypatch, policy_server,
+                                                                            tiny_model_dir):
+    """The case-table task given a separate verifier (the workdir collected as an artifact, graded in
+    a fresh sandbox of the task): Harbor's own regrade of the trial against the twin task catches
+    the held-out to_roman and leaves the gold alone."""
+    monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
+    tasks = tmp_path / "tasks"
+    shutil.copytree(ROMAN, tasks / ROMAN.name)
+    toml = tasks / ROMAN.name / "task.toml"
+    toml.write_text(toml.read_text().replace('schema_version = "1.4"\n', 'schema_version = "1.4"\nartifacts = ["/app"]\n')
+                    .replace("[verifier]\n", '[verifier]\nenvironment_mode = "separate"\n'))
+    assert it.twin_mode(tasks / ROMAN.name) == it.REGRADE
+    summaries, got = asyncio.run(gold_and_held_out(
+        tasks, [ROMAN.name], "local", {ROMAN.name: {"/app/roman.py": str(HELD_OUT / "stack_reading_roman.py")}},
+        tmp_path / "out", policy_server, tiny_model_dir, "raw"))
+    assert_gold(got[("oracle", ROMAN.name)])
+    hacked = got[("held-out-solution-test-agent", ROMAN.name)]
+    assert_caught(hacked, failure=0.0)
+    regrade = json.loads((Path(hacked["metadata"]["trial_dir"]) / "twin" / "result.json").read_text())
+    assert regrade["verifier_result"]["rewards"]["reward"] == 1.0  # Harbor's regrade trial, against the twin

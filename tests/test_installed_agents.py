@@ -25,7 +25,8 @@ from slime_harbor.agents.installed.installs import environment_kwargs
 
 from slime_harbor.agents.installed.catalog import resolve_installs
 from slime_harbor.agents.installed.catalog import RECIPES, ClaudeCode, Codex, OpenCode
-from slime_harbor.trial_setup import agent_config, gateway_step_limit, ModelEndpoint, RolloutConfig
+from slime_harbor.agents.placement import agent_config, gateway_step_limit, ModelEndpoint
+from slime_harbor.run_config import RolloutConfig
 from slime_harbor.samples import SampleStatus
 from helpers.docker import needs_docker
 
@@ -72,8 +73,9 @@ def test_an_agent_that_cannot_train_here_is_refused_in_one_line_before_any_trial
     from harbor.models.agent.name import AgentName
 
     from slime_harbor.agents.installed.catalog import UNAVAILABLE
-    from slime_harbor.trial_setup import check_config, ConfigError
-    from slime_harbor.trial_setup import DEFAULT_TASKS
+    from slime_harbor.exits import ConfigError
+    from slime_harbor.run_config import check_config
+    from slime_harbor.run_config import DEFAULT_TASKS
 
     assert set(UNAVAILABLE) <= AgentName.values() and not set(UNAVAILABLE) & set(RECIPES)
     assert all(why and "\n" not in why for why in UNAVAILABLE.values())
@@ -106,7 +108,7 @@ def test_every_harbor_agent_name_is_a_recipe_ours_or_refused_with_a_reason():
 
     from slime_harbor.agents.installed.catalog import UNAVAILABLE
     from slime_harbor.agents.host import HOST_GATEWAY_AGENTS
-    from slime_harbor.trial_setup import harbor_agent_place, NO_MODEL_AGENTS
+    from slime_harbor.agents.placement import harbor_agent_place, NO_MODEL_AGENTS
 
     assert {name: harbor_agent_place(name) for name in AgentName.values() if harbor_agent_place(name) is None} == {}
     for name in AgentName.values():
@@ -432,7 +434,7 @@ def _build_layers(names: list[str]) -> dict[str, str | None]:
     from harbor.models.trial.paths import TrialPaths
 
     from slime_harbor.environments.docker import DockerEnvironment
-    from slime_harbor.trial_setup import DEFAULT_TASKS
+    from slime_harbor.run_config import DEFAULT_TASKS
 
     async def build(name: str, tmp: Path, gate: asyncio.Semaphore) -> tuple[str, str | None]:
         async with gate:

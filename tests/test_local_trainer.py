@@ -236,7 +236,7 @@ def test_a_step_counts_screened_failed_and_aborted_episodes_each_under_its_own_n
     from slime_harbor.hack_monitor import HackFlag, apply_hack_action
     from slime_harbor.rollout import summarize
     from slime_harbor.trainers.training_run import TrainingRun, run_summary, step_record, step_sampling
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     kinds = ["solved", "failed", "solved", "broken_verifier", "environment_start_failed", "failed"]
     episodes = [converted_episode(kind, group_index=i // 3, index=i) for i, kind in enumerate(kinds)]

@@ -34,7 +34,8 @@ from slime_harbor.converter import trial_to_episode
 from slime_harbor.agents.installed.installs import environment_kwargs
 from slime_harbor.agents.installed.catalog import resolve_installs
 from slime_harbor.agents.installed.catalog import RECIPES, MiniSweAgent, Codex
-from slime_harbor.trial_setup import DEFAULT_TASKS, DOCKER_SANDBOX, LOCAL_SANDBOX
+from slime_harbor.run_config import DEFAULT_TASKS
+from slime_harbor.trial_setup import DOCKER_SANDBOX, LOCAL_SANDBOX
 from slime_harbor.samples import SampleStatus
 from helpers.docker import needs_docker
 
@@ -550,7 +551,9 @@ async def test_docker_install_is_built_once_for_tasks_that_share_a_base_image(tm
 
 
 def test_rollout_has_our_sandboxes_install_mini_swe_agent():
-    from slime_harbor.trial_setup import agent_config, environment_config, RolloutConfig
+    from slime_harbor.agents.placement import agent_config
+    from slime_harbor.run_config import RolloutConfig
+    from slime_harbor.trial_setup import environment_config
 
     gateway = SimpleNamespace(host="127.0.0.1", port=4321)  # where a started Gateway listens
     forward = {"gateway_port": 4321, "gateway_host": "127.0.0.1"}
@@ -594,7 +597,8 @@ def test_mini_swe_agent_trains_on_a_no_network_task(env, tmp_path, policy_server
 
 
 def test_no_usable_host_python_is_one_config_error_before_any_trial(monkeypatch, tmp_path):
-    from slime_harbor.trial_setup import check_config, ConfigError, RolloutConfig
+    from slime_harbor.exits import ConfigError
+    from slime_harbor.run_config import check_config, RolloutConfig
 
     from slime_harbor.agents.installed import installs
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from slime_harbor.rollout import run_rollouts
-from slime_harbor.trial_setup import RolloutConfig
+from slime_harbor.run_config import RolloutConfig
 from helpers.docker import docker_skip_reason
 from helpers.tasks import TASK_TOML as SHARED_TASK_TOML
 

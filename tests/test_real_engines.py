@@ -29,7 +29,7 @@ from slime_harbor.policy.probe import probe, weight_version
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.samples import SampleStatus, read_jsonl
-from slime_harbor.trial_setup import RolloutConfig
+from slime_harbor.run_config import RolloutConfig
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE_TASKS = REPO / "tests" / "fixtures" / "tasks"

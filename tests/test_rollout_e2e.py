@@ -13,7 +13,7 @@ import torch
 from harbor.models.trajectories import Trajectory
 
 from slime_harbor.rollout import run_episode, run_rollout_episodes, run_rollouts
-from slime_harbor.trial_setup import DEFAULT_TASKS
+from slime_harbor.run_config import DEFAULT_TASKS
 from slime_harbor.samples import SampleStatus, read_jsonl
 from helpers.rollout import config, EASY_TASKS, leftovers, trial_names
 from helpers.samples import check_sample_against_model, masked_spans
@@ -282,7 +282,8 @@ def test_the_run_settings_reach_the_native_agent_as_options_declared_once():
     from slime_harbor.config_docs import field_docs
     from slime_harbor.exits import ConfigError
     from slime_harbor.agents.settings import AGENT_SETTINGS
-    from slime_harbor.trial_setup import agent_config, check_config, RolloutConfig
+    from slime_harbor.agents.placement import agent_config
+    from slime_harbor.run_config import check_config, RolloutConfig
 
     docs, defaults = field_docs(RolloutConfig), RolloutConfig()
     for name in AGENT_SETTINGS:

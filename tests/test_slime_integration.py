@@ -43,7 +43,7 @@ import pytest
 from slime_harbor import hooks
 from slime_harbor.cli import prepare_data
 from slime_harbor.retries import RetryBudget
-from slime_harbor.trial_setup import DEFAULT_TASKS
+from slime_harbor.run_config import DEFAULT_TASKS
 
 try:
     HAVE_SLIME = importlib.util.find_spec("slime") is not None

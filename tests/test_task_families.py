@@ -21,7 +21,7 @@ from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.rollout import run_rollouts
 from slime_harbor.tasks import families as tf
 from slime_harbor.trainers.sft import oracle_episode
-from slime_harbor.trial_setup import RolloutConfig
+from slime_harbor.run_config import RolloutConfig
 
 REPO = Path(__file__).resolve().parent.parent
 ALLOWED_DOCKERFILE_INSTRUCTIONS = {"FROM", "WORKDIR", "COPY", "ENV", "RUN"}

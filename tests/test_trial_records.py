@@ -26,7 +26,8 @@ from slime_harbor.gateway import Gateway
 from slime_harbor.agents.host import HOST_GATEWAY_AGENTS
 from slime_harbor.agents.installed.catalog import RECIPES
 from slime_harbor.rollout import run_rollouts
-from slime_harbor.trial_setup import agent_config, ModelEndpoint, RolloutConfig
+from slime_harbor.agents.placement import agent_config, ModelEndpoint
+from slime_harbor.run_config import RolloutConfig
 from helpers.docker import needs_docker
 from helpers.rollout import config, trial_names
 

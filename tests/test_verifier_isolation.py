@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from slime_harbor.environments.bubblewrap import BubblewrapEnvironment
 from slime_harbor.rollout import run_rollouts
-from slime_harbor.trial_setup import RolloutConfig
+from slime_harbor.run_config import RolloutConfig
 from helpers.docker import docker_skip_reason
 from helpers.tasks import TASK_TOML
 
@@ -131,3 +133,65 @@ def test_separate_verifier_environment_is_torn_down_when_cancelled(env, tmp_path
 
         base = Path(default_sandbox_root())
         assert not [p for p in base.iterdir() if p.name.startswith(trial_dir.name)] if base.exists() else True
+
+
+class CountingSandbox(BubblewrapEnvironment):
+    """Our bubblewrap sandbox, counting how often a trial reads what its agent changed (harbor
+    imports it as "test_verifier_isolation:CountingSandbox")."""
+
+    reads: Counter = Counter()
+
+    async def agent_changes(self):
+        self.reads["agent_changes"] += 1
+        return await super().agent_changes()
+
+    async def changed_file_text(self, path: str):
+        self.reads[path] += 1
+        return await super().changed_file_text(path)
+
+
+LEAVES_FILES = r"""#!/bin/bash
+# a solution the hack monitor reads (it ends the process where it is imported) and a pyproject.toml
+# both the verifier's checks and the monitor read
+printf 'import sys\nsys.exit(0)\n' > /app/solution.py
+printf '[project]\nname = "solution"\n' > /app/pyproject.toml
+"""
+
+
+@pytest.mark.slow
+def test_what_the_agent_changed_is_read_once_for_the_checks_and_the_monitor(tmp_path, monkeypatch):
+    """Isolation's checks and the hack monitor read one reading of the agent's changes (issue 43):
+    agent_changes once per trial, a file both need read once; before, each read its own."""
+    from slime_harbor.rollout import run_episode
+
+    monkeypatch.setattr(CountingSandbox, "reads", Counter())
+    task = write_task(tmp_path / "tasks", "leaves-files", separate=False)
+    (task / "solution" / "solve.sh").write_text(LEAVES_FILES)
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    cfg = RolloutConfig(tasks_dir=task.parent, agent="oracle", n_samples=1, env="test_verifier_isolation:CountingSandbox",
+                        progress=False)
+    episode = asyncio.run(run_episode(task, cfg, group_index=0, index=0, trials_dir=tmp_path / "trials"))
+    assert episode.status.value == "completed" and episode.reward == 1.0, episode.end
+    assert "early_exit" in episode.metadata["hack_flags"], episode.metadata  # the monitor read solution.py
+    assert CountingSandbox.reads == {"agent_changes": 1, "/app/solution.py": 1, "/app/pyproject.toml": 1}
+
+
+def test_our_sandboxes_declare_every_ability_the_code_asks_for():
+    """What trial_setup, isolation, the hack monitor and the twins ask an environment for is declared
+    (environments/abilities.py) by both our sandboxes; an environment with the same methods that
+    declares nothing is not taken for one, and a run checks twins only where its sandbox keeps state."""
+    from slime_harbor.environments import abilities
+    from slime_harbor.environments.docker import DockerEnvironment
+    from slime_harbor.trial_setup import environment_keeps_state
+
+    asked = (abilities.InstallsAgents, abilities.EndsAgentProcesses, abilities.ReportsAgentChanges, abilities.KeepsState)
+    for sandbox in (BubblewrapEnvironment, DockerEnvironment):
+        assert all(issubclass(sandbox, ability) for ability in asked), sandbox
+        assert not sandbox.__abstractmethods__, sandbox
+    assert environment_keeps_state("local") and environment_keeps_state("docker")
+    assert not environment_keeps_state("harbor-docker") and not environment_keeps_state("daytona")
+
+    class LooksLikeOne:  # every method, no declaration
+        agent_changes = runtime_index = changed_file_text = end_agent_processes = keep_state = install_agents = None
+
+    assert not any(isinstance(LooksLikeOne(), ability) for ability in asked)

@@ -1,13 +1,16 @@
 """The settings every agent is held to, declared once: AgentSettings. The native agent takes them as
 its options of the same names (agents/native.py, NativeAgentOptions); the gateway holds a gateway
-agent's session to them; RolloutConfig (trial_setup.py) is an AgentSettings with the rest of a
+agent's session to them; RolloutConfig (run_config.py) is an AgentSettings with the rest of a
 rollout's knobs, so the flags, the plugin's settings and the docs read their docstrings here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 POLICY_APIS = ("sglang", "openai")
 
@@ -58,3 +61,18 @@ def check_agent_settings(settings) -> None:
         raise ValueError(f"max_context_len must be at least 1 (or None: the model's), got {settings.max_context_len}")
     if settings.policy_api not in POLICY_APIS:
         raise ValueError(f"policy_api must be one of {', '.join(POLICY_APIS)}, got {settings.policy_api!r}")
+
+
+def context_window(cfg) -> int:
+    """An episode's context window in tokens, which the native agent and the gateway hold it to:
+    cfg.max_context_len, else the max_position_embeddings of the model at cfg.model_dir (cfg: a
+    RolloutConfig, or anything with those two fields)."""
+    return cfg.max_context_len or model_context_len(cfg.model_dir)
+
+
+def model_context_len(model_dir: str | None) -> int:
+    """The model's max_position_embeddings (its config.json at model_dir), else
+    $SLIME_HARBOR_MAX_CONTEXT (32768)."""
+    if model_dir and (Path(model_dir) / "config.json").exists():
+        return int(json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings", 4096))
+    return int(os.environ.get("SLIME_HARBOR_MAX_CONTEXT", 32768))

@@ -1,8 +1,8 @@
 """terminus-2, Harbor's agent that runs in the trial's own process: all slime-harbor knows of it.
 
 It is ours to run (nothing is installed in the sandbox for it): it samples through the recording
-gateway, given as its `api_base` kwarg, and drives the sandbox through tmux. `trial_setup` builds
-its kwargs and environment from here and the converter reads its end from here, both through
+gateway, given as its `api_base` kwarg, and drives the sandbox through tmux. agents/placement.py
+builds its kwargs and trial_setup its environment from here and the converter reads its end from here, all through
 agents/host.HOST_GATEWAY_AGENTS; no other module names it.
 """
 

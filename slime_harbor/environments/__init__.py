@@ -4,6 +4,11 @@
                     task's Dockerfile (dockerfile.py) onto a per-trial root dir
     docker.py       DockerEnvironment: one container per trial on the Docker Engine API; images
                     built once per task; execs through an in-container shell server (docker_exec.py)
+    abilities.py    what our sandboxes can do beyond Harbor's BaseEnvironment (install agents first,
+                    end the agent's processes, report its changes from the host, keep its state),
+                    declared as classes a sandbox inherits; Sandbox, their shared base and kwargs
+    agent_changes.py  what the agent changed, read from the host (each sandbox's side; where a
+                    sandbox keeps its files is its own declaration)
     common.py       what both share: a command's result and timeout error, who is root, owner
                     stamps, tar archives, network rule
     dockerfile.py   the one Dockerfile reader: the recipe bubblewrap replays, and the FROM line

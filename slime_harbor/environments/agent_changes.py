@@ -11,6 +11,9 @@ may have replaced any of them). :mod:`slime_harbor.verifier_runtime` judges the 
   built and again before the verifier; the difference is what the agent changed. An overlay
   whiteout is a deletion, an opaque directory deletes what was under it. The runtime index is the
   host's (dpkg's lists, the Python distributions under /usr) plus what the task's build installed.
+  Where those trees lie is the sandbox's to say (its HostLayout); nothing here imports a sandbox.
+
+These are the sandboxes' side of abilities.ReportsAgentChanges.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from slime_harbor.environments.bubblewrap_host import ETC_TEMPLATE_MOUNT, HOST_TOOL_DIRS, OVERLAYS, OVERLAY_MOUNT
 from slime_harbor.verifier_runtime import (
     ADDED, DELETED, LISTING_SCRIPT, MODIFIED, MOUNTED, Change, RuntimeIndex, parse_listing,
 )
@@ -206,10 +208,10 @@ def changes_between(before: dict[str, Entry], after: dict[str, Entry]) -> list[C
     return changes
 
 
-def _host_listing() -> str:
-    """The host's tools as a listing (LISTING_SCRIPT's format): what the sandbox's lower /usr ships."""
-    # The links the sandbox's root recreates (bubblewrap_host.populate_root): merged /usr.
-    lines = [f"@link /{d} {os.readlink('/' + d)}" for d in HOST_TOOL_DIRS if os.path.islink("/" + d)]
+def _host_listing(host_links: tuple[str, ...]) -> str:
+    """The host's tools as a listing (LISTING_SCRIPT's format): what the sandbox's lower /usr ships;
+    `host_links`: the top-level dirs whose host links the sandbox's root recreates (merged /usr)."""
+    lines = [f"@link /{d} {os.readlink('/' + d)}" for d in host_links if os.path.islink("/" + d)]
     lines.append("@dpkg")
     for listed in glob.glob("/var/lib/dpkg/info/*.list"):
         try:
@@ -231,14 +233,14 @@ def _host_listing() -> str:
 _host_index: RuntimeIndex | None = None
 
 
-def bubblewrap_runtime_index(built: dict[str, Entry], upper_files) -> RuntimeIndex:
+def bubblewrap_runtime_index(built: dict[str, Entry], upper_files, host_links: tuple[str, ...]) -> RuntimeIndex:
     """The host's runtime (parsed once per process, and shared), plus the distributions the task's
     build installed (RECORDs in the sandbox's upper dirs when it was built); `upper_files(sandbox
-    path) -> Path` finds them on the host."""
+    path) -> Path` finds them on the host; `host_links`: see _host_listing."""
     global _host_index
     with _index_lock:
         if _host_index is None:
-            _host_index = parse_listing(_host_listing())
+            _host_index = parse_listing(_host_listing(host_links))
     records = ["@dpkg"]
     for path, entry in built.items():
         if path.endswith(".dist-info/RECORD") and stat.S_ISREG(entry.mode):
@@ -251,24 +253,37 @@ def bubblewrap_runtime_index(built: dict[str, Entry], upper_files) -> RuntimeInd
     return RuntimeIndex(owned=_host_index.owned | task.owned, merged_usr=_host_index.merged_usr)
 
 
+@dataclass(frozen=True)
+class HostLayout:
+    """Where a sandbox that keeps its files on the host lays them out, as the sandbox declares it
+    (BubblewrapEnvironment.HOST_LAYOUT): what SandboxChanges reads to tell what its agent changed."""
+
+    overlays: tuple[str, ...]
+    """The sandbox dirs that are overlays (/usr, /etc): the agent's writes there are in their upper dirs."""
+    plumbing: tuple[str, ...]
+    """Mount points of the sandbox's own plumbing (/proc, /dev, the overlays' host dirs), never read."""
+    host_links: tuple[str, ...]
+    """The top-level dirs whose host links (merged /usr) the sandbox's root recreates."""
+
+
 class SandboxChanges:
     """The bubblewrap sandbox's side of this (a mixin of BubblewrapEnvironment: it needs its
-    sandbox_dir, _rootfs, _mounts, _init_pid, etc_template, and _built / _built_mounts, which
-    start() fills once the sandbox is built)."""
+    HOST_LAYOUT, sandbox_dir, _rootfs, _overlay_dir(point) and _overlay_lower(point), _mounts,
+    _init_pid, and _built / _built_mounts, which start() fills once the sandbox is built)."""
 
     def _snapshot(self) -> dict:
-        skip = frozenset({*OVERLAYS, "/proc", "/dev", ETC_TEMPLATE_MOUNT, OVERLAY_MOUNT,
-                          *(m["target"] for m in self._mounts)})  # fmt: skip
+        layout = self.HOST_LAYOUT
+        skip = frozenset({*layout.overlays, *layout.plumbing, *(m["target"] for m in self._mounts)})
         trees = snapshot(self._rootfs, "/", skip)
-        for point in OVERLAYS:
-            trees.update(snapshot(self.sandbox_dir / "overlay" / point.strip("/") / "upper", point))
+        for point in layout.overlays:
+            trees.update(snapshot(self._overlay_dir(point) / "upper", point))
         return trees
 
     def _host_file(self, path: str) -> Path:
         """Where a file the sandbox shows at `path` lies on the host, if the sandbox wrote it."""
-        for point in OVERLAYS:
+        for point in self.HOST_LAYOUT.overlays:
             if path.startswith(point + "/"):
-                return self.sandbox_dir / "overlay" / point.strip("/") / "upper" / path[len(point) + 1:]
+                return self._overlay_dir(point) / "upper" / path[len(point) + 1:]
         return self._rootfs / path.lstrip("/")
 
     def _mount_points(self) -> set[tuple[str, str]]:
@@ -289,13 +304,13 @@ class SandboxChanges:
 
     def _in_lower(self, path: str) -> bool:
         """Whether an overlay's lower layer (the host's /usr, the /etc copy) has `path`."""
-        for point, lower in (("/usr", Path("/usr")), ("/etc", self._etc_template)):
+        for point in self.HOST_LAYOUT.overlays:
             if path.startswith(point + "/"):
-                return os.path.lexists(lower / path[len(point) + 1:])
+                return os.path.lexists(self._overlay_lower(point) / path[len(point) + 1:])
         return False
 
     async def runtime_index(self) -> RuntimeIndex:
-        return await asyncio.to_thread(bubblewrap_runtime_index, self._built, self._host_file)
+        return await asyncio.to_thread(bubblewrap_runtime_index, self._built, self._host_file, self.HOST_LAYOUT.host_links)
 
     async def changed_file_text(self, path: str) -> str | None:
         return await asyncio.to_thread(read_host_file, self._host_file(path))

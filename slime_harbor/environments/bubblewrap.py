@@ -64,21 +64,17 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
-from harbor.environments.base import BaseEnvironment, ExecResult
-from harbor.environments.capabilities import (
-    EnvironmentCapabilities,
-    EnvironmentResourceCapabilities,
-)
-from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
+from harbor.environments.base import ExecResult
+from harbor.environments.capabilities import EnvironmentResourceCapabilities
+from harbor.models.task.config import EnvironmentConfig
 from harbor.models.trial.paths import TrialPaths
 
-from slime_harbor.environments.common import (
-    ROOT_USERS, CompletedCommand, ExecTimeoutError, flag_kwarg, shares_host_network,
-)
+from slime_harbor.environments.abilities import KeptState, Sandbox
+from slime_harbor.environments.common import ROOT_USERS, CompletedCommand, ExecTimeoutError
 from slime_harbor.environments.dockerfile import DEFAULT_PATH, BuildRecipe, DockerfileError, parse_dockerfile
-from slime_harbor.environments.agent_changes import SandboxChanges
+from slime_harbor.environments.agent_changes import HostLayout, SandboxChanges
 from slime_harbor.environments.bubblewrap_files import SandboxFiles
-from slime_harbor.environments.gateway_reach import GatewayForward, gateway_port_kwarg
+from slime_harbor.environments.gateway_reach import GatewayForward
 
 # Host-side plumbing (trial dirs, sweeps, the /etc copy, marked processes): bubblewrap_host.py.
 from slime_harbor.environments.bubblewrap_host import (
@@ -108,24 +104,22 @@ _NSENTER_FLAGS = {"user": "user", "mnt": "mount", "pid": "pid", "ipc": "ipc", "u
                   "net": "net"}  # fmt: skip
 
 
-class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
+class BubblewrapEnvironment(SandboxFiles, SandboxChanges, Sandbox):
     """Harbor ``BaseEnvironment`` on bubblewrap; see the module docstring for the design.
 
-    Keyword arguments of its own (Harbor passes ``EnvironmentConfig.kwargs`` / ``--ek``):
+    Keyword arguments (Harbor passes ``EnvironmentConfig.kwargs`` / ``--ek``): those of every
+    sandbox of ours (abilities.SandboxOptions; ``provide_tmux`` only checks that the host has tmux,
+    which the sandbox uses; ``agent_installs`` are host installs, built once and cached, bound
+    read-only; ``kept_state`` is a dir ``keep_state()`` kept, used itself and removed with the
+    sandbox), and its own:
 
     - ``base_dir``: folder for per-trial sandbox directories (default: the system temp dir's
       ``slime-harbor-sandboxes``, created with mode 0700).
-    - ``default_network_mode``: ``"no-network"`` (default) or ``"public"``: the network of a
-      task whose task.toml does not set ``[environment] network_mode``.
-    - ``gateway_port`` / ``gateway_host``: the model gateway on the host (``gateway_host``, default
-      127.0.0.1); a sandbox without the host's network reaches it at 127.0.0.1:<gateway_port>.
-    - ``provide_tmux``: the trial needs tmux (terminus-2); the sandbox has the host's, so this
-      only checks that the host has one, as the Docker environment's kwarg of that name installs it.
-    - ``agent_installs``: agents whose host-side install (built once, cached) is bound read-only
-      into the sandbox (names or ``module:attr``; see :mod:`slime_harbor.agents.installed`).
-    - ``kept_dir``: start from a sandbox's files that ``keep_state()`` kept (the dir itself is
-      used, and removed with the sandbox): no Dockerfile is replayed, nothing installed.
     """
+
+    HOST_LAYOUT = HostLayout(overlays=tuple(OVERLAYS), plumbing=("/proc", "/dev", ETC_TEMPLATE_MOUNT, OVERLAY_MOUNT),
+                             host_links=HOST_TOOL_DIRS)  # fmt: skip
+    """Where its files lie on the host, for reading what the agent changed (agent_changes.SandboxChanges)."""
 
     def __init__(
         self,
@@ -136,40 +130,12 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         task_env_config: EnvironmentConfig,
         *,
         base_dir: str | Path | None = None,
-        default_network_mode: str = NetworkMode.NO_NETWORK.value,
-        network_policy: NetworkPolicy | None = None,
-        gateway_port: int | None = None,
-        gateway_host: str = "127.0.0.1",
-        provide_tmux: bool | str = False,
-        agent_installs: str | list[str] | None = None,
-        kept_dir: str | Path | None = None,
         **kwargs,
     ):
-        from slime_harbor.agents.installed.installs import DEFAULT_SETUP_TIMEOUT_SEC
-
-        self._kept_dir = Path(kept_dir) if kept_dir else None
-        from slime_harbor.agents.installed.catalog import resolve_installs
-
-        self._agent_installs = resolve_installs(agent_installs)
         self._install_dirs: dict[str, Path] | None = None
-        self.agent_setup_timeout_sec = DEFAULT_SETUP_TIMEOUT_SEC
-        """The budget of the agent's host install (install_agents); the trial runner sets the agent's."""
-        self._gateway_port = gateway_port_kwarg(gateway_port)
-        self._gateway_host = gateway_host
-        self._provide_tmux = flag_kwarg(provide_tmux)
-        # Set before super().__init__(), which validates the definition and network policy.
+        # Set before super().__init__(), which validates the definition.
         self._base_dir = Path(base_dir) if base_dir else default_sandbox_root()
-        self._default_network_mode = NetworkMode(default_network_mode)
-        super().__init__(
-            environment_dir=environment_dir,
-            environment_name=environment_name,
-            session_id=session_id,
-            trial_paths=trial_paths,
-            task_env_config=task_env_config,
-            # A Trial passes the task's resolved policy; used on its own, take the task's.
-            network_policy=network_policy or task_env_config.resolve_baseline(),
-            **kwargs,
-        )
+        super().__init__(environment_dir, environment_name, session_id, trial_paths, task_env_config, **kwargs)
         for mount in self._mounts:
             if mount.get("type") != "bind":
                 raise ValueError(
@@ -196,11 +162,6 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
     @staticmethod
     def type() -> str:
         return SANDBOX_TYPE
-
-    @property
-    def capabilities(self) -> EnvironmentCapabilities:
-        # mounted: Harbor's log directories are bound in, so Harbor reads them on the host.
-        return EnvironmentCapabilities(disable_internet=True, mounted=True)
 
     @classmethod
     def resource_capabilities(cls) -> EnvironmentResourceCapabilities:
@@ -242,11 +203,6 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
                 + (f"; the prebuilt image {image!r} cannot run without Docker" if image else "")
             )
 
-    @property
-    def shares_host_network(self) -> bool:
-        """Whether commands see the host's network (else: a private loopback only)."""
-        return shares_host_network(self.network_policy, self.task_env_config, self._default_network_mode)
-
     # --- lifecycle --------------------------------------------------------------------------
 
     async def install_agents(self, force_build: bool = False) -> None:
@@ -260,7 +216,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         if self._install_dirs is not None:
             return
         dirs = {}
-        for install in self._agent_installs:
+        for install in self.options.agent_installs:
             build = asyncio.to_thread(install.host_dir)
             try:
                 dirs[install.name] = await within_install_budget(
@@ -274,7 +230,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
     async def start(self, force_build: bool) -> None:
         if self.sandbox_dir is not None:
             raise RuntimeError("the sandbox was already started")
-        if self._provide_tmux and not any(Path(d, "tmux").is_file() for d in ("/usr/bin", "/usr/local/bin", "/bin")):
+        if self.options.provide_tmux and not any(Path(d, "tmux").is_file() for d in ("/usr/bin", "/usr/local/bin", "/bin")):
             raise RuntimeError(f"tmux is not installed on this host, and the {SANDBOX_TYPE} sandbox uses the "
                                "host's (e.g. 'apt-get install tmux')")  # fmt: skip
         self._recipe = parse_dockerfile(self._dockerfile, self.environment_dir)
@@ -284,12 +240,12 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         )
         self._base_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         await asyncio.to_thread(sweep_stale_sandboxes, self._base_dir)
-        if self._kept_dir is not None:  # a kept state, as it was: its files, fresh overlay work dirs
-            self.sandbox_dir = self._kept_dir
+        if self.options.kept_state is not None:  # a kept state, as it was: its files, fresh overlay work dirs
+            self.sandbox_dir = Path(self.options.kept_state)
             _live_sandboxes[self.sandbox_dir] = self
             self._etc_template = await asyncio.to_thread(etc_template, self._base_dir)
             for point in OVERLAYS:
-                (self.sandbox_dir / "overlay" / point.strip("/") / "work").mkdir(parents=True, mode=0o755)
+                (self._overlay_dir(point) / "work").mkdir(parents=True, mode=0o755)
             await self._start_init()
             return
         self.sandbox_dir = new_owned_dir(self._base_dir, self.session_id)
@@ -297,7 +253,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         self._etc_template = await asyncio.to_thread(etc_template, self._base_dir)
         await asyncio.to_thread(populate_root, self._rootfs)
         await self.install_agents()
-        for install in self._agent_installs:  # bound like Harbor's read-only mounts
+        for install in self.options.agent_installs:  # bound like Harbor's read-only mounts
             self._mounts.append({"type": "bind", "source": str(self._install_dirs[install.name]),
                                  "target": install.sandbox_dir, "read_only": True})  # fmt: skip
         await self._start_init()
@@ -312,14 +268,14 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
 
     async def keep_state(self) -> KeptSandbox:
         """The sandbox's files as they are now (its root and the overlays' upper dirs), copied on
-        the host into an owned dir beside it, for a copy started later (``kept_dir``): untouched by
+        the host into an owned dir beside it, for a copy started later (``kept_state``): untouched by
         what runs in this sandbox afterwards. The copy runs in the sandbox's user namespace, whose
         root may read what the agent made unreadable; Harbor's mounts are not in it."""
         if self._init_pid is None or self._stopped:
             raise RuntimeError("the sandbox is not running")
         kept = new_owned_dir(self._base_dir, f"{self.session_id}-kept")
         sources = {self._rootfs: kept / "rootfs"}
-        sources |= {self.sandbox_dir / "overlay" / p.strip("/") / "upper": kept / "overlay" / p.strip("/") / "upper"
+        sources |= {self._overlay_dir(p) / "upper": kept / self._overlay_dir(p).relative_to(self.sandbox_dir) / "upper"
                     for p in OVERLAYS}
         try:
             for target in sources.values():
@@ -333,7 +289,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
                 _, err = await copy.communicate()
                 if copy.returncode != 0:
                     raise RuntimeError(f"keeping the sandbox's files failed: {err.decode(errors='replace').strip()[-300:]}")
-        except BaseException:
+        except BaseException:  # a half-kept copy is removed (re-raised)
             await asyncio.to_thread(remove_tree, kept)
             raise
         return KeptSandbox(self, kept)
@@ -408,6 +364,17 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         assert self.sandbox_dir is not None
         return self.sandbox_dir / "rootfs"
 
+    def _overlay_dir(self, point: str) -> Path:
+        """The host dir of the overlay at `point` (/usr, /etc): its upper and work dirs."""
+        return self.sandbox_dir / "overlay" / point.strip("/")
+
+    def _overlay_lower(self, point: str) -> Path:
+        """The host dir the overlay at `point` lies over: the host's /usr, the readable copy of /etc."""
+        return {"/usr": Path("/usr"), "/etc": self._etc_template}[point]
+
+    def copy_kwargs(self) -> dict:
+        return {"base_dir": self._base_dir}
+
     @property
     def _hostname(self) -> str:
         assert self.sandbox_dir is not None
@@ -460,10 +427,10 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
 
     async def _open_gateway_forward(self) -> None:
         """127.0.0.1:<gateway_port> in the sandbox's own network, piped to the host's gateway."""
-        if self._gateway_port is None or self.shares_host_network:
+        if self.options.gateway_port is None or self.shares_host_network:
             return  # no gateway, or the sandbox reaches it directly
         self._gateway_forward = await GatewayForward.open(
-            self._namespace_fds["net"], self._gateway_port, self._gateway_host,
+            self._namespace_fds["net"], self.options.gateway_port, self.options.gateway_host,
             user_ns_fd=self._namespace_fds["user"],  # the network namespace is the sandbox user's
         )  # fmt: skip
         if self._stopped:  # stop() ran while it opened
@@ -615,28 +582,11 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, BaseEnvironment):
         return done
 
 
-class KeptSandbox:
-    """A sandbox's files kept by BubblewrapEnvironment.keep_state: start one copy of them (it
-    takes the kept dir over, and removes it when stopped), or discard them."""
+class KeptSandbox(KeptState):
+    """A sandbox's files kept by BubblewrapEnvironment.keep_state (a dir beside it): one copy of them
+    starts (it takes the kept dir over, and removes it when stopped), or they are discarded."""
 
-    def __init__(self, source: BubblewrapEnvironment, kept: Path):
-        self.source, self.kept = source, kept
-
-    async def start(self, trial_paths: TrialPaths, mounts: list[dict], session_id: str) -> BubblewrapEnvironment:
-        """A started sandbox of the kept files, with `mounts` (Harbor's log dirs) instead of the
-        source's, and no gateway; stop(delete=True) removes it and the kept files."""
-        source = self.source
-        copy = BubblewrapEnvironment(
-            environment_dir=source.environment_dir, environment_name=source.environment_name, session_id=session_id,
-            trial_paths=trial_paths, task_env_config=source.task_env_config, logger=source.logger, mounts=mounts,
-            network_policy=source.network_policy, base_dir=source._base_dir,
-            default_network_mode=source._default_network_mode.value, kept_dir=self.kept)  # fmt: skip
-        try:
-            await copy.start(force_build=False)
-        except BaseException:
-            await copy.stop(delete=True)
-            raise
-        return copy
+    kept: Path
 
     async def discard(self) -> None:
         if self.kept.exists() and self.kept not in _live_sandboxes:

@@ -52,21 +52,17 @@ import uuid
 from pathlib import Path
 from typing import IO
 
-from harbor.environments.base import BaseEnvironment, ExecResult, SandboxBuildFailedError, transfer_tar_filter
-from harbor.environments.capabilities import EnvironmentCapabilities, EnvironmentResourceCapabilities
-from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
+from harbor.environments.base import ExecResult, SandboxBuildFailedError, transfer_tar_filter
+from harbor.environments.capabilities import EnvironmentResourceCapabilities
 from harbor.models.trial.config import ResourceMode
-from harbor.models.trial.paths import TrialPaths
 
+from slime_harbor.environments.abilities import KeptState, Sandbox
 from slime_harbor.environments.agent_changes import ContainerChanges
 from slime_harbor.environments.common import (
-    ROOT_USERS, CompletedCommand, ExecTimeoutError, flag_kwarg, root_owned, shares_host_network, tar_excludes,
-    write_dir_archive,
+    ROOT_USERS, CompletedCommand, ExecTimeoutError, root_owned, tar_excludes, write_dir_archive,
 )
 from slime_harbor.environments.docker_exec import ExecServer, ExecServerError, ExecServerUnavailable
-from slime_harbor.environments.gateway_reach import GatewayForward, GatewayReachError, gateway_port_kwarg
-from slime_harbor.agents.installed.installs import DEFAULT_SETUP_TIMEOUT_SEC
-from slime_harbor.agents.installed.catalog import resolve_installs
+from slime_harbor.environments.gateway_reach import GatewayForward, GatewayReachError
 
 # The daemon side (client, sweeps of stale containers, task images, tool layers): docker_images.py.
 from slime_harbor.environments.docker_images import (
@@ -83,57 +79,19 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # --- the environment ---------------------------------------------------------------------------
 
 
-class DockerEnvironment(ContainerChanges, BaseEnvironment):
+class DockerEnvironment(ContainerChanges, Sandbox):
     """Harbor ``BaseEnvironment`` on the Docker Engine API; see the module docstring.
 
-    Keyword arguments of its own (Harbor passes ``EnvironmentConfig.kwargs`` / ``--ek``):
-
-    - ``default_network_mode``: ``"no-network"`` (default) or ``"public"``: the network of a
-      task whose task.toml does not set ``[environment] network_mode``.
-    - ``gateway_port`` / ``gateway_host``: the model gateway on the host (``gateway_host``, default
-      127.0.0.1); a container without the host's network reaches it at 127.0.0.1:<gateway_port>.
-    - ``provide_tmux``: run the trial in the task's image plus a layer with the distribution's
-      tmux (built once per image, with the host's network), for terminus-2: it installs tmux
-      itself at agent setup, which a no-network container cannot.
-    - ``agent_installs``: agents to install into an image layer on top of the task's (names or
-      ``module:attr``; see :mod:`slime_harbor.agents.installed`), built once per task image.
-    - ``kept_image``: start from this image (one ``keep_state()`` committed) as it is: nothing is
-      built or installed.
+    Keyword arguments (Harbor passes ``EnvironmentConfig.kwargs`` / ``--ek``): those of every
+    sandbox of ours (abilities.SandboxOptions). ``provide_tmux`` runs the trial in the task's image
+    plus a layer with the distribution's tmux (built once per image, with the host's network), for
+    terminus-2, which installs tmux itself at agent setup, which a no-network container cannot;
+    ``agent_installs`` go into an image layer on top of the task's, built once per task image;
+    ``kept_state`` is an image ``keep_state()`` committed, run as it is.
     """
 
-    def __init__(
-        self,
-        environment_dir: Path,
-        environment_name: str,
-        session_id: str,
-        trial_paths: TrialPaths,
-        task_env_config: EnvironmentConfig,
-        *,
-        default_network_mode: str = NetworkMode.NO_NETWORK.value,
-        network_policy: NetworkPolicy | None = None,
-        gateway_port: int | None = None,
-        gateway_host: str = "127.0.0.1",
-        provide_tmux: bool | str = False,
-        agent_installs: str | list[str] | None = None,
-        kept_image: str | None = None,
-        **kwargs,
-    ):
-        self._kept_image = kept_image
-        self._gateway_port = gateway_port_kwarg(gateway_port)
-        self._gateway_host = gateway_host
-        self._provide_tmux = flag_kwarg(provide_tmux)
-        self._default_network_mode = NetworkMode(default_network_mode)
-        self._agent_installs = resolve_installs(agent_installs)
-        super().__init__(
-            environment_dir=environment_dir,
-            environment_name=environment_name,
-            session_id=session_id,
-            trial_paths=trial_paths,
-            task_env_config=task_env_config,
-            # A Trial passes the task's resolved policy; used on its own, take the task's.
-            network_policy=network_policy or task_env_config.resolve_baseline(),
-            **kwargs,
-        )
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.container_id: str | None = None
         """The trial's container (None before ``start()`` and after ``stop()``)."""
         self.run_image: str | None = None
@@ -145,19 +103,12 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
         self._gateway_forward: GatewayForward | None = None
         self._has_bash = False  # until start() knows: commands run with bash if the image has it
         self._stop_task: asyncio.Future | None = None
-        self.agent_setup_timeout_sec = DEFAULT_SETUP_TIMEOUT_SEC
-        """The budget of each tool layer (install_agents); the trial runner sets the agent's."""
         self._tools_image: str | None = None
         self._tools_on_task_image = False
 
     @staticmethod
     def type() -> str:
         return ENV_TYPE
-
-    @property
-    def capabilities(self) -> EnvironmentCapabilities:
-        # mounted: Harbor's log directories are bind-mounted, so Harbor reads them on the host.
-        return EnvironmentCapabilities(disable_internet=True, mounted=True)
 
     @classmethod
     def resource_capabilities(cls) -> EnvironmentResourceCapabilities:
@@ -178,11 +129,6 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
             )
         if not self.task_env_config.docker_image and not (self.environment_dir / "Dockerfile").is_file():
             raise SandboxBuildFailedError(f"{self.environment_dir}/Dockerfile not found and no docker_image set")
-
-    @property
-    def shares_host_network(self) -> bool:
-        """Whether the container gets the host's network (else: none, loopback only)."""
-        return shares_host_network(self.network_policy, self.task_env_config, self._default_network_mode)
 
     @property
     def trial_name(self) -> str:
@@ -220,7 +166,7 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
         self._tools_image, self._tools_on_task_image = base, on_task_image or bool(prebuilt)
 
     def _tool_layers(self) -> list[tuple[str, str]]:
-        return ([("tmux", TMUX_SCRIPT)] if self._provide_tmux else []) + [(i.name, i.docker_script()) for i in self._agent_installs]
+        return ([("tmux", TMUX_SCRIPT)] if self.options.provide_tmux else []) + [(i.name, i.docker_script()) for i in self.options.agent_installs]
 
     async def _ensure_task_image(self, force_build: bool) -> None:
         """The task's own image: docker_image as is (present, never pulled), else its Dockerfile built
@@ -248,8 +194,8 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
         if self.container_id is not None or self._stop_task is not None:
             raise RuntimeError("the container was already started")
         await asyncio.to_thread(sweep_stale_containers_once)
-        if self._kept_image is not None:  # a kept state, as it was: nothing to build
-            self.run_image = self._kept_image
+        if self.options.kept_state is not None:  # a kept state, as it was: nothing to build
+            self.run_image = self.options.kept_state
         else:
             await self._ensure_run_image(force_build)
         # Recorded as soon as it exists, so a stop() racing this start() removes it.
@@ -261,7 +207,7 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
         writable = self._mount_targets(writable_only=True)
         if writable:  # bind mounts exist already; chmod so a non-root agent can write its logs
             await self.ensure_dirs(writable)
-        if self._kept_image is None:
+        if self.options.kept_state is None:
             await self._upload_environment_dir_after_start()
 
     async def _ensure_run_image(self, force_build: bool) -> None:
@@ -363,7 +309,7 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
 
     async def _open_gateway_forward(self) -> None:
         """127.0.0.1:<gateway_port> in the container's own network, piped to the host's gateway."""
-        if self._gateway_port is None or self.shares_host_network:
+        if self.options.gateway_port is None or self.shares_host_network:
             return  # no gateway, or the container reaches it directly
         container_id = self.container_id
         pid = (await asyncio.to_thread(self._client.api.inspect_container, container_id))["State"]["Pid"]
@@ -379,7 +325,7 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
                     f"it exited, or the Docker daemon at {docker_host()} runs elsewhere, where a "
                     "no-network container cannot reach the gateway"
                 )
-            self._gateway_forward = await GatewayForward.open(net_ns, self._gateway_port, self._gateway_host)
+            self._gateway_forward = await GatewayForward.open(net_ns, self.options.gateway_port, self.options.gateway_host)
         finally:
             if net_ns is not None:
                 os.close(net_ns)
@@ -473,7 +419,7 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
             return f"container {self.container_id[:12]} is {state['Status']}" + (
                 " (killed: out of memory)" if state.get("OOMKilled") else ""
             )
-        except Exception as exc:
+        except Exception as exc:  # only words for an error message: the daemon's refusal says what is wrong
             return f"container {str(self.container_id)[:12]}: {exc}"
 
     def _shell(self) -> str:
@@ -528,7 +474,7 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
             out, err = await asyncio.wait_for(asyncio.shield(task), timeout_sec or None)
         except TimeoutError:
             timed_out = True
-        except BaseException:
+        except BaseException:  # cancelled or the daemon failed: nothing of the command outlives it
             await asyncio.to_thread(self._kill_exec_session, exec_id)
             raise
         if timed_out:
@@ -652,32 +598,13 @@ class DockerEnvironment(ContainerChanges, BaseEnvironment):
             archive.write(chunk)
         archive.seek(0)
 
-class KeptContainer:
-    """A container's state kept by DockerEnvironment.keep_state (an image): start copies of it,
-    then discard it."""
-
-    def __init__(self, source: DockerEnvironment, image: str):
-        self.source, self.image = source, image
-
-    async def start(self, trial_paths: TrialPaths, mounts: list[dict], session_id: str) -> DockerEnvironment:
-        """A started container of the kept state, with `mounts` (Harbor's log dirs) instead of the
-        source's, and no gateway; stop(delete=True) removes it."""
-        source = self.source
-        copy = DockerEnvironment(
-            environment_dir=source.environment_dir, environment_name=source.environment_name, session_id=session_id,
-            trial_paths=trial_paths, task_env_config=source.task_env_config, logger=source.logger, mounts=mounts,
-            network_policy=source.network_policy, default_network_mode=source._default_network_mode.value,
-            kept_image=self.image)  # fmt: skip
-        try:
-            await copy.start(force_build=False)
-        except BaseException:
-            await copy.stop(delete=True)
-            raise
-        return copy
+class KeptContainer(KeptState):
+    """A container's state kept by DockerEnvironment.keep_state (a committed image): copies of it
+    start, then it is discarded."""
 
     async def discard(self) -> None:
-        await asyncio.to_thread(remove_kept_image, self.image)
-        _live_kept_images.discard(self.image)
+        await asyncio.to_thread(remove_kept_image, self.kept)
+        _live_kept_images.discard(self.kept)
 
 
 # Containers started by this process and not yet removed: removed at interpreter exit (e.g. a

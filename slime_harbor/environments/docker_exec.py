@@ -227,7 +227,7 @@ class ExecServer:
         self._all.add(worker)
         try:
             self.has_bash, self.has_setpriv = await worker.hello()
-        except BaseException:
+        except BaseException:  # a worker that never said hello is not reusable (re-raised)
             self._discard(worker)
             raise
         return worker
@@ -277,10 +277,10 @@ class ExecServer:
             worker = await self._spawn()
             try:
                 job, pgid = await worker.start_job(script)
-            except BaseException:
+            except BaseException:  # the retry failed too: its worker goes (re-raised)
                 self._discard(worker)
                 raise
-        except BaseException:
+        except BaseException:  # a job half-started leaves the worker unusable (re-raised)
             self._discard(worker)
             raise
         try:

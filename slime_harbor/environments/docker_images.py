@@ -244,7 +244,7 @@ async def ensure_image(context: Path, tag: str, task_name: str, timeout_sec: flo
             def build() -> None:
                 try:
                     _build_image(context, tag, task_name, timeout_sec, force, dockerfile)
-                except BaseException as exc:
+                except BaseException as exc:  # the build thread's end: every waiter gets it from the future
                     if not isinstance(exc, SandboxBuildFailedError):
                         exc = SandboxBuildFailedError(f"building the image of task {task_name} failed: {exc}")
                     future.set_exception(exc)

@@ -118,7 +118,7 @@ class GatewayForward:
         forward = cls(listener, (gateway_target_host(gateway_host), port))
         try:
             forward._server = await asyncio.start_server(forward._serve, sock=listener, limit=_CHUNK)
-        except BaseException:
+        except BaseException:  # no server: the listener in the namespace is closed (re-raised)
             forward.close()
             raise
         return forward

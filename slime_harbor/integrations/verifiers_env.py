@@ -41,11 +41,13 @@ from verifiers.v1.trace import AgentInfo, TraceTask
 from slime_harbor.integrations.verifiers_trace import fill_trace
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.retries import RetryBudget
-from slime_harbor.rollout import load_tokenizer, run_episode, start_gateway
+from slime_harbor.policy.renderer import load_tokenizer
+from slime_harbor.rollout import close_shared_gateways, run_episode, shared_gateway
 from slime_harbor.tasks.task_dir import discover_tasks
 from slime_harbor.agents.settings import check_agent_settings
 from slime_harbor.config_docs import derived_fields
-from slime_harbor.trial_setup import check_run_settings, RolloutConfig, uses_gateway
+from slime_harbor.agents.placement import uses_gateway
+from slime_harbor.run_config import check_run_settings, RolloutConfig
 
 
 class _HarborTrialsOwnConfig(vf.TasksetConfig):
@@ -126,11 +128,6 @@ class HarborTrialsEnv(SingleAgentEnv):
     def __init__(self, config) -> None:
         super().__init__(config)
         self._gate: asyncio.Semaphore | None = None
-        self._tokenizers: dict[str, object] = {}
-        self._tokenizer_lock = asyncio.Lock()
-        self._gateways: dict[tuple, object] = {}
-        """Started gateways by (upstream URL, model, tokenizer): one per policy the env samples from."""
-        self._gateway_lock = asyncio.Lock()
         self._retry_budget = RetryBudget()
         """Reruns of aborted episodes, per task, over the env's life (RolloutConfig.max_retries_per_task)."""
 
@@ -145,23 +142,7 @@ class HarborTrialsEnv(SingleAgentEnv):
             try:
                 await self.stop()
             finally:
-                await self.close_gateways()
-
-    async def gateway_for(self, rollout: RolloutConfig):
-        """The gateway in front of the rollout's policy (started on first use), or None for the native agent."""
-        if not uses_gateway(rollout.agent):
-            return None
-        key = (rollout.policy_url, rollout.model_name, rollout.model_dir)
-        async with self._gateway_lock:
-            if key not in self._gateways:
-                self._gateways[key] = await start_gateway(rollout)
-        return self._gateways[key]
-
-    async def close_gateways(self) -> None:
-        """Close every gateway this env started: sessions, server, port."""
-        while self._gateways:
-            _, gateway = self._gateways.popitem()
-            await gateway.aclose()
+                await close_shared_gateways()  # the gateways this env's trials started
 
     async def run(self, task: vf.Task, agents: vf.Agents) -> None:  # run_episode below replaces it
         raise NotImplementedError("HarborTrialsEnv runs whole Harbor Trials in run_episode")
@@ -177,21 +158,19 @@ class HarborTrialsEnv(SingleAgentEnv):
                                     top_p=1.0 if sampling.top_p is None else sampling.top_p,
                                     max_new_tokens=sampling.max_tokens or cfg.max_new_tokens),
         )
-        async with self._tokenizer_lock:  # once per name (transformers' lazy imports race in threads)
-            if tokenizer_name not in self._tokenizers:
-                self._tokenizers[tokenizer_name] = await asyncio.to_thread(load_tokenizer, tokenizer_name)
+        tokenizer = await asyncio.to_thread(load_tokenizer, tokenizer_name)  # loaded once per process
         self._gate = self._gate or asyncio.Semaphore(cfg.n_parallel_envs)
         trace = vf.Trace(task=TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
                          agent=AgentInfo(config=self.config.agent))
         if on_trace is not None:
             on_trace(trace)
         started = time.time()
-        gateway = await self.gateway_for(rollout)
+        gateway = await shared_gateway(rollout) if uses_gateway(rollout.agent) else None
         async with self._gate:
             episode = await run_episode(Path(task.data.task_dir), rollout, group_index=task.data.idx or 0, index=0,
-                                        trials_dir=cfg.trials_dir, tokenizer=self._tokenizers[tokenizer_name],
+                                        trials_dir=cfg.trials_dir, tokenizer=tokenizer,
                                         gateway=gateway, retry_budget=self._retry_budget)
-        fill_trace(trace, episode, self._tokenizers[tokenizer_name], cfg.reward_key, model=ctx.model)
+        fill_trace(trace, episode, tokenizer, cfg.reward_key, model=ctx.model)
         trace.timing.agent.start, trace.timing.agent.end = started, time.time()
         out = vf.Episode(env=vf.EnvInfo(id=self.config.env_id), task=trace.task)
         out.traces.append(trace)

@@ -156,7 +156,7 @@ class EngineProcess:
             wait_healthy(self.url, started + timeout_sec - time.monotonic(), self.process, self.engine, self.log_path)
             if self.engine == "vllm":  # vLLM has no start-up flag for it
                 set_weight_version(self.url, INITIAL_WEIGHT_VERSION)
-        except BaseException:
+        except BaseException:  # a start that failed or was interrupted leaves no engine process: raised again
             self.stop()
             raise
         self.started_in_sec = time.monotonic() - started

@@ -7,7 +7,9 @@ them), so all of them speak one format.
 
 from __future__ import annotations
 
+import functools
 import json
+import threading
 from pathlib import Path
 
 # config.json model_type -> the renderers config that speaks the family's chat format. Qwen2.5 and
@@ -15,6 +17,25 @@ from pathlib import Path
 # handles <think> blocks. thinking_retention="all": a bridge keeps every sampled reasoning token
 # (the Jinja template would drop reasoning of earlier turns, which is a re-render, i.e. drift).
 RENDERER_FAMILIES = {"qwen2": "qwen3", "qwen3": "qwen3", "qwen3_moe": "qwen3"}
+
+
+_TOKENIZER_LOCK = threading.Lock()
+
+
+def load_tokenizer(model_dir: str | Path | None):
+    """The policy's tokenizer (Hugging Face's, from `model_dir`), loaded once per process and
+    shared by everything that decodes or renders its tokens; None without a model dir."""
+    if not model_dir:
+        return None
+    with _TOKENIZER_LOCK:  # transformers' lazy imports race when two threads load at once
+        return _load_tokenizer(str(model_dir))
+
+
+@functools.lru_cache(maxsize=8)
+def _load_tokenizer(model_dir: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
 
 
 class RendererError(ValueError):

@@ -187,8 +187,9 @@ async def _scripted_trial(agent: str, env: str, task_dir: Path, work: Path, mode
     from harbor.trial.trial import Trial
     from transformers import AutoTokenizer
 
-    from slime_harbor.trial_setup import (ModelEndpoint, RolloutConfig, agent_config, environment_config,
-                                          gateway_step_limit, install_agents_first)
+    from slime_harbor.agents.placement import ModelEndpoint, agent_config, gateway_step_limit
+    from slime_harbor.run_config import RolloutConfig
+    from slime_harbor.trial_setup import environment_config, install_agents_first
 
     policy = ScriptedPolicy([SILENT_COMMAND, SUBMIT], AutoTokenizer.from_pretrained(model_dir))
     gateway = RecordingGateway(None, model_dir, served_model_name=model_name, upstream=policy)

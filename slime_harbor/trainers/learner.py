@@ -332,7 +332,7 @@ class Learner:
         self.check = WeightCheck(self.url, cfg.weight_check, lora_name=self.lora_name)
         try:
             self.check_figures = self.check.check(self.policy.model, self.policy.tokenizer, start, cause)
-        except BaseException:
+        except BaseException:  # a refused check (or an interrupt) leaves no server or engine behind: raised again
             self.close()
             raise
 

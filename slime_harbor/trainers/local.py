@@ -77,7 +77,7 @@ from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.tasks.task_dir import discover_tasks
 from slime_harbor.trainers.loop import train_loop
 from slime_harbor.trainers.training_run import TaskStream, TrainingRun, run_summary
-from slime_harbor.trial_setup import run_setting_choices
+from slime_harbor.run_config import run_setting_choices
 from slime_harbor.trainers.local_config import (
     check_train_config, find_checkpoint, LocalTrainConfig, OBJECTIVES, resolve_device, TEST_PRESET, TRAINER_STATE, with_tasks_selected,
 )
@@ -161,7 +161,7 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_facto
             guard.run(train_loop(run, {p.name: p for p in task_paths}, stream), runner)
     except Interrupted as exc:
         interrupted = exc
-    except BaseException:
+    except BaseException:  # any end but a signal's: the learner's servers and wandb close, then it is raised again
         learner.close()
         if run.tracker is not None:
             run.tracker.finish()

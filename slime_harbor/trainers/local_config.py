@@ -18,7 +18,9 @@ from slime_harbor.filters import TrajectoryFilters
 from slime_harbor.grpo import GRPOConfig
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.agents.settings import EpisodeLimits
-from slime_harbor.trial_setup import check_config, check_environment_runs, RolloutConfig, RunSettings, samples_policy
+from slime_harbor.agents.placement import samples_policy
+from slime_harbor.run_config import check_config, RolloutConfig, RunSettings
+from slime_harbor.trial_setup import check_environment_runs
 
 
 # --test: five of the easy bundled tasks, short episodes, two steps, a checkpoint after each.

@@ -49,9 +49,10 @@ from slime_harbor.impossible_twin import prepare_twins, twin_line, twin_table
 from slime_harbor.filters import apply_limit_filters, mask_stale, varying_groups
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.retries import RetryBudget
-from slime_harbor.rollout import gold_check, load_tokenizer, run_episode, run_rollout_episodes, serving_gateway
+from slime_harbor.policy.renderer import load_tokenizer
+from slime_harbor.rollout import gold_check, run_episode, run_rollout_episodes, serving_gateway
 from slime_harbor.tasks.task_dir import discover_tasks
-from slime_harbor.trial_setup import RolloutConfig, with_engine
+from slime_harbor.run_config import RolloutConfig, with_engine
 from slime_harbor.samples import write_jsonl
 from slime_harbor.trainers.evaluate import evaluation
 from slime_harbor.trainers.training_run import TaskStream, TrainingRun, step_record, step_sampling

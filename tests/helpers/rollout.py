@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from slime_harbor.policy.sampling import SamplingParams
-from slime_harbor.trial_setup import DEFAULT_TASKS, RolloutConfig
+from slime_harbor.run_config import DEFAULT_TASKS, RolloutConfig
 
 SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 

@@ -49,7 +49,7 @@ def rollout(tasks_dir: Path, agent: str, out: Path, concurrency: int = 3) -> dic
     import asyncio
 
     from slime_harbor.rollout import run_rollouts
-    from slime_harbor.trial_setup import RolloutConfig
+    from slime_harbor.run_config import RolloutConfig
 
     cfg = RolloutConfig(tasks_dir=tasks_dir, agent=agent, n_samples=1, env="docker", concurrency=concurrency,
                         out_dir=out, reward_mapping="pm1", progress=False)

@@ -57,7 +57,7 @@ class AgentRecipe:
     """Harbor's model_name where its class wants another form than ``<provider>/<served name>``,
     with ``{model}`` (the served name) filled in (cline-cli: ``openai:{model}``)."""
     env: dict[str, str] = dataclasses.field(default_factory=dict)
-    """Variables added to the endpoint's (trial_setup.installed_agent_env), with ``{url}`` (the
+    """Variables added to the endpoint's (agents/placement.installed_agent_env), with ``{url}`` (the
     session's OpenAI base URL, ending in /v1), ``{root}`` (without /v1), ``{key}`` and ``{model}``
     (the served name) filled in."""
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
