@@ -20,9 +20,8 @@ from slime_harbor.filters import mask_stale, staleness
 from slime_harbor.samples import SampleStatus, TrainingSample, read_jsonl
 from slime_harbor.trainers.local import train
 from slime_harbor.trainers.local_config import LocalTrainConfig
-from slime_harbor.trainers.tracking import read_offline_history
 from helpers.samples import call_runs, make_episode, make_sample
-from helpers.training import model_at
+from helpers.training import model_at, wandb_rows
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE_TASKS = REPO / "tests" / "fixtures" / "tasks"
@@ -201,8 +200,7 @@ def test_every_update_of_an_asynchronous_run_reaches_wandb(tiny_model_dir, tmp_p
     train(run_config(tiny_model_dir, out, max_staleness=1, save_every=0, wandb_project="test-project",
                      wandb_run_name="toy"))
     (run_dir,) = (out / "wandb").glob("offline-run-*")
-    rows = [r for r in read_offline_history(run_dir)
-            if "rollout/step" in r and "rollout/reward_curve" not in "".join(r)]  # not the curve's image
+    rows = wandb_rows(run_dir, lambda r: "rollout/step" in r and "rollout/reward_curve" not in "".join(r), 2)  # not the curve's image
     assert [r["rollout/step"] for r in rows] == [1, 2]
 
 

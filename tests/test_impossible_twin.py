@@ -485,10 +485,9 @@ def test_train_local_counts_the_twin_in_metrics_the_step_line_and_wandb(tmp_path
     """train-local's agent applies the held-out to_roman: its step record (metrics.json), its step
     line and wandb carry hack/passes_impossible, hack/twin_errors, twin_coverage and time/twin_s;
     summary.json names the task's twin."""
-    from helpers.training import run_config
+    from helpers.training import run_config, wandb_rows
 
     from slime_harbor.trainers.local import train
-    from slime_harbor.trainers.tracking import read_offline_history
 
     monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -503,7 +502,7 @@ def test_train_local_counts_the_twin_in_metrics_the_step_line_and_wandb(tmp_path
     assert "twin 1.00 (impossible passes 2, errors 0" in capsys.readouterr().err
     assert summary["twin_tasks"] == 1.0 and list(summary["twins"]) == [ROMAN.name]
     (run_dir,) = (out / "wandb").glob("offline-run-*")
-    [row] = [r for r in read_offline_history(run_dir) if "rollout/hack_rate" in r]  # the step's record
+    [row] = wandb_rows(run_dir, lambda r: "rollout/hack_rate" in r, 1)  # the step's record
     assert row["rollout/hack/passes_impossible"] == 2 and row["rollout/twin_coverage"] == 1.0 and "time/twin_s" in row
 
 

@@ -23,6 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from helpers.training import wandb_rows
 
 from slime_harbor.samples import read_jsonl
 from slime_harbor.trainers.local import train
@@ -148,8 +149,9 @@ def test_offline_wandb_run_holds_every_metric_of_every_step(run):
     out, summary = run
     run_dirs = list((out / "wandb").glob("offline-run-*"))
     assert len(run_dirs) == 1 and summary["wandb_dir"] == str(run_dirs[0])
-    rows = read_offline_history(run_dirs[0])
     metrics = json.loads((out / "metrics.json").read_text())
+    wandb_rows(run_dirs[0], lambda r: any(k.startswith("rollout/reward_curve") for k in r), 1)  # logged last
+    rows = read_offline_history(run_dirs[0])
     logged = [r for r in rows if "rollout/step" in r and "rollout/reward_curve" not in "".join(r)]
     assert [r["rollout/step"] for r in logged] == [m["step"] for m in metrics]
     for record, row in zip(metrics, logged):

@@ -29,3 +29,19 @@ def model_at(out: Path, version: int, tiny_model_dir):
     if version:
         model = PeftModel.from_pretrained(model, out / f"checkpoint_{version}")
     return model.eval()
+
+
+def wandb_rows(run_dir: Path, keep, count: int, within_sec: float = 60.0) -> list[dict]:
+    """The history rows `keep` accepts of an offline wandb run dir, once `count` of them are on disk:
+    wandb's service writes its transaction log on its own, and on a busy machine the last rows can
+    land a moment after run.finish() returned. Whatever is there after `within_sec`, otherwise."""
+    import time
+
+    from slime_harbor.trainers.tracking import read_offline_history
+
+    deadline = time.monotonic() + within_sec
+    while True:
+        rows = [r for r in read_offline_history(run_dir) if keep(r)]
+        if len(rows) >= count or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.5)
