@@ -265,3 +265,26 @@ def test_flags_users_type_today():
     assert config_from_args(["--policy-url", "http://h:2"]).policy_url == "http://h:2"
     rollout = cfg.rollout("http://h:1", "m", Path("o"), lora_name="policy-step1")
     assert rollout.verifier_timeout_sec == 90.0 and rollout.lora_name == "policy-step1"
+
+
+def test_a_bf16_engine_is_held_to_the_half_precision_bound(tiny_model_dir, tmp_path, capsys):
+    """An engine computing in bf16 (the embedded one, as /server_info says): the trainer's own weights
+    sit within HALF_PRECISION_BOUND, quietly (bf16's rounding, not a fault); another model is a
+    WeightMismatch naming the bf16 bound (it was only ever a warning for bf16)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from slime_harbor.policy.embedded_engine import EngineConfig
+    from slime_harbor.policy.server import EmbeddedPolicyServer
+    from slime_harbor.policy.tiny_model import build_tiny_model
+    from slime_harbor.policy.weight_check import GAP_BOUNDS, WeightCheck, WeightMismatch
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ours = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    other = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "other", seed=1), dtype=torch.float32).eval()
+    with EmbeddedPolicyServer(tiny_model_dir, engine_config=EngineConfig(dtype="bfloat16")) as server:
+        check = WeightCheck(server.url)
+        gap = check.check(ours, tokenizer, 0)["weight_sync/probe_gap"]
+        assert 1e-3 < gap < GAP_BOUNDS["bfloat16"]  # bf16's rounding: over float32's bound, within its own
+        assert "weight check" not in capsys.readouterr().err
+        with pytest.raises(WeightMismatch, match=r"version 1: .* \(bound 5e-01 for bfloat16\)"):
+            check.check(other, tokenizer, 1)

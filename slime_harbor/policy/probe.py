@@ -124,7 +124,11 @@ def server_dtype(url: str, kind: str | None = None) -> str | None:
             return None
         saved_dtype = saved.get("torch_dtype") or saved.get("dtype")
         return "float16" if saved_dtype in (None, "float32") else str(saved_dtype)
-    return str(dtype) if dtype else None
+    return DTYPE_ALIASES.get(str(dtype), str(dtype)) if dtype else None
+
+
+DTYPE_ALIASES = {"half": "float16", "float": "float32", "fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+"""SGLang's --dtype choices that name a torch dtype by another word."""
 
 
 def _version_key(version: str):

@@ -75,7 +75,7 @@ class LocalTrainConfig(RunSettings, EpisodeLimits):
     trained sample, 256 tokens at most) on the server and with the trainer's weights and compare
     (policy/weight_check.py): error (a float32 server more than 1e-3 away stops the run, one line
     naming the engine, the version, the gap and the likely cause) | warn (say so, go on) | off.
-    Servers in bf16 / fp16 are only warned about: no bound has been measured for them yet."""
+    A bf16 / fp16 server's bound is 0.5 (ten times bf16's rounding: policy/weight_check.py)."""
 
     max_staleness: int = 0
     """0: synchronous (each step's rollout, then its update). K >= 1: asynchronous: rollouts never
