@@ -140,7 +140,7 @@ def test_a_resumed_run_logs_into_the_same_wandb_run(tmp_path, monkeypatch):
     run_dirs = sorted((tmp_path / "a" / "wandb").glob("offline-run-*"))
     # wandb names a run dir offline-run-<time>-<id>, and adds -1 when one of that id and second exists.
     assert len(run_dirs) == 2 and all(re.search(rf"-{ids[0]}(-\d+)?$", d.name) for d in run_dirs), run_dirs
-    steps = [r["rollout/step"] for d in run_dirs for r in read_offline_history(d) if "rollout/step" in r]
+    steps = [r["rollout/step"] for d in run_dirs for r in wandb_rows(d, lambda r: "rollout/step" in r, 1)]
     assert steps == [1, 2]
 
 
