@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD .venv/bin/python bench/gateway_overhead.py [--calls 30] [--histories 1k,8k,32k]
 
-Three processes: this one (the client), the gateway (slime_harbor.gateway.Gateway on the tiny
+Three processes: this one (the client), the gateway (slime_harbor.gateway.server.Gateway on the tiny
 model's tokenizer) and an instant stub upstream that speaks SGLang's /generate exactly (fixed
 reply: a Qwen3 tool call ending with <|im_end|>, output_token_logprobs, finish_reason,
 weight_version), so the figure is the gateway's own cost. Per case, each session starts with a
@@ -72,7 +72,7 @@ def run_stub(model_dir: str, port: int) -> None:
 
 
 def run_gateway(upstream: str, model_dir: str, port: int, sessions: int, record_root: str) -> None:
-    from slime_harbor.gateway import Gateway
+    from slime_harbor.gateway.server import Gateway
     from slime_harbor.policy.sampling import SamplingParams
 
     async def main():

@@ -120,7 +120,7 @@ async def run_episode(
     cfg.retry_window_sec) and `stop_retrying()` is false; once the budget is spent it is FAILED
     (Episode.retries_spent). `metadata["retries"]` says how many reruns it took.
 
-    A gateway agent samples through `gateway` (a started slime_harbor.gateway.Gateway), one session
+    A gateway agent samples through `gateway` (a started gateway.server.Gateway), one session
     per trial; without one, the episode starts its own and closes it when it ends."""
     slot = EpisodeSlot(Path(task_path), group_index, index, Path(trials_dir).resolve(), tokenizer, gateway)
     if gateway is None and uses_gateway(cfg.agent):
@@ -233,7 +233,7 @@ def _close_shared_gateways_at_exit() -> None:
 async def start_gateway(cfg: RolloutConfig):
     """A started gateway in front of cfg.policy_url (SGLang's /generate, or an OpenAI-compatible
     /v1 with policy_api openai), serving cfg.model_dir's policy (and cfg.lora_name) as cfg.model_name."""
-    from slime_harbor.gateway import Gateway
+    from slime_harbor.gateway.server import Gateway
 
     try:
         gateway = Gateway(cfg.policy_url, cfg.model_dir, host=cfg.gateway_host, port=0,

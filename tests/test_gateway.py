@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from slime_harbor.converter import trial_to_episode
-from slime_harbor.gateway import Gateway
+from slime_harbor.gateway.server import Gateway
 from slime_harbor.policy.renderer import RendererError
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.samples import SampleStatus

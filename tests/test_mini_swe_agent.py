@@ -95,7 +95,7 @@ def public_task_copy(dest_root: Path) -> Path:
 async def gateway_sessions(policy_url: str, model_dir: str, record_dir: Path):
     """The recording gateway in front of the policy, in this test's event loop; yields a function
     that opens a session and returns its root URL (agent_config appends /v1)."""
-    from slime_harbor.gateway import Gateway
+    from slime_harbor.gateway.server import Gateway
 
     gateway = Gateway(policy_url, model_dir)
     await gateway.start()

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from harbor.utils.env import is_sensitive_env_key
 
-from slime_harbor.gateway import Gateway
+from slime_harbor.gateway.server import Gateway
 from slime_harbor.agents.host import HOST_GATEWAY_AGENTS
 from slime_harbor.agents.installed.catalog import RECIPES
 from slime_harbor.rollout import run_rollouts

@@ -18,8 +18,3 @@ translates its request into one TurnRequest and writes the reply; `Gateway.compl
 session, asked, dialect)` serves it as one GatewayTurn (turn.py: admission, sampling, delivery),
 so rendering, branches, sampling and recording are shared.
 """
-
-from slime_harbor.gateway.server import Gateway
-from slime_harbor.gateway.session import GatewaySession
-
-__all__ = ["Gateway", "GatewaySession"]

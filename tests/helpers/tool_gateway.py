@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from slime_harbor.gateway import Gateway
+from slime_harbor.gateway.server import Gateway
 from slime_harbor.policy.sampling import SamplingParams
 
 TOOLS = [{"type": "function", "function": {
