@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers.cli import first_line_then_sigkill
 from helpers.docker import containers_labelled, docker_skip_reason
 from helpers.rollout import NATIVE_REPLY
 from helpers.samples import check_sample_against_model, masked_spans
@@ -447,14 +448,8 @@ def test_containers_of_a_sigkilled_run_are_swept_by_the_next_start(tmp_path, mon
         print(env.container_id, flush=True)
         time.sleep(600)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
-    try:
-        container_id = proc.stdout.readline().strip()
-        assert container_id, "the child did not start its container"
-    finally:
-        proc.kill()  # SIGKILL: no teardown, no atexit
-        proc.wait()
+    container_id = first_line_then_sigkill(script)  # no teardown, no atexit
+    assert container_id, "the child did not start its container"
     assert client().api.containers(all=True, filters={"id": container_id})  # left behind
     monkeypatch.setattr(docker_images, "_sweep_done", False)  # as in a fresh process
     environment = make_env(DEFAULT_TASKS / "dedupe-lines", tmp_path)

@@ -536,9 +536,7 @@ def test_a_state_kept_by_a_killed_run_is_swept_by_the_next_start(env, tmp_path):
     """A run SIGKILLed between keeping a trial's state and grading it leaves the state behind (a
     committed image, a copied dir, both labelled with their owner): the next sandbox of either kind
     started on the machine removes it, as it removes containers and sandbox dirs."""
-    import os
-    import subprocess
-    import sys
+    from helpers.cli import first_line_then_sigkill
 
     if env == "docker":
         from helpers.docker import docker_client, docker_skip_reason
@@ -549,14 +547,8 @@ def test_a_state_kept_by_a_killed_run_is_swept_by_the_next_start(env, tmp_path):
     module, cls, extra = (("docker", "DockerEnvironment", "") if env == "docker" else
                           ("bubblewrap", "BubblewrapEnvironment", f", base_dir={str(base)!r}"))
     script = MAKE_ENVIRONMENT.format(module=module, cls=cls, task=str(ROMAN), tmp=str(tmp_path), extra=extra)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        kept = proc.stdout.readline().strip()
-        assert kept, "the child kept no state"
-    finally:
-        proc.kill()  # SIGKILL: no teardown, no atexit
-        proc.wait()
+    kept = first_line_then_sigkill(script)  # no teardown, no atexit
+    assert kept, "the child kept no state"
     if env == "docker":
         from slime_harbor.environments import docker_images
 

@@ -1,4 +1,5 @@
-"""The `slime-harbor` command as a subprocess, and its one-line errors."""
+"""The `slime-harbor` command as a subprocess, and its one-line errors; a Python child killed
+without teardown."""
 
 from __future__ import annotations
 
@@ -31,3 +32,15 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, code: int, *words: 
     for word in words:
         assert word in lines[0], lines[0]
     return lines[0]
+
+
+def first_line_then_sigkill(script: str) -> str:
+    """Run `script` in a Python child on the repo, read the first line it prints, then SIGKILL it
+    (no teardown, no atexit): what a killed run leaves behind. Returns that line, stripped."""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        return proc.stdout.readline().strip()
+    finally:
+        proc.kill()
+        proc.wait()
