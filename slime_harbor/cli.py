@@ -69,8 +69,9 @@ ROLLOUT_FLAGS = {
 }
 HACK_FLAGS = {"hack_action": "--hack-action", "hack_detectors": "--hack-detector",
               "hack_judge_url": "--hack-judge-url", "hack_judge_model": "--hack-judge-model",
-              "impossible_twin": "--impossible-twin"}
-DEMO_RUN_FLAGS = {"reward_mapping": "--reward-mapping", "hack_action": "--hack-action", "impossible_twin": "--impossible-twin"}
+              "impossible_twin": "--impossible-twin", "grader_watch": "--grader-watch"}
+DEMO_RUN_FLAGS = {"reward_mapping": "--reward-mapping", "hack_action": "--hack-action", "impossible_twin": "--impossible-twin",
+                  "grader_watch": "--grader-watch"}
 """The demo's flags that are RunSettings knobs (its other flags are LearningConfig's)."""
 SAMPLING_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
                   "max_new_tokens": "--max-new-tokens"}
@@ -203,6 +204,10 @@ def print_summary(summary: dict, out: Path) -> None:
           f"episodes split into segments: {summary['split_episodes']} (token drift points: {summary['drift_count']})")
     if summary.get("twin_tasks") is not None:
         print(impossible_twin_text(summary))
+    if "grader_watch/watched" in summary:
+        print(f"grading watch: {summary['grader_watch/watched']} verifications watched, "
+              f"{summary['grader_watch/unwatched']} unwatched, reads_grader flagged {summary.get('hack/reads_grader', 0)} "
+              f"(per trial: its metadata grader_watch)")
     print(f"wall time: {summary['wall_seconds']}s   output: {out}/samples.jsonl, {out}/summary.json, {out}/trials/")
     print(f"browse the trials: slime-harbor view {out}")
     if summary.get("internal_errors"):  # bugs of ours: said on stderr, where a failing run looks

@@ -895,7 +895,8 @@ def add_viewer_entry(trial_dir: str | Path | None, key: str, entry: dict) -> Non
 def hack_counts(episodes) -> dict:
     """hack_rate (episodes flagged / episodes monitored; None when none was) and hack/<detector>
     (episodes each detector flagged), over Episodes; and the impossible twin's
-    (impossible_twin.twin_counts: hack/passes_impossible, hack/twin_errors, twin_coverage, time/twin_s)."""
+    (impossible_twin.twin_counts: hack/passes_impossible, hack/twin_errors, twin_coverage, time/twin_s).
+    The grading watch's counts are grader_watch.verifier.watch_counts (it stands above this module)."""
     from slime_harbor.impossible_twin import twin_counts
 
     monitored = [e.metadata["hack_flags"] for e in episodes if "hack_flags" in e.metadata]

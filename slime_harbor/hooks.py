@@ -117,7 +117,7 @@ HOOK_KNOBS = {
     "harbor_retry_backoff_sec": "retry_backoff_sec", "harbor_env_start_retries": "env_start_retries",
     "harbor_hack_action": "hack_action", "harbor_hack_detectors": "hack_detectors",
     "harbor_hack_judge_url": "hack_judge_url", "harbor_hack_judge_model": "hack_judge_model",
-    "harbor_impossible_twin": "impossible_twin",
+    "harbor_impossible_twin": "impossible_twin", "harbor_grader_watch": "grader_watch",
 }
 """The plugin's settings that are a rollout's knobs: key -> the RolloutConfig field it is (its type,
 default and docs are that field's, declared once there)."""
@@ -177,9 +177,12 @@ def switch(args, key: str) -> bool:
     return value
 
 
-def twin_setting(args):
-    """harbor_impossible_twin; YAML's unquoted on / off (which it reads as true / false) as on / off."""
-    value = setting(args, "harbor_impossible_twin")
+ON_OFF_KEYS = ("harbor_impossible_twin", "harbor_grader_watch")
+
+
+def on_off_setting(args, key: str):
+    """An on / off setting (ON_OFF_KEYS): YAML's unquoted on / off, which it reads as true / false."""
+    value = setting(args, key)
     return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
 
@@ -309,7 +312,7 @@ def hook_knobs(args) -> dict[str, Any]:
     hints = typing.get_type_hints(RolloutConfig)
     knobs = {}
     for key, name in HOOK_KNOBS.items():
-        value = twin_setting(args) if key == "harbor_impossible_twin" else setting(args, key)
+        value = on_off_setting(args, key) if key in ON_OFF_KEYS else setting(args, key)
         kind = one_type(hints[name])
         if value is not None and typing.get_origin(kind) is list:
             value = list(value)
@@ -493,6 +496,8 @@ def to_slime_samples(sample, episode: Episode, top_p_ids: bool = False) -> list:
         METRICS["twin/passing"] += 1
         METRICS["twin/graded"] += twin["result"] in ("passed", "failed")
         METRICS["hack/twin_errors"] += twin["result"] == "error"
+    if watch := episode.metadata.get("grader_watch"):  # the grading watch: was the verifier watched
+        METRICS["grader_watch/watched" if watch["watched"] else "grader_watch/unwatched"] += 1
     return out
 
 

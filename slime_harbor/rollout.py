@@ -58,6 +58,8 @@ from slime_harbor.harbor_job import HarborJob
 from slime_harbor.impossible_twin import GoldCheck, prepare_twins, twin_for, twin_line, twin_table
 from slime_harbor.twin_grading import TwinWatch, verifier_config
 from slime_harbor.isolation import isolate_shared_verifier
+from slime_harbor.grader_watch.verifier import GradingWatch, watch_counts
+from slime_harbor.tasks.manifest import task_watch_mode
 from slime_harbor.policy.renderer import load_tokenizer
 from slime_harbor.retries import RetryBudget
 from slime_harbor.samples import SampleStatus, is_success
@@ -262,7 +264,7 @@ async def _run_trial_once(slot: EpisodeSlot, cfg: RolloutConfig, started: float)
                                        sampling=cfg.sampling, routing_key=cfg.routing_key,
                                        sampling_seed=cfg.sampling.sampling_seed, max_context_len=cfg.max_context_len)
         endpoint = ModelEndpoint.of(gateway, session)
-    trial = twin_watch = None
+    trial = twin_watch = grading_watch = None
     try:
         try:
             try:
@@ -282,6 +284,8 @@ async def _run_trial_once(slot: EpisodeSlot, cfg: RolloutConfig, started: float)
                 left = isolate_shared_verifier(trial)  # no agent process or reward file survives into the verifier
                 watch = HackWatch(trial, task_path, cfg.hack_detector_functions(), left)  # reads what isolation read
                 twin_watch = TwinWatch(trial, twin, cfg)  # after isolation's hook: keeps the sandbox its checks passed
+                if cfg.grader_watch == "on":  # the trial's verifier (WatchedVerifier) finds it by the trial dir
+                    grading_watch = GradingWatch.register(trial, task_path, left, *task_watch_mode(cfg.task_manifest, task_path.name))
                 if session is not None:
                     end_run_at_gateway_limits(trial, session)
                     # The agent is done: its session's files (the ATIF trajectory of an agent that
@@ -321,11 +325,15 @@ async def _run_trial_once(slot: EpisodeSlot, cfg: RolloutConfig, started: float)
             episode.task_name = task_path.name  # the task dir's name, which Harbor's own task name need not be
             flags = await asyncio.to_thread(watch.flags)
             flags += await twin_watch.grade(episode)  # a passing episode, graded again on its impossible twin
+            if grading_watch is not None:
+                flags += grading_watch.record(episode)  # what the audit hook saw of the agent's code while grading
             apply_hack_action(episode, flags, cfg.hack_action, cfg.reward_mapping)
             show_in_viewer(episode.trial_dir, flags, cfg.hack_action)
         except Exception as exc:  # reading the finished trial: only our code runs here, so a bug of ours
             return internal_error(exc, slot, trial_name, started)
     finally:  # whatever ended the trial: the state kept for the twin goes (an image, a copied dir)
+        if grading_watch is not None:
+            grading_watch.close()
         if twin_watch is not None:
             await twin_watch.discard()
     episode.seconds = time.monotonic() - started
@@ -579,7 +587,7 @@ def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, inter
         "retries": sum(e.metadata.get("retries", 0) for e in episodes),
         # episodes whose grader detected tampering (scored 0), by kind
         "tampering_counts": dict(Counter(k for e in episodes for k in (e.metadata.get("tampering") or []))),
-        **hack_counts(episodes),
+        **hack_counts(episodes), **watch_counts(episodes),
         "errors": {f"{e.task_name}#{e.index}": e.error for e in episodes if e.error},
         # bugs of ours (never the task's): each trial dir holds its traceback in slime-harbor-error.txt
         "internal_errors": [e.metadata["trial_dir"] for e in episodes if e.metadata.get("internal_error")],

@@ -78,6 +78,11 @@ class RunSettings:
     grading with one expected value no correct solution gives: impossible_twin.py), where the task
     has one; a pass on the twin too is the hack flag passes_impossible, acted on by hack_action |
     off."""
+    grader_watch: str = "on"
+    """on: every Python process of a verifier in our sandboxes runs with the grading watch's audit
+    hook (grader_watch/): agent code that reads the grader's files, its callers' frames, walks the
+    heap or installs a tracer while the tests run is the hack flag reads_grader, acted on by
+    hack_action; a verification the hook could not watch is counted unwatched, never clean | off."""
 
 
 @dataclass
@@ -169,12 +174,17 @@ def with_engine(cfg: RolloutConfig) -> RolloutConfig:
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
+WATCH_SWITCH = ("on", "off")
+"""RunSettings.grader_watch's values."""
+
+
 def run_setting_choices() -> dict[str, tuple[str, ...]]:
     """The RunSettings knobs that take one of a fixed set of values, with the set (the flags' choices)."""
     from slime_harbor.hack_monitor import HACK_ACTIONS
     from slime_harbor.impossible_twin import TWIN_SWITCH
 
-    return {"reward_mapping": REWARD_MAPPINGS, "hack_action": HACK_ACTIONS, "impossible_twin": TWIN_SWITCH}
+    return {"reward_mapping": REWARD_MAPPINGS, "hack_action": HACK_ACTIONS, "impossible_twin": TWIN_SWITCH,
+            "grader_watch": WATCH_SWITCH}
 
 
 def check_run_settings(settings: RunSettings) -> None:
@@ -193,6 +203,7 @@ def check_run_settings(settings: RunSettings) -> None:
         (bool(settings.hack_judge_url) == bool(settings.hack_judge_model),
          "a hack judge needs both a URL and a model (hack_judge_url, hack_judge_model)"),
         (settings.impossible_twin in TWIN_SWITCH, f"impossible_twin must be on or off, got {settings.impossible_twin!r}"),
+        (settings.grader_watch in WATCH_SWITCH, f"grader_watch must be on or off, got {settings.grader_watch!r}"),
     ]
     for ok, message in checks:
         if not ok:

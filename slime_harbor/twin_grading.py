@@ -13,9 +13,8 @@ import json
 import time
 from pathlib import Path
 
-from harbor.verifier.verifier import Verifier
-
 from slime_harbor.exits import one_line
+from slime_harbor.grader_watch.verifier import WatchedVerifier
 from slime_harbor.impossible_twin import IN_GRADER, KEPT, NoTwin, REGRADE, Twin, TWIN_DIR, twin_mode
 
 
@@ -182,18 +181,19 @@ class TwinWatch:
 
 
 def verifier_config(twin: Twin | NoTwin | None, override_timeout_sec: float | None):
-    """The trial's VerifierConfig: Harbor's verifier; for an IN_GRADER twin, VerifierWithTwin,
-    which puts the twin's instance.json and eval.sh beside the task's tests."""
+    """The trial's VerifierConfig: the grading watch's verifier (Harbor's, watched where the trial
+    registered a GradingWatch); for an IN_GRADER twin, VerifierWithTwin, which also puts the twin's
+    instance.json and eval.sh beside the task's tests."""
     from harbor.models.trial.config import VerifierConfig
 
     if isinstance(twin, Twin) and twin_mode(twin.dir) == IN_GRADER:
         return VerifierConfig(override_timeout_sec=override_timeout_sec, import_path=f"{__name__}:VerifierWithTwin",
                               kwargs={"twin_tests": str(twin.dir / "tests")})
-    return VerifierConfig(override_timeout_sec=override_timeout_sec)
+    return VerifierConfig(override_timeout_sec=override_timeout_sec, import_path=f"{WatchedVerifier.__module__}:WatchedVerifier")
 
 
-class VerifierWithTwin(Verifier):
-    """Harbor's verifier (harbor.verifier.verifier.Verifier), with the task's impossible twin put in
+class VerifierWithTwin(WatchedVerifier):
+    """The watched verifier (grader_watch/verifier.py: Harbor's, watched), with the task's impossible twin put in
     the grading container first: the twin's tests/instance.json and tests/eval.sh at /tests/twin,
     where the SWE-bench grader (tests/grade.py) grades a resolved patch against them too. A twin
     that cannot be put there leaves the real grading as it was (the twin is then an error)."""

@@ -3,7 +3,8 @@ the way a policy's agent would: one call to the model it is given (through the g
 episode has tokens), then the files written through the sandbox, never through the task's own
 solution/ (the task's gold stays the task's, as the impossible twin's check needs). The files:
 agent kwarg `files` (sandbox path -> host file), else the JSON of $HELD_OUT_AGENT_FILES (the SLiME
-hook passes no agent kwargs)."""
+hook passes no agent kwargs); `files_by_task` (task dir name -> such a dict) lets one run apply
+another solution to each of its tasks (the trial's name starts with its task's)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,15 @@ from harbor.models.agent.context import AgentContext
 
 class HeldOutAgent(BaseAgent):
     def __init__(self, logs_dir, model_name: str | None = None, api_base: str | None = None,
-                 files: dict[str, str] | None = None, **kwargs):
+                 files: dict[str, str] | None = None, files_by_task: dict[str, dict[str, str]] | None = None,
+                 **kwargs):
         super().__init__(logs_dir, model_name=model_name, **kwargs)
         self.api_base = api_base
         self.files = dict(files or json.loads(os.environ.get("HELD_OUT_AGENT_FILES", "{}")))
+        trial_name = Path(logs_dir).parent.name
+        for task, task_files in (files_by_task or {}).items():
+            if trial_name.startswith(f"{task}__"):
+                self.files = dict(task_files)
 
     @staticmethod
     def name() -> str:

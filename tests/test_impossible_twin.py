@@ -277,10 +277,11 @@ def assert_caught(sample: dict, failure: float) -> None:
     """A held-out hack: passed the real tests, flagged passes_impossible, scored as a failure."""
     metadata = sample["metadata"]
     assert metadata["raw_rewards"]["reward"] == 1.0  # the tests passed: no code detector saw it
-    assert metadata["hack_flags"] == ["passes_impossible"], metadata.get("hack_details")
+    # the grading watch and the static side see it too (reads_grader): the twin's flag is what is checked here
+    assert "passes_impossible" in metadata["hack_flags"], metadata.get("hack_details")
     assert metadata["twin"]["result"] == "passed" and metadata["twin"]["reward"] == 1.0
     assert metadata["reward_before_hack_penalty"] == 1.0 and sample["reward"] == failure
-    assert metadata["hack_details"][0].startswith("passes_impossible: its impossible twin passed too")
+    assert any(d.startswith("passes_impossible: its impossible twin passed too") for d in metadata["hack_details"])
 
 
 def assert_gold(sample: dict) -> None:
@@ -390,7 +391,7 @@ def test_the_slime_hook_grades_a_passing_trial_on_its_twin(tmp_path, monkeypatch
             await hooks.close_gateway()  # the process gateway the hook started in this loop
 
     [out] = asyncio.run(one_trial())
-    assert out.reward == 0.0 and out.response_length > 0 and out.metadata["hack_flags"] == ["passes_impossible"]
+    assert out.reward == 0.0 and out.response_length > 0 and "passes_impossible" in out.metadata["hack_flags"]
     assert out.metadata["twin"]["result"] == "passed" and out.metadata["reward_before_hack_penalty"] == 1.0
     counts = hooks.hook_metrics()
     assert counts["hack/passes_impossible"] == 1 and counts["twin/passing"] == counts["twin/graded"] == 1

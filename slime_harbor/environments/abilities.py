@@ -15,6 +15,9 @@ declare none and simply lack them. A user's ``module:Class`` environment may dec
                          hack monitor)
     KeepsState           keeps the agent's final state for a second verifier (twin_grading.py; a run
                          can check a task's impossible twin only where its environment keeps state)
+    WatchesGrading       binds a host dir of ours read-only at grader_watch.WATCH_DIR from the start,
+                         which the host fills right before a verifier runs: the grading watch's
+                         audit hook and its report socket (grader_watch/verifier.py)
 
 `Sandbox` is what the bubblewrap and Docker sandboxes share: every ability above, and the keyword
 arguments of ours they take (`SandboxOptions`: the network of a task that sets none, the model
@@ -37,6 +40,7 @@ from slime_harbor.agents.installed.catalog import resolve_installs
 from slime_harbor.agents.installed.installs import DEFAULT_SETUP_TIMEOUT_SEC, SandboxInstall
 from slime_harbor.environments.common import flag_kwarg, shares_host_network
 from slime_harbor.environments.gateway_reach import gateway_port_kwarg
+from slime_harbor.environments.watch_dir import WATCH_DIR, new_watch_dir, remove_watch_dir
 
 if TYPE_CHECKING:
     from slime_harbor.verifier_runtime import Change, RuntimeIndex
@@ -87,6 +91,19 @@ class KeepsState(ABC):
     @abstractmethod
     async def keep_state(self) -> KeptState:
         """The state as it is now, untouched by what runs in this sandbox afterwards."""
+
+
+class WatchesGrading(ABC):
+    """A host dir of ours is bound read-only at grader_watch.WATCH_DIR in the sandbox (and in a
+    separate verifier's), empty until the host fills it for a verifier; the image's own environment
+    variables are known, so the watch's PYTHONPATH keeps the image's."""
+
+    watch_host_dir: Path
+    """The host side of watch_dir.WATCH_DIR (short: a unix socket's path must fit in 108 bytes)."""
+
+    @abstractmethod
+    def image_env(self) -> dict[str, str]:
+        """The image's ENV as a command sees it before Harbor's env (PYTHONPATH among them)."""
 
 
 class KeptState(ABC):
@@ -159,9 +176,10 @@ class SandboxOptions:
 OPTION_NAMES = frozenset(f.name for f in fields(SandboxOptions))
 
 
-class Sandbox(InstallsAgents, EndsAgentProcesses, ReportsAgentChanges, KeepsState, BaseEnvironment):
+class Sandbox(InstallsAgents, EndsAgentProcesses, ReportsAgentChanges, KeepsState, WatchesGrading, BaseEnvironment):
     """What the bubblewrap and Docker sandboxes share: every ability, the keyword arguments of
-    `SandboxOptions` (``self.options``), the network rule, and Harbor's log dirs bound in (mounted)."""
+    `SandboxOptions` (``self.options``), the network rule, and Harbor's log dirs bound in (mounted),
+    with the grading watch's dir beside them."""
 
     def __init__(
         self,
@@ -187,6 +205,15 @@ class Sandbox(InstallsAgents, EndsAgentProcesses, ReportsAgentChanges, KeepsStat
             network_policy=network_policy or task_env_config.resolve_baseline(),
             **kwargs,
         )
+        # Bound from the start (a container's binds are fixed at creation) and empty until a
+        # verifier: the host fills it then (grader_watch/verifier.py), read-only inside.
+        self.watch_host_dir = new_watch_dir()
+        self._mounts.append({"type": "bind", "source": str(self.watch_host_dir), "target": WATCH_DIR,
+                             "read_only": True})
+
+    def remove_watch_dir(self) -> None:
+        """Remove the grading watch's host dir (at stop; a killed process's are swept later)."""
+        remove_watch_dir(self.watch_host_dir)
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:

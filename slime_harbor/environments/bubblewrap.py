@@ -320,6 +320,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, Sandbox):
                 os.close(fd)
         self._namespace_fds.clear()
         self._pid1_fd = None
+        self.remove_watch_dir()
         if self.sandbox_dir is None:
             return
         _live_sandboxes.pop(self.sandbox_dir, None)
@@ -514,6 +515,9 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, Sandbox):
         """What a command sees: HOME and HOSTNAME, the image's ENV, then Harbor's env."""
         assert self._recipe is not None
         return {**self._base_env, **self._recipe.env, **(extra or {})}
+
+    def image_env(self) -> dict[str, str]:
+        return dict(self._recipe.env) if self._recipe is not None else {}
 
     @property
     def _base_env(self) -> dict[str, str]:

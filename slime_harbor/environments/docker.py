@@ -99,6 +99,7 @@ class DockerEnvironment(ContainerChanges, Sandbox):
         by ``start()``)."""
         self._image_workdir = "/"
         self._image_env_keys: set[str] = set()
+        self._image_env: dict[str, str] = {}
         self._server: ExecServer | None = None
         self._gateway_forward: GatewayForward | None = None
         self._has_bash = False  # until start() knows: commands run with bash if the image has it
@@ -305,6 +306,7 @@ class DockerEnvironment(ContainerChanges, Sandbox):
         api.start(self.container_id)
         config = api.inspect_container(self.container_id)["Config"]
         self._image_workdir = config.get("WorkingDir") or "/"
+        self._image_env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
         self._image_env_keys = {e.split("=", 1)[0] for e in config.get("Env") or []}
 
     async def _open_gateway_forward(self) -> None:
@@ -374,6 +376,10 @@ class DockerEnvironment(ContainerChanges, Sandbox):
                 pass
             _live_containers.pop(container_id, None)
         self.container_id = None
+        self.remove_watch_dir()
+
+    def image_env(self) -> dict[str, str]:
+        return dict(self._image_env)
 
     # --- running commands -------------------------------------------------------------------
 

@@ -39,3 +39,19 @@ def apply_manifest(tasks: list[Path], manifest: Path | str | None) -> tuple[list
     skip = load_manifest(manifest)
     kept = [t for t in tasks if Path(t).name not in skip]
     return kept, {Path(t).name: skip[Path(t).name] for t in tasks if Path(t).name in skip}
+
+
+def task_watch_mode(manifest: Path | str | None, task_name: str) -> tuple[str | None, str | None]:
+    """(mode, reason) of a task's grading watch, as its manifest entry records it under
+    ``grader_watch`` ({"mode": "files" | "off", "reason": ...}; calibrate writes "files" for a task
+    whose own code inspects frames); (None, None): watched whole."""
+    if manifest is None:
+        return None, None
+    try:
+        entry = json.loads(Path(manifest).read_text())["tasks"].get(task_name) or {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None, None  # load_manifest has refused a bad manifest in one line before any trial
+    watch = entry.get("grader_watch") if isinstance(entry, dict) else None
+    if not isinstance(watch, dict) or watch.get("mode") not in ("files", "off"):
+        return None, None
+    return watch["mode"], str(watch.get("reason") or "the task's manifest says so")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slime_harbor.grader_watch.verifier import watch_counts
 from slime_harbor.hack_monitor import hack_counts
 from slime_harbor.filters import MASK_REASONS, drop_zero_std_groups, mask_counts
 from slime_harbor.episode import Episode
@@ -78,6 +79,7 @@ def rollout_stats(episodes: Sequence[Episode]) -> dict[str, Any]:
         # episodes whose grader detected tampering (scored 0)
         "n_tampered": sum(bool(e.metadata.get("tampering")) for e in episodes),
         **hack_counts(episodes),  # the hack monitor's: hack_rate, hack/<detector>
+        **watch_counts(episodes),  # the grading watch's: grader_watch/watched, /unwatched
         "reward_mean": mean,
         "reward_std": math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) if values else None,
         "pass_rate": sum(map(is_success, values)) / len(values) if values else None,
@@ -147,6 +149,8 @@ def step_line(r: dict) -> str:
             + (f"hacks {r['hack_rate']:.2f} " if r.get("hack_rate") else "")
             + (f"twin {r['twin_coverage']:.2f} (impossible passes {r['hack/passes_impossible']}, errors "
                f"{r['hack/twin_errors']}, {r['time/twin_s']:.1f}s) " if r.get("twin_coverage") is not None else "")
+            + (f"watched {r['grader_watch/watched']}/{r['grader_watch/watched'] + r['grader_watch/unwatched']} "
+               f"(reads_grader {r.get('hack/reads_grader', 0)}) " if "grader_watch/watched" in r else "")
             + (f"canaries passed {r['canary_pass_rate']:.2f} " if r.get("canary_pass_rate") is not None else "")
             + f"aborted {r['aborted']}/{r['n_samples']}" + (f" failed {r['failed']}" if r.get("failed") else "")
             + f"{masked_text(r)} | {what} | rollout {r['timings']['rollout_s']:.1f}s "
