@@ -54,20 +54,23 @@ def test_every_bundled_swe_instance_gets_a_twin_of_one_fail_to_pass_expected_val
         changed = json.loads((twin.dir / "tests" / "instance.json").read_text())
         assert {k: v for k, v in changed.items() if k != "eval_script"} == {k: v for k, v in instance.items() if k != "eval_script"}
         before, after = instance["eval_script"].splitlines(), changed["eval_script"].splitlines()
-        diff = [(a, b) for a, b in zip(before, after) if a != b]
-        assert len(diff) == 1, diff  # one line: its literal, and its comparison recorded
-        assert after[len(before):] == [f"cat {it.SWE_HELD_PATH} 2>/dev/null || true"]  # the record, after the tests
-        assert diff[0][0].startswith("+    assert ") and twin.changed.split(" ")[0] in instance["FAIL_TO_PASS"]
-        assert diff[0][1].startswith("+    assert (lambda n: exec(bytes.fromhex(")
+        removed, added = [x for x in before if x not in after], [x for x in after if x not in before]
+        [(hunk, old_assert)] = [removed]  # the asserted line, and its hunk's header (one line more)
+        [new_hunk, new_assert, writer, printer] = added
+        assert hunk.startswith("@@ ") and new_hunk.startswith("@@ ") and old_assert.startswith("+    assert ")
+        assert new_assert.split("==")[0] == old_assert.split("==")[0]  # the line as it was, but for the value
+        assert writer.startswith("+    exec(bytes.fromhex(")  # reached only when the assert held: the record
+        assert printer == f"cat {it.SWE_HELD_PATH} 2>/dev/null || true" and after[-1] == printer  # after the tests
+        assert twin.changed.split(" ")[0] in instance["FAIL_TO_PASS"]
         script_before = (task / "tests" / "eval.sh").read_text().splitlines()
         script_after = (twin.dir / "tests" / "eval.sh").read_text().splitlines()
-        assert [(a, b) for a, b in zip(script_before, script_after) if a != b] == diff  # eval.sh: the same change
+        assert [x for x in script_after if x not in script_before] == added  # eval.sh: the same change
     textkit = build(TEXTKIT, tmp_path / "again")
     script = (textkit.dir / "tests" / "eval.sh").read_text()
-    assert '(slugify("a,  b -- c"), \'a-b-c [impossible]\')\n' in script  # its operands: only the literal changed
+    assert '+    assert slugify("a,  b -- c") == \'a-b-c [impossible]\'\n' in script  # only the literal changed
     record = json.loads((TEXTKIT / "tests" / "instance.json").read_text())
     unrecorded, _ = impossible_eval_script(record["eval_script"], record["FAIL_TO_PASS"])
-    assert '+    assert slugify("a,  b -- c") == \'a-b-c [impossible]\'\n' in unrecorded  # without a token: the value alone
+    assert len(unrecorded.splitlines()) == len(record["eval_script"].splitlines())  # without a token: the value alone
     assert textkit.changed == "tests/test_slug.py::test_collapses_separators expects 'a-b-c [impossible]' instead of 'a-b-c'"
 
 
