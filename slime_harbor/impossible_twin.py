@@ -20,11 +20,12 @@ not computing the answer. So every trial that passes is graded again, against it
       too, or a test's parametrize), else the literal argument an asserting helper of the tests
       compares (`check(f(x), 5)` with `def check(got, want): assert got == want`);
     others: no twin (`NoTwin.why` says why, per task).
-- its changed comparison records that it held: each comparison that checks the changed value
-  becomes a call of a recorder (_RECORDER: same operands, order, `==` / `!=`, result and
-  exceptions) that appends `HELD_MARK <token>` (Marker; the token drawn per twin) when the
-  equality held on the changed value: to HELD_FILE in the twin grading's verifier dir (Python
-  twins), or to SWE_HELD_PATH, which an SWE-bench twin's eval script prints into its log after the
+- its changed comparison records that it held: an asserted literal's line stays (a hack may read
+  it) and the line added after it, reached only when the assertion held, records it (_WRITER); a
+  case table's or helper's comparison becomes a call of a recorder (_RECORDER: same operands,
+  order, `==` / `!=`, result and exceptions) that records it when the equality held on the
+  changed value. The record: `HELD_MARK <token>` (Marker; the token drawn per twin) appended to
+  HELD_FILE in the twin grading's verifier dir (Python twins), or to SWE_HELD_PATH, which an SWE-bench twin's eval script prints into its log after the
   tests. A pass on the twin counts only with that line (twin_grading.py): a line that merely ran
   proves nothing under a `try`, a tolerance or a threshold, so a pass without it is UNPROVEN. Code
   under test can write the line itself only by reading the twin's tests for the token (hex-encoded
