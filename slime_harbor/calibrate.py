@@ -26,8 +26,8 @@ all) K times on every task, in real trials, and writes FILE (default DIR/calibra
   reason names the one(s) the verifier trusts;
 - flaky: gold passes some of the K times, or the empty answer passes some of them.
 
-It also builds and checks each task's impossible twin (impossible_twin.py: the gold must fail
-it; the check is cached, so a run after calibrate needs none): per task `twin` says what its twin
+It also builds and checks each task's impossible twin (impossible_twin.py: a task's gold, where it
+has one, must fail it; the check is cached, so a run after calibrate needs none): per task `twin` says what its twin
 changed (`no_twin`: why it has none), and `twin_tasks` is the share of tasks with one.
 
 It exits 0 whatever it finds. FILE is a task manifest: `rollout --task-manifest FILE`,

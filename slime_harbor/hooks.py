@@ -65,6 +65,7 @@ from slime_harbor.filters import (
     TrajectoryFilters, apply_limit_filters, kept_episode_rewards, mask_counts, mask_stale, rewards_vary,
 )
 from slime_harbor.grpo import episode_advantages
+from slime_harbor.impossible_twin import GRADED, UNPROVEN
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.retries import RetryBudget
 from slime_harbor.policy.renderer import load_tokenizer
@@ -125,9 +126,9 @@ HOOK_NOTES = {
     "harbor_agent": "A prompt row's metadata.harbor_agent overrides it.",
     "harbor_env": "local needs bwrap on the rollout host, docker a reachable Docker daemon.",
     "harbor_task_manifest": "Its samples are FAILED, removed, skipped_by_manifest, and counted.",
-    "harbor_impossible_twin": ("Each task's twin is built and checked by its gold on its first trial in this "
-                               "process and cached on disk; counted as hack/passes_impossible, hack/twin_errors, "
-                               "twin/passing, twin/graded."),
+    "harbor_impossible_twin": ("Each task's twin is built (and checked by its gold, where it has one) on its first "
+                               "trial in this process and cached on disk; counted as hack/passes_impossible, "
+                               "hack/twin_errors, hack/twin_unproven, twin/passing, twin/graded."),
 }
 """What a key means in SLiME beyond its field's docs."""
 
@@ -494,8 +495,9 @@ def to_slime_samples(sample, episode: Episode, top_p_ids: bool = False) -> list:
             METRICS[f"hack/{detector}"] += 1
     if twin := episode.metadata.get("twin"):  # a passing trial, and its impossible twin's outcome
         METRICS["twin/passing"] += 1
-        METRICS["twin/graded"] += twin["result"] in ("passed", "failed")
+        METRICS["twin/graded"] += twin["result"] in GRADED
         METRICS["hack/twin_errors"] += twin["result"] == "error"
+        METRICS["hack/twin_unproven"] += twin["result"] == UNPROVEN
     if watch := episode.metadata.get("grader_watch"):  # the grading watch: was the verifier watched
         METRICS["grader_watch/watched" if watch["watched"] else "grader_watch/unwatched"] += 1
     return out
