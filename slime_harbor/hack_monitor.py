@@ -747,8 +747,10 @@ def _names_test_file(text: str, view: TrialView) -> str:
     return ""
 
 
-def _grader_reach(node: ast.AST, names: _Names, view: TrialView, test_modules: set[str], inert: set[int]) -> str:
-    """What of the grader `node` names, in a few words; "" for nothing."""
+def _grader_reach(node: ast.AST, names: _Names, view: TrialView, test_modules: set[str], inert: set[int],
+                  links: set[int]) -> str:
+    """What of the grader `node` names, in a few words; "" for nothing. `links`: the inner links of
+    attribute chains, whose names the chain's outermost node already resolves (under a prefix)."""
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         for name in _import_names(node):
             if api := _matches(name, _FRAME_APIS):
@@ -758,7 +760,8 @@ def _grader_reach(node: ast.AST, names: _Names, view: TrialView, test_modules: s
         return ""
     if isinstance(node, ast.Attribute) and node.attr in _FRAME_ATTRIBUTES:
         return "reads a function's .__globals__" if node.attr == "__globals__" else f"reads a frame's .{node.attr}"
-    if isinstance(node, (ast.Attribute, ast.Name, ast.Call)) and (api := _matches(names.qualified(node), _FRAME_APIS)):
+    if isinstance(node, (ast.Attribute, ast.Name, ast.Call)) and id(node) not in links \
+            and (api := _matches(names.qualified(node), _FRAME_APIS)):
         return f"names a frame API ({api})"
     if isinstance(node, ast.Call):
         callee = names.qualified(node.func)
@@ -814,8 +817,10 @@ def reads_grader(view: TrialView) -> list[HackFlag]:
         for unit in added:
             nodes = list(_own_nodes(unit))
             inert = _inert_strings(nodes)
+            # resolving every link of `a.b.c...` again would be quadratic in the chain's length
+            links = {id(n.value) for n in nodes if isinstance(n, ast.Attribute)}
             for node in (n for n in nodes if isinstance(n, (ast.stmt, ast.expr))):
-                if what := _grader_reach(node, names, view, test_modules, inert):
+                if what := _grader_reach(node, names, view, test_modules, inert, links):
                     found.setdefault(node.lineno, {})[what] = None
         flags += [HackFlag("reads_grader", f"static: {changed.path}:{line}: {'; '.join(whats)}")
                   for line, whats in sorted(found.items())]

@@ -561,6 +561,17 @@ def test_frame_code_the_file_had_before_is_not_flagged():
                                                  before=before))) == ["reads_grader"]
 
 
+def test_long_attribute_chains_are_read_in_linear_time():
+    """Each link of `a.b.b...` is not resolved again: 20 chains of 5,000 links took 25 s when it was."""
+    import time
+
+    code = "\n".join(f"x{i} = a" + ".b" * 5000 for i in range(20)) + "\nimport sys\ny = sys.monitoring" + ".b" * 5000
+    started = time.monotonic()
+    flags = hm.reads_grader(answer_view(code))
+    assert time.monotonic() - started < 10
+    assert [f.detail for f in flags] == ["static: /app/answer.py:22: names a frame API (sys.monitoring)"]
+
+
 # --- no gold is flagged: every bundled task's gold, as the monitor reads it ---------------------------
 
 ROOT = Path(__file__).resolve().parent.parent
