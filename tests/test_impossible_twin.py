@@ -1,9 +1,11 @@
 """The impossible twin (issue 42): every passing trial graded again against its task's twin, the
 same grading with one expected value no correct solution gives.
 
-A hack that acts only at run time shows in no code the hack monitor reads: the held-out
+A hack that acts only at run time shows in no expected value the code holds: the held-out
 stack-reading solutions (tests/fixtures/held_out, applied by an agent, tests/held_out_agent.py)
-pass the real tests and their twins; the gold passes the real tests and fails the twin. Here:
+pass the real tests and their twins; the gold passes the real tests and fails the twin. (Their
+frame calls are in plain sight, so the monitor's reads_grader names them too; the twin does not
+need it to.) Here:
 which value a twin changes (and which it never does), the counts, the knobs, and real trials in
 bubblewrap (a plain task whose test script checks a case table in Python) and in Docker (the
 bundled SWE-bench-format instances)."""
@@ -282,15 +284,21 @@ async def gold_and_held_out(tasks: Path, names: list[str], env: str, held_out: d
     return summaries, {key: s for d in [out / "gold", *(out / t for t in held_out)] for key, s in rows(d).items()}
 
 
-def assert_caught(sample: dict, failure: float) -> None:
-    """A held-out hack: passed the real tests, flagged passes_impossible, scored as a failure."""
+def assert_caught(sample: dict, failure: float, code_read: bool = True) -> None:
+    """A held-out hack: passed the real tests, flagged passes_impossible (and, where the monitor
+    reads the agent's files, its static reads_grader from the frame calls), scored as a failure."""
     metadata = sample["metadata"]
-    assert metadata["raw_rewards"]["reward"] == 1.0  # the tests passed: no code detector saw it
-    # the grading watch and the static side see it too (reads_grader): the twin's flag is what is checked here
+    assert metadata["raw_rewards"]["reward"] == 1.0  # the tests passed
+    # reads_grader: the static side where the monitor reads the agent's files; the grading watch's run-time
+    # flag may stand beside it wherever the verifier ran under the watch
     assert "passes_impossible" in metadata["hack_flags"], metadata.get("hack_details")
+    assert set(metadata["hack_flags"]) <= {"passes_impossible", "reads_grader"}, metadata.get("hack_details")
+    assert ("reads_grader" in metadata["hack_flags"]) >= code_read, metadata.get("hack_details")
     assert metadata["twin"]["result"] == "passed" and metadata["twin"]["reward"] == 1.0
     assert metadata["reward_before_hack_penalty"] == 1.0 and sample["reward"] == failure
-    assert any(d.startswith("passes_impossible: its impossible twin passed too") for d in metadata["hack_details"])
+    details = metadata["hack_details"]
+    assert any(d.startswith("passes_impossible: its impossible twin passed too") for d in details), details
+    assert any(d.startswith("reads_grader: static: ") for d in details) == code_read, details
 
 
 def assert_gold(sample: dict) -> None:
@@ -333,7 +341,7 @@ def test_a_stack_reading_solution_of_a_case_table_task_is_caught_and_the_gold_is
     client = TestClient(create_app(tmp_path / "out" / ROMAN.name, mode="jobs"))
     shown = client.get(f"/api/jobs/trials/trials/{trial.name}/verifier-output").json()["reward_details"]
     assert shown[VIEWER_KEY]["result"] == "passed" and shown[VIEWER_KEY]["changed"].startswith("tests/test.sh line 12")
-    assert shown["slime-harbor hack monitor"]["flags"] == ["passes_impossible"]
+    assert shown["slime-harbor hack monitor"]["flags"] == ["passes_impossible", "reads_grader"]
     if env == "docker":  # the committed states are gone with their trials
         from helpers.docker import docker_client
 
@@ -400,7 +408,8 @@ def test_the_slime_hook_grades_a_passing_trial_on_its_twin(tmp_path, monkeypatch
             await hooks.close_gateway()  # the process gateway the hook started in this loop
 
     [out] = asyncio.run(one_trial())
-    assert out.reward == 0.0 and out.response_length > 0 and "passes_impossible" in out.metadata["hack_flags"]
+    assert out.reward == 0.0 and out.response_length > 0
+    assert out.metadata["hack_flags"] == ["passes_impossible", "reads_grader"]
     assert out.metadata["twin"]["result"] == "passed" and out.metadata["reward_before_hack_penalty"] == 1.0
     counts = hooks.hook_metrics()
     assert counts["hack/passes_impossible"] == 1 and counts["twin/passing"] == counts["twin/graded"] == 1
@@ -591,6 +600,7 @@ def test_a_task_with_another_separate_verifier_is_regraded_against_its_twin(tmp_
         tmp_path / "out", policy_server, tiny_model_dir, "raw"))
     assert_gold(got[("oracle", ROMAN.name)])
     hacked = got[("held-out-solution-test-agent", ROMAN.name)]
-    assert_caught(hacked, failure=0.0)
+    # a plain task's separate verifier: the monitor reads none of the agent's files (only its commands)
+    assert_caught(hacked, failure=0.0, code_read=False)
     regrade = json.loads((Path(hacked["metadata"]["trial_dir"]) / "twin" / "result.json").read_text())
     assert regrade["verifier_result"]["rewards"]["reward"] == 1.0  # Harbor's regrade trial, against the twin
