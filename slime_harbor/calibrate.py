@@ -7,8 +7,11 @@ all) K times on every task, in real trials, and writes FILE (default DIR/calibra
 
     {"repeats": K, "env": ENV, "tasks": {NAME: {"status": "ok" | "broken" | "hackable" | "flaky",
      "reason": "...", "gold": [rewards or null], "empty": [rewards or null],
-     "attacks": {ATTACK: reward or null}, "twin": "what its impossible twin changed" | "no_twin": "why"}},
-     "twin_tasks": share of tasks with a twin,
+     "attacks": {ATTACK: reward or null}, "twin": "what its impossible twin changed" | "no_twin": "why",
+     "watch": "watched" | "unwatched: why", "grader_watch": {"mode": "files" | "off", "reason": ...},
+     "protection": "watch and twin" | "watch" | "twin" | "neither"}},
+     "twin_tasks": share of tasks with a twin, "watched_tasks": share of tasks whose grading is watched,
+     "protection": {"watch and twin": N, "watch": N, "twin": N, "neither": N},
      "broken": {NAME: reason}, "hackable": {NAME: reason}, "flaky": {NAME: reason}}
 
 - broken: the gold solution never passes (or its trials fail: the image does not build, the test
@@ -30,6 +33,13 @@ It also builds and checks each task's impossible twin (impossible_twin.py: a tas
 has one, must fail it; the check is cached, so a run after calibrate needs none): per task `twin` says what its twin
 changed (`no_twin`: why it has none), and `twin_tasks` is the share of tasks with one.
 
+It also says, per task, whether the grading watch (grader_watch/) watches its grading (`watch`,
+from the gold's trials), and grades the untouched task with the watch probing it (the empty
+answer's trials count the task's own workdir as the agent's code): a task whose own code reaches
+frames then gets `grader_watch: {"mode": "files", ...}` (watched for reads of the grader's files
+only), one whose own code reads the grader's files `{"mode": "off", ...}`, which every runner
+reading the manifest honours; `protection` says what guards each task against run-time hacks.
+
 It exits 0 whatever it finds. FILE is a task manifest: `rollout --task-manifest FILE`,
 `train-local --task-manifest FILE` and the SLiME hook (YAML `harbor_task_manifest`) skip the tasks
 it marks broken, hackable or flaky and name them in summary.json; tasks it does not list run.
@@ -48,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_harbor.exits import ConfigError
+from slime_harbor.grader_watch.verifier import FILES_ONLY, FRAME_CATEGORIES, OPTED_OUT, PROBE, protection
 from slime_harbor.samples import is_success
 from slime_harbor.tasks.manifest import BROKEN, FLAKY, HACKABLE, OK
 
@@ -148,9 +159,11 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
         if tasks != tasks_dir:
             throwaway.extend(p.name for p in tasks.iterdir())
         # The grader's rewards are what calibrate judges: no twin grading of its own runs (the tasks'
-        # twins are checked once above), none built for the attack copies.
+        # twins are checked once above), none built for the attack copies. The empty answer grades
+        # the untouched task with the watch probing it (its own workdir counted as the agent's).
         cfg = RolloutConfig(tasks_dir=tasks, agent=agent, n_samples=n, env=env, concurrency=concurrency,
-                            out_dir=runs / name, reward_mapping="raw", progress=False, impossible_twin="off")
+                            out_dir=runs / name, reward_mapping="raw", progress=False, impossible_twin="off",
+                            grader_watch=PROBE if agent == "nop" else "on")
         await run_rollouts(cfg)
         grouped: dict[str, list[dict]] = {}
         for line in (runs / name / "samples.jsonl").read_text().splitlines():
@@ -187,7 +200,9 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
                 reason += f" (the verifier trusts {', '.join(trusted[name])}, which the agent can change)"
             failures = sorted({s["metadata"].get("status_reason") for s in gold_samples + empty_samples
                                if s["reward"] is None and s["metadata"].get("status_reason")})
-            tasks[name] = {"status": status, "reason": reason, "gold": gold, "empty": empty,
+            watch, watch_mode = watch_of(gold_samples, empty_samples)
+            tasks[name] = {"status": status, "reason": reason, "gold": gold, "empty": empty, "watch": watch,
+                           **({"grader_watch": watch_mode} if watch_mode else {}),
                            **({"attacks": attacked.get(name, {})} if attacks else {}),
                            **({"trusted_files": trusted[name]} if trusted.get(name) else {}),
                            **({"twin": twins["twins"][name]} if name in twins["twins"] else {}),
@@ -198,8 +213,14 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
         images = _remove_images(throwaway) if env == "docker" else None
     if images is not None and disk_before is not None:
         images["disk_added_bytes"] = max(0, _docker_disk() - disk_before)
+    guarded = protection({n: t["watch"] for n, t in tasks.items()}, twins["twins"], tasks)
+    for name, guard in guarded.items():
+        tasks[name]["protection"] = guard
     manifest = {
         "repeats": repeats, "env": env, "tasks": tasks, "twin_tasks": twins["twin_tasks"],
+        "watched_tasks": sum(t["watch"].startswith("watched") for t in tasks.values()) / len(tasks) if tasks else None,
+        "protection": {kind: sum(g == kind for g in guarded.values())
+                       for kind in ("watch and twin", "watch", "twin", "neither")},
         **({"docker_images": images} if images is not None else {}),
         **({"trusted_files_probe": probe_cost} if probe_cost else {}),
         **{kind: {n: t["reason"] for n, t in tasks.items() if t["status"] == kind} for kind in (BROKEN, HACKABLE, FLAKY)},
@@ -207,6 +228,25 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def watch_of(gold: list[dict], empty: list[dict]) -> tuple[str, dict | None]:
+    """(whether the task's gradings are watched: "watched" or "unwatched: why", from its gold's
+    trials; the manifest's grader_watch entry where its untouched grading, probed by the empty
+    answer, shows the task's own code reaching frames (FILES_ONLY) or the grader's files (OPTED_OUT):
+    a correct fix of such code must not be flagged)."""
+    outcomes = [s["metadata"].get("grader_watch") for s in gold]
+    outcomes = [o for o in outcomes if o]
+    unwatched = next((o for o in outcomes if not o["watched"]), None)
+    watch = "unwatched: " + str(unwatched.get("why")) if unwatched else ("watched" if outcomes else "unwatched: no gold trial")
+    probed = [s["metadata"].get("grader_watch") or {} for s in empty]
+    categories = {c for o in probed for c in o.get("categories", ())}
+    first = next((e for o in probed for e in o.get("events", ())), "")
+    if "grader_files" in categories:
+        return watch, {"mode": OPTED_OUT, "reason": f"its own code reads the grader's files when graded untouched: {first}"}
+    if categories & set(FRAME_CATEGORIES):
+        return watch, {"mode": FILES_ONLY, "reason": f"its own code reaches frames when graded untouched: {first}"}
+    return watch, None
 
 
 def _attack_tasks(tasks_dir: Path, attacks: dict[str, Path], root: Path) -> tuple[Path, dict[str, tuple[str, str]]]:
@@ -431,6 +471,13 @@ def main(tasks_dir: Path, env: str, repeats: int, out: Path | None, probe_hacks:
         print(f"docker: removed the {images['attack_tags_removed']} image tags of the attack copies"
               + (f"; image layers on disk grew by {added / 1e6:.0f} MB (the tasks' own images, kept for training)"
                  if added is not None else ""))
+    files_only = {n: t["grader_watch"]["mode"] for n, t in manifest["tasks"].items() if t.get("grader_watch")}
+    guard = manifest["protection"]
+    print(f"grading watch: {manifest['watched_tasks'] or 0:.0%} of tasks watched"
+          + (f" ({len(files_only)} for file reads only or not at all: {', '.join(f'{n} {m}' for n, m in files_only.items())})"
+             if files_only else "")
+          + f"; run-time guard per task: watch and twin {guard['watch and twin']}, watch {guard['watch']}, "
+          f"twin {guard['twin']}, neither {guard['neither']} (the manifest's watch / protection)")
     with_twin = sum("twin" in t for t in manifest["tasks"].values())
     print(f"impossible twins: {with_twin} of {len(manifest['tasks'])} tasks (twin_tasks {manifest['twin_tasks'] or 0:.2f}); "
           "per task: the manifest's twin / no_twin")

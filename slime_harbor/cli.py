@@ -205,9 +205,11 @@ def print_summary(summary: dict, out: Path) -> None:
     if summary.get("twin_tasks") is not None:
         print(impossible_twin_text(summary))
     if "grader_watch/watched" in summary:
+        tasks = summary.get("grader_watch_tasks") or {}
         print(f"grading watch: {summary['grader_watch/watched']} verifications watched, "
-              f"{summary['grader_watch/unwatched']} unwatched, reads_grader flagged {summary.get('hack/reads_grader', 0)} "
-              f"(per trial: its metadata grader_watch)")
+              f"{summary['grader_watch/unwatched']} unwatched; {sum(v.startswith('watched') for v in tasks.values())} "
+              f"of {len(tasks)} tasks watched; reads_grader flagged {summary.get('hack/reads_grader', 0)} "
+              f"(per task: summary.json grader_watch_tasks; per trial: its metadata grader_watch)")
     print(f"wall time: {summary['wall_seconds']}s   output: {out}/samples.jsonl, {out}/summary.json, {out}/trials/")
     print(f"browse the trials: slime-harbor view {out}")
     if summary.get("internal_errors"):  # bugs of ours: said on stderr, where a failing run looks

@@ -58,7 +58,7 @@ from slime_harbor.harbor_job import HarborJob
 from slime_harbor.impossible_twin import GoldCheck, prepare_twins, twin_for, twin_line, twin_table
 from slime_harbor.twin_grading import TwinWatch, verifier_config
 from slime_harbor.isolation import isolate_shared_verifier
-from slime_harbor.grader_watch.verifier import GradingWatch, watch_counts
+from slime_harbor.grader_watch.verifier import PROBE, GradingWatch, watch_counts, watch_tasks
 from slime_harbor.tasks.manifest import task_watch_mode
 from slime_harbor.policy.renderer import load_tokenizer
 from slime_harbor.retries import RetryBudget
@@ -284,8 +284,9 @@ async def _run_trial_once(slot: EpisodeSlot, cfg: RolloutConfig, started: float)
                 left = isolate_shared_verifier(trial)  # no agent process or reward file survives into the verifier
                 watch = HackWatch(trial, task_path, cfg.hack_detector_functions(), left)  # reads what isolation read
                 twin_watch = TwinWatch(trial, twin, cfg)  # after isolation's hook: keeps the sandbox its checks passed
-                if cfg.grader_watch == "on":  # the trial's verifier (WatchedVerifier) finds it by the trial dir
-                    grading_watch = GradingWatch.register(trial, task_path, left, *task_watch_mode(cfg.task_manifest, task_path.name))
+                if cfg.grader_watch != "off":  # the trial's verifier (WatchedVerifier) finds it by the trial dir
+                    grading_watch = GradingWatch.register(trial, task_path, left, *task_watch_mode(cfg.task_manifest, task_path.name),
+                                                          probe=cfg.grader_watch == PROBE)
                 if session is not None:
                     end_run_at_gateway_limits(trial, session)
                     # The agent is done: its session's files (the ATIF trajectory of an agent that
@@ -588,6 +589,8 @@ def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, inter
         # episodes whose grader detected tampering (scored 0), by kind
         "tampering_counts": dict(Counter(k for e in episodes for k in (e.metadata.get("tampering") or []))),
         **hack_counts(episodes), **watch_counts(episodes),
+        # per task: whether its verifications were watched (and why not), the grading watch's coverage
+        **({"grader_watch_tasks": tasks} if (tasks := watch_tasks(episodes)) else {}),
         "errors": {f"{e.task_name}#{e.index}": e.error for e in episodes if e.error},
         # bugs of ours (never the task's): each trial dir holds its traceback in slime-harbor-error.txt
         "internal_errors": [e.metadata["trial_dir"] for e in episodes if e.metadata.get("internal_error")],

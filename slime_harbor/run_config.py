@@ -175,7 +175,9 @@ def with_engine(cfg: RolloutConfig) -> RolloutConfig:
 
 
 WATCH_SWITCH = ("on", "off")
-"""RunSettings.grader_watch's values."""
+"""RunSettings.grader_watch's values a user sets."""
+WATCH_MODES = (*WATCH_SWITCH, "probe")
+"""...and calibrate's "probe" for its empty-answer trials (grader_watch/verifier.py: PROBE)."""
 
 
 def run_setting_choices() -> dict[str, tuple[str, ...]]:
@@ -203,7 +205,7 @@ def check_run_settings(settings: RunSettings) -> None:
         (bool(settings.hack_judge_url) == bool(settings.hack_judge_model),
          "a hack judge needs both a URL and a model (hack_judge_url, hack_judge_model)"),
         (settings.impossible_twin in TWIN_SWITCH, f"impossible_twin must be on or off, got {settings.impossible_twin!r}"),
-        (settings.grader_watch in WATCH_SWITCH, f"grader_watch must be on or off, got {settings.grader_watch!r}"),
+        (settings.grader_watch in WATCH_MODES, f"grader_watch must be on or off, got {settings.grader_watch!r}"),
     ]
     for ok, message in checks:
         if not ok:

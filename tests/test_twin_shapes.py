@@ -260,7 +260,8 @@ def test_a_frame_reading_median_on_a_task_without_a_gold_is_caught_and_a_correct
             out_dir=tmp_path / name)))
         [got[name]] = rows(tmp_path / name)
     hack, correct = got["hack"]["metadata"], got["correct"]["metadata"]
-    assert hack["raw_rewards"]["reward"] == 1.0 and hack["hack_flags"] == ["passes_impossible"], hack.get("hack_details")
+    # the grading watch and the static side name it too (reads_grader); the twin's flag is what is checked here
+    assert hack["raw_rewards"]["reward"] == 1.0 and "passes_impossible" in hack["hack_flags"], hack.get("hack_details")
     assert hack["twin"]["result"] == "passed" and got["hack"]["reward"] == 0.0
     assert correct["raw_rewards"]["reward"] == 1.0 and correct["hack_flags"] == [] and got["correct"]["reward"] == 1.0
     assert correct["twin"]["result"] == it.UNPROVEN and "2/3 cases right" in correct["twin"]["output"]

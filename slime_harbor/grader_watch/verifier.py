@@ -40,6 +40,13 @@ VIEWER_KEY = "slime-harbor grading watch"
 OPTED_OUT = "off"
 """A task's watch mode where its manifest opts it out (with a reason, counted unwatched)."""
 FILES_ONLY = "files"
+PROBE = "probe"
+"""RunSettings.grader_watch's value for calibrate's empty-answer trials: every file of the task's
+workdir counts as the agent's, so an event there means the task's own code (its repo, its test
+framework) reaches frames or the grader when graded untouched: such a task is watched for file
+reads only (FILES_ONLY), which calibrate records in its manifest with the reason."""
+FRAME_CATEGORIES = ("frames", "heap", "tracer")
+"""The hook's categories a task's own code may trip (FILES_ONLY drops them)."""
 """A task's watch mode where its own code inspects frames: only reads of the grader's files count."""
 
 
@@ -57,11 +64,15 @@ class GradingWatch:
     seconds: float = 0.0
     extra_grader_paths: list[str] = field(default_factory=list)
     opted_out: bool = False
+    probe: bool = False  # the task's own workdir counts as the agent's (calibrate's empty-answer trials)
 
     @classmethod
-    def register(cls, trial, task_dir: Path, left, mode: str | None = None, reason: str | None = None) -> GradingWatch:
-        watch = cls(Path(task_dir), Path(trial.paths.trial_dir), left, frames=mode != FILES_ONLY, mode_reason=reason,
-                    opted_out=mode == OPTED_OUT)
+    def register(cls, trial, task_dir: Path, left, mode: str | None = None, reason: str | None = None,
+                 probe: bool = False) -> GradingWatch:
+        """The watch of `trial`, found by its verifier. `mode` and `reason`: the task's manifest's
+        (tasks/manifest.task_watch_mode); `probe`: see PROBE."""
+        watch = cls(Path(task_dir), Path(trial.paths.trial_dir), left, frames=mode != FILES_ONLY and not probe,
+                    mode_reason=reason, opted_out=mode == OPTED_OUT and not probe, probe=probe)
         WATCHES[watch.trial_dir] = watch
         return watch
 
@@ -97,6 +108,7 @@ class GradingWatch:
             out["mode"] = f"files only: {self.mode_reason or 'the task inspects frames itself'}"
         if report.events:
             out["events"] = report.flag_details(DETAILS_SHOWN)
+            out["categories"] = sorted({e.category for e in report.events})
         if report.spawned:
             out["spawned"] = list(report.spawned)[:DETAILS_SHOWN]
         return out
@@ -106,9 +118,12 @@ class GradingWatch:
         from slime_harbor.grader_watch.report import REPORT_FLAG
         from slime_harbor.hack_monitor import HackFlag
 
-        if self.report is None or not self.report.events:
+        if self.report is None or not self.report.events or self.probe:
             return []
-        return [HackFlag(REPORT_FLAG, f"run time: {line}") for line in self.report.flag_details(DETAILS_SHOWN)]
+        lines = [event.line() for event in self.report.events[:DETAILS_SHOWN]]
+        if len(self.report.events) > DETAILS_SHOWN:
+            lines[-1] += f" (+{len(self.report.events) - DETAILS_SHOWN} more)"
+        return [HackFlag(REPORT_FLAG, f"run time: {line}") for line in lines]
 
     def record(self, episode) -> list:
         """The watch's outcome in the episode's metadata (and the viewer); returns its flags."""
@@ -137,6 +152,7 @@ class WatchedVerifier(Verifier):
 
         from slime_harbor.environments.abilities import WatchesGrading
         from slime_harbor.grader_watch.report import WatchChannel
+        from slime_harbor.tasks.task_dir import task_workdir
 
         environment = self.environment
         if not isinstance(environment, WatchesGrading):
@@ -146,8 +162,11 @@ class WatchedVerifier(Verifier):
         paths = EnvironmentPaths.for_os(environment.os)
         try:
             agent_files = await watch.agent_files()
+            agent_dirs = [task_workdir(watch.task_dir, default=environment.task_env_config.workdir or "/app")] \
+                if watch.probe else []
             channel = WatchChannel.open(
-                environment.watch_host_dir, agent_files=agent_files, frames=watch.frames, inside_dir=WATCH_DIR,
+                environment.watch_host_dir, agent_files=agent_files, agent_dirs=agent_dirs, frames=watch.frames,
+                inside_dir=WATCH_DIR,
                 grader_paths=sorted({str(paths.tests_dir), str(paths.verifier_dir), WATCH_DIR, "/solution",
                                      *watch.extra_grader_paths}))
         except Exception as exc:  # the watch's own failure never fails the grading: it is unwatched
@@ -188,3 +207,30 @@ def why_key(why: str | None) -> str:
 
     words = re.sub(r"[^a-z0-9]+", "_", (why or "unknown").lower()).strip("_").split("_")
     return "_".join(w for w in words if not w.isdigit())[:40] or "unknown"
+
+
+def watch_tasks(episodes) -> dict[str, str]:
+    """Task -> "watched" (every verification of it watched; "watched (files only: why)" in that
+    mode) or "unwatched: why" (the first reason one of its verifications gave)."""
+    found: dict[str, str] = {}
+    for episode in episodes:
+        outcome = episode.metadata.get("grader_watch")
+        if outcome is None:
+            continue
+        if not outcome["watched"]:
+            if not found.get(episode.task_name, "").startswith("unwatched"):
+                found[episode.task_name] = f"unwatched: {outcome.get('why')}"
+        elif episode.task_name not in found:
+            found[episode.task_name] = "watched" + (f" ({outcome['mode']})" if outcome.get("mode") else "")
+    return dict(sorted(found.items()))
+
+
+def protection(watched: dict[str, str], twins: dict[str, str], tasks) -> dict[str, str]:
+    """Task -> what guards it against run-time hacks: "watch and twin", "watch", "twin" or "neither"
+    (`watched`: watch_tasks' words; `twins`: task -> what its twin changed)."""
+    out = {}
+    for task in sorted(tasks):
+        sides = [side for side, on in (("watch", watched.get(task, "").startswith("watched")), ("twin", task in twins))
+                 if on]
+        out[task] = " and ".join(sides) or "neither"
+    return out
