@@ -31,9 +31,9 @@ it is agent code is the event the agent's; the "API" is the transparent frame ju
 when the agent called the builtin itself). A runtime frame running a module body (`<module>`) ends
 the walk as runtime: what a library does while it is being imported is the library's business.
 
-Agent code: a file in `agent_files` (realpath, cached), a file this process opened for writing from
-agent code, a file outside the runtime and grader dirs changed after `started`, or code that is not
-in a real file. Generated code (`<string>`, odd compile() names) has no file to judge by: it is classified when it
+Agent code: a file in `agent_files` (realpath, cached), a file outside the runtime and grader dirs
+changed (ctime) after `started` (a module the agent's code writes while the grader runs, from this
+process or a shell), or code that is not in a real file. Generated code (`<string>`, odd compile() names) has no file to judge by: it is classified when it
 is exec'd (the `exec` event hands over the code object; nested code objects inherit) and takes the
 owner of that exec, found by the same walk: exec'd by agent code, or by a runtime API on the
 agent's behalf (code.InteractiveInterpreter, timeit: they run the agent's text), it is agent code;
@@ -352,8 +352,6 @@ class Watch(object):
         frame = sys._getframe(2)  # 0: judge, 1: hook, 2: whoever raised the event
         if event == "exec":
             self.note_generated(args[0], frame)
-        if event == "open":
-            self.note_written(args, frame)
         for category in categories:
             getattr(self, "check_" + category)(event, args, frame)
 
@@ -417,21 +415,6 @@ class Watch(object):
             c = todo.pop()
             self.generated[id(c)] = (kind, c, origin)
             todo += [k for k in c.co_consts if hasattr(k, "co_code")]
-
-    def note_written(self, args, frame):
-        mode = args[1] if len(args) > 1 else None
-        flags = args[2] if len(args) > 2 else 0
-        writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-            mode is None and isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
-        if not writes:
-            return
-        if self.agents(frame) is None:
-            return
-        for candidate in self.resolve(args[0]):
-            real = os.path.realpath(candidate)
-            self.agent_files.add(real)
-            self.file_kinds.pop(real, None)
-            self.file_kinds.pop(candidate, None)
 
     # -- the categories
 
