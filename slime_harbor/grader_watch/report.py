@@ -145,18 +145,24 @@ class WatchChannel:
 
     @classmethod
     def open(cls, host_dir: Path, *, agent_files, grader_paths, frames: bool = True, inside_dir: str,
-             task_files_root: str | None = None) -> WatchChannel:
-        """Copies the hook into `host_dir`, writes its config (paths as the sandbox sees them, under
-        `inside_dir`) and binds host_dir/report.sock."""
+             task_files_root: str | None = None, agent_dirs=()) -> WatchChannel:
+        """Empties `host_dir`, copies the hook into it, writes its config (paths as the sandbox sees
+        them, under `inside_dir`; `agent_dirs`: dirs whose every file counts as the agent's, for
+        calibrate's probe) and binds host_dir/report.sock."""
         host_dir = Path(host_dir)
         host_dir.mkdir(parents=True, exist_ok=True)
         host_dir.chmod(0o755)
+        # Only what is written here is on the tests' PYTHONPATH (an agent that remounted the dir
+        # writable in its phase could have left a module of a stdlib name there).
+        for entry in host_dir.iterdir():
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
         hook = host_dir / HOOK_FILE
         shutil.copyfile(RUNTIME_DIR / HOOK_FILE, hook)
         hook.chmod(0o644)
         inside = inside_dir.rstrip("/") or "/"
         config = {"report": f"{inside}/report.sock", "agent_files": sorted(map(str, agent_files)),
                   "grader_paths": sorted(map(str, grader_paths)), "task_files_root": task_files_root,
+                  "agent_dirs": sorted(map(str, agent_dirs)),
                   "frames": frames, "started": time.time()}
         (host_dir / "config.json").write_text(json.dumps(config, indent=1))
         (host_dir / "config.json").chmod(0o644)

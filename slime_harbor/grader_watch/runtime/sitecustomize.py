@@ -60,6 +60,10 @@ import os
 import sys
 
 WATCH_ENV = "SLIME_HARBOR_WATCH"
+# Set for a process agent code started: its main program (`-c` code, a script on stdin) is then the
+# agent's, where a Python the verifier started runs the grader's.
+AGENT_SPAWN_ENV = "SLIME_HARBOR_WATCH_AGENT_SPAWN"
+SPAWN_EVENTS = ("subprocess.Popen", "os.exec", "os.posix_spawn", "os.system", "os.spawn", "pty.spawn")
 MAX_RECORD_BYTES = 4000
 FIELD_CHARS = 300
 CAP = 50
@@ -133,6 +137,13 @@ class Watch(object):
         self.frames = bool(config.get("frames", True))
         self.started = float(config.get("started") or 0)
         self.agent_files = set(os.path.realpath(p) for p in config.get("agent_files", ()))
+        # calibrate's probe: every file under these dirs (the task's own workdir) is the agent's
+        self.agent_dirs = tuple(os.path.realpath(p) for p in config.get("agent_dirs", ()))
+        # whose is this process's main program when it has no file (python -c, python - <<EOF)
+        self.agent_main = os.environ.pop(AGENT_SPAWN_ENV, None) is not None
+        self.main_command = False  # set by cpython.run_command: unregistered <string> code is the -c program
+        self.agent_compiled_string = False  # agent code compiled a "<string>": that name is no longer the main's alone
+        self.spawn_mark = False  # os.environ holds AGENT_SPAWN_ENV for a spawn in flight
         graders = []
         for p in config.get("grader_paths", ()):
             graders += [os.path.normpath(p), os.path.realpath(p)]
@@ -215,6 +226,8 @@ class Watch(object):
             return GRADER
         if real == self.own_file or any(real.startswith(d + os.sep) for d in self.runtime_dirs):
             return RUNTIME
+        if any(real.startswith(d + os.sep) for d in self.agent_dirs):
+            return AGENT
         try:
             changed = os.stat(real).st_ctime
         except OSError:
@@ -234,6 +247,10 @@ class Watch(object):
     def _file_kind(self, filename):
         if not filename or filename.startswith("<frozen"):
             return RUNTIME if filename else AGENT
+        if filename == "<stdin>":  # the main program read from stdin (a here-document the verifier runs)
+            return AGENT if self.agent_main else GRADER
+        if filename == "<string>" and self.main_command and not self.agent_compiled_string:
+            return AGENT if self.agent_main else GRADER  # python -c: code exec'd by anyone is registered first
         if filename.startswith("<"):
             return AGENT
         real = os.path.realpath(filename)
@@ -331,6 +348,13 @@ class Watch(object):
     # ---- the hook
 
     def hook(self, event, args):
+        if self.spawn_mark and event not in SPAWN_EVENTS:
+            self.spawn_mark = False  # the spawn that needed it is done: later spawns are not the agent's
+            os.environ.pop(AGENT_SPAWN_ENV, None)
+        if event == "cpython.run_command":
+            self.main_command = True
+            self.file_kinds.pop("<string>", None)
+            return
         categories = self.watched_events.get(event)
         if categories is None:
             if event.startswith("ctypes."):
@@ -519,6 +543,10 @@ class Watch(object):
 
     def check_disguise(self, event, args, frame):
         filename = args[1] if event == "compile" else (args[1] if len(args) > 1 else None)
+        if filename == "<string>" and self.main_command and not self.agent_compiled_string \
+                and self.agents(frame) is not None:
+            self.agent_compiled_string = True  # a "<string>" of the agent's may now run unregistered
+            self.file_kinds.pop("<string>", None)
         if not isinstance(filename, str) or filename.startswith("<"):
             return
         if self.file_kind(filename) == AGENT:
@@ -534,6 +562,7 @@ class Watch(object):
         if agent is None:
             return
         owner, api = agent
+        self.mark_agent_spawn(event, args)
         program = None
         if event == "os.system":
             argv, env = [os.fsdecode(args[0])], None
@@ -554,6 +583,17 @@ class Watch(object):
             self.flag("spawn", event, api, "%s: %s" % (why, _short(" ".join(argv), 200)), owner)
         else:
             self.send({"kind": "spawned", "argv": _short(" ".join(argv), 200), "api": api})
+
+    def mark_agent_spawn(self, event, args):
+        """The child of agent code learns so (AGENT_SPAWN_ENV): its main program is the agent's.
+        An explicit environment gets the variable; an inherited one holds it until the next event."""
+        env = {"subprocess.Popen": 3, "os.exec": 2, "os.posix_spawn": 2, "os.spawn": 3}.get(event)
+        mapping = args[env] if env is not None and len(args) > env else None
+        if isinstance(mapping, dict):
+            mapping[AGENT_SPAWN_ENV] = "1"
+        elif mapping is None:
+            os.environ[AGENT_SPAWN_ENV] = "1"
+            self.spawn_mark = True
 
     def spawn_problem(self, argv, env):
         words = []
