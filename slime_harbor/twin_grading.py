@@ -136,7 +136,7 @@ class TwinWatch:
             return {"result": "error", "error": f"the twin's verifier timed out after {self.trial.verifier_timeout_sec:g} s"}
         finally:
             await asyncio.shield(kept.discard())
-        return _outcome(result.rewards, paths.test_stdout_path, held=self._held_file(paths.verifier_dir))
+        return twin_outcome(result.rewards, paths.test_stdout_path, held=self._held_file(paths.verifier_dir))
 
     def _held_file(self, verifier_dir: Path) -> bool:
         """Whether the twin's changed comparison wrote its held line in a Python twin's grading."""
@@ -165,7 +165,7 @@ class TwinWatch:
             logged = held((twin / "test_output.txt").read_text(errors="replace"), self.twin.token)
         except OSError:
             logged = False
-        return {**_outcome(rewards, twin / "test_output.txt", twin / "report.json", held=logged),
+        return {**twin_outcome(rewards, twin / "test_output.txt", twin / "report.json", held=logged),
                 "grader_seconds": grader_seconds}
 
     async def _regrade(self) -> dict:
@@ -192,7 +192,7 @@ class TwinWatch:
             info = result.exception_info
             why = f"{info.exception_type}: {info.exception_message}" if info else "its verifier wrote no reward"
             return {"result": "error", "error": " ".join(why.split())[:300]}
-        return _outcome(result.verifier_result.rewards, regrade.paths.test_stdout_path,
+        return twin_outcome(result.verifier_result.rewards, regrade.paths.test_stdout_path,
                         held=self._held_file(regrade.paths.verifier_dir))
 
 
@@ -230,7 +230,7 @@ class VerifierWithTwin(WatchedVerifier):
         return await super().verify()
 
 
-def _outcome(rewards: dict | None, output: Path, report: Path | None = None, held: bool = False) -> dict:
+def twin_outcome(rewards: dict | None, output: Path, report: Path | None = None, held: bool = False) -> dict:
     """What the twin's grading gave: passed (its changed comparison `held` too) / UNPROVEN (a pass
     without that) / failed, its reward, the end of its output."""
     from slime_harbor.verifier_reward import scalar_reward

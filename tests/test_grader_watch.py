@@ -179,3 +179,44 @@ def test_the_slime_hook_penalises_a_run_time_read_and_counts_the_watch(tmp_path,
     assert run_time_details(out.metadata) and out.metadata["reward_before_hack_penalty"] == 1.0
     counts = hooks.hook_metrics()
     assert counts["hack/reads_grader"] == 1 and counts["grader_watch/watched"] == 1
+
+
+def test_calibrate_finds_a_task_whose_own_code_inspects_frames_and_runs_watch_it_for_file_reads(tmp_path, monkeypatch):
+    """frame-registry's own code takes its caller's frame (a plugin registry), and its gold edits
+    that file: graded untouched under calibrate's probe, the task is found and its manifest entry
+    says files only, with the reason; a run with the manifest then scores the gold 1 with no run-time
+    flag, where a run without it flags the registry's own frame call in the gold's edited file. The
+    manifest says per task whether it is watched and what guards it."""
+    from slime_harbor.calibrate import calibrate
+    from slime_harbor.rollout import run_rollouts
+    from slime_harbor.run_config import RolloutConfig
+
+    monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
+    tasks = tmp_path / "tasks"
+    for task in (FIXTURES / "tasks" / "frame-registry", REPO / "examples" / "harbor" / "tasks" / "config-parser",
+                 WINDOWS):
+        shutil.copytree(task, tasks / task.name)
+    manifest = asyncio.run(calibrate(tasks, repeats=1, out=tmp_path / "calibration.json"))
+    registry = manifest["tasks"]["frame-registry"]
+    assert registry["status"] == "ok" and registry["watch"] == "watched", registry
+    assert registry["grader_watch"]["mode"] == "files", registry
+    assert "its own code reaches frames when graded untouched: /app/registry.py:8 in register" in \
+        registry["grader_watch"]["reason"], registry
+    assert "grader_watch" not in manifest["tasks"]["config-parser"]
+    assert manifest["tasks"]["config-parser"]["protection"] == "watch and twin"
+    assert manifest["tasks"]["fix-window-sums"]["protection"] == "watch"
+    assert manifest["watched_tasks"] == 1.0
+    assert manifest["protection"] == {"watch and twin": 1, "watch": 2, "twin": 0, "neither": 0}
+
+    def gold(manifest_path, out):
+        cfg = RolloutConfig(tasks_dir=tasks, task_names=["frame-registry"], agent="oracle", n_samples=1,
+                            impossible_twin="off", task_manifest=manifest_path, out_dir=out, progress=False)
+        asyncio.run(run_rollouts(cfg))
+        return json.loads((out / "samples.jsonl").read_text().splitlines()[0])
+
+    with_manifest = gold(tmp_path / "calibration.json", tmp_path / "with")
+    assert with_manifest["reward"] == 1.0 and not run_time_details(with_manifest["metadata"])
+    assert with_manifest["metadata"]["grader_watch"]["mode"].startswith("files only: its own code reaches frames")
+    without = gold(None, tmp_path / "without")
+    assert any("/app/registry.py:8 in register" in d for d in run_time_details(without["metadata"])), \
+        without["metadata"].get("hack_details")

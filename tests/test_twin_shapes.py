@@ -204,7 +204,7 @@ def test_a_recorded_swe_assert_runs_under_pytest_and_the_eval_script_prints_its_
 def test_a_twin_pass_without_its_record_is_unproven_and_counted_apart():
     from helpers.samples import make_episode
     from slime_harbor.hack_monitor import hack_counts
-    from slime_harbor.twin_grading import _outcome
+    from slime_harbor.twin_grading import twin_outcome
 
     def episode(index, result):
         return [make_episode(1.0, index=index, metadata={"hack_flags": [], "twin": {"result": result}})]
@@ -213,9 +213,9 @@ def test_a_twin_pass_without_its_record_is_unproven_and_counted_apart():
     assert counts["hack/passes_impossible"] == 1 and counts["hack/twin_unproven"] == 1
     assert counts["twin_coverage"] == pytest.approx(3 / 4)
     output = Path(os.devnull)
-    assert _outcome({"reward": 1.0}, output, held=True)["result"] == "passed"
-    assert _outcome({"reward": 1.0}, output)["result"] == it.UNPROVEN
-    assert _outcome({"reward": 0.0}, output, held=True)["result"] == "failed"
+    assert twin_outcome({"reward": 1.0}, output, held=True)["result"] == "passed"
+    assert twin_outcome({"reward": 1.0}, output)["result"] == it.UNPROVEN
+    assert twin_outcome({"reward": 0.0}, output, held=True)["result"] == "failed"
 
 
 # --- no gold needed -------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ class GradingWatch:
                  probe: bool = False) -> GradingWatch:
         """The watch of `trial`, found by its verifier. `mode` and `reason`: the task's manifest's
         (tasks/manifest.task_watch_mode); `probe`: see PROBE."""
-        watch = cls(Path(task_dir), Path(trial.paths.trial_dir), left, frames=mode != FILES_ONLY and not probe,
+        watch = cls(Path(task_dir), Path(trial.paths.trial_dir), left, frames=mode != FILES_ONLY or probe,
                     mode_reason=reason, opted_out=mode == OPTED_OUT and not probe, probe=probe)
         WATCHES[watch.trial_dir] = watch
         return watch
