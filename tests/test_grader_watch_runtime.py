@@ -397,7 +397,7 @@ def test_a_process_that_blinds_its_hook_is_unwatched(python, task):
     the hook remembers the lost send and withholds its `end`."""
     report, done = run_graded(python, task, solution("""\
         import json, os, socket
-        config = json.load(open(os.environ["SLIME_HARBOR_WATCH"]))
+        config = dict(line.split(" ", 1) for line in open(os.environ["SLIME_HARBOR_WATCH"]).read().splitlines())
         fd = next(int(n) for n in os.listdir("/proc/self/fd")
                   if os.readlink("/proc/self/fd/" + n).startswith("socket:"))
         os.close(fd)
@@ -492,8 +492,8 @@ def test_the_hook_is_shipped_and_copied_read_only(tmp_path):
     with WatchChannel.open(tmp_path / "w", agent_files=[], grader_paths=["/tests"], inside_dir="/watch") as watch:
         assert (tmp_path / "w" / "sitecustomize.py").stat().st_mode & 0o777 == 0o644
         assert (tmp_path / "w" / "report.sock").stat().st_mode & 0o777 == 0o777
-        assert watch.env("/app") == {"PYTHONPATH": "/watch:/app", "SLIME_HARBOR_WATCH": "/watch/config.json"}
-        assert '"report": "/watch/report.sock"' in (tmp_path / "w" / "config.json").read_text()
+        assert watch.env("/app") == {"PYTHONPATH": "/watch:/app", "SLIME_HARBOR_WATCH": "/watch/config"}
+        assert "report /watch/report.sock\n" in (tmp_path / "w" / "config").read_text()
     assert not (tmp_path / "w" / "report.sock").exists()
     shutil.rmtree(tmp_path / "w")
 
@@ -572,4 +572,4 @@ def test_opening_the_channel_empties_the_hooks_dir(task):
     (task / "watch").mkdir()
     (task / "watch" / "json.py").write_text("raise SystemExit('shadowed')\n")
     with channel(task) as watch:
-        assert sorted(p.name for p in (task / "watch").iterdir()) == ["config.json", "report.sock", "sitecustomize.py"]
+        assert sorted(p.name for p in (task / "watch").iterdir()) == ["__pycache__", "config", "report.sock", "sitecustomize.py"]

@@ -1,6 +1,6 @@
 """The host side of the grading watch: the channel the hook reports on, and what its records say.
 
-`WatchChannel.open` puts the hook (runtime/sitecustomize.py) and its config.json in a directory
+`WatchChannel.open` puts the hook (runtime/sitecustomize.py) and its config in a directory
 the sandbox mounts read-only, binds the unix datagram socket the hook reports to, and collects
 records on a daemon thread; `env()` gives the verifier's command the two variables that load the
 hook; `close()` drains the socket and returns a `WatchReport`.
@@ -14,10 +14,13 @@ and the run is unwatched.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import select
 import shutil
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,6 +30,7 @@ REPORT_FLAG = "reads_grader"
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 HOOK_FILE = "sitecustomize.py"
 WATCH_ENV = "SLIME_HARBOR_WATCH"
+CONFIG_FILE = "config"
 RECORD_KINDS = ("start", "event", "spawned", "capped", "fork", "end")
 MAX_DATAGRAM = 65536
 
@@ -130,6 +134,40 @@ def _why_unwatched(starts: dict[str, dict], ended: set[str], forged: list[str]) 
     return None
 
 
+HOST_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
+"""Interpreters besides our own that compiled_hooks compiles the hook for, where this machine has
+them (bubblewrap runs the host's; a Docker image of the same version uses the same bytecode)."""
+
+
+@functools.cache
+def compiled_hooks() -> tuple[Path, ...]:
+    """The hook compiled by each Python of this machine (HOST_PYTHONS and our own), once per process:
+    unchecked hash-based .pyc files (valid whatever the copied source's mtime), which a Python of
+    another version ignores, compiling the source instead. A Python that fails to compile it is
+    skipped."""
+    import subprocess
+    import tempfile
+
+    cache = Path(tempfile.mkdtemp(prefix="slime-harbor-hook-pyc-"))
+    source = RUNTIME_DIR / HOOK_FILE
+    found = []
+    for python in dict.fromkeys([sys.executable, *(p for p in HOST_PYTHONS if os.path.exists(p))]):
+        script = ("import importlib.util, py_compile, sys; "
+                  "print(py_compile.compile(sys.argv[1], cfile=sys.argv[2] + '/' + importlib.util.cache_from_source("
+                  "sys.argv[1]).rsplit('/', 1)[1], doraise=True, "
+                  "invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH))")
+        try:
+            done = subprocess.run([python, "-I", "-c", script, str(source), str(cache)], capture_output=True,
+                                  text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            continue  # that Python compiles the source itself, a few ms per process
+        if done.returncode == 0 and done.stdout.strip():
+            found.append(Path(done.stdout.strip()))
+    import atexit
+    atexit.register(shutil.rmtree, cache, True)
+    return tuple(found)
+
+
 class WatchChannel:
     """The hook's directory and report socket for one verifier run (a context manager)."""
 
@@ -139,6 +177,7 @@ class WatchChannel:
         self._sock = sock
         self._datagrams: list[bytes] = []
         self._stop = threading.Event()
+        self._wake_read, self._wake_write = os.pipe()
         self._receiver = threading.Thread(target=self._receive, name="grader-watch", daemon=True)
         self._receiver.start()
         self.report: WatchReport | None = None
@@ -159,13 +198,21 @@ class WatchChannel:
         hook = host_dir / HOOK_FILE
         shutil.copyfile(RUNTIME_DIR / HOOK_FILE, hook)
         hook.chmod(0o644)
+        compiled = compiled_hooks()
+        if compiled:  # the dir is read-only inside: without these every Python compiles the hook anew
+            (host_dir / "__pycache__").mkdir(mode=0o755)
+            for pyc in compiled:
+                shutil.copyfile(pyc, host_dir / "__pycache__" / pyc.name)
+                (host_dir / "__pycache__" / pyc.name).chmod(0o644)
         inside = inside_dir.rstrip("/") or "/"
-        config = {"report": f"{inside}/report.sock", "agent_files": sorted(map(str, agent_files)),
-                  "grader_paths": sorted(map(str, grader_paths)), "task_files_root": task_files_root,
-                  "agent_dirs": sorted(map(str, agent_dirs)),
-                  "frames": frames, "started": time.time()}
-        (host_dir / "config.json").write_text(json.dumps(config, indent=1))
-        (host_dir / "config.json").chmod(0o644)
+        # One `key value` a line (the hook reads it without json: runtime/sitecustomize.read_config).
+        lines = [f"report {inside}/report.sock", f"frames {int(bool(frames))}", f"started {time.time()!r}",
+                 *(f"task_files_root {task_files_root}" for _ in [task_files_root] if task_files_root),
+                 *(f"agent_file {p}" for p in sorted(map(str, agent_files))),
+                 *(f"grader_path {p}" for p in sorted(map(str, grader_paths))),
+                 *(f"agent_dir {p}" for p in sorted(map(str, agent_dirs)))]
+        (host_dir / CONFIG_FILE).write_text("\n".join(line for line in lines if "\n" not in line) + "\n")
+        (host_dir / CONFIG_FILE).chmod(0o644)
         sock_path = host_dir / "report.sock"
         sock_path.unlink(missing_ok=True)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -176,24 +223,30 @@ class WatchChannel:
     def env(self, existing_pythonpath: str | None = None) -> dict[str, str]:
         """The variables that load the hook into the verifier's Pythons."""
         pythonpath = self.inside_dir + (f":{existing_pythonpath}" if existing_pythonpath else "")
-        return {"PYTHONPATH": pythonpath, WATCH_ENV: f"{self.inside_dir}/config.json"}
+        return {"PYTHONPATH": pythonpath, WATCH_ENV: f"{self.inside_dir}/{CONFIG_FILE}"}
 
     def _receive(self) -> None:
-        self._sock.settimeout(0.05)
+        # Woken by a datagram or by close() (its pipe): a verifier's end never waits on a poll interval.
+        self._sock.setblocking(False)
         while not self._stop.is_set():
-            try:
-                self._datagrams.append(self._sock.recv(MAX_DATAGRAM))
-            except TimeoutError:
-                continue
-            except OSError:
-                return
+            ready, _, _ = select.select([self._sock, self._wake_read], [], [])
+            if self._sock in ready:
+                try:
+                    self._datagrams.append(self._sock.recv(MAX_DATAGRAM))
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    return
 
     def close(self) -> WatchReport:
         """Stops the receiver after draining what is queued, removes the socket, and reports."""
         if self.report is not None:
             return self.report
         self._stop.set()
+        os.write(self._wake_write, b"x")
         self._receiver.join()
+        os.close(self._wake_read)
+        os.close(self._wake_write)
         self._sock.setblocking(False)
         while True:
             try:
