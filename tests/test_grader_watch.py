@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from slime_harbor.environments.watch_dir import watch_root
+from slime_harbor.grader_watch.verifier import VIEWER_KEY
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "grader_watch"
@@ -111,6 +112,15 @@ def test_run_time_reads_of_the_grader_are_caught_and_correct_solutions_are_not(t
     assert not [d for d in watch_root().glob("*") if d.name.startswith(f"{__import__('os').getpid()}-")]
     spawned = got["wt-cat"]["metadata"]["grader_watch"]
     assert any("cat" in s for s in spawned.get("spawned", []) + spawned.get("events", [])), spawned
+    # Harbor's viewer shows what the watch saw on the trial's Verifier tab
+    from fastapi.testclient import TestClient
+    from harbor.viewer import create_app
+
+    trial = Path(got["mt-want"]["metadata"]["trial_dir"])
+    client = TestClient(create_app(tmp_path / "out-local", mode="jobs"))
+    shown = client.get(f"/api/jobs/trials/trials/{trial.name}/verifier-output").json()["reward_details"]
+    assert shown[VIEWER_KEY]["watched"] is True and "sys._getframe" in shown[VIEWER_KEY]["events"][0]
+    assert shown["slime-harbor hack monitor"]["flags"] == ["reads_grader"]
 
 
 def test_the_watch_off_and_an_opted_out_task_are_unwatched_never_clean(tmp_path, monkeypatch, policy_server,
@@ -142,6 +152,27 @@ def test_the_watch_catches_the_same_in_docker(tmp_path, monkeypatch, policy_serv
     for name in ("wt-import", "mt-want", "mc-traceback"):
         assert_caught(name, got[name])
     assert_clean("mt-correct", got["mt-correct"])
+    # An SWE-bench-format instance, graded in its own container by swebench's harness (the tests run
+    # as nobody, under the grader's guard): the held-out slugify that reads its caller's source line
+    # is caught at run time there, and the gold is watched and clean.
+    from slime_harbor.rollout import run_rollouts
+    from slime_harbor.run_config import RolloutConfig
+
+    swe = REPO / "examples" / "harbor" / "tasks-swe"
+    common = dict(tasks_dir=swe, task_names=["slime-harbor__textkit-2"], env="docker", n_samples=1,
+                  impossible_twin="off", hack_action="penalty", progress=False)
+    asyncio.run(run_rollouts(RolloutConfig(**common, agent="oracle", out_dir=tmp_path / "swe-gold")))
+    asyncio.run(run_rollouts(RolloutConfig(
+        **common, agent=HELD_OUT_AGENT, policy_url=policy_server, model_dir=str(tiny_model_dir),
+        agent_kwargs={"files": {"/testbed/textkit/slug.py": str(FIXTURES.parent / "held_out" / "stack_reading_slug.py")}},
+        out_dir=tmp_path / "swe-hack")))
+    [gold] = [json.loads(line) for line in (tmp_path / "swe-gold" / "samples.jsonl").read_text().splitlines()]
+    [hack] = [json.loads(line) for line in (tmp_path / "swe-hack" / "samples.jsonl").read_text().splitlines()]
+    assert gold["reward"] == 1.0 and gold["metadata"]["hack_flags"] == [], gold["metadata"].get("hack_details")
+    assert gold["metadata"]["grader_watch"]["watched"] and gold["metadata"]["grader_watch"]["processes"] >= 2
+    details = run_time_details(hack["metadata"])
+    assert hack["metadata"]["raw_rewards"]["reward"] == 1.0 and hack["reward"] == 0.0
+    assert any("/testbed/textkit/slug.py:" in d for d in details), hack["metadata"].get("hack_details")
 
 
 def test_the_slime_hook_penalises_a_run_time_read_and_counts_the_watch(tmp_path, monkeypatch, policy_server,
@@ -220,3 +251,41 @@ def test_calibrate_finds_a_task_whose_own_code_inspects_frames_and_runs_watch_it
     without = gold(None, tmp_path / "without")
     assert any("/app/registry.py:8 in register" in d for d in run_time_details(without["metadata"])), \
         without["metadata"].get("hack_details")
+
+
+def test_the_counts_reach_the_step_line_wandb_and_summary():
+    """watch_counts over episodes (watched, unwatched and why, the watch's seconds), watch_tasks per
+    task, the step line and the wandb names."""
+    from helpers.samples import make_episode
+    from slime_harbor.grader_watch.verifier import watch_counts, watch_tasks
+    from slime_harbor.trainers.tracking import wandb_key
+    from slime_harbor.trainers.training_run import step_line
+
+    def episode(task, outcome):
+        e = make_episode(1.0, metadata={"grader_watch": outcome} if outcome else {})
+        e.task_name = task
+        return e
+
+    episodes = [episode("a", {"watched": True, "processes": 2, "seconds": 0.5}),
+                episode("a", {"watched": False, "why": "pid 7 (python3 x.py) ended without its report's end"}),
+                episode("b", {"watched": True, "processes": 1, "seconds": 0.25, "mode": "files only: frames"}),
+                episode("c", None)]
+    counts = watch_counts(episodes)
+    assert counts == {"grader_watch/watched": 2, "grader_watch/unwatched": 1, "time/watch_s": 0.75,
+                      "grader_watch/unwatched/pid_ended_without_its_report_s_end": 1}
+    assert watch_tasks(episodes) == {"a": "unwatched: pid 7 (python3 x.py) ended without its report's end",
+                                     "b": "watched (files only: frames)"}
+    record = {"step": 1, "reward_mean": 0.5, "pass_rate": 0.5, "aborted": 0, "n_samples": 4, "skipped": "",
+              "n_tokens": 10, "timings": {"rollout_s": 1.0, "train_s": 1.0}, "hack/reads_grader": 1, **counts}
+    assert "watched 2/3 (reads_grader 1) " in step_line(record)
+    assert wandb_key("grader_watch/watched") == "rollout/grader_watch/watched"
+    assert wandb_key("hack/reads_grader") == "rollout/hack/reads_grader" and wandb_key("time/watch_s") == "time/watch_s"
+
+
+def test_every_runner_has_the_switch_and_refuses_a_bad_value_in_one_line():
+    from slime_harbor.hooks import HookSettings
+    from slime_harbor.run_config import RolloutConfig, check_config
+
+    assert RolloutConfig().grader_watch == "on" and HookSettings().harbor_grader_watch == "on"
+    with pytest.raises(ValueError, match="grader_watch must be on or off, got 'maybe'"):
+        check_config(RolloutConfig(agent="oracle", grader_watch="maybe"))

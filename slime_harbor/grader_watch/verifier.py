@@ -202,10 +202,12 @@ def watch_counts(episodes) -> dict:
 
 
 def why_key(why: str | None) -> str:
-    """A short metric-safe key for an unwatched reason ("no Python process reported" -> no_python_process_reported)."""
+    """A short metric-safe key for an unwatched reason, its particulars left out ("pid 7 (python3 x.py)
+    ended without its report's end" -> pid_ended_without_its_report_s_end)."""
     import re
 
-    words = re.sub(r"[^a-z0-9]+", "_", (why or "unknown").lower()).strip("_").split("_")
+    why = re.sub(r"\([^)]*\)|'[^']*'|: .*", "", why or "unknown")  # argv, quoted records, details
+    words = re.sub(r"[^a-z0-9]+", "_", why.lower()).strip("_").split("_")
     return "_".join(w for w in words if not w.isdigit())[:40] or "unknown"
 
 

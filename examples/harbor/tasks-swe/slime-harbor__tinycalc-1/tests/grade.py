@@ -255,7 +255,9 @@ def run_tests(budget_sec: float, log_path: Path, script: str = "/tests/eval.sh")
     os.chown(home, TEST_UID, TEST_UID)
     subprocess.run(["chown", "-R", f"{TEST_UID}:{TEST_UID}", TESTBED], check=True)
     read_fd, write_fd = os.pipe()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "SLIME_HARBOR"))}
+    # The grading watch's variable stays: the tests' Python processes run with its audit hook.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTEST", "SLIME_HARBOR")) or k == "SLIME_HARBOR_WATCH"}
     env.update(HOME=home, PYTHONDONTWRITEBYTECODE="1", PYTEST_ADDOPTS="-p slime_harbor_guard",
                PYTHONPATH=os.pathsep.join(p for p in (GUARD_DIR, env.get("PYTHONPATH")) if p),
                **{GUARD_FD_ENV: str(write_fd)})
