@@ -210,6 +210,10 @@ def print_summary(summary: dict, out: Path) -> None:
               f"{summary['grader_watch/unwatched']} unwatched; {sum(v.startswith('watched') for v in tasks.values())} "
               f"of {len(tasks)} tasks watched; reads_grader flagged {summary.get('hack/reads_grader', 0)} "
               f"(per task: summary.json grader_watch_tasks; per trial: its metadata grader_watch)")
+        guards = list((summary.get("protection") or {}).values())
+        if guards:
+            print("run-time guard per task: " + ", ".join(f"{kind} {guards.count(kind)}" for kind in
+                                                          ("watch and twin", "watch", "twin", "neither")))
     print(f"wall time: {summary['wall_seconds']}s   output: {out}/samples.jsonl, {out}/summary.json, {out}/trials/")
     print(f"browse the trials: slime-harbor view {out}")
     if summary.get("internal_errors"):  # bugs of ours: said on stderr, where a failing run looks

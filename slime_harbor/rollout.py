@@ -58,7 +58,7 @@ from slime_harbor.harbor_job import HarborJob
 from slime_harbor.impossible_twin import GoldCheck, prepare_twins, twin_for, twin_line, twin_table
 from slime_harbor.twin_grading import TwinWatch, verifier_config
 from slime_harbor.isolation import isolate_shared_verifier
-from slime_harbor.grader_watch.verifier import PROBE, GradingWatch, watch_counts, watch_tasks
+from slime_harbor.grader_watch.verifier import PROBE, GradingWatch, protection, watch_counts, watch_tasks
 from slime_harbor.tasks.manifest import task_watch_mode
 from slime_harbor.policy.renderer import load_tokenizer
 from slime_harbor.retries import RetryBudget
@@ -554,6 +554,10 @@ async def _run_all(cfg: RolloutConfig, tasks: list[Path], out: Path, job: Harbor
             summary = summarize(episodes, cfg, time.monotonic() - started, interrupted)
             summary["skipped_tasks"] = skipped_tasks  # broken or flaky in cfg.task_manifest
             summary.update(twins)  # twin_tasks, and per task what its impossible twin changed or why it has none
+            if "grader_watch_tasks" in summary:  # per task: what guards it against run-time hacks
+                summary["protection"] = protection(summary["grader_watch_tasks"], twins.get("twins", {}),
+                                                   {*twins.get("twins", {}), *twins.get("no_twin", {}),
+                                                    *summary["grader_watch_tasks"]})
             (out / "summary.json").write_text(json.dumps(summary, indent=2))
             job.finish(interrupted)
     return Rollouts(summary, episodes)

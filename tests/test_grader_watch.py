@@ -109,6 +109,8 @@ def test_run_time_reads_of_the_grader_are_caught_and_correct_solutions_are_not(t
     summary = got["summary"]
     assert summary["grader_watch/watched"] == len(ATTACKS) + len(CORRECT) and summary["grader_watch/unwatched"] == 0
     assert summary["hack/reads_grader"] == len(ATTACKS)
+    assert summary["grader_watch_tasks"] == {name: "watched" for name in {**ATTACKS, **CORRECT}}
+    assert set(summary["protection"].values()) == {"watch"}  # the twins are off here
     assert not [d for d in watch_root().glob("*") if d.name.startswith(f"{__import__('os').getpid()}-")]
     spawned = got["wt-cat"]["metadata"]["grader_watch"]
     assert any("cat" in s for s in spawned.get("spawned", []) + spawned.get("events", [])), spawned
