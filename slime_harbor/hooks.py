@@ -156,7 +156,8 @@ log = logging.getLogger(__name__)
 METRICS: Counter = Counter()
 """Process-wide counts, for logs and tests: episodes, status/<status>, tampering/<kind>,
 masked/<reason> (training episodes masked per filters.MASK_REASONS: a limit filter, the hack
-monitor's screen, stale), hack/<detector>. `hook_metrics()` returns a copy, with RETRY_BUDGET's
+monitor's screen, stale), hack/<detector>, weight_sync/<count> (converter.WEIGHT_SYNC_COUNTS, what
+weight updates did to the calls; offpolicy_masked_tokens and stale_masked_tokens, tokens masked). `hook_metrics()` returns a copy, with RETRY_BUDGET's
 `retries` and `retry_budget_exhausted`."""
 
 
@@ -232,6 +233,7 @@ def check_supported(args) -> None:
         raise HookConfigError("--use-rollout-routing-replay: Harbor agents cannot return routed experts; drop the flag")
     if refusal := _agent_refusal(setting(args, "harbor_agent")):
         raise HookConfigError(f"harbor_agent: {refusal}")
+    switch(args, "harbor_keep_interrupted")
     try:  # a rollout's knobs get a rollout's checks, in the plugin's names
         knobs = RolloutConfig(**hook_knobs(args))
         check_run_settings(knobs)
@@ -467,10 +469,12 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
         for reason, n in mask_counts([episode]).items():  # the filters' and the hack monitor's screen
             if n:
                 METRICS[f"masked/{reason}"] += n
-        for key, n in (episode.metadata.get("weight_sync") or {}).items():  # what updates did to its calls
-            METRICS[f"weight_sync/{key}"] += n
+        counts = dict(episode.metadata.get("weight_sync") or {})  # what updates did to its calls
         if getattr(args, "partial_rollout", False) and getattr(args, "mask_offpolicy_in_partial_rollout", False):
-            METRICS["weight_sync/offpolicy_masked_tokens"] += sum(mask_older_tokens(s) for s in episode.samples)
+            counts["offpolicy_masked_tokens"] = sum(mask_older_tokens(s) for s in episode.samples)
+        for key, n in counts.items():
+            if n:
+                METRICS[f"weight_sync/{key}"] += n
     return to_slime_samples(sample, episode, top_p_ids=top_p_ids)
 
 
@@ -732,8 +736,8 @@ def generate_rollout_fully_async(args, rollout_id, data_source, evaluation: bool
         samples = _flatten(groups)
         was_kept = {id(s) for s in samples if not s.remove_sample}
         METRICS["masked/stale"] += mask_stale(samples, served_weight_version(args), bound)
-        METRICS["weight_sync/stale_masked_tokens"] += sum(sum(s.loss_mask or []) for s in samples
-                                                          if id(s) in was_kept and s.remove_sample)
+        if stale_tokens := sum(sum(s.loss_mask or []) for s in samples if id(s) in was_kept and s.remove_sample):
+            METRICS["weight_sync/stale_masked_tokens"] += stale_tokens
     return groups
 
 

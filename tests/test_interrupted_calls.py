@@ -1,0 +1,232 @@
+"""A model call that a weight update interrupts goes on from where it stopped (issue 47).
+
+Against our embedded policy server over HTTP, paused the way SGLang is (`/pause_generation`
+aborts the calls in flight with the tokens they had; `/continue_generation`), with real weight
+updates from disk between: the client keeps what each call had sampled, continues it from the
+prompt plus those tokens, and returns one completion whose tokens each carry the logprob and
+version of the weights that sampled them. The engine's own count of decoded tokens says whether
+anything was thrown away. The joins a continuation needs (a stop string or a UTF-8 character
+across the break) are checked on the tiny model's real tokenizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import httpx
+import pytest
+import torch
+from helpers.samples import recompute_logprobs
+
+from slime_harbor.policy.client import PolicyClient, continued, join
+from slime_harbor.policy.sampling import Generation, SamplingParams
+from slime_harbor.policy.server import EmbeddedPolicyServer
+from slime_harbor.policy.tiny_model import build_tiny_model
+
+PROMPT = [71, 127, 102, 1072, 280, 127, 114, 81, 305]
+LONG = SamplingParams(max_new_tokens=240, ignore_eos=True, sampling_seed=1234)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    with EmbeddedPolicyServer(tiny_model_dir) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def other_weights(tmp_path_factory):
+    """Two more versions of the tiny model (other seeds): far apart in every logprob."""
+    root = tmp_path_factory.mktemp("versions")
+    return {v: build_tiny_model(root / f"v{v}", seed=100 + v) for v in (1, 2)}
+
+
+async def decoded(server, rid: str, n: int) -> None:
+    """Wait until the engine has sampled at least n tokens of request `rid`."""
+    deadline = time.monotonic() + 60
+    while True:
+        request = server.engine._active.get(rid)
+        if request is not None and len(request.token_ids) >= n:
+            return
+        assert time.monotonic() < deadline, f"request {rid} never reached {n} tokens"
+        await asyncio.sleep(0.001)
+
+
+def pause(url: str, update_to: tuple[int, str] | None = None) -> int:
+    """Pause as SGLang's updater does (abort the calls in flight), load new weights if given, continue."""
+    aborted = httpx.post(f"{url}/pause_generation", json={"mode": "abort"}).json()["num_aborted_requests"]
+    if update_to is not None:
+        version, path = update_to
+        reply = httpx.post(f"{url}/update_weights_from_disk", timeout=120,
+                           json={"model_path": str(path), "weight_version": str(version)})
+        assert reply.json()["success"], reply.text
+    time.sleep(0.05)  # the client's continuation is waiting in the queue meanwhile
+    httpx.post(f"{url}/continue_generation", json={})
+    return aborted
+
+
+def call_with_pauses(server, params: SamplingParams, at: list[int], updates: list, **client_options) -> Generation:
+    """One call through PolicyClient, paused after the engine decoded `at[k]` of its tokens, with
+    updates[k] (None: no update) loaded during pause k."""
+    async def run():
+        client = PolicyClient(server.url, reissue_aborted=True, **client_options)
+        try:
+            call = asyncio.ensure_future(client.generate(PROMPT, params, rid="interrupted"))
+            for n, update in zip(at, updates):
+                await decoded(server, "interrupted", n)
+                assert await asyncio.to_thread(pause, server.url, update) == 1
+            return await call
+        finally:
+            await client.aclose()
+
+    return asyncio.run(run())
+
+
+@contextlib.contextmanager
+def submitted_prompts(server):
+    """The prompts the engine is handed meanwhile (its own submit, observed)."""
+    prompts, submit = [], server.engine.submit
+    server.engine.submit = lambda prompt_ids, *args, **kwargs: prompts.append(list(prompt_ids)) or submit(
+        prompt_ids, *args, **kwargs)
+    try:
+        yield prompts
+    finally:
+        del server.engine.submit
+
+
+def uninterrupted(server, params: SamplingParams) -> Generation:
+    async def run():
+        client = PolicyClient(server.url)
+        try:
+            return await client.generate(PROMPT, params)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(run())
+
+
+def restore(server, tiny_model_dir) -> None:
+    """Back to the base weights, version 0."""
+    pause(server.url, (0, tiny_model_dir))
+
+
+def test_a_call_paused_without_an_update_comes_back_as_if_never_paused(server):
+    """Same seed, same weights: the continued call holds exactly the tokens and logprobs of the
+    call nobody paused (the seed stream carries on by position), the engine decoded no token
+    twice, and only the prompt plus the kept tokens were prefilled again."""
+    whole = uninterrupted(server, LONG)
+    before = server.engine.stats.generated_tokens
+    with submitted_prompts(server) as prompts:
+        continued_call = call_with_pauses(server, LONG, at=[30, 120], updates=[None, None])
+    decoded_now = server.engine.stats.generated_tokens - before
+    assert continued_call.token_ids == whole.token_ids and continued_call.logprobs == pytest.approx(whole.logprobs, abs=1e-5)
+    assert continued_call.reissued == 2 and continued_call.discarded_tokens == 0 and continued_call.finish_reason == "length"
+    assert decoded_now == len(whole.token_ids) == LONG.max_new_tokens  # the engine's own count: nothing decoded twice
+    assert continued_call.version_spans == [("0", 0, LONG.max_new_tokens)] and continued_call.interrupted
+    # each continuation prefilled the prompt + what was kept (our server caches no prefix)
+    assert len(prompts) == 3 and prompts[0] == PROMPT and all(p[:len(PROMPT)] == PROMPT for p in prompts)
+    assert len(prompts[1]) >= len(PROMPT) + 30 and len(prompts[2]) >= len(PROMPT) + 120
+    assert continued_call.reprefill_tokens == len(prompts[1]) + len(prompts[2])
+
+
+def test_each_token_keeps_the_logprob_and_version_of_the_weights_that_sampled_it(server, tiny_model_dir,
+                                                                                 other_weights):
+    """Interrupted twice, with an update each time: one completion of max_new_tokens tokens in
+    three spans (versions 0, 1, 2); every token's logprob is its own version's (within 1e-4 of
+    that checkpoint's float32 recomputation) and farther from each other version's."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        generation = call_with_pauses(server, LONG, at=[40, 100], updates=[(1, other_weights[1]), (2, other_weights[2])])
+    finally:
+        restore(server, tiny_model_dir)
+    assert generation.finish_reason == "length" and len(generation.token_ids) == LONG.max_new_tokens
+    assert [v for v, _, _ in generation.version_spans] == ["0", "1", "2"] and generation.weight_version == "0"
+    assert generation.discarded_tokens == 0 and generation.interrupted
+    dirs = {"0": tiny_model_dir, "1": other_weights[1], "2": other_weights[2]}
+    n = len(generation.token_ids)
+    recomputed = {v: recompute_logprobs(AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval(),
+                                        PROMPT + generation.token_ids, 1.0)[-n:] for v, d in dirs.items()}
+    served = torch.tensor(generation.logprobs)
+    for version, start, end in generation.version_spans:
+        own = (recomputed[version][start:end] - served[start:end]).abs()
+        assert own.max().item() < 1e-4, (version, own.max().item())
+        for other in dirs.keys() - {version}:
+            assert ((recomputed[other][start:end] - served[start:end]).abs() > own).all(), (version, other)
+
+
+def test_off_it_is_sampled_again_whole_and_what_it_had_is_counted_as_discarded(server, tiny_model_dir, other_weights):
+    """--keep-interrupted off: the call is sampled again from its start by the new weights; the
+    tokens the engine had decoded before the pause are the call's discarded_tokens, to the token."""
+    before = server.engine.stats.generated_tokens
+    try:
+        generation = call_with_pauses(server, LONG, at=[50], updates=[(1, other_weights[1])], keep_interrupted=False)
+    finally:
+        restore(server, tiny_model_dir)
+    decoded_now = server.engine.stats.generated_tokens - before
+    assert generation.version_spans == [("1", 0, LONG.max_new_tokens)] and generation.reissued == 1
+    assert generation.discarded_tokens >= 50 and decoded_now == LONG.max_new_tokens + generation.discarded_tokens
+    assert generation.reprefill_tokens == len(PROMPT)
+
+
+def test_top_p_replay_arrays_are_joined(server):
+    """With top-p replay, the continued call's kept ids and offsets are those of the call nobody
+    paused (offsets shifted past the break), and its logprobs renormalised the same way."""
+    params = SamplingParams(max_new_tokens=160, ignore_eos=True, sampling_seed=99, top_p=0.9,
+                            return_top_p_token_ids=True)
+    whole = uninterrupted(server, params)
+    continued_call = call_with_pauses(server, params, at=[60], updates=[None])
+    assert continued_call.token_ids == whole.token_ids
+    assert continued_call.top_p_token_offsets == whole.top_p_token_offsets
+    # the same kept set per token (two ids of equal probability may swap places: a prefill's
+    # logits and a decode step's differ in the last bits)
+    for ids, offsets in ((continued_call.top_p_token_ids, continued_call.top_p_token_offsets),
+                         (whole.top_p_token_ids, whole.top_p_token_offsets)):
+        assert len(ids) == offsets[-1]
+    sets = [[set(g.top_p_token_ids[a:b]) for a, b in zip(g.top_p_token_offsets, g.top_p_token_offsets[1:])]
+            for g in (continued_call, whole)]
+    assert sets[0] == sets[1]
+    assert continued_call.logprobs == pytest.approx(whole.logprobs, abs=1e-5)
+
+
+def test_a_continuation_asks_for_what_is_left_of_the_budget_with_the_seed_stream_going_on():
+    params = SamplingParams(max_new_tokens=100, sampling_seed=7)
+    assert continued(params, 30, "sglang").max_new_tokens == 70
+    assert continued(params, 30, "sglang").sampling_seed == 7  # keyed by position on SGLang and ours
+    assert continued(params, 30, "openai").sampling_seed not in (7, None)  # vLLM draws in order: a seed of its own
+    assert continued(params, 100, "sglang").max_new_tokens == 0
+
+
+def parts(tokenizer, text: str, split_at: int) -> tuple[list[int], Generation, Generation]:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    kept = Generation(token_ids=ids[:split_at], logprobs=[-1.0] * split_at, finish_reason="abort", rid="r",
+                      text=tokenizer.decode(ids[:split_at]), version_spans=[("0", 0, split_at)])
+    rest = Generation(token_ids=ids[split_at:], logprobs=[-2.0] * (len(ids) - split_at), finish_reason="length",
+                      rid="r", text=tokenizer.decode(ids[split_at:]), version_spans=[("1", 0, len(ids) - split_at)])
+    return ids, kept, rest
+
+
+def test_a_stop_string_across_the_break_ends_the_call_there(tokenizer):
+    """The server saw only the tokens after the break, so it missed " STOP" begun before it: the
+    joined call ends with it (finish stop), the tokens after it dropped."""
+    ids, kept, rest = parts(tokenizer, "hello STOP and more words after it", 0)
+    stop_end = len(tokenizer.encode("hello STOP", add_special_tokens=False))
+    split = stop_end - 2  # " S" "T" kept, "O" "P" sampled after the break
+    ids, kept, rest = parts(tokenizer, "hello STOP and more words after it", split)
+    client = PolicyClient("http://127.0.0.1:1", tokenizer=tokenizer)
+    whole = client._settle_joins(join(kept, rest), SamplingParams(stop=[" STOP"]), breaks=[split])
+    assert whole.token_ids == ids[:stop_end] and whole.finish_reason == "stop" and whole.matched_stop == " STOP"
+    assert whole.text == "hello STOP" and whole.version_spans == [("0", 0, split), ("1", split, stop_end)]
+
+
+def test_text_is_decoded_from_the_joined_ids_when_a_character_is_split(tokenizer):
+    """'é' is two byte tokens here; a break between them leaves each part's text a replacement
+    character, the joined ids decode to 'é'."""
+    text = "caf\u00e9 ok"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    split = next(i for i in range(1, len(ids)) if "\ufffd" in tokenizer.decode(ids[:i]))
+    _, kept, rest = parts(tokenizer, text, split)
+    assert "\ufffd" in kept.text + rest.text
+    client = PolicyClient("http://127.0.0.1:1", tokenizer=tokenizer)
+    assert client._settle_joins(join(kept, rest), SamplingParams(), breaks=[split]).text == text
