@@ -266,36 +266,83 @@ def trained_copy(tiny_model_dir, scale: float = 0.05, seed: int = 0):
     return model.eval(), AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
-@pytest.mark.slow
-def test_an_update_aborts_the_call_in_flight_and_it_is_sampled_again_from_the_new_weights(sglang, tiny_model_dir,
-                                                                                         tmp_path):
-    """WeightSync pauses SGLang with mode abort: the long call running is aborted by SGLang itself,
-    the client samples it again, whole, once /continue_generation lets it in, and all of it comes
-    from the new weights, labelled with the update count."""
+N_LONG = 1200
+"""Tokens of a call two updates land under (SGLang decodes about 40 a second here, one call alone)."""
+
+
+def call_across_updates(url: str, prompt: list[int], params: SamplingParams, pushes, **client_options):
+    """One PolicyClient call that WeightSync pushes land under: pushes[k] = (sync, model, tokenizer,
+    version), pushed once the call has run `delay_s` seconds after the push before it."""
     from slime_harbor.policy.client import PolicyClient
-    from slime_harbor.policy.sampling import SamplingParams
-    from slime_harbor.policy.weights import WeightSync
 
-    moved, tokenizer = trained_copy(tiny_model_dir)
-    sync = WeightSync(sglang.url, "disk", tmp_path / "weights")
-    prompt = tokenizer.encode("Write a long story.")
-
-    async def call_across_an_update():
-        client = PolicyClient(sglang.url, reissue_aborted=True)
+    async def run():
+        client = PolicyClient(url, reissue_aborted=True, **client_options)
         try:
-            call = asyncio.ensure_future(client.generate(prompt, SamplingParams(max_new_tokens=1500, ignore_eos=True)))
-            await asyncio.sleep(3.0)  # it is decoding now (1500 tokens take SGLang half a minute here)
-            assert not call.done()
-            await asyncio.to_thread(sync.push, moved, tokenizer, 1)
+            call = asyncio.ensure_future(client.generate(prompt, params))
+            for sync, moved, tokenizer, version, delay_s in pushes:
+                await asyncio.sleep(delay_s)  # it is decoding now
+                assert not call.done()
+                await asyncio.to_thread(sync.push, moved, tokenizer, version)
             return await call
         finally:
             await client.aclose()
 
-    generation = asyncio.run(call_across_an_update())
-    assert generation.reissued >= 1 and generation.finish_reason == "length"
-    assert generation.weight_version == "1" and weight_version(sglang.url) == "1"
+    return asyncio.run(run())
+
+
+@pytest.mark.slow
+def test_off_an_update_aborts_the_call_in_flight_and_it_is_sampled_again_whole(sglang, tiny_model_dir, tmp_path):
+    """--keep-interrupted off: WeightSync pauses SGLang with mode abort, SGLang answers the call
+    running with what it had, and the client samples it again, whole, once /continue_generation
+    lets it in: all of it from the new weights, the tokens it had counted as discarded."""
+    from slime_harbor.policy.weights import WeightSync
+
+    moved, tokenizer = trained_copy(tiny_model_dir)
+    version = int(weight_version(sglang.url)) + 1
+    sync = WeightSync(sglang.url, "disk", tmp_path / "weights")
+    prompt = tokenizer.encode("Write a long story.")
+    generation = call_across_updates(sglang.url, prompt, SamplingParams(max_new_tokens=600, ignore_eos=True),
+                                     [(sync, moved, tokenizer, version, 3.0)], keep_interrupted=False)
+    assert generation.reissued >= 1 and generation.finish_reason == "length" and generation.discarded_tokens > 0
+    assert generation.version_spans == [(str(version), 0, 600)] and weight_version(sglang.url) == str(version)
     recomputed = recompute_logprobs(moved, prompt + generation.token_ids, 1.0)[-len(generation.token_ids):]
     assert (recomputed - torch.tensor(generation.logprobs)).abs().mean().item() < GAP_LIMIT
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pause", ["abort", "retract"])
+def test_a_call_updates_interrupt_goes_on_from_its_tokens_each_with_its_versions_logprob(pause, sglang, tiny_model_dir,
+                                                                                         tmp_path):
+    """Two updates land while one long call decodes on the real SGLang, paused with `pause`: abort
+    (SGLang answers with the tokens decoded so far, the client continues from prompt + those
+    tokens) or retract (SGLang re-prefills prompt + output under the new weights itself). Either
+    way: one completion of max_new_tokens tokens, nothing discarded, in three spans of versions
+    whose every token has the logprob of the weights that sampled it (within 1e-3 of that
+    checkpoint's float32 recomputation, and farther from the other two versions')."""
+    from helpers.samples import check_token_versions
+    from transformers import AutoTokenizer
+
+    from slime_harbor.policy.weights import WeightSync
+
+    weights = [trained_copy(tiny_model_dir, scale=0.5, seed=k)[0] for k in (1, 2, 3)]  # far apart
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    v = int(weight_version(sglang.url)) + 1
+    sync = WeightSync(sglang.url, "disk", tmp_path / "weights", pause=pause)
+    sync.push(weights[0], tokenizer, v)  # known weights before the call
+    prompt = tokenizer.encode("Write a long story.")
+    params = SamplingParams(max_new_tokens=N_LONG, ignore_eos=True)
+    generation = call_across_updates(sglang.url, prompt, params, [(sync, weights[1], tokenizer, v + 1, 1.0),
+                                                                   (sync, weights[2], tokenizer, v + 2, 0.5)])
+    versions = [version for version, _, _ in generation.version_spans]
+    print(f"\nSGLang pause {pause}: spans {generation.version_spans}, asked again {generation.reissued}x, "
+          f"prefilled again {generation.reprefill_tokens} tokens")
+    assert generation.finish_reason == "length" and len(generation.token_ids) == N_LONG
+    assert versions == [str(v), str(v + 1), str(v + 2)] and generation.discarded_tokens == 0
+    assert generation.reprefill_tokens > 2 * len(prompt)
+    assert (generation.reissued >= 2) if pause == "abort" else (generation.reissued == 0)
+    figures = check_token_versions(prompt + generation.token_ids, N_LONG, generation.logprobs, generation.version_spans,
+                                   {str(v + k): weights[k] for k in range(3)})
+    print(f"per version: (tokens, max gap to its own weights, min gap to another's) {figures}")
 
 
 @pytest.mark.slow
