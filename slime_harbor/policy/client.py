@@ -240,12 +240,13 @@ class PolicyClient:
             "stop": list(params.stop) or None,
             "stop_token_ids": list(params.stop_token_ids) or None,
             "seed": params.sampling_seed,
+            "ignore_eos": params.ignore_eos,  # vLLM's extra parameter, as SGLang's
             "logprobs": 0,  # the sampled token's logprob only
             "return_token_ids": True,
             "skip_special_tokens": False,
             "include_stop_str_in_output": True,
         }
-        before = await self._served_version()
+        before = await self._served_version(unpaused=True)
         reply = await self._post("/completions", payload)
         after = await self._served_version()
         try:
@@ -260,17 +261,15 @@ class PolicyClient:
         if len(token_ids) != len(logprobs):
             raise PolicyServerError(f"{len(token_ids)} token ids but {len(logprobs)} logprobs")
         finish = choice.get("finish_reason") or "stop"
-        trusted = before == after or self._version_url is False
-        if not trusted and finish != "abort":
-            # An update finished while the call ran: which weights sampled it is not known. vLLM
-            # aborts the calls in flight when it pauses for an update, so this is a call that
-            # ended just before the pause, or one admitted under the new weights before their
-            # label; it is sampled again whole (or, not reissuing, unlabelled).
+        # `before` was read while the server was not paused, just before the call went in: the
+        # weights it was admitted under. A call a pause aborted ran under them (vLLM's pause
+        # aborts before the reload), whatever the label says after.
+        trusted = before == after or finish == "abort" or self._version_url is False
+        if not trusted:
+            # An update finished while the call ran and it was not aborted: it ended just before
+            # the pause, or went in as a pause began and ran under the new weights; which is not
+            # known. It is sampled again whole (or, not reissuing, unlabelled).
             finish, before = ("abort" if self.reissue_aborted else finish), None
-        elif not trusted:
-            # Aborted by a pause, with the label moved since the call began: one update came
-            # between (the pause aborts before the reload), or two; which is not known.
-            before = None
         generation = Generation(token_ids=token_ids, logprobs=logprobs, text=choice.get("text", ""),
                                 finish_reason=finish, rid=rid, matched_stop=choice.get("stop_reason"),
                                 weight_version=before,
@@ -279,24 +278,43 @@ class PolicyClient:
         details = (reply.get("usage") or {}).get("prompt_tokens_details") or {}
         return generation, int(details.get("cached_tokens") or 0), trusted
 
-    async def _served_version(self) -> str | None:
+    async def _served_version(self, unpaused: bool = False) -> str | None:
         """The weight version an OpenAI-compatible server serves now, where it says (vLLM's
         /weight_info, at the root above /v1), read before and after each call: its completions
-        carry none, and a call sampled between two equal reads was sampled by that version."""
+        carry none, and a call sampled between two equal reads was sampled by that version.
+        `unpaused`: read once the server is not paused (vLLM's /is_paused) for an update, whose
+        label moves only at its end: a call sent during the pause waits and runs under the new
+        weights, so the label read then would be the old one."""
         if self._version_url is False:
             return None
-        url = self._version_url or self.base_url.removesuffix("/v1") + "/weight_info"
+        root = self.base_url.removesuffix("/v1")
+        url = self._version_url or root + "/weight_info"
+        deadline = asyncio.get_running_loop().time() + self._timeout.total
+        while True:
+            # Unpaused before and after the read: an update (seconds long) cannot have moved the
+            # label in between (its label moves just before it resumes).
+            paused = unpaused and await self._paused(root)
+            body = await self._get_json(url)
+            version = body.get("weight_version") if isinstance(body, dict) else None
+            if version is None:
+                self._version_url = False  # this server does not say (not vLLM): calls are unlabelled
+                return None
+            self._version_url = url
+            paused = paused or (unpaused and await self._paused(root))
+            if not paused or asyncio.get_running_loop().time() > deadline:
+                return str(version)
+            await asyncio.sleep(0.05)
+
+    async def _paused(self, root: str) -> bool:
+        return (await self._get_json(root + "/is_paused") or {}).get("is_paused") is True
+
+    async def _get_json(self, url: str) -> dict | None:
         try:
             async with self._http().get(url, timeout=aiohttp.ClientTimeout(total=10.0)) as response:
                 body = await response.json(content_type=None) if response.status == 200 else None
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             body = None
-        version = body.get("weight_version") if isinstance(body, dict) else None
-        if version is None:
-            self._version_url = False  # this server does not say (not vLLM): calls are unlabelled
-            return None
-        self._version_url = url
-        return str(version)
+        return body if isinstance(body, dict) else None
 
     async def abort(self, rid: str) -> None:
         """Ask the server to stop a running request (best effort: the trial is ending anyway)."""
