@@ -230,3 +230,69 @@ def test_text_is_decoded_from_the_joined_ids_when_a_character_is_split(tokenizer
     assert "\ufffd" in kept.text + rest.text
     client = PolicyClient("http://127.0.0.1:1", tokenizer=tokenizer)
     assert client._settle_joins(join(kept, rest), SamplingParams(), breaks=[split]).text == text
+
+
+@pytest.mark.parametrize("pause", ["in_place", "keep"])
+def test_pauses_that_decode_on_from_the_old_kv_cache_are_refused(pause, tmp_path):
+    """SGLang's in_place and vLLM's keep go on decoding over the old weights' KV cache under the
+    new weights: tokens of neither version, whose logprobs no checkpoint gives. Refused in one line."""
+    from slime_harbor.exits import ConfigError
+    from slime_harbor.policy.weights import WeightSync
+    from slime_harbor.trainers.local_config import LocalTrainConfig, check_train_config
+
+    with pytest.raises(ValueError, match=f"pause must be one of abort, retract, wait, got '{pause}'"):
+        WeightSync("http://127.0.0.1:1", "disk", tmp_path, pause=pause)
+    with pytest.raises(ConfigError, match="KV cache: tokens of neither version") as refused:
+        check_train_config(LocalTrainConfig(update_pause=pause))
+    assert "\n" not in str(refused.value)
+    with pytest.raises(ConfigError, match="keep_interrupted must be on or off"):
+        check_train_config(LocalTrainConfig(keep_interrupted="yes"))
+
+
+def test_the_converter_places_each_calls_spans_on_the_samples_response():
+    """Two turns bridged by three observation tokens: the second call's spans move past the first
+    call's tokens and the observation; each call's weight_versions entry is its oldest version."""
+    from slime_harbor.converter import split_into_segments
+
+    detail = {"prompt_token_ids": [[1, 2], [1, 2, 10, 11, 12, 20, 21, 22]],
+              "completion_token_ids": [[10, 11, 12], [30, 31, 32, 33]],
+              "logprobs": [[-1.0] * 3, [-2.0] * 4],
+              "extra": {"version_spans": [[("0", 0, 3)], [("0", 0, 1), ("1", 1, 4)]]}}
+    (segment,), drift = split_into_segments(detail)
+    assert drift == 0 and segment.loss_mask == [1, 1, 1, 0, 0, 0, 1, 1, 1, 1]
+    assert segment.version_spans == [[("0", 0, 3)], [("0", 6, 7), ("1", 7, 10)]]
+
+
+def test_slimes_mask_offpolicy_masks_what_a_call_sampled_before_its_last_update():
+    """--mask-offpolicy-in-partial-rollout: only a call's last version trains; the earlier tokens
+    get loss_mask 0, logprob 0.0 and an empty top-p set, and the sample stays well formed."""
+    from slime_harbor.samples import SampleStatus, TrainingSample, mask_older_tokens
+
+    sample = TrainingSample(tokens=[1, 10, 11, 12, 5, 30, 31], response_length=6, loss_mask=[1, 1, 1, 0, 1, 1],
+                            rollout_log_probs=[-1.0, -1.0, -1.0, 0.0, -2.0, -2.0], reward=1.0,
+                            status=SampleStatus.COMPLETED, rollout_top_p_token_ids=[10, 9, 11, 12, 30, 31, 8],
+                            rollout_top_p_token_offsets=[0, 2, 3, 4, 4, 5, 7],
+                            metadata={"version_spans": [[("0", 0, 2), ("1", 2, 3)], [("1", 4, 6)]]})
+    assert mask_older_tokens(sample) == 2
+    assert sample.loss_mask == [0, 0, 1, 0, 1, 1] and sample.rollout_log_probs == [0.0, 0.0, -1.0, 0.0, -2.0, -2.0]
+    assert sample.rollout_top_p_token_ids == [12, 30, 31, 8] and sample.rollout_top_p_token_offsets == [0, 0, 0, 1, 1, 2, 4]
+    sample.check()
+
+
+def test_a_steps_record_counts_what_updates_did_to_its_episodes():
+    """metrics.json's weight_sync figures sum the episodes' counts, and the tokens of the
+    episodes masked as stale; the step line says them."""
+    from helpers.samples import make_episode
+
+    from slime_harbor.trainers.training_run import step_line, weight_sync_figures
+
+    fresh = make_episode(metadata={"weight_sync": {"interrupted_calls": 2, "discarded_tokens": 0, "reprefill_tokens": 40}})
+    stale = make_episode(index=1, metadata={"weight_sync": {"interrupted_calls": 1, "discarded_tokens": 7,
+                                                           "reprefill_tokens": 9}})
+    stale.masked_by = "stale"
+    figures = weight_sync_figures([fresh, stale])
+    assert figures == {"weight_sync/interrupted_calls": 3, "weight_sync/discarded_tokens": 7,
+                       "weight_sync/reprefill_tokens": 49, "weight_sync/stale_masked_tokens": 2}
+    record = {"step": 1, "skipped": "no samples", "reward_mean": None, "pass_rate": None, "aborted": 0, "n_samples": 2,
+              "timings": {"rollout_s": 1.0, "train_s": 1.0}, **figures}
+    assert "interrupted calls 3, tokens discarded 7, prefilled again 49" in step_line(record)
