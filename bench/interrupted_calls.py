@@ -3,10 +3,12 @@
 --keep-interrupted off (before: a call an update aborts is sampled again whole) and on (after: it
 goes on from its tokens), against our policy server over HTTP and the real SGLang.
 
-Generation-heavy: the agent (bench/long_call_agent.py) makes `calls` chat calls per episode, each
+Generation-heavy: the agent (bench/long_call_agent.py) makes two chat calls per episode, each
 asking for --max-new-tokens (the untrained tiny model writes to the limit), so nearly all of a
-trial is decoding and every update lands on calls in flight. Both arms of an engine start from
-the same weights (train-local pushes its start weights first) and seed. One line per arm:
+trial is decoding and every update lands on calls in flight. The task is a bundled one whose
+verifier flips a coin (GRPO needs rewards that differ within a group, and the untrained model
+solves nothing), so every update trains. Both arms of an engine start from the same weights
+(train-local pushes its start weights first) and seed. One line per arm:
 
     engine=E keep=on|off updates=U trained_episodes=N wall_s=W episodes_per_min=R
     interrupted_per_update=I discarded_per_update=D reprefill_per_update=P decoded=T recorded=C
@@ -25,7 +27,7 @@ the same weights (train-local pushes its start weights first) and seed. One line
                          recorded is what the trials in flight had sampled when the run ended and
                          tore them down (no recording holds a cancelled call's tokens).
 
-    .venv/bin/python bench/interrupted_calls.py [--engines embedded sglang] [--updates 4] ...
+    .venv/bin/python bench/interrupted_calls.py [--engines embedded sglang] [--updates 6] ...
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ import argparse
 import dataclasses
 import json
 import re
+import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -54,15 +58,14 @@ class BenchConfig:
     out: Path = Path("runs/interrupted_calls")
     engines: tuple[str, ...] = ("embedded", "sglang")
     """embedded: our policy server (slime-harbor serve) over HTTP | sglang: the real SGLang."""
-    updates: int = 4
+    updates: int = 6
     """Updates per arm (one per step, K = 1)."""
     n_samples: int = 4
-    concurrency: int = 4
-    max_new_tokens: int = 384
+    concurrency: int = 8
+    max_new_tokens: int = 768
     """Tokens each call asks for: long enough for an update to land while it decodes."""
-    tasks: tuple[str, ...] = ("dedupe-lines",)
     seed: int = 0
-    lr: float = 1e-5
+    lr: float = 1e-4
 
 
 def decoded_tokens(engine: str, server) -> int:
@@ -84,11 +87,28 @@ def recorded_tokens(run: Path) -> int:
     return total
 
 
+COIN_VERIFIER = """#!/bin/bash
+# A coin flip: rewards that differ within a group, whatever the policy wrote.
+mkdir -p /logs/verifier
+echo $((RANDOM % 2)) > /logs/verifier/reward.txt
+"""
+
+
+def coin_tasks(out: Path) -> Path:
+    """Two bundled tasks whose verifiers flip a coin."""
+    tasks = out / "tasks"
+    for name in ("dedupe-lines", "count-errors"):
+        if not (tasks / name).exists():
+            shutil.copytree(DEFAULT_TASKS / name, tasks / name)
+        (tasks / name / "tests" / "test.sh").write_text(COIN_VERIFIER)
+    return tasks
+
+
 def run_arm(cfg: BenchConfig, engine: str, server, model_dir: Path, keep: str) -> dict:
     out = cfg.out / engine / f"keep_{keep}"
     before = decoded_tokens(engine, server)
     summary = train(LocalTrainConfig(
-        tasks_dir=DEFAULT_TASKS, task_names=list(cfg.tasks), model=str(model_dir), agent=AGENT, env="local",
+        tasks_dir=coin_tasks(cfg.out), model=str(model_dir), agent=AGENT, env="local",
         n_samples=cfg.n_samples, concurrency=cfg.concurrency, step_limit=2, max_new_tokens=cfg.max_new_tokens,
         lora=False, device="cpu", num_rollouts=cfg.updates, lr=cfg.lr, kl_coef=0.0, updates_per_rollout=1,
         output_dir=out, save_every=0, seed=cfg.seed, max_staleness=1, policy_url=server.url, weight_sync="disk",
@@ -146,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = BenchConfig(out=a.out, engines=tuple(a.engines), updates=a.updates, n_samples=a.n_samples,
                       concurrency=a.concurrency, max_new_tokens=a.max_new_tokens, seed=a.seed)
     cfg.out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench stops its engine too
     model_dir = build_tiny_model(cfg.out / "tiny_model", seed=0)
     started, arms = time.monotonic(), []
     for engine in cfg.engines:
