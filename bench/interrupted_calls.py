@@ -58,6 +58,8 @@ class BenchConfig:
     out: Path = Path("runs/interrupted_calls")
     engines: tuple[str, ...] = ("embedded", "sglang")
     """embedded: our policy server (slime-harbor serve) over HTTP | sglang: the real SGLang."""
+    keep: tuple[str, ...] = ("off", "on")
+    """The arms, in the order they run on one engine (the first also warms the engine up)."""
     updates: int = 6
     """Updates per arm (one per step, K = 1)."""
     n_samples: int = 4
@@ -157,13 +159,14 @@ def main(argv: list[str] | None = None) -> None:
     defaults = BenchConfig()
     p.add_argument("--out", type=Path, default=defaults.out)
     p.add_argument("--engines", nargs="+", choices=("embedded", "sglang"), default=list(defaults.engines))
+    p.add_argument("--keep", nargs="+", choices=("off", "on"), default=list(defaults.keep))
     p.add_argument("--updates", type=int, default=defaults.updates)
     p.add_argument("--n-samples", type=int, default=defaults.n_samples)
     p.add_argument("--concurrency", type=int, default=defaults.concurrency)
     p.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
     p.add_argument("--seed", type=int, default=defaults.seed)
     a = p.parse_args(argv)
-    cfg = BenchConfig(out=a.out, engines=tuple(a.engines), updates=a.updates, n_samples=a.n_samples,
+    cfg = BenchConfig(out=a.out, engines=tuple(a.engines), keep=tuple(a.keep), updates=a.updates, n_samples=a.n_samples,
                       concurrency=a.concurrency, max_new_tokens=a.max_new_tokens, seed=a.seed)
     cfg.out.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench stops its engine too
@@ -171,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     started, arms = time.monotonic(), []
     for engine in cfg.engines:
         with serving(engine, model_dir, cfg.out) as server:
-            for keep in ("off", "on"):
+            for keep in cfg.keep:
                 arm = run_arm(cfg, engine, server, model_dir, keep)
                 arms.append(arm)
                 print(" ".join(f"{k}={v}" for k, v in arm.items()), flush=True)
