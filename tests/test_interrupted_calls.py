@@ -296,3 +296,15 @@ def test_a_steps_record_counts_what_updates_did_to_its_episodes():
     record = {"step": 1, "skipped": "no samples", "reward_mean": None, "pass_rate": None, "aborted": 0, "n_samples": 2,
               "timings": {"rollout_s": 1.0, "train_s": 1.0}, **figures}
     assert "interrupted calls 3, tokens discarded 7, prefilled again 49" in step_line(record)
+
+
+def test_sglangs_version_spans_are_read_as_it_sends_them():
+    """meta_info.weight_versions as SGLang 0.5.23 writes it (dicts; an empty span where a version
+    changed before the first token), else the one weight_version; a malformed list is not read."""
+    from slime_harbor.policy.client import version_spans
+
+    meta = {"weight_versions": [{"version": "1", "start": 0, "end": 0}, {"version": "2", "start": 0, "end": 3},
+                                {"version": "3", "start": 3, "end": 5}], "weight_version": "3"}
+    assert version_spans(meta, 5) == [("2", 0, 3), ("3", 3, 5)]
+    assert version_spans({"weight_versions": [["x"]], "weight_version": "3"}, 5) == [("3", 0, 5)]
+    assert version_spans({"weight_version": "0"}, 0) == [] and version_spans({}, 4) is None

@@ -74,6 +74,7 @@ class PolicyClient:
         self.tokenizer = tokenizer
         self.api, self.model = api, model
         self._version_url: str | bool | None = None  # openai: where the served version is read (False: nowhere)
+        self._pause_url: bool | None = None  # openai: False once the server has shown it has no /is_paused
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_sec, connect=10.0)
         # aiohttp, not httpx: about 1 ms less per request (1.8 -> 0.9 ms for a 1k-token prompt,
         # bench/gateway_overhead.py's stub), which the gateway adds to every agent call. A session
@@ -306,7 +307,14 @@ class PolicyClient:
             await asyncio.sleep(0.05)
 
     async def _paused(self, root: str) -> bool:
-        return (await self._get_json(root + "/is_paused") or {}).get("is_paused") is True
+        """vLLM's /is_paused; False where the server has none (asked once)."""
+        if self._pause_url is False:
+            return False
+        body = await self._get_json(root + "/is_paused")
+        if body is None or "is_paused" not in body:
+            self._pause_url = False
+            return False
+        return body["is_paused"] is True
 
     async def _get_json(self, url: str) -> dict | None:
         try:
@@ -379,10 +387,15 @@ def version_spans(meta: dict, n_tokens: int) -> list[tuple[str, int, int]] | Non
     if isinstance(spans, list) and spans:
         out = []
         for span in spans:
-            version, start, end = ((span.get("version"), span.get("start"), span.get("end")) if isinstance(span, dict)
-                                   else tuple(span))
+            try:
+                version, start, end = ((span.get("version"), span.get("start"), span.get("end"))
+                                       if isinstance(span, dict) else tuple(span))
+                start, end = int(start), int(end)
+            except (TypeError, ValueError):  # not a span: the reply's weight_version below
+                out = []
+                break
             if version is not None and end > start:
-                out.append((str(version), int(start), min(int(end), n_tokens)))
+                out.append((str(version), start, min(end, n_tokens)))
         if out and out[0][1] == 0 and out[-1][2] == n_tokens and all(a[2] == b[1] for a, b in zip(out, out[1:])):
             return out
     version = meta.get("weight_version")
