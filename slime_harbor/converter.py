@@ -69,6 +69,7 @@ def split_into_segments(detail: dict[str, Any]) -> tuple[list[Segment], int]:
             f"{len(logprobs)} logprob lists; they must match one per turn"
         )
     top_p = turn_top_p(detail)
+    spans = (detail.get("extra") or {}).get("version_spans") or [None] * len(completions)
     segments: list[Segment] = []
     drift = 0
     current: Segment | None = None
@@ -87,10 +88,13 @@ def split_into_segments(detail: dict[str, Any]) -> tuple[list[Segment], int]:
             current = Segment(prompt_ids=list(prompt))
             if top_p is not None:
                 current.top_p_ids, current.top_p_offsets = [], [0]
+        start = len(current.response_ids)
         current.extend(
             list(completion), mask=1, logprobs=[float(x) for x in lps], top_p=top_p[turn] if top_p else None
         )
         current.turns.append(turn)
+        current.version_spans.append(None if spans[turn] is None else
+                                     [(str(v), start + a, start + b) for v, a, b in spans[turn]])
     if current is not None:
         segments.append(current)
     return segments, drift
@@ -155,6 +159,7 @@ def trial_to_episode(
         "drift_count": drift,
         "n_segments": len(segments),
     }
+    metadata["weight_sync"] = weight_sync_counts(recorded, details)
     if recorded is not None:
         metadata["n_branches"] = len(details)
         metadata["gateway"] = {**recorded.stats, "exit_reason": recorded.exit_reason}
@@ -162,6 +167,22 @@ def trial_to_episode(
             metadata["turns"] = sum(len(d["completion_token_ids"]) for d in details)
     return Episode(task_name=result.task_name, group_index=group_index, index=index, end=ended, reward=reward,
                    segments=segments, metadata=metadata, rollout_id=rollout_id)
+
+
+WEIGHT_SYNC_COUNTS = ("interrupted_calls", "discarded_tokens", "reprefill_tokens")
+"""What weight updates did to an episode's model calls (Generation's figures, summed)."""
+
+
+def weight_sync_counts(recorded, details: list[dict]) -> dict[str, int]:
+    """The episode's WEIGHT_SYNC_COUNTS: from the gateway's session (every call, trained or not),
+    else from the agent's own record (the native agent's per-turn lists)."""
+    if recorded is not None:
+        counts = getattr(recorded, "weight_sync", None) or {}
+        return {k: int(counts.get(k, 0)) for k in WEIGHT_SYNC_COUNTS}
+    extra = [(d.get("extra") or {}) for d in details]
+    return {"interrupted_calls": sum(map(bool, (x for e in extra for x in e.get("interrupted") or []))),
+            "discarded_tokens": sum(x for e in extra for x in e.get("discarded_tokens") or []),
+            "reprefill_tokens": sum(x for e in extra for x in e.get("reprefill_tokens") or [])}
 
 
 def agent_tokenizer(result):

@@ -90,7 +90,11 @@ class Segment:
     top_p_ids: list[int] | None = None
     top_p_offsets: list[int] | None = None
     weight_versions: list[str] = field(default_factory=list)
-    """One entry per model call, as SLiME's Sample.weight_versions (strings); empty where unknown."""
+    """One entry per model call, as SLiME's Sample.weight_versions (strings): the oldest version
+    that sampled a token of the call; empty where unknown."""
+    version_spans: list[list[tuple[str, int, int]] | None] = field(default_factory=list)
+    """Per model call (as `turns`), which version sampled which of its tokens: (version, start,
+    end) over the segment's response positions; None where the sampler named none."""
     prompt: str = ""
     response: str = ""
     """The decoded text, where a tokenizer was at hand."""
@@ -328,7 +332,8 @@ class Episode:
                 prompt=seg.prompt,
                 response=seg.response,
                 **common,
-                metadata={**metadata, "segment": k, "turn_indices": seg.turns},
+                metadata={**metadata, "segment": k, "turn_indices": seg.turns,
+                          **({"version_spans": seg.version_spans} if any(seg.version_spans) else {})},
                 weight_versions=seg.weight_versions,
                 rollout_top_p_token_ids=seg.top_p_ids,
                 rollout_top_p_token_offsets=seg.top_p_offsets,

@@ -26,7 +26,11 @@ through one recording gateway per process and event loop, in front of SLiME's ro
 SLiME's sampling params reach every agent (temperature, top_p, top_k, max_new_tokens, stop,
 stop_token_ids, sampling_seed, custom_params.return_top_p_token_ids; sample.session_id as
 X-SMG-Routing-Key; --rollout-max-context-len). What cannot apply is a one-line HookConfigError on
-the first call: --use-rollout-routing-replay and --partial-rollout.
+the first call: --use-rollout-routing-replay. --partial-rollout keeps its meaning where a trial can
+hold it: a trial cannot be resumed across rounds (its sandbox is gone), so a sample SLiME recycles
+runs a new trial; a model call a weight update interrupts goes on from its tokens (fully-async,
+harbor_keep_interrupted), and --mask-offpolicy-in-partial-rollout masks those sampled before the
+update, as SLiME's own generate masks a resumed sample's earlier response.
 
 Plugin settings: the fields of HookSettings below (their names, defaults and docs; the YAML keys
 docs/reference.md lists are generated from it), read from `args`, set by SLiME from the YAML.
@@ -72,7 +76,7 @@ from slime_harbor.policy.renderer import load_tokenizer
 from slime_harbor.rollout import close_shared_gateways, run_episode, shared_gateway
 from slime_harbor.agents.placement import uses_gateway
 from slime_harbor.run_config import BUNDLED_TASKS, RolloutConfig, check_agent, check_run_settings, with_engine
-from slime_harbor.samples import SampleStatus, episode_key, is_success, pass_at_k
+from slime_harbor.samples import SampleStatus, episode_key, is_success, mask_older_tokens, pass_at_k
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,12 @@ class HookOwnSettings:
     """Mask episodes that used every turn (harbor_step_limit) without finishing."""
     harbor_mask_length_limit: bool = False
     """Mask episodes with a turn cut at the context or max-new-token limit (DAPO's overlong filter)."""
+    harbor_keep_interrupted: bool = True
+    """Fully-async rollout only: a model call that SLiME's weight update aborts goes on from the
+    tokens it had, under the new weights (each token keeps the logprob and version that sampled
+    it; SLiME's --mask-offpolicy-in-partial-rollout, with --partial-rollout, masks those sampled
+    before the update). false: it is sampled again whole, its tokens discarded (counted as
+    weight_sync/discarded_tokens)."""
     harbor_max_staleness: int | None = None
     """Fully-async rollout only (slime_harbor.hooks.generate_rollout_fully_async): mask episodes with
     a model call more than this many weight versions behind the engines' (masked/stale). null: no
@@ -147,7 +157,8 @@ log = logging.getLogger(__name__)
 METRICS: Counter = Counter()
 """Process-wide counts, for logs and tests: episodes, status/<status>, tampering/<kind>,
 masked/<reason> (training episodes masked per filters.MASK_REASONS: a limit filter, the hack
-monitor's screen, stale), hack/<detector>. `hook_metrics()` returns a copy, with RETRY_BUDGET's
+monitor's screen, stale), hack/<detector>, weight_sync/<count> (converter.WEIGHT_SYNC_COUNTS, what
+weight updates did to the calls; offpolicy_masked_tokens and stale_masked_tokens, tokens masked). `hook_metrics()` returns a copy, with RETRY_BUDGET's
 `retries` and `retry_budget_exhausted`."""
 
 
@@ -224,10 +235,9 @@ def check_supported(args) -> None:
     """Raise HookConfigError for a SLiME setting no agent of ours can honour."""
     if getattr(args, "use_rollout_routing_replay", False):
         raise HookConfigError("--use-rollout-routing-replay: Harbor agents cannot return routed experts; drop the flag")
-    if getattr(args, "partial_rollout", False):
-        raise HookConfigError("--partial-rollout: a Harbor trial cannot be resumed from a partial sample; drop the flag")
     if refusal := _agent_refusal(setting(args, "harbor_agent")):
         raise HookConfigError(f"harbor_agent: {refusal}")
+    switch(args, "harbor_keep_interrupted")
     try:  # a rollout's knobs get a rollout's checks, in the plugin's names
         knobs = RolloutConfig(**hook_knobs(args))
         check_run_settings(knobs)
@@ -304,6 +314,7 @@ def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
         # SLiME's fully-async rollout updates weights under running trials (pause_generation aborts
         # their calls); elsewhere an abort ends the round and the episode.
         reissue_aborted_calls=str(getattr(args, "rollout_function_path", "")).endswith("generate_rollout_fully_async"),
+        keep_interrupted_calls=switch(args, "harbor_keep_interrupted"),
     ))
 
 
@@ -360,9 +371,15 @@ def _placeholder(sample, status: SampleStatus, why: str, top_p_ids: bool, reward
     sample.status = type(sample).Status(status.value)
     sample.remove_sample = True
     sample.rollout_id = _rollout_id(sample)
-    sample.metadata = {**(sample.metadata if isinstance(sample.metadata, dict) else {}), "status_reason": why, **metadata}
+    sample.metadata = {**(sample.metadata if isinstance(sample.metadata, dict) else {}), "status_reason": why, **metadata,
+                       PLACEHOLDER_KEYS: ["status_reason", *metadata]}
     _count(status)
     return [sample]
+
+
+PLACEHOLDER_KEYS = "harbor_placeholder_keys"
+"""The metadata keys a placeholder added (SLiME's --partial-rollout hands an aborted placeholder
+back for a new trial: they are dropped first)."""
 
 
 def _rollout_id(sample) -> int:
@@ -414,6 +431,9 @@ def _agent_refusal(agent: str) -> str | None:
 async def generate(args, sample, sampling_params, evaluation: bool = False) -> list:
     """SLiME custom generate: one Harbor trial for `sample`'s task -> list[Sample] (one rollout_id)."""
     check_supported(args)
+    if isinstance(sample.metadata, dict) and PLACEHOLDER_KEYS in sample.metadata:  # recycled (--partial-rollout)
+        for key in [*sample.metadata.pop(PLACEHOLDER_KEYS), "harbor_retries"]:
+            sample.metadata.pop(key, None)
     filters = trajectory_filters(args)
     top_p_ids = wants_top_p_ids(sampling_params)
     task_dir = resolve_task_dir(args, sample)
@@ -453,6 +473,12 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
         for reason, n in mask_counts([episode]).items():  # the filters' and the hack monitor's screen
             if n:
                 METRICS[f"masked/{reason}"] += n
+        counts = dict(episode.metadata.get("weight_sync") or {})  # what updates did to its calls
+        if getattr(args, "partial_rollout", False) and getattr(args, "mask_offpolicy_in_partial_rollout", False):
+            counts["offpolicy_masked_tokens"] = sum(mask_older_tokens(s) for s in episode.samples)
+        for key, n in counts.items():
+            if n:
+                METRICS[f"weight_sync/{key}"] += n
     return to_slime_samples(sample, episode, top_p_ids=top_p_ids)
 
 
@@ -685,11 +711,13 @@ def generate_rollout_fully_async(args, rollout_id, data_source, evaluation: bool
     first Sample's index.
 
     Trials run on across SLiME's weight updates: its updater pauses generation, which aborts the
-    calls in flight, and our clients sample those again once the new weights are in (policy/
-    client.py), so a call is sampled by one version and each Sample's weight_versions says which,
-    per call. With harbor_max_staleness K, an episode with a call more than K versions behind the
-    version the engines serve now (the weights the next update starts from) is masked, counted as
-    masked/stale.
+    calls in flight, and our clients continue those from the tokens they had once the new weights
+    are in (policy/client.py; harbor_keep_interrupted false: sampled again whole), each token with
+    the logprob of the version that sampled it (metadata["version_spans"]) and each Sample's
+    weight_versions naming the oldest version of each call. With harbor_max_staleness K, an
+    episode with a call more than K versions behind the version the engines serve now (the
+    weights the next update starts from) is masked, counted as masked/stale (and its tokens as
+    weight_sync/stale_masked_tokens).
     """
     from slime.rollout import fully_async_rollout
     from slime.utils.async_utils import run
@@ -712,7 +740,11 @@ def generate_rollout_fully_async(args, rollout_id, data_source, evaluation: bool
 
     groups = run(collect())
     if bound is not None:  # on SLiME's Samples (one episode per episode_key): all this rollout has
-        METRICS["masked/stale"] += mask_stale(_flatten(groups), served_weight_version(args), bound)
+        samples = _flatten(groups)
+        was_kept = {id(s) for s in samples if not s.remove_sample}
+        METRICS["masked/stale"] += mask_stale(samples, served_weight_version(args), bound)
+        if stale_tokens := sum(sum(s.loss_mask or []) for s in samples if id(s) in was_kept and s.remove_sample):
+            METRICS["weight_sync/stale_masked_tokens"] += stale_tokens
     return groups
 
 

@@ -240,7 +240,7 @@ async def start_gateway(cfg: RolloutConfig):
     try:
         gateway = Gateway(cfg.policy_url, cfg.model_dir, host=cfg.gateway_host, port=0,
                           served_model_name=cfg.model_name, upstream_api=cfg.policy_api, lora_name=cfg.lora_name,
-                          reissue_aborted=cfg.reissue_aborted_calls)
+                          reissue_aborted=cfg.reissue_aborted_calls, keep_interrupted=cfg.keep_interrupted_calls)
         await gateway.start()
     except (ValueError, OSError) as exc:  # a model family without a reply parser, an address we cannot bind
         raise ConfigError(f"the model gateway for agent {cfg.agent!r} cannot start: {one_line(exc)}") from None

@@ -89,7 +89,7 @@ class RunSettings:
 class RolloutConfig(RunSettings, AgentSettings):
     """Everything one rollout needs. Every field has a default that runs on this machine. The
     knobs every runner shares are RunSettings' fields, the agent settings (step_limit,
-    max_context_len, routing_key, policy_api, reissue_aborted_calls, lora_name) AgentSettings':
+    max_context_len, routing_key, policy_api, reissue_aborted_calls, keep_interrupted_calls, lora_name) AgentSettings':
     declared there once."""
 
     policy_url: str | None = None

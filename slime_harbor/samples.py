@@ -192,6 +192,28 @@ def episode_key(sample) -> tuple:
     return sample.group_index, sample.rollout_id if sample.rollout_id is not None else sample.index
 
 
+def mask_older_tokens(sample: TrainingSample) -> int:
+    """SLiME's --mask-offpolicy-in-partial-rollout for a model call a weight update interrupted:
+    only the tokens sampled after its last interruption train (those of its last version; the
+    earlier ones are masked, logprob 0.0, top-p set emptied). Reads metadata["version_spans"] (per
+    call, over response positions); returns the sampled tokens masked now."""
+    masked = 0
+    for call in sample.metadata.get("version_spans") or []:
+        for _, start, end in (call or [])[:-1]:
+            for i in range(start, end):
+                if sample.loss_mask[i]:
+                    sample.loss_mask[i], sample.rollout_log_probs[i] = 0, 0.0
+                    masked += 1
+    ids, offsets = sample.rollout_top_p_token_ids, sample.rollout_top_p_token_offsets
+    if masked and offsets is not None:
+        kept_ids, kept_offsets = [], [0]
+        for i, mask in enumerate(sample.loss_mask):
+            kept_ids += ids[offsets[i]:offsets[i + 1]] if mask else []
+            kept_offsets.append(len(kept_ids))
+        sample.rollout_top_p_token_ids, sample.rollout_top_p_token_offsets = kept_ids, kept_offsets
+    return masked
+
+
 def write_jsonl(path, samples: list[TrainingSample]) -> None:
     with open(path, "w") as f:
         for s in samples:

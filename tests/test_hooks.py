@@ -507,7 +507,7 @@ def test_eval_metrics_count_each_scored_trial_once(tmp_path, monkeypatch, Sample
 
 @pytest.mark.parametrize("overrides, params, match", [
     (dict(use_rollout_routing_replay=True), {}, "routed experts"),
-    (dict(partial_rollout=True), {}, "cannot be resumed"),
+    (dict(harbor_keep_interrupted="yes"), {}, "harbor_keep_interrupted must be true or false"),
     (dict(use_rollout_routing_replay=True, harbor_agent="terminus-2"), {"sampling_seed": 3}, "routed experts"),
     (dict(harbor_hack_action="punish"), {}, "harbor_hack_action must be one of flag, penalty, screen"),
     (dict(harbor_hack_detectors=["no_such_module:f"]), {}, "no_such_module"),

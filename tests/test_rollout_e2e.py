@@ -290,7 +290,7 @@ def test_the_run_settings_reach_the_native_agent_as_options_declared_once():
         option = NativeAgentOptions.model_fields[name]
         assert (option.default, option.description) == (getattr(defaults, name), docs[name])
     given = dict(step_limit=7, max_context_len=900, routing_key="sess-1", policy_api="openai",
-                 reissue_aborted_calls=True, lora_name="policy-step3")
+                 reissue_aborted_calls=True, keep_interrupted_calls=False, lora_name="policy-step3")
     options = NativeAgentOptions.model_validate(agent_config(RolloutConfig(**given)).kwargs)
     assert {name: getattr(options, name) for name in AGENT_SETTINGS} == given
     for bad, message in [({"step_limit": 0}, "step_limit must be at least 1, got 0"),

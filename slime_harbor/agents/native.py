@@ -270,7 +270,8 @@ class NativeAgent(BaseAgent):
         ids = initial_prompt_ids(self.renderer, instruction, self.prompts)
         # Filled in place every turn, so a timeout or crash still leaves every finished turn.
         detail: dict[str, Any] = {"prompt_token_ids": [], "completion_token_ids": [], "logprobs": [],
-                                  "extra": {"finish_reason": [], "weight_version": []}}
+                                  "extra": {"finish_reason": [], "weight_version": [], "version_spans": [],
+                                            "interrupted": [], "discarded_tokens": [], "reprefill_tokens": []}}
         if self.params.return_top_p_token_ids:
             # Per turn, flat kept ids and their len(completion) + 1 offsets (None: nothing truncated).
             detail["extra"]["top_p_token_ids"] = []
@@ -283,6 +284,7 @@ class NativeAgent(BaseAgent):
         self._add_step("user", self._messages[1]["content"])
         client = PolicyClient(self.policy_url, lora_path=self.options.lora_name, api=self.options.policy_api,
                               reissue_aborted=self.options.reissue_aborted_calls,
+                              keep_interrupted=self.options.keep_interrupted_calls, tokenizer=self.tokenizer,
                               model=self.model_name)
         try:
             for _ in range(self.options.step_limit):
@@ -312,6 +314,10 @@ class NativeAgent(BaseAgent):
         detail["logprobs"].append(gen.logprobs)
         detail["extra"]["finish_reason"].append(gen.finish_reason)
         detail["extra"]["weight_version"].append(gen.weight_version)  # the weights that sampled this turn
+        detail["extra"]["version_spans"].append(gen.version_spans)  # ... token by token
+        for key, value in (("interrupted", gen.interrupted), ("discarded_tokens", gen.discarded_tokens),
+                           ("reprefill_tokens", gen.reprefill_tokens)):
+            detail["extra"][key].append(value)
         if self.params.return_top_p_token_ids:
             detail["extra"]["top_p_token_ids"].append(gen.top_p_token_ids)
             detail["extra"]["top_p_token_offsets"].append(gen.top_p_token_offsets)

@@ -40,9 +40,13 @@ class AgentSettings(EpisodeLimits):
     (an OpenAI-compatible base URL ending in /v1, e.g. vLLM's: the native agent sends token ids to
     /v1/completions, naming the agent's model_name as the model)."""
     reissue_aborted_calls: bool = False
-    """Sample again, whole, a model call the policy server aborted on its own: on while weights are
+    """Ask again for a model call the policy server aborted on its own: on while weights are
     updated under running trials (train-local --max-staleness, SLiME's fully-async rollout), where
     such an abort is SGLang's pause_generation for an update; off, an aborted call ends the episode."""
+    keep_interrupted_calls: bool = True
+    """Asked again, an interrupted call goes on from the tokens it had sampled, under the new
+    weights (each token keeps the version and logprob that sampled it); off, it is sampled again
+    whole and those tokens are discarded (counted as weight_sync/discarded_tokens)."""
     lora_name: str | None = None
     """LoRA adapter (by name) loaded on the policy server to sample from (SGLang's /generate
     lora_path; the OpenAI model name for terminus-2); None = the served model itself."""

@@ -81,12 +81,12 @@ class Gateway:
     """A recording OpenAI-compatible gateway in front of an SGLang-protocol policy (see the module docstring).
 
     The policy is `upstream_url` (a PolicyClient is built for it with `upstream_api`, `lora_name`
-    and `reissue_aborted`), or `upstream`: an Upstream already built, in place of the URL (pass
+    `reissue_aborted` and `keep_interrupted`), or `upstream`: an Upstream already built, in place of the URL (pass
     None as upstream_url); the gateway closes it in aclose()."""
 
     def __init__(self, upstream_url: str | None, model_dir: str | Path, host: str = "127.0.0.1", port: int = 0,
                  served_model_name: str = "policy", upstream_api: str = "sglang", lora_name: str | None = None,
-                 reissue_aborted: bool = False, *, upstream: Upstream | None = None):
+                 reissue_aborted: bool = False, keep_interrupted: bool = True, *, upstream: Upstream | None = None):
         from transformers import AutoTokenizer
 
         if (upstream is None) == (upstream_url is None):
@@ -102,7 +102,8 @@ class Gateway:
         self.served_model_name = served_model_name
         self.upstream: Upstream = upstream if upstream is not None else PolicyClient(
             upstream_url, lora_path=lora_name, api=upstream_api, model=served_model_name,
-            reissue_aborted=reissue_aborted)  # see PolicyClient.generate
+            reissue_aborted=reissue_aborted, keep_interrupted=keep_interrupted,
+            tokenizer=self.tokenizer)  # see PolicyClient.generate
         self.host, self.port = host, port
         self.sessions: dict[str, GatewaySession] = {}
         self._sessions_by_key: dict[str, GatewaySession] = {}  # each open session under its api_key

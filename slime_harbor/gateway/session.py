@@ -161,7 +161,11 @@ class Call:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     weight_version: str | None = None
-    reissued: int = 0  # times the server aborted it on its own (a weight update) and it was sampled again
+    reissued: int = 0  # times the server aborted it on its own (a weight update) and it was asked for again
+    version_spans: list[tuple[str, int, int]] | None = None  # (version, start, end) over completion_ids
+    interrupted: bool = False  # a weight update interrupted it (Generation.interrupted)
+    discarded_tokens: int = 0  # sampled, then thrown away at an update (Generation.discarded_tokens)
+    reprefill_tokens: int = 0  # prefilled again at an update (Generation.reprefill_tokens)
     top_p_token_ids: list[int] | None = None
     top_p_token_offsets: list[int] | None = None
     latency_s: float | None = None
@@ -181,7 +185,9 @@ class Call:
         self.latency_s = time.monotonic() - self.started
         self.completion_ids, self.logprobs = generation.token_ids, generation.logprobs
         self.finish_reason, self.weight_version = generation.finish_reason, generation.weight_version
-        self.reissued = generation.reissued
+        self.reissued, self.version_spans, self.interrupted = (generation.reissued, generation.version_spans,
+                                                               generation.interrupted)
+        self.discarded_tokens, self.reprefill_tokens = generation.discarded_tokens, generation.reprefill_tokens
         self.top_p_token_ids, self.top_p_token_offsets = generation.top_p_token_ids, generation.top_p_token_offsets
 
     def usage(self) -> dict[str, int]:
@@ -201,7 +207,9 @@ class Call:
             "session": session_id, "call": self.index, "branch": self.branch, "rid": self.rid,
             **prompt, "completion_ids": self.completion_ids, "logprobs": self.logprobs,
             "finish_reason": self.finish_reason, "weight_version": self.weight_version,
-            "reissued": self.reissued, "top_p_token_ids": self.top_p_token_ids, "top_p_token_offsets": self.top_p_token_offsets,
+            "reissued": self.reissued, "version_spans": self.version_spans, "interrupted": self.interrupted,
+            "discarded_tokens": self.discarded_tokens, "reprefill_tokens": self.reprefill_tokens,
+            "top_p_token_ids": self.top_p_token_ids, "top_p_token_offsets": self.top_p_token_offsets,
             "latency_s": self.latency_s, "delivered": self.delivered, "trained": self.trained,
             "error": self.error, "usage": self.usage(),
         }
@@ -400,6 +408,7 @@ class GatewaySession:
             extra: dict[str, Any] = {
                 "finish_reason": [c.finish_reason for c in calls],
                 "weight_version": [c.weight_version for c in calls],
+                "version_spans": [c.version_spans for c in calls],
                 "branch": branch.index,
                 "call_index": [c.index for c in calls],
             }
@@ -426,6 +435,13 @@ class GatewaySession:
             "branches": sum(bool(b.calls) for b in self.branches),
             "errors": self._errors,
         }
+
+    @property
+    def weight_sync(self) -> dict[str, int]:
+        """What weight updates did to its calls, all of them (trained or not): see Generation."""
+        return {"interrupted_calls": sum(c.interrupted for c in self.calls),
+                "discarded_tokens": sum(c.discarded_tokens for c in self.calls),
+                "reprefill_tokens": sum(c.reprefill_tokens for c in self.calls)}
 
     def count_error(self) -> None:
         self._errors += 1
@@ -466,6 +482,7 @@ class GatewaySession:
         self.record_dir.mkdir(parents=True, exist_ok=True)
         summary = {
             "session": self.session_id, "exit_reason": self.exit_reason, "stats": self.stats,
+            "weight_sync": self.weight_sync,
             "calls": [{"call": c.index, "branch": c.branch, "delivered": c.delivered, "trained": c.trained,
                        "superseded_by": c.superseded_by, "side_call": c.side_call} for c in self.calls],
         }

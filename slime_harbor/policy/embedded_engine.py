@@ -68,6 +68,15 @@ def _cache_argument() -> str:
 CACHE_ARGUMENT = _cache_argument()
 
 
+def position_seed(seed: int, position: int) -> int:
+    """The seed of the noise a request seeded `seed` draws for the token at `position` (prompt
+    included): splitmix64 of the pair, so neighbouring seeds and positions share no draws."""
+    x = (seed * 0x9E3779B97F4A7C15 + position + 1) % 2**64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
+    return (x ^ (x >> 31)) % 2**63
+
+
 @dataclass
 class EngineConfig:
     """How the engine runs the model."""
@@ -98,13 +107,14 @@ class EngineStats:
 class _Request:
     """A submitted request and its decoding state (owned by the worker once admitted)."""
 
-    def __init__(self, rid, prompt_ids, params, stop_token_ids, generator, lora=None):
+    def __init__(self, rid, prompt_ids, params, stop_token_ids, seed: int, lora=None):
         self.rid: str = rid
         self.lora: str | None = lora  # the LoRA adapter (by name) this request samples from; None = base
         self.prompt_ids: list[int] = prompt_ids
         self.params: SamplingParams = params
         self.stop_token_ids: frozenset[int] = stop_token_ids
-        self.generator: torch.Generator = generator
+        self.seed = seed
+        self.generator = torch.Generator()  # reseeded per token (position_seed)
         self.future: concurrent.futures.Future[Generation] = concurrent.futures.Future()
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
@@ -187,9 +197,7 @@ class SamplingEngine:
             # seed, so it leaves the samples of every other request as they would have been.
             unseeded = params.sampling_seed is None and params.max_new_tokens > 0
             seed = int(torch.randint(2**62, (1,), generator=self._rng)) if unseeded else params.sampling_seed or 0
-            request = _Request(
-                rid or uuid.uuid4().hex, prompt_ids, params, stop_ids, torch.Generator().manual_seed(seed), lora
-            )
+            request = _Request(rid or uuid.uuid4().hex, prompt_ids, params, stop_ids, seed, lora)
             if lora is not None and lora not in self.lora_adapters:
                 raise ValueError(f"LoRA adapter {lora!r} is not loaded (loaded: {sorted(self.lora_adapters)})")
             if self._closing:
@@ -475,10 +483,14 @@ class SamplingEngine:
         greedy = temperatures == 0
         scaled = logits / torch.where(greedy, torch.ones_like(temperatures), temperatures)[:, None]
         logprobs = torch.log_softmax(scaled, dim=-1)  # reported: before any truncation
-        # Each row draws its noise from its own generator: a seeded request's draws do not
-        # depend on what else shares the batch.
+        # Each row draws its noise from its own generator, seeded by the request's seed and the
+        # token's position (as SGLang's multinomial_with_seed keys it): a seeded request's draws
+        # depend neither on what else shares the batch nor on where a request begins, so a call
+        # continued from its kept tokens (policy/client.py) draws what it would have drawn.
         exponentials = torch.empty_like(logprobs)
         for i, request in enumerate(rows):
+            position = len(request.prompt_ids) + len(request.token_ids)
+            request.generator.manual_seed(position_seed(request.seed, position))
             exponentials[i].exponential_(generator=request.generator)
         top_k = torch.tensor([r.params.top_k for r in rows], dtype=torch.long)
         top_p = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32)

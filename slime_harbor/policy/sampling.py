@@ -124,7 +124,8 @@ class Generation:
     finish_reason.matched, vLLM's stop_reason); None otherwise or when not reported."""
     weight_version: str | None = None
     """The weights that sampled it (SGLang's meta_info.weight_version, a string on the wire and in
-    the samples); None when not reported."""
+    the samples); of a call that spans an update, the oldest (what a staleness bound reads);
+    None when not reported."""
     top_p_token_ids: list[int] | None = None
     """Top-p replay, flat as SLiME's samples carry it: token i kept
     top_p_token_ids[top_p_token_offsets[i]:top_p_token_offsets[i + 1]] (most likely first, the
@@ -136,8 +137,32 @@ class Generation:
     latency_s: float | None = None
     """The engine's time from submit to finish; None when not measured."""
     reissued: int = 0
-    """How often the server aborted this call on its own (a weight update) and the client had it
-    sampled again."""
+    """How often the server aborted this call on its own (a weight update) and the client asked
+    again: for the rest of it (keep_interrupted) or for all of it."""
+    version_spans: list[tuple[str, int, int]] | None = None
+    """Which weights sampled which tokens: (version, start, end) over token_ids, in order, covering
+    them all (SGLang's meta_info.weight_versions; one span where a call ran under one version).
+    None when the sampler reported no version."""
+    discarded_tokens: int = 0
+    """Tokens the server had sampled for this call when an update interrupted it and that the
+    completion does not hold (sampled again whole, or of weights nobody can name)."""
+    reprefill_tokens: int = 0
+    """Tokens prefilled again because an update interrupted the call: each request that resumed
+    it (its prompt, plus the kept tokens) less what the server found in its prefix cache, and
+    for SGLang's retract the prompt plus the output it re-prefilled."""
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether a weight update interrupted it (asked again, or tokens of two versions)."""
+        return self.reissued > 0 or len({v for v, _, _ in self.version_spans or []}) > 1
+
+    @property
+    def token_versions(self) -> list[str | None]:
+        """The version of each token (None where unknown)."""
+        versions: list[str | None] = [None] * len(self.token_ids)
+        for version, start, end in self.version_spans or []:
+            versions[start:end] = [version] * (end - start)
+        return versions
 
 
 def turn_seed(seed: int, turn: int) -> int:

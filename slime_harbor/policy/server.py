@@ -140,6 +140,9 @@ class PolicyServer:
             "completion_tokens": len(generation.token_ids),
             "cached_tokens": 0,
             "weight_version": generation.weight_version,
+            # SGLang's spans of the versions that sampled the output: one here, since the engine
+            # never swaps weights under a running request
+            "weight_versions": [{"version": generation.weight_version, "start": 0, "end": len(generation.token_ids)}],
             "e2e_latency": generation.latency_s,
         }
         if body.get("return_logprob"):

@@ -6,10 +6,11 @@
            VLLM_ALLOW_RUNTIME_LORA_UPDATING=True). Rollouts name the adapter they sample from
            (lora_name; vLLM's OpenAI "model").
     disk   the full weights (LoRA merged in) are saved to weights_dir/step_N and loaded, labelled
-           with version "N", so the server labels every call it samples from them with N (as
-           SLiME's updates do). Calls in flight are aborted first (the clients sample them again,
-           whole, from the new weights; PolicyClient's reissue_aborted) and new ones wait:
-           SGLang (and ours): POST /pause_generation {"mode": "abort"},
+           with version "N", so the server labels every token it samples from them with N (as
+           SLiME's updates do). Calls in flight are aborted first (the clients continue them from
+           the tokens they had, under the new weights, or sample them again
+           whole; PolicyClient's keep_interrupted) and new ones wait:
+           SGLang (and ours): POST /pause_generation {"mode": "abort"} (or "retract": WeightSync.pause),
              /update_weights_from_disk {"model_path", "weight_version"}, /continue_generation;
            vLLM: POST /pause?mode=abort, /collective_rpc slime_harbor_reload_weights {"weights_path"}
              (our worker extension, policy/vllm_worker.py: vLLM's reload_weights, then a tied LM
@@ -39,6 +40,11 @@ import httpx
 from slime_harbor.policy.engine_launcher import VLLM_WORKER_EXTENSION
 
 MODES = ("auto", "lora", "disk", "none")
+PAUSE_MODES = ("abort", "retract", "wait")
+"""How a disk update pauses the calls in flight (WeightSync.pause): abort on SGLang and vLLM,
+retract on SGLang, wait on vLLM. SGLang's in_place and vLLM's keep are left out on purpose: a
+call paused so decodes on over the KV cache the old weights computed, under the new weights,
+so its next tokens are sampled by neither version and no checkpoint gives their logprobs."""
 
 
 @contextlib.contextmanager
@@ -69,6 +75,11 @@ class WeightSync:
     lora_prefix: str = "policy"
     """Adapters are named <prefix>-step<N>."""
     timeout_s: float = 600.0
+    pause: str = "abort"
+    """PAUSE_MODES: abort (the calls in flight end with what they had; clients continue them or
+    sample them again) | retract (SGLang: it prefills each call's prompt + output again under the
+    new weights and decodes on; the client sees one completion) | wait (vLLM: the update waits
+    until the calls in flight finish on the old weights)."""
     lora_name: str | None = field(default=None, init=False)
     """The adapter rollouts sample from now (None: the server's own weights)."""
     version: int = field(default=0, init=False)
@@ -80,6 +91,8 @@ class WeightSync:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"weight sync must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.pause not in PAUSE_MODES:
+            raise ValueError(f"the update's pause must be one of {', '.join(PAUSE_MODES)}, got {self.pause!r}")
         self.base_url = self.base_url.rstrip("/")
         self.weights_dir = Path(self.weights_dir).resolve()  # the server resolves it, not our cwd
 
@@ -130,9 +143,14 @@ class WeightSync:
         return self._engine().serves_lora
 
     def _load_from_disk(self, path: Path, version: str) -> bool:
-        """Pause (aborting the calls in flight), load the weights at `path` labelled `version`, resume."""
-        if self._engine().api == "openai":  # vLLM
-            if not self._post("/pause?mode=abort", {}):
+        """Pause (`pause`: the calls in flight aborted, retracted or waited for), load the weights
+        at `path` labelled `version`, resume."""
+        openai = self._engine().api == "openai"
+        if self.pause in (("retract",) if openai else ("wait",)):
+            raise WeightSyncError(f"{self.base_url} ({'vLLM' if openai else 'SGLang'}) has no {self.pause} pause; "
+                                  f"use {'abort or wait' if openai else 'abort or retract'}")
+        if openai:  # vLLM
+            if not self._post(f"/pause?mode={self.pause}", {}):
                 return False
             try:
                 self._vllm_reload(path)
@@ -141,9 +159,11 @@ class WeightSync:
             finally:
                 self._post("/resume", {}, check=False)
             return True
-        if not self._post("/pause_generation", {"mode": "abort"}):
+        if not self._post("/pause_generation", {"mode": self.pause}):
             return False
         try:
+            # SGLang flushes its prefix cache on this update (flush_cache defaults on): a retracted
+            # call is prefilled again from the new weights, not served the old ones' KV.
             return self._post("/update_weights_from_disk", {"model_path": str(path), "weight_version": version})
         finally:
             self._post("/continue_generation", {}, check=False)

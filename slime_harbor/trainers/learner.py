@@ -306,7 +306,7 @@ class Learner:
             # Asynchronous, full (merged) weights: a call names no adapter, so it samples the
             # server's current weights, whichever update it spans (check_train_config refuses lora).
             mode = "disk" if self.asynchronous and cfg.weight_sync == "auto" else cfg.weight_sync
-            self.sync = WeightSync(cfg.policy_url, mode, out / "weights")
+            self.sync = WeightSync(cfg.policy_url, mode, out / "weights", pause=cfg.update_pause)
             # The server must serve what we train from the first rollout on, and label its calls
             # with our versions when staleness is judged on them.
             pushed = bool(checkpoint or cfg.lora or self.asynchronous) and self.sync.push(

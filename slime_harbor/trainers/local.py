@@ -211,7 +211,7 @@ FLAG_NAMES = {"tasks_dir": "--tasks", "lora": "--no-lora", "verifier_timeout_sec
 # Names users already type (other GRPO scripts), accepted as well.
 FLAG_ALIASES = {"policy_url": ["--vllm-url"], "step_limit": ["--agent-step-limit"]}
 # Fields whose values are a fixed set (argparse refuses the others in one line).
-FLAG_CHOICES = {"objective": OBJECTIVES, "weight_check": CHECK_MODES}
+FLAG_CHOICES = {"objective": OBJECTIVES, "weight_check": CHECK_MODES, "keep_interrupted": ("on", "off")}
 # Harbor's own task filters (`harbor run -i NAME -x NAME`), one name per flag, repeatable.
 HARBOR_FILTER_FLAGS = {"task_names": ["-i", "--include-task-name"], "exclude_task_names": ["-x", "--exclude-task-name"]}
 

@@ -83,6 +83,18 @@ class LocalTrainConfig(RunSettings, EpisodeLimits):
     on, its later calls sampled by the new weights), each update trains on the first GRPO groups
     to complete, and an episode with a call sampled more than K versions before the weights being
     updated is masked (masked_by stale). See docs/other-trainers.md, "Asynchronous training"."""
+    keep_interrupted: str = "on"
+    """K >= 1 with --policy-url: on: a model call a weight update interrupts goes on from the
+    tokens it had, under the new weights (each token keeps the logprob and version that sampled
+    it, and trains with it) | off: it is sampled again whole (its tokens are discarded, counted as
+    weight_sync/discarded_tokens)."""
+    update_pause: str = "abort"
+    """K >= 1 with --policy-url and full weights: how the server pauses the calls in flight for an
+    update: abort (SGLang's and vLLM's: they end with what they had, and the client continues
+    them) | retract (SGLang's: it frees them and prefills prompt + output again under the new
+    weights itself) | wait (vLLM's: the update waits for them to finish on the old weights).
+    SGLang's in_place and vLLM's keep are refused: they decode on from the old weights' KV cache,
+    tokens of neither version."""
     rollout_batch_size: int | None = None
     """Tasks per step (SLiME's --rollout-batch-size), drawn in turn from a seeded shuffle of the
     tasks, epoch after epoch; None = every task every step."""
@@ -194,7 +206,8 @@ class LocalTrainConfig(RunSettings, EpisodeLimits):
         shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(RunSettings) + dataclasses.fields(EpisodeLimits)}
         return RolloutConfig(**shared | {"task_names": task_names if task_names is not None else self.task_names},
                              policy_url=policy_url, model_dir=model_dir, out_dir=out_dir, progress=self.progress,
-                             sampling=self.sampling(), lora_name=lora_name)
+                             sampling=self.sampling(), lora_name=lora_name,
+                             keep_interrupted_calls=self.keep_interrupted == "on")
 
     def eval_rollout(self, policy_url: str, model_dir: str, out_dir: Path, lora_name: str | None = None) -> RolloutConfig:
         """The evaluation's episodes: held-out tasks, eval_n_samples each, the eval sampling settings."""
@@ -300,7 +313,7 @@ def check_train_config(cfg: LocalTrainConfig) -> None:
     if cfg.model is not None and not Path(cfg.model).exists() and not looks_like_hub_id:
         raise ConfigError(f"model: {cfg.model} does not exist (and is not a hub id org/name)")
     from slime_harbor.policy.weight_check import CHECK_MODES
-    from slime_harbor.policy.weights import MODES
+    from slime_harbor.policy.weights import MODES, PAUSE_MODES
 
     if cfg.weight_check not in CHECK_MODES:
         raise ConfigError(f"weight_check must be one of {', '.join(CHECK_MODES)}, got {cfg.weight_check!r}")
@@ -313,6 +326,12 @@ def check_train_config(cfg: LocalTrainConfig) -> None:
     n_tasks = len(check_config(cfg.rollout("http://embedded", cfg.model or "embedded", Path("unused"))))
     if cfg.rollout_batch_size is not None and not 1 <= cfg.rollout_batch_size <= n_tasks:
         raise ConfigError(f"rollout_batch_size must be 1..{n_tasks} (the number of tasks), got {cfg.rollout_batch_size}")
+    if cfg.keep_interrupted not in ("on", "off"):
+        raise ConfigError(f"keep_interrupted must be on or off, got {cfg.keep_interrupted!r}")
+    if cfg.update_pause not in PAUSE_MODES:
+        raise ConfigError(f"update_pause must be one of {', '.join(PAUSE_MODES)}, got {cfg.update_pause!r}"
+                          + (" (it decodes on from the old weights' KV cache: tokens of neither version)"
+                             if cfg.update_pause in ("in_place", "keep") else ""))
     if cfg.max_staleness < 0:
         raise ConfigError(f"max_staleness must be >= 0, got {cfg.max_staleness}")
     if cfg.max_staleness and cfg.policy_url and cfg.weight_sync in ("lora", "none"):

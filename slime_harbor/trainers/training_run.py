@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slime_harbor.converter import WEIGHT_SYNC_COUNTS
 from slime_harbor.grader_watch.verifier import watch_counts
 from slime_harbor.hack_monitor import hack_counts
 from slime_harbor.filters import MASK_REASONS, drop_zero_std_groups, mask_counts
@@ -135,7 +136,19 @@ def step_record(step: int, episodes: Sequence[Episode], update: dict[str, Any], 
     (rollout_stats), the update's (Learner.train_step), its sampling figures (step_sampling), the
     weight versions its episodes were sampled by, where the task streams stand after it (a
     resumed run goes on from there) and its timings."""
-    return {"step": step, **rollout_stats(episodes), **update, **sampling, **versions, **positions, "timings": timings}
+    return {"step": step, **rollout_stats(episodes), **update, **sampling, **versions, **weight_sync_figures(episodes),
+            **positions, "timings": timings}
+
+
+def weight_sync_figures(episodes: Sequence[Episode]) -> dict[str, int]:
+    """What the weight updates did to a step's episodes: their model calls an update interrupted,
+    the sampled tokens thrown away for it, the prompt tokens prefilled again (converter's
+    weight_sync counts), and the sampled tokens of the episodes masked as stale."""
+    figures = {f"weight_sync/{k}": sum((e.metadata.get("weight_sync") or {}).get(k, 0) for e in episodes)
+               for k in WEIGHT_SYNC_COUNTS}
+    figures["weight_sync/stale_masked_tokens"] = sum(sum(m for seg in e.segments for m in seg.loss_mask)
+                                                     for e in episodes if e.masked_by == "stale")
+    return figures
 
 
 def step_line(r: dict) -> str:
@@ -156,7 +169,10 @@ def step_line(r: dict) -> str:
             + f"{masked_text(r)} | {what} | rollout {r['timings']['rollout_s']:.1f}s "
             f"train {r['timings']['train_s']:.1f}s"
             + (f" (learner waited {r['timings']['learner_wait_s']:.1f}s)" if "learner_wait_s" in r["timings"] else "")
-            + (f" | served weights {r['weight_sync/probe_gap']:.1e} from trained" if "weight_sync/probe_gap" in r else ""))
+            + (f" | served weights {r['weight_sync/probe_gap']:.1e} from trained" if "weight_sync/probe_gap" in r else "")
+            + (f" | interrupted calls {r['weight_sync/interrupted_calls']}, tokens discarded "
+               f"{r['weight_sync/discarded_tokens']}, prefilled again {r['weight_sync/reprefill_tokens']}"
+               if r.get("weight_sync/interrupted_calls") else ""))
 
 
 def eval_line(step: int, e: dict) -> str:

@@ -83,3 +83,25 @@ def check_trains(samples, model, temperature=1.0) -> list:
     diffs = [check_sample_against_model(s, model, temperature) for s in trained]
     assert sum(diffs) / len(diffs) < 1e-4, diffs
     return trained
+
+
+def check_token_versions(tokens: list[int], n_response: int, logprobs, spans, models: dict, bound: float = 1e-3) -> dict:
+    """Every sampled token (the spans (version, start, end) over the last n_response of `tokens`)
+    has the logprob its own version's weights give it (`models`: version -> model), within `bound`,
+    and is farther from every other version's. Returns {version: (tokens, max own gap, min gap
+    to another version)}."""
+    recomputed = {v: recompute_logprobs(m, tokens, 1.0)[-n_response:] for v, m in models.items()}
+    served = torch.tensor([float(x) for x in logprobs])
+    figures = {}
+    for version, start, end in spans:
+        if end == start:
+            continue
+        own = (recomputed[version][start:end] - served[start:end]).abs()
+        assert own.max().item() < bound, (version, start, end, own.max().item())
+        others = [(recomputed[v][start:end] - served[start:end]).abs() for v in models if v != version]
+        for other in others:
+            assert (other > own).all(), (version, start, end, (other - own).min().item())
+        n, worst, nearest = figures.get(version, (0, 0.0, float("inf")))
+        figures[version] = (n + end - start, max(worst, own.max().item()),
+                            min([nearest] + [o.min().item() for o in others]))
+    return figures
