@@ -7,6 +7,7 @@ behind policy/server.py.) What a running server is, whoever started it: policy/p
     engine_python(engine)      the engine venv's Python, or EngineMissing naming its setup script
     engine_command(...)        argv + environment that start the engine on this machine (CPU or GPU)
     EngineProcess              a started engine: its URL, weight version "0", stop() that leaves no process
+    start_guarded(argv, env)   a process group that ends when this process does, even by SIGKILL (parent_guard.py)
     serve_engine(...)          `slime-harbor serve --engine sglang|vllm`
 """
 
@@ -33,6 +34,8 @@ INITIAL_WEIGHT_VERSION = "0"
 """The label of the weights an engine starts with; each update is labelled with the update count."""
 CPU_SHIMS = Path(__file__).with_name("cpu_shims")
 """Holds the sgl_kernel stand-in that SGLang imports on a CPU (see its docstring)."""
+PARENT_GUARD = Path(__file__).with_name("parent_guard.py")
+"""Runs each engine we start: it stops the engine's process group when this process dies (its docstring)."""
 VLLM_WORKER_EXTENSION = "slime_harbor.policy.vllm_worker.WeightReload"
 """The worker extension `engine_command` starts vLLM with (a weight reload that re-ties the LM head)."""
 START_TIMEOUT_SEC = 600.0
@@ -125,11 +128,13 @@ def engine_command(engine: str, model: str | Path, host: str, port: int, *, gpu:
 
 
 class EngineProcess:
-    """A real engine serving ``model`` on host:port, in a process group of its own.
+    """A real engine serving ``model`` on host:port, in a process group of its own, led by the
+    parent guard (policy/parent_guard.py).
 
     ``start()`` returns once /health answers 200 and the weight version is "0"; ``stop()`` sends
     SIGTERM to the whole group (the engines run several processes), waits for it to go (they take
-    20-30 s), then SIGKILLs what is left: no process of the engine outlives it."""
+    20-30 s), then SIGKILLs what is left: no process of the engine outlives it. When this process
+    dies without stopping it (SIGKILL, the OOM killer), the guard stops the group within seconds."""
 
     def __init__(self, engine: str, model: str | Path, host: str = "127.0.0.1", port: int = 30000, *,
                  extra_args: list[str] = (), log_path: str | Path | None = None, gpu: bool | None = None):
@@ -137,6 +142,7 @@ class EngineProcess:
         self.argv, self.env = engine_command(engine, model, host, port, gpu=gpu, extra_args=list(extra_args))
         self.log_path = Path(log_path) if log_path else None
         self.process: subprocess.Popen | None = None
+        self._starter_end: int | None = None
         self.started_in_sec: float | None = None
 
     @property
@@ -145,13 +151,7 @@ class EngineProcess:
 
     def start(self, timeout_sec: float = START_TIMEOUT_SEC) -> EngineProcess:
         started = time.monotonic()
-        log = open(self.log_path, "ab") if self.log_path else None
-        try:
-            self.process = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT if log else None,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-        finally:
-            if log is not None:
-                log.close()
+        self.process, self._starter_end = start_guarded(self.argv, self.env, self.log_path)
         try:
             wait_healthy(self.url, started + timeout_sec - time.monotonic(), self.process, self.engine, self.log_path)
             if self.engine == "vllm":  # vLLM has no start-up flag for it
@@ -165,6 +165,7 @@ class EngineProcess:
     def stop(self, timeout_sec: float = STOP_TIMEOUT_SEC) -> None:
         process = self.process
         if process is None:
+            self._close_starter_end()
             return
         for sig, wait in ((signal.SIGTERM, timeout_sec), (signal.SIGKILL, 10.0)):
             try:
@@ -179,12 +180,39 @@ class EngineProcess:
                 break
         process.poll()
         self.process = None
+        self._close_starter_end()
+
+    def _close_starter_end(self) -> None:
+        if self._starter_end is not None:
+            os.close(self._starter_end)
+            self._starter_end = None
 
     def __enter__(self) -> EngineProcess:
         return self.start() if self.process is None else self
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def start_guarded(argv: list[str], env: dict[str, str], log_path: Path | None = None) -> tuple[subprocess.Popen, int]:
+    """Start ``argv`` under the parent guard (policy/parent_guard.py), in a session of its own that
+    the guard leads. Returns the guard's process and the write end of its pipe: keep that end open
+    while the engine should run; it closes when this process ends, even by SIGKILL, and the guard
+    then stops the whole group. The returned process's exit code is the engine's."""
+    log = open(log_path, "ab") if log_path else None
+    guard_end, starter_end = os.pipe()  # both not inheritable: no other child of ours holds the write end
+    try:
+        process = subprocess.Popen([sys.executable, "-I", str(PARENT_GUARD), str(guard_end), "--", *argv], env=env,
+                                   stdout=log, stderr=subprocess.STDOUT if log else None, stdin=subprocess.DEVNULL,
+                                   start_new_session=True, pass_fds=(guard_end,))
+    except BaseException:
+        os.close(starter_end)
+        raise
+    finally:
+        os.close(guard_end)
+        if log is not None:
+            log.close()
+    return process, starter_end
 
 
 def wait_healthy(url: str, timeout_sec: float, process: subprocess.Popen | None = None, name: str = "the server",
