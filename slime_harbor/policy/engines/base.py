@@ -1,0 +1,41 @@
+"""What an engine we start is: the one place its kind's differences live (policy/engine_launcher.py
+starts any of them the same way, under the parent guard)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+INITIAL_WEIGHT_VERSION = "0"
+"""The label of the weights an engine starts with; each update is labelled with the update count."""
+WIRE_APIS = ("sglang", "openai")
+"""How clients sample from a server, apart from which engine it is: sglang (POST /generate, which
+our embedded engine speaks too) or openai (POST /v1/completions with token ids)."""
+
+
+class Engine:
+    """An engine kind we start from its own venv. Subclasses set the class attributes and build
+    the command line; the rest is shared."""
+
+    name: ClassVar[str]
+    """Its `--engine` name."""
+    wire_api: ClassVar[str]
+    """One of WIRE_APIS: how clients sample from it."""
+    setup_script: ClassVar[str]
+    """The script that installs its venv (in the repository)."""
+
+    @classmethod
+    def venv_name(cls, gpu: bool) -> str:
+        """The venv's directory name under the engines cache (keyed by the engine's version)."""
+        raise NotImplementedError
+
+    @classmethod
+    def command(cls, python: Path, model: str, host: str, port: int, gpu: bool,
+                env: dict[str, str]) -> list[str]:
+        """The argv that serves ``model`` on host:port at weight version INITIAL_WEIGHT_VERSION
+        (as far as its flags allow); it may add to ``env``, the engine's environment."""
+        raise NotImplementedError
+
+    @classmethod
+    def after_start(cls, url: str) -> None:
+        """What a healthy engine still needs before it serves (nothing by default)."""
