@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 from slime_harbor.policy.engines import ENGINE_TYPES, Engine
-from slime_harbor.policy.engines.base import INITIAL_WEIGHT_VERSION
+from slime_harbor.policy.engines.base import INITIAL_WEIGHT_VERSION, EngineMissing
 from slime_harbor.policy.engines.sglang import CPU_SHIMS  # noqa: F401 (its old home, for callers)
 
 
@@ -61,10 +61,6 @@ def engine_type(engine: str) -> type[Engine]:
     return ENGINE_TYPES[engine]
 
 
-class EngineMissing(RuntimeError):
-    """The engine's venv is not installed (one line naming the setup script)."""
-
-
 def has_gpu() -> bool:
     """Whether an NVIDIA GPU answers (the setup scripts ask the same)."""
     nvidia_smi = shutil.which("nvidia-smi")
@@ -80,12 +76,9 @@ def engine_venv(engine: str, gpu: bool | None = None) -> Path:
     return cache_dir() / "engines" / name
 
 
-def engine_python(engine: str) -> Path:
-    venv = engine_venv(engine)
-    python = venv / "bin" / "python"
-    if not (venv / ".installed").is_file() or not python.exists():
-        raise EngineMissing(f"{engine} is not installed (no {venv}): run 'bash {engine_type(engine).setup_script}' first")
-    return python
+def engine_python(engine: str, gpu: bool | None = None) -> Path:
+    """The Python ``engine`` runs with (EngineMissing, naming its set-up script, when not installed)."""
+    return engine_type(engine).python(has_gpu() if gpu is None else gpu)
 
 
 def engine_command(engine: str, model: str | Path, host: str, port: int, *, gpu: bool | None = None,
@@ -100,7 +93,7 @@ def engine_command(engine: str, model: str | Path, host: str, port: int, *, gpu:
     kind = engine_type(engine)
     gpu = has_gpu() if gpu is None else gpu
     env = dict(os.environ)
-    argv = kind.command(engine_python(engine), str(model), host, port, gpu, env)
+    argv = kind.command(kind.python(gpu), str(model), host, port, gpu, env)
     return argv + list(extra_args), env
 
 

@@ -10,11 +10,11 @@ Adding an engine: one module here with its class, its set-up script, and its lin
 
 from __future__ import annotations
 
-from slime_harbor.policy.engines.base import WIRE_APIS, Engine
+from slime_harbor.policy.engines.base import WIRE_APIS, Engine, EngineMissing
 from slime_harbor.policy.engines.sglang import SGLang
 from slime_harbor.policy.engines.vllm import VLLM
 
 ENGINE_TYPES: dict[str, type[Engine]] = {engine.name: engine for engine in (SGLang, VLLM)}
 """The engines `slime-harbor serve --engine NAME` and EngineProcess start, by name."""
 
-__all__ = ["ENGINE_TYPES", "WIRE_APIS", "Engine", "SGLang", "VLLM"]
+__all__ = ["ENGINE_TYPES", "WIRE_APIS", "Engine", "EngineMissing", "SGLang", "VLLM"]

@@ -13,6 +13,10 @@ WIRE_APIS = ("sglang", "openai")
 our embedded engine speaks too) or openai (POST /v1/completions with token ids)."""
 
 
+class EngineMissing(RuntimeError):
+    """The engine's venv is not installed (one line naming the setup script)."""
+
+
 class Engine:
     """An engine kind we start from its own venv. Subclasses set the class attributes and build
     the command line; the rest is shared."""
@@ -28,6 +32,18 @@ class Engine:
     def venv_name(cls, gpu: bool) -> str:
         """The venv's directory name under the engines cache (keyed by the engine's version)."""
         raise NotImplementedError
+
+    @classmethod
+    def python(cls, gpu: bool) -> Path:
+        """The Python its command runs with: its venv's, installed by its set-up script under the
+        engines cache (EngineMissing, naming the script, when it is not there)."""
+        from slime_harbor.cache import cache_dir
+
+        venv = cache_dir() / "engines" / cls.venv_name(gpu)
+        python = venv / "bin" / "python"
+        if not (venv / ".installed").is_file() or not python.exists():
+            raise EngineMissing(f"{cls.name} is not installed (no {venv}): run 'bash {cls.setup_script}' first")
+        return python
 
     @classmethod
     def command(cls, python: Path, model: str, host: str, port: int, gpu: bool,
