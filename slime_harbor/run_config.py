@@ -21,6 +21,7 @@ from slime_harbor.agents.placement import agent_class, agent_config, harbor_agen
 from slime_harbor.agents.settings import AgentSettings, check_agent_settings, model_context_len
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.policy.sampling import SamplingParams
+from slime_harbor.policy.wire_api import COMPLETIONS_API, GENERATE_API
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.tasks.task_dir import discover_tasks
 from slime_harbor.trial_setup import environment_config
@@ -163,8 +164,8 @@ def with_engine(cfg: RolloutConfig) -> RolloutConfig:
     root = cfg.policy_url.rstrip("/").removesuffix("/v1")
     info = probe(root)
     changes: dict[str, Any] = {}
-    if cfg.policy_api == "sglang" and info.api == "openai":
-        changes.update(policy_url=root + "/v1", policy_api="openai")
+    if cfg.policy_api == GENERATE_API and info.api == COMPLETIONS_API:
+        changes.update(policy_url=root + "/v1", policy_api=COMPLETIONS_API)
         if cfg.model_name == RolloutConfig.model_name and info.served_model:
             changes["model_name"] = info.served_model
     if cfg.max_context_len is None and info.context_len:

@@ -205,6 +205,98 @@ def test_serve_sglang_stops_every_engine_process_on_sigterm(tiny_model_dir, tmp_
             serve.kill()
 
 
+ENGINE_GONE_WITHIN_SEC = 20.0
+"""A server killed by SIGKILL: how soon its engine must have no process left and its port be free."""
+
+
+def _engine_groups(port: int) -> set[int]:
+    """The process groups of the processes that name ``port``, but for our own."""
+    return {_pgid(p) for p in Path("/proc").glob("[0-9]*") if f" {port}" in _cmdline(p)} - {os.getpgrp(), None}
+
+
+def _wait_engine_gone(groups: set[int], port: int) -> float:
+    """Seconds until no process of ``groups`` is left and ``port`` binds again (within ENGINE_GONE_WITHIN_SEC)."""
+    import time
+
+    from helpers.servers import port_is_free
+
+    started = time.monotonic()
+    while any(process_group_alive(g) for g in groups) or not port_is_free(port):
+        assert time.monotonic() - started < ENGINE_GONE_WITHIN_SEC, (groups, port)
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_serve_killed_by_sigkill_leaves_no_engine_process_and_frees_the_port(engine, tiny_model_dir, sgl_kernel_calls):
+    """`slime-harbor serve --engine sglang|vllm` killed with SIGKILL (the OOM killer, a preemption,
+    `kill -9`: no teardown runs): the engine it started stops too, and a restart can bind the port."""
+    import subprocess
+
+    from helpers.cli import command, env
+
+    from slime_harbor.policy.engine_launcher import engine_python
+
+    try:
+        engine_python(engine)
+    except EngineMissing as exc:
+        pytest.skip(str(exc))
+    port = free_port()
+    serve = subprocess.Popen(command("serve", "--engine", engine, "--model", str(tiny_model_dir), "--port", str(port)),
+                             env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    groups: set[int] = set()
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", 300, serve, f"slime-harbor serve --engine {engine}")
+        groups = _engine_groups(port)
+        assert groups
+        serve.kill()
+        serve.wait()
+        took = _wait_engine_gone(groups, port)
+        print(f"\n{engine}: no engine process and the port free {took:.1f} s after serve's SIGKILL")
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+        _kill_groups(groups)
+
+
+@pytest.mark.slow
+def test_a_runner_killed_by_sigkill_leaves_no_engine_it_started(tiny_model_dir, sgl_kernel_calls, tmp_path):
+    """A Python process that started SGLang with EngineProcess (as a runner or a test does) killed
+    with SIGKILL: its engine stops too, and the port is free."""
+    import json
+
+    from helpers.cli import first_line_then_sigkill
+
+    port = free_port()
+    line = first_line_then_sigkill(
+        "import json, time\n"
+        "from slime_harbor.policy.engine_launcher import EngineMissing, EngineProcess\n"
+        f"try:\n    engine = EngineProcess('sglang', {str(tiny_model_dir)!r}, port={port}, "
+        f"log_path={str(tmp_path / 'sglang.log')!r}).start()\n"
+        "except EngineMissing as exc:\n    print(json.dumps({'missing': str(exc)}), flush=True)\n    raise SystemExit\n"
+        "print(json.dumps({'group': engine.process.pid}), flush=True)\n"
+        "time.sleep(600)\n")
+    started = json.loads(line)
+    if "missing" in started:
+        pytest.skip(started["missing"])
+    groups = {started["group"]}
+    try:
+        took = _wait_engine_gone(groups, port)
+        print(f"\nsglang started by a runner: gone {took:.1f} s after the runner's SIGKILL")
+    finally:
+        _kill_groups(groups)
+
+
+def _kill_groups(groups: set[int]) -> None:
+    """What a failed test left: SIGKILL to each group still there."""
+    import signal
+
+    for group in groups:
+        if process_group_alive(group):
+            os.killpg(group, signal.SIGKILL)
+
+
 def _pgid(proc: Path) -> int | None:
     try:
         return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2])

@@ -12,7 +12,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-POLICY_APIS = ("sglang", "openai")
+from slime_harbor.policy.wire_api import GENERATE_API, WIRE_APIS
+
+POLICY_APIS = WIRE_APIS
 
 
 @dataclass
@@ -35,7 +37,7 @@ class AgentSettings(EpisodeLimits):
     routing_key: str | None = None
     """X-SMG-Routing-Key sent with every turn (the SLiME hook sends sample.session_id under
     --router-policy consistent_hashing, so one episode stays on one engine); None = no header."""
-    policy_api: str = "sglang"
+    policy_api: str = GENERATE_API
     """How agents reach policy_url: sglang (its root; /generate, and /v1 for terminus-2) | openai
     (an OpenAI-compatible base URL ending in /v1, e.g. vLLM's: the native agent sends token ids to
     /v1/completions, naming the agent's model_name as the model)."""

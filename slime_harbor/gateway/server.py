@@ -31,6 +31,7 @@ from slime_harbor.gateway.wire import Dialect
 from slime_harbor.policy.client import PolicyClient
 from slime_harbor.policy.renderer import make_renderer
 from slime_harbor.policy.sampling import Generation, SamplingParams
+from slime_harbor.policy.wire_api import GENERATE_API
 
 ABORT_WAIT_SEC = 10.0
 """How long closing a session keeps aborting its calls in flight until the server has answered them."""
@@ -85,13 +86,13 @@ class Gateway:
     None as upstream_url); the gateway closes it in aclose()."""
 
     def __init__(self, upstream_url: str | None, model_dir: str | Path, host: str = "127.0.0.1", port: int = 0,
-                 served_model_name: str = "policy", upstream_api: str = "sglang", lora_name: str | None = None,
+                 served_model_name: str = "policy", upstream_api: str = GENERATE_API, lora_name: str | None = None,
                  reissue_aborted: bool = False, keep_interrupted: bool = True, *, upstream: Upstream | None = None):
         from transformers import AutoTokenizer
 
         if (upstream is None) == (upstream_url is None):
             raise ValueError("the gateway takes one upstream: upstream_url or upstream (an Upstream object)")
-        if upstream is not None and (upstream_api != "sglang" or lora_name is not None or reissue_aborted):
+        if upstream is not None and (upstream_api != GENERATE_API or lora_name is not None or reissue_aborted):
             raise ValueError("upstream_api, lora_name and reissue_aborted configure the client built from "
                              "upstream_url, not an Upstream object")
         self.model_dir = str(model_dir)

