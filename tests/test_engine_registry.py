@@ -13,7 +13,9 @@ import pytest
 from helpers.servers import free_port
 
 from slime_harbor.policy.engine_launcher import ENGINES, EngineProcess, engine_python, engine_type, process_group_alive
-from slime_harbor.policy.engines import ENGINE_TYPES, WIRE_APIS, Engine, EngineMissing
+from slime_harbor.policy.engines import ENGINE_TYPES
+from slime_harbor.policy.engines.base import Engine, EngineMissing
+from slime_harbor.policy.wire_api import WIRE_APIS
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE_TASKS = REPO / "tests" / "fixtures" / "tasks"

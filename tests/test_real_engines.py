@@ -144,7 +144,7 @@ def test_the_sgl_kernel_stand_in_imports_and_refuses_every_call_it_gets(tmp_path
     import sys
 
     from slime_harbor.policy.cpu_shims.sgl_kernel import CALLS_FILE_VARIABLE
-    from slime_harbor.policy.engine_launcher import CPU_SHIMS
+    from slime_harbor.policy.engines.sglang import CPU_SHIMS
 
     calls = tmp_path / "calls.txt"
     code = """

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from slime_harbor.policy.wire_api import GENERATE_API, WIRE_APIS
 
-POLICY_APIS = WIRE_APIS
 
 
 @dataclass
@@ -65,8 +64,8 @@ def check_agent_settings(settings) -> None:
         raise ValueError(f"step_limit must be at least 1, got {settings.step_limit}")
     if settings.max_context_len is not None and not settings.max_context_len >= 1:
         raise ValueError(f"max_context_len must be at least 1 (or None: the model's), got {settings.max_context_len}")
-    if settings.policy_api not in POLICY_APIS:
-        raise ValueError(f"policy_api must be one of {', '.join(POLICY_APIS)}, got {settings.policy_api!r}")
+    if settings.policy_api not in WIRE_APIS:
+        raise ValueError(f"policy_api must be one of {', '.join(WIRE_APIS)}, got {settings.policy_api!r}")
 
 
 def context_window(cfg) -> int:

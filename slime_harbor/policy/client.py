@@ -46,7 +46,6 @@ class PolicyServerError(RuntimeError):
         self.status_code = status_code
 
 
-API_KINDS = WIRE_APIS
 MAX_REISSUES = 8
 """Times one call is asked for again after the server aborted it on its own (weight updates)."""
 
@@ -63,8 +62,8 @@ class PolicyClient:
         the call goes on from the tokens it had (off: it is sampled again whole, and what it had
         is discarded). `tokenizer`: decodes a joined completion's text and finds a stop string
         across a break (without one, the parts' texts are joined and such a stop is missed)."""
-        if api not in API_KINDS:
-            raise ValueError(f"api must be one of {API_KINDS}, got {api!r}")
+        if api not in WIRE_APIS:
+            raise ValueError(f"api must be one of {WIRE_APIS}, got {api!r}")
         self.base_url = base_url.rstrip("/")
         self.connect_retries = connect_retries
         self.lora_path = lora_path  # SGLang's per-request LoRA adapter (by name); None = the base model

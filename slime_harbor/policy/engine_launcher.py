@@ -24,9 +24,8 @@ from pathlib import Path
 
 import httpx
 
-from slime_harbor.policy.engines import ENGINE_TYPES, Engine
-from slime_harbor.policy.engines.base import INITIAL_WEIGHT_VERSION, EngineMissing
-from slime_harbor.policy.engines.sglang import CPU_SHIMS  # noqa: F401 (its old home, for callers)
+from slime_harbor.policy.engines import ENGINE_TYPES
+from slime_harbor.policy.engines.base import INITIAL_WEIGHT_VERSION, Engine, EngineMissing
 
 
 ENGINES = ("embedded", *ENGINE_TYPES)
@@ -35,23 +34,6 @@ PARENT_GUARD = Path(__file__).with_name("parent_guard.py")
 """Runs each engine we start: it stops the engine's process group when this process dies (its docstring)."""
 START_TIMEOUT_SEC = 600.0
 STOP_TIMEOUT_SEC = 60.0
-
-
-def package_path() -> Path:
-    """A directory holding only the slime_harbor package (a link to it), for an engine's
-    PYTHONPATH: the directory it is installed in may hold this venv's other packages too."""
-    from slime_harbor.cache import cache_dir
-
-    package = Path(__file__).resolve().parents[1]
-    root = cache_dir() / "engines" / "slime-harbor-path"
-    link = root / "slime_harbor"
-    if not (link.is_symlink() and link.resolve() == package):
-        root.mkdir(parents=True, exist_ok=True)
-        temporary = root / f".slime_harbor.{os.getpid()}"
-        temporary.unlink(missing_ok=True)
-        temporary.symlink_to(package, target_is_directory=True)
-        temporary.replace(link)  # atomic: engines started at once never see it missing
-    return root
 
 
 def engine_type(engine: str) -> type[Engine]:

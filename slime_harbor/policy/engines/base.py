@@ -3,10 +3,9 @@ starts any of them the same way, under the parent guard)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import ClassVar
-
-from slime_harbor.policy.wire_api import WIRE_APIS  # noqa: F401 (engines.WIRE_APIS)
 
 INITIAL_WEIGHT_VERSION = "0"
 """The label of the weights an engine starts with; each update is labelled with the update count."""
@@ -54,3 +53,20 @@ class Engine:
     @classmethod
     def after_start(cls, url: str) -> None:
         """What a healthy engine still needs before it serves (nothing by default)."""
+
+
+def package_path() -> Path:
+    """A directory holding only the slime_harbor package (a link to it), for an engine's
+    PYTHONPATH: the directory it is installed in may hold this venv's other packages too."""
+    from slime_harbor.cache import cache_dir
+
+    package = Path(__file__).resolve().parents[2]
+    root = cache_dir() / "engines" / "slime-harbor-path"
+    link = root / "slime_harbor"
+    if not (link.is_symlink() and link.resolve() == package):
+        root.mkdir(parents=True, exist_ok=True)
+        temporary = root / f".slime_harbor.{os.getpid()}"
+        temporary.unlink(missing_ok=True)
+        temporary.symlink_to(package, target_is_directory=True)
+        temporary.replace(link)  # atomic: engines started at once never see it missing
+    return root

