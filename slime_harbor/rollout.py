@@ -53,7 +53,8 @@ from slime_harbor.converter import trial_to_episode
 from slime_harbor.episode import Episode, EpisodeEnd, TRUNCATING_EXITS
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.filters import mask_counts
-from slime_harbor.hack_monitor import HackWatch, apply_hack_action, hack_counts, show_in_viewer
+from slime_harbor.hack_monitor import HackWatch, hack_counts, show_in_viewer
+from slime_harbor.reward import apply_hack_action
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.impossible_twin import GoldCheck, prepare_twins, twin_for, twin_line, twin_table
 from slime_harbor.twin_grading import TwinWatch, verifier_config
@@ -328,7 +329,7 @@ async def _run_trial_once(slot: EpisodeSlot, cfg: RolloutConfig, started: float)
             flags += await twin_watch.grade(episode)  # a passing episode, graded again on its impossible twin
             if grading_watch is not None:
                 flags += grading_watch.record(episode)  # what the audit hook saw of the agent's code while grading
-            apply_hack_action(episode, flags, cfg.hack_action, cfg.reward_mapping)
+            apply_hack_action(episode, flags, cfg.hack_action, cfg.reward_mapping)  # the reward decided again (reward.py)
             show_in_viewer(episode.trial_dir, flags, cfg.hack_action)
         except Exception as exc:  # reading the finished trial: only our code runs here, so a bug of ours
             return internal_error(exc, slot, trial_name, started)
