@@ -77,7 +77,11 @@ def verifier_value(case: RewardCase, decision: RewardDecision) -> None:
 def tampering(case: RewardCase, decision: RewardDecision) -> None:
     if case.given is not None:
         return  # no verifier's dict to read
-    decision.metadata["tampering"] = tampering_kinds(case.rewards)
+    kinds = tampering_kinds(case.rewards)
+    decision.metadata["tampering"] = kinds
+    if kinds and decision.reward is not None:
+        # A grader (or isolation.refuse) that caught tampering scores 0 whatever value it wrote beside it.
+        decision.reward = 0.0
 
 
 def mapping(case: RewardCase, decision: RewardDecision) -> None:

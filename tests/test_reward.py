@@ -33,10 +33,14 @@ def test_the_verifiers_raw_value_is_its_reward_key_else_the_convention():
     assert decided({"reward": 1.0}, scored=False).reward is None  # not scored: no reward, whatever was written
 
 
-def test_tampering_is_named():
+def test_tampering_is_named_and_scored_zero_before_the_mapping():
     assert decided({"reward": 0.0, "tampering_startup_hook": 1.0, "tampering_other": 0.0}).metadata["tampering"] == \
         ["startup_hook"]
     assert decided(None, scored=False).metadata["tampering"] == []
+    # a grader that names tampering but leaves a passing value beside it: the tampering wins
+    caught = {"reward": 1.0, "tampering_modified_runtime": 1.0}
+    assert decided(caught).reward == 0.0 and decided(caught, mapping="pm1").reward == -1.0
+    assert decided({"reward": 1.0, "tampering_modified_runtime": 0.0}).reward == 1.0  # a 0 names nothing
 
 
 def test_the_mapping_is_raw_or_pm1_and_anything_else_is_one_line():
