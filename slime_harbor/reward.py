@@ -9,19 +9,18 @@ reading and changing one `RewardDecision`:
     hack_action      the hack monitor's flags: recorded, penalised or screened
 
 The episode keeps its case (`Episode.reward_case`), so the reward is decided again, by the same
-list, when more is known (the hack monitor's flags: `settle`) or read under another key (the
-verifiers env: `reward_under`). Every runner (rollout, the SLiME hook, train-local, the verifiers
+list, when more is known (the hack monitor's flags: hack_monitor.apply_hack_action, which `settle`s
+it) or read under another key (the verifiers env: `reward_under`). Every runner (rollout, the SLiME hook, train-local, the verifiers
 env) reads the result from the episode; a rule added to the list acts in all of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime_harbor.filters import mask
 from slime_harbor.verifier_reward import scalar_reward, tampering_kinds
 
 DETECTOR_ERROR = "detector_error"
@@ -129,15 +128,15 @@ def decide_reward(case: RewardCase) -> RewardDecision:
     return decision
 
 
-def settle(episode, case: RewardCase) -> None:
+def settle(episode, case: RewardCase) -> RewardDecision:
     """Decide `episode`'s reward from `case` and write it on the episode (before its samples are
-    built: they inherit it), with what the rules recorded and, where one screens it, its mask."""
+    built: they inherit it), with what the rules recorded. A mask reason the decision names is the
+    caller's to apply (filters.mask, a layer above this one: hack_monitor.apply_hack_action)."""
     decision = decide_reward(case)
     episode.reward_case = case
     episode.reward = decision.reward
     episode.metadata.update(decision.metadata)
-    if decision.masked_by is not None:
-        mask(episode, decision.masked_by)
+    return decision
 
 
 def case_of(episode, reward_mapping: str = "raw") -> RewardCase:
@@ -145,12 +144,6 @@ def case_of(episode, reward_mapping: str = "raw") -> RewardCase:
     if episode.reward_case is not None:
         return episode.reward_case
     return RewardCase(rewards=None, scored=episode.scored, mapping=reward_mapping, given=episode.reward)
-
-
-def apply_hack_action(episode, flags: Sequence, action: str, reward_mapping: str) -> None:
-    """Decide `episode`'s reward again with the hack monitor's `flags` and the run's `action`."""
-    settle(episode, dataclasses.replace(case_of(episode, reward_mapping), mapping=reward_mapping,
-                                        hack_flags=tuple(flags), hack_action=action))
 
 
 def reward_under(episode, reward_key: str) -> float | None:

@@ -53,8 +53,7 @@ from slime_harbor.converter import trial_to_episode
 from slime_harbor.episode import Episode, EpisodeEnd, TRUNCATING_EXITS
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.filters import mask_counts
-from slime_harbor.hack_monitor import HackWatch, hack_counts, show_in_viewer
-from slime_harbor.reward import apply_hack_action
+from slime_harbor.hack_monitor import HackWatch, apply_hack_action, hack_counts, show_in_viewer
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.impossible_twin import GoldCheck, prepare_twins, twin_for, twin_line, twin_table
 from slime_harbor.twin_grading import TwinWatch, verifier_config

@@ -10,8 +10,8 @@ import pytest
 
 from slime_harbor import reward
 from slime_harbor.converter import trial_to_episode
-from slime_harbor.hack_monitor import HackFlag
-from slime_harbor.reward import RewardCase, apply_hack_action, decide_reward, reward_under
+from slime_harbor.hack_monitor import HackFlag, apply_hack_action
+from slime_harbor.reward import RewardCase, decide_reward, reward_under
 from helpers.trial_results import linear_detail, make_result
 
 FLAG = HackFlag("always_equal", "slug.py:5 __eq__ ignores other")
