@@ -10,8 +10,9 @@ reading and changing one `RewardDecision`:
 
 The episode keeps its case (`Episode.reward_case`), so the reward is decided again, by the same
 list, when more is known (the hack monitor's flags: hack_monitor.apply_hack_action, which `settle`s
-it) or read under another key (the verifiers env: `reward_under`). Every runner (rollout, the SLiME hook, train-local, the verifiers
-env) reads the result from the episode; a rule added to the list acts in all of them.
+it) or read under another key (the verifiers env: `reward_under`). Every runner (rollout, the SLiME
+hook, train-local, the verifiers env) reads the result from the episode; a rule added to the list
+acts in all of them.
 """
 
 from __future__ import annotations
@@ -132,6 +133,8 @@ def settle(episode, case: RewardCase) -> RewardDecision:
     """Decide `episode`'s reward from `case` and write it on the episode (before its samples are
     built: they inherit it), with what the rules recorded. A mask reason the decision names is the
     caller's to apply (filters.mask, a layer above this one: hack_monitor.apply_hack_action)."""
+    # Samples copy the reward when they are built: a reward decided after them would not reach them.
+    assert "samples" not in vars(episode), "the episode's samples were built already; settle its reward first"
     decision = decide_reward(case)
     episode.reward_case = case
     episode.reward = decision.reward

@@ -77,6 +77,13 @@ def test_the_hack_monitor_decides_the_whole_list_again_from_the_verifiers_value(
     assert episode.samples[0].metadata["reward_before_hack_penalty"] == 1.0
 
 
+def test_a_reward_decided_after_the_samples_were_built_is_refused():
+    episode = trial_to_episode(make_result(linear_detail(), {"reward": 1.0}))
+    assert episode.samples[0].reward == 1.0
+    with pytest.raises(AssertionError, match="samples were built already"):
+        apply_hack_action(episode, [FLAG], "penalty", "raw")
+
+
 def test_the_verifiers_env_reads_its_reward_key_through_every_rule():
     episode = trial_to_episode(make_result(linear_detail(), {"reward": 0.0, "tests": 1.0}), reward_mapping="pm1")
     assert reward_under(episode, "tests") == 1.0  # mapped, as the episode's own reward is
