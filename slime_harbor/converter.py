@@ -29,7 +29,7 @@ from typing import Any
 from slime_harbor.episode import Episode, episode_end, Segment
 from slime_harbor.policy.renderer import load_tokenizer
 from slime_harbor.samples import top_p_offsets_ok
-from slime_harbor.verifier_reward import tampering_kinds
+from slime_harbor.reward import RewardCase, decide_reward
 
 
 def turn_top_p(detail: dict[str, Any]) -> list[tuple[list[int], list[int]]] | None:
@@ -113,14 +113,16 @@ def trial_to_episode(
 ) -> Episode:
     """Convert one Harbor TrialResult to an Episode (several segments if the tokens drifted).
 
-    reward_mapping: "raw" keeps the verifier's reward; "pm1" maps reward r in [0, 1] to 2r - 1.
-    Infra failures carry reward None; they are never trained.
+    reward_mapping: "raw" keeps the verifier's reward; "pm1" maps reward r in [0, 1] to 2r - 1
+    (reward.py decides the reward). Infra failures carry reward None; they are never trained.
     recorded: the model gateway's session of the trial (anything with rollout_details(),
     exit_reason and stats, e.g. a GatewaySession): its branches replace the agent's own
     rollout_details, one segment (or more) per branch, all with the episode's rollout_id.
     """
     ended = episode_end(result, gateway_exit=recorded.exit_reason if recorded is not None else None)
-    reward = ended.reward
+    case = RewardCase(rewards=result.verifier_result.rewards if result.verifier_result else None,
+                      scored=ended.reward is not None, mapping=reward_mapping)
+    decided = decide_reward(case)  # the hack monitor's flags come later (reward.apply_hack_action)
     tokenizer = tokenizer if tokenizer is not None else agent_tokenizer(result)
     agent_result = result.agent_result
     # One owner of the episode's tokens: the gateway's recording where the agent's calls went
@@ -140,10 +142,6 @@ def trial_to_episode(
                 seg.prompt, seg.response = tokenizer.decode(seg.prompt_ids), tokenizer.decode(seg.response_ids)
         segments += branch_segments
         drift += branch_drift
-    if reward is not None and reward_mapping == "pm1":
-        reward = 2.0 * reward - 1.0
-    elif reward_mapping not in ("raw", "pm1"):
-        raise ValueError(f"unknown reward_mapping {reward_mapping!r} (use 'raw' or 'pm1')")
     metadata = {
         "task_name": result.task_name,
         "trial_name": result.trial_name,
@@ -155,7 +153,7 @@ def trial_to_episode(
         # Per turn: "stop", or "length" where the turn hit the max-new-token limit (filters.py).
         "finish_reasons": ([r for d in details for r in (d.get("extra") or {}).get("finish_reason") or []]
                            if details else None),
-        "tampering": tampering_kinds(result.verifier_result.rewards if result.verifier_result else None),
+        **decided.metadata,  # tampering
         "drift_count": drift,
         "n_segments": len(segments),
     }
@@ -165,8 +163,9 @@ def trial_to_episode(
         metadata["gateway"] = {**recorded.stats, "exit_reason": recorded.exit_reason}
         if metadata["turns"] is None:
             metadata["turns"] = sum(len(d["completion_token_ids"]) for d in details)
-    return Episode(task_name=result.task_name, group_index=group_index, index=index, end=ended, reward=reward,
-                   segments=segments, metadata=metadata, rollout_id=rollout_id)
+    return Episode(task_name=result.task_name, group_index=group_index, index=index, end=ended,
+                   reward=decided.reward, segments=segments, metadata=metadata, rollout_id=rollout_id,
+                   reward_case=case)
 
 
 WEIGHT_SYNC_COUNTS = ("interrupted_calls", "discarded_tokens", "reprefill_tokens")

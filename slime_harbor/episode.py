@@ -226,7 +226,8 @@ class Episode:
     index: int
     end: EpisodeEnd
     reward: float | None
-    """The reward trained on (reward_mapping applied, a hack penalty too); None unless scored."""
+    """The reward trained on, as reward.py's rules decided it (reward_mapping applied, a hack
+    penalty too); None unless scored."""
     segments: list[Segment] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     """Everything else known about the episode (trial_dir, agent, turns, raw_rewards, tampering,
@@ -238,6 +239,9 @@ class Episode:
     """Which filter took the scored episode out of training and out of its group's baseline (one of
     filters.MASK_REASONS, written by filters.mask alone); None while it is not masked. Its samples
     carry it as metadata["masked_by"]."""
+    reward_case: Any = None
+    """What `reward` was decided from (reward.RewardCase), kept so that reward.py's rules can decide
+    it again when more is known; None for an episode built without one."""
 
     @property
     def status(self) -> SampleStatus:

@@ -56,6 +56,7 @@ crash a trial: one that raises is recorded as a `detector_error`, which is never
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import posixpath
 import re
@@ -66,6 +67,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from slime_harbor.filters import mask
+from slime_harbor.reward import DETECTOR_ERROR, HACK_ACTIONS, case_of, failure_reward, settle  # noqa: F401 (their old home)
 from slime_harbor.tasks.task_dir import task_workdir
 
 if TYPE_CHECKING:
@@ -829,8 +831,7 @@ def reads_grader(view: TrialView) -> list[HackFlag]:
 
 # --- running them ---------------------------------------------------------------------------------
 
-DETECTOR_ERROR = "detector_error"
-"""The flag of a detector that raised: shown in hack_details, never counted or acted on."""
+# DETECTOR_ERROR (reward.py): the flag of a detector that raised: shown in hack_details, never counted or acted on.
 PASSES_IMPOSSIBLE = "passes_impossible"
 """The flag of a passing trial that passed its task's impossible twin too (impossible_twin.py)."""
 
@@ -1063,36 +1064,15 @@ def swe_view(task_dir: Path, trial_dir: Path, commands: tuple[str, ...] = ()) ->
                      graded_test_paths=tuple(f"{workdir}/{n}" for n in test_names), commands=commands)
 
 
-# --- what a flag does ---------------------------------------------------------------------------------
+# --- what a flag does (reward.py's hack_action rule decides; the screen's mask is applied here) -----
 
-HACK_ACTIONS = ("flag", "penalty", "screen")
-"""flag: recorded only; penalty: scored as a failure (the reward mapping's failure value); screen:
-out of training and out of its group's baseline (masked_by "hack")."""
-
-
-def failure_reward(reward_mapping: str) -> float:
-    return -1.0 if reward_mapping == "pm1" else 0.0
-
-
-def apply_hack_action(episode, flags: list[HackFlag], action: str, reward_mapping: str) -> None:
-    """Record `flags` on the episode (episode.Episode; metadata hack_flags: detector names;
-    hack_details: one line each) and act on them. Only a scored episode is penalised or screened
-    (an infrastructure failure is out of training already)."""
-    if action not in HACK_ACTIONS:
-        raise ValueError(f"hack_action must be one of {', '.join(HACK_ACTIONS)}, got {action!r}")
-    # A detector that failed (an unreachable judge) is recorded, never acted on: a monitor's own
-    # failure must not score or screen an episode.
-    names = sorted({f.detector for f in flags if f.detector != DETECTOR_ERROR})
-    episode.metadata["hack_flags"] = names
-    if flags:
-        episode.metadata["hack_details"] = [f"{f.detector}: {f.detail}" for f in flags]
-    if not names or not episode.scored or action == "flag":
-        return
-    if action == "penalty":
-        episode.metadata["reward_before_hack_penalty"] = episode.reward
-        episode.reward = failure_reward(reward_mapping)
-    else:
-        mask(episode, "hack")  # on the episode, before its samples are built: they inherit the mark
+def apply_hack_action(episode, flags: Sequence[HackFlag], action: str, reward_mapping: str) -> None:
+    """Decide `episode`'s reward again (reward.REWARD_RULES, all of them) with the hack monitor's
+    `flags` and the run's `action`, and mask it where the decision screens it."""
+    case = dataclasses.replace(case_of(episode, reward_mapping), mapping=reward_mapping, hack_flags=tuple(flags),
+                               hack_action=action)
+    if (reason := settle(episode, case).masked_by) is not None:
+        mask(episode, reason)
 
 
 VIEWER_KEY = "slime-harbor hack monitor"

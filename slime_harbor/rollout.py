@@ -328,7 +328,7 @@ async def _run_trial_once(slot: EpisodeSlot, cfg: RolloutConfig, started: float)
             flags += await twin_watch.grade(episode)  # a passing episode, graded again on its impossible twin
             if grading_watch is not None:
                 flags += grading_watch.record(episode)  # what the audit hook saw of the agent's code while grading
-            apply_hack_action(episode, flags, cfg.hack_action, cfg.reward_mapping)
+            apply_hack_action(episode, flags, cfg.hack_action, cfg.reward_mapping)  # the reward decided again (reward.py)
             show_in_viewer(episode.trial_dir, flags, cfg.hack_action)
         except Exception as exc:  # reading the finished trial: only our code runs here, so a bug of ours
             return internal_error(exc, slot, trial_name, started)

@@ -144,7 +144,7 @@ class RolloutConfig(RunSettings, AgentSettings):
         return [*BUILTIN_DETECTORS.values(), *(load_detector(spec) for spec in self.hack_detectors), *judge]
 
 
-REWARD_MAPPINGS = ("raw", "pm1")
+from slime_harbor.reward import REWARD_MAPPINGS  # noqa: E402 (declared with the rule that maps)
 
 
 def with_engine(cfg: RolloutConfig) -> RolloutConfig:

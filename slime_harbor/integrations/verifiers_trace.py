@@ -14,6 +14,7 @@ from itertools import groupby
 import verifiers.v1 as vf
 
 from slime_harbor.episode import Episode
+from slime_harbor.reward import reward_under
 from slime_harbor.samples import SampleStatus, TrainingSample
 
 
@@ -35,10 +36,7 @@ def fill_trace(trace: vf.Trace, episode: Episode, tokenizer, reward_key: str = "
         if not sample.remove_sample and any(sample.loss_mask):
             add_chain(trace, sample, tokenizer, model)
     raw = meta.get("raw_rewards") or {}
-    reward = raw.get(reward_key, episode.reward) if isinstance(raw, dict) else episode.reward
-    if "reward_before_hack_penalty" in meta:  # the hack monitor's penalty: scored as a failure
-        reward = episode.reward
-    trace.record_reward(reward_key, reward)
+    trace.record_reward(reward_key, reward_under(episode, reward_key))
     trace.record_metrics({k: float(v) for k, v in raw.items() if k != reward_key and isinstance(v, (int, float))}
                          if isinstance(raw, dict) else {})
     if episode.status is SampleStatus.TRUNCATED:
