@@ -67,7 +67,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from slime_harbor.filters import mask
-from slime_harbor.reward import DETECTOR_ERROR, HACK_ACTIONS, case_of, failure_reward, settle  # noqa: F401 (their old home)
+from slime_harbor.reward import DETECTOR_ERROR, case_of, settle
 from slime_harbor.tasks.task_dir import task_workdir
 
 if TYPE_CHECKING:

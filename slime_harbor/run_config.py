@@ -183,7 +183,7 @@ WATCH_MODES = (*WATCH_SWITCH, "probe")
 
 def run_setting_choices() -> dict[str, tuple[str, ...]]:
     """The RunSettings knobs that take one of a fixed set of values, with the set (the flags' choices)."""
-    from slime_harbor.hack_monitor import HACK_ACTIONS
+    from slime_harbor.reward import HACK_ACTIONS
     from slime_harbor.impossible_twin import TWIN_SWITCH
 
     return {"reward_mapping": REWARD_MAPPINGS, "hack_action": HACK_ACTIONS, "impossible_twin": TWIN_SWITCH,
@@ -192,7 +192,7 @@ def run_setting_choices() -> dict[str, tuple[str, ...]]:
 
 def check_run_settings(settings: RunSettings) -> None:
     """RunSettings' checks, for every runner that takes them (ValueError in one line)."""
-    from slime_harbor.hack_monitor import HACK_ACTIONS
+    from slime_harbor.reward import HACK_ACTIONS
     from slime_harbor.impossible_twin import TWIN_SWITCH
 
     checks = [
