@@ -200,9 +200,32 @@ async def shared_gateway(cfg: RolloutConfig):
     async with _SHARED_LOCKS.setdefault(loop, asyncio.Lock()):
         gateways = _SHARED_GATEWAYS.setdefault(loop, {})
         if key not in gateways:
+            if loop not in _LOOP_ENDS:
+                await _close_gateways_when_loop_ends(loop)
             gateways[key] = await start_gateway(cfg)
             log.info("model gateway for Harbor agents at %s (upstream %s)", gateways[key].base_url, cfg.policy_url)
         return gateways[key]
+
+
+_LOOP_ENDS: dict[asyncio.AbstractEventLoop, Any] = {}
+"""Per event loop with shared gateways: the async generator whose closing closes them (held here:
+the loop tracks it weakly, and a collected one would close them early)."""
+
+
+async def _close_gateways_when_loop_ends(loop) -> None:
+    # asyncio.run (and asyncio.Runner) closes every started async generator while its loop still
+    # runs (shutdown_asyncgens): the only moment the gateway's client session can still be closed in
+    # its own loop. Left open, it is collected at interpreter exit and its "Unclosed client session"
+    # goes through litellm's logging filter, which fails there with a traceback.
+    async def until_the_loop_ends():
+        try:
+            yield
+        finally:
+            _LOOP_ENDS.pop(loop, None)
+            await close_shared_gateways()
+
+    _LOOP_ENDS[loop] = until_the_loop_ends()
+    await _LOOP_ENDS[loop].__anext__()  # started, so the loop knows it
 
 
 async def close_shared_gateways() -> None:
