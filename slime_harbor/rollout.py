@@ -223,6 +223,8 @@ async def _close_gateways_when_loop_ends(loop) -> None:
         finally:
             _LOOP_ENDS.pop(loop, None)
             await close_shared_gateways()
+            if "litellm" in sys.modules:  # a host-side agent's (terminus-2's) cached clients, same story
+                await sys.modules["litellm"].close_litellm_async_clients()
 
     _LOOP_ENDS[loop] = until_the_loop_ends()
     await _LOOP_ENDS[loop].__anext__()  # started, so the loop knows it
