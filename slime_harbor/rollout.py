@@ -34,11 +34,9 @@ import contextlib
 import dataclasses
 import json
 import logging
-import re
 import sys
 import tempfile
 import time
-import tomllib
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -46,11 +44,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import pydantic
-
 from slime_harbor.agents.host import report_exit_status
 from slime_harbor.converter import trial_to_episode
 from slime_harbor.episode import Episode, EpisodeEnd, TRUNCATING_EXITS
+from slime_harbor.error_kinds import OURS, kind_of_recorded, set_up_kind
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.filters import mask_counts
 from slime_harbor.hack_monitor import HackWatch, apply_hack_action, hack_counts, show_in_viewer
@@ -203,9 +200,34 @@ async def shared_gateway(cfg: RolloutConfig):
     async with _SHARED_LOCKS.setdefault(loop, asyncio.Lock()):
         gateways = _SHARED_GATEWAYS.setdefault(loop, {})
         if key not in gateways:
+            if loop not in _LOOP_ENDS:
+                await _close_gateways_when_loop_ends(loop)
             gateways[key] = await start_gateway(cfg)
             log.info("model gateway for Harbor agents at %s (upstream %s)", gateways[key].base_url, cfg.policy_url)
         return gateways[key]
+
+
+_LOOP_ENDS: dict[asyncio.AbstractEventLoop, Any] = {}
+"""Per event loop with shared gateways: the async generator whose closing closes them (held here:
+the loop tracks it weakly, and a collected one would close them early)."""
+
+
+async def _close_gateways_when_loop_ends(loop) -> None:
+    # asyncio.run (and asyncio.Runner) closes every started async generator while its loop still
+    # runs (shutdown_asyncgens): the only moment the gateway's client session can still be closed in
+    # its own loop. Left open, it is collected at interpreter exit and its "Unclosed client session"
+    # goes through litellm's logging filter, which fails there with a traceback.
+    async def until_the_loop_ends():
+        try:
+            yield
+        finally:
+            _LOOP_ENDS.pop(loop, None)
+            await close_shared_gateways()
+            if "litellm" in sys.modules:  # a host-side agent's (terminus-2's) cached clients, same story
+                await sys.modules["litellm"].close_litellm_async_clients()
+
+    _LOOP_ENDS[loop] = until_the_loop_ends()
+    await _LOOP_ENDS[loop].__anext__()  # started, so the loop knows it
 
 
 async def close_shared_gateways() -> None:
@@ -302,7 +324,9 @@ async def _run_trial_once(slot: EpisodeSlot, cfg: RolloutConfig, started: float)
                 # wait_for cancelled the trial, which recorded a CancelledError (classified aborted).
                 await _finish_environment_stop(trial)
                 result = trial.result
-            except TASK_MISTAKES as exc:  # the task's or the user's: a malformed task dir, a config Harbor refuses
+            except Exception as exc:  # the task's, user's, policy's or machine's is FAILED (error_kinds); ours is loud
+                if set_up_kind(exc) == OURS:
+                    return internal_error(exc, slot, trial_name, started)
                 log.warning("trial for %s failed before running: %s", task_path.name, one_line(exc))
                 return Episode(
                     task_name=task_path.name, group_index=group_index, index=index,
@@ -310,8 +334,6 @@ async def _run_trial_once(slot: EpisodeSlot, cfg: RolloutConfig, started: float)
                     reward=None, metadata={"task_name": task_path.name, "exception_type": type(exc).__name__},
                     seconds=time.monotonic() - started,
                 )
-            except Exception as exc:  # anything else is a bug of ours: loud, counted, never a bad task
-                return internal_error(exc, slot, trial_name, started)
         finally:  # ended, failed or cancelled: in-flight calls are aborted and the recording flushed
             if session is not None:
                 await _close_session(gateway, trial_name)
@@ -341,10 +363,6 @@ async def _run_trial_once(slot: EpisodeSlot, cfg: RolloutConfig, started: float)
     return episode
 
 
-TASK_MISTAKES = (FileNotFoundError, NotADirectoryError, tomllib.TOMLDecodeError, pydantic.ValidationError, ConfigError)
-"""What setting a trial up raises for a task's or a user's mistake (a task dir without its files,
-task.toml that does not parse or that Harbor's schema refuses, a setting refused in one line): the
-episode is FAILED with the reason. Anything else raised there is a bug of ours (internal_error)."""
 INTERNAL_ERROR_BUDGET = 3
 """Bugs of ours a process lives through (each an episode FAILED, its traceback in its trial dir);
 the next one stops the run (InternalErrorBudgetSpent)."""
@@ -356,26 +374,16 @@ class InternalErrorBudgetSpent(RuntimeError):
     """More bugs of ours than INTERNAL_ERROR_BUDGET: the run stops rather than train around them."""
 
 
-BUG_TYPES = frozenset({"AttributeError", "TypeError", "NameError", "UnboundLocalError", "KeyError", "IndexError",
-                       "AssertionError", "ZeroDivisionError", "ImportError", "ModuleNotFoundError", "RecursionError"})
-"""Exception types that mean a programming error where they are raised."""
-PACKAGE_DIR = str(Path(__file__).resolve().parent)
-
-
 class RecordedBug(Exception):
     """A bug of ours that Harbor caught during the trial and recorded (its exception.txt)."""
 
 
 def bug_of_ours(result) -> RecordedBug | None:
-    """The trial's recorded exception when it is a programming error (BUG_TYPES) raised in our code
-    (its traceback's last frame in the slime_harbor package: the native agent, our sandboxes, the
-    isolation and monitor hooks); None for any other end, the task's or an agent's of Harbor's.
-    One of ours that a library raises on our behalf (a wrong argument) still looks like the trial's."""
+    """The trial's recorded exception when it is ours (error_kinds: a class the table gives to us,
+    or one it does not name raised by our code: the native agent, our sandboxes, the isolation and
+    monitor hooks); None for any other end, the task's, the policy's or an agent's of Harbor's."""
     info = result.exception_info
-    if info is None or info.exception_type not in BUG_TYPES:
-        return None
-    frames = re.findall(r'^\s*File "([^"]+)", line \d+', info.exception_traceback or "", re.M)
-    if not frames or not frames[-1].startswith(PACKAGE_DIR):
+    if info is None or kind_of_recorded(info.exception_type, info.exception_traceback or "") != OURS:
         return None
     return RecordedBug(f"{info.exception_type}: {one_line(info.exception_message or '')}\n{info.exception_traceback}")
 

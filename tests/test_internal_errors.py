@@ -73,3 +73,55 @@ def test_a_malformed_task_is_the_tasks_failure_not_ours(tmp_path, policy_server,
                                                      trials_dir=tmp_path / "trials"))
     assert episode.status.value == "failed" and not episode.metadata.get("internal_error")
     assert episode.error.startswith("TOMLDecodeError") and rollout_module.INTERNAL_ERRORS == []
+
+
+def _raising_in(module, exc: BaseException):
+    """A function whose frame is `module`'s own file: a line of our code that raises `exc`, as a
+    bug (or a deliberate error) there would."""
+    scope = {"exc": exc}
+    exec(compile("def raising(*args, **kwargs):\n    raise exc\n", module.__file__, "exec"), scope)
+    return scope["raising"]
+
+
+def test_a_value_error_our_agent_raises_in_a_trial_is_internal(tmp_path, policy_server, tiny_model_dir, monkeypatch):
+    """Not only programming-error types: any class the table does not name, raised by our code."""
+    import slime_harbor.agents.native as native
+
+    monkeypatch.setattr(native, "reply_commands", _raising_in(native, ValueError("a bug of ours")))
+    summary = asyncio.run(run_rollouts(config(tmp_path, policy_server, tiny_model_dir, n_samples=1)))
+    (error,) = summary["errors"].values()
+    assert error.startswith("internal error (a slime-harbor bug, not the task's): ValueError: a bug of ours"), error
+    assert len(summary["internal_errors"]) == 1
+
+
+def test_a_policy_server_error_in_a_trial_is_the_policys_not_ours(tmp_path, policy_server, tiny_model_dir, monkeypatch):
+    import slime_harbor.agents.native as native
+    from slime_harbor.policy.client import PolicyServerError
+
+    monkeypatch.setattr(native, "reply_commands", _raising_in(native, PolicyServerError("the policy server said 500")))
+    summary = asyncio.run(run_rollouts(config(tmp_path, policy_server, tiny_model_dir, n_samples=1)))
+    assert summary["internal_errors"] == [] and rollout_module.INTERNAL_ERRORS == []
+    (error,) = summary["errors"].values()
+    assert "PolicyServerError" in error and "internal error" not in error, error
+
+
+def test_a_file_not_found_our_set_up_raises_is_ours_not_the_tasks(tmp_path, policy_server, tiny_model_dir, monkeypatch):
+    """FileNotFoundError is a task's mistake only when Harbor raised it reading the task."""
+    monkeypatch.setattr(rollout_module.HackWatch, "__init__",
+                        _raising_in(rollout_module, FileNotFoundError(2, "No such file", "/nowhere/ours.json")))
+    summary = asyncio.run(run_rollouts(config(tmp_path, policy_server, tiny_model_dir, n_samples=1)))
+    (error,) = summary["errors"].values()
+    assert error.startswith("internal error (a slime-harbor bug, not the task's): FileNotFoundError"), error
+
+
+def test_a_missing_task_file_harbor_reads_is_the_tasks(tmp_path, policy_server, tiny_model_dir):
+    from slime_harbor.run_config import DEFAULT_TASKS
+
+    tasks = tmp_path / "tasks"
+    shutil.copytree(DEFAULT_TASKS / "dedupe-lines", tasks / "dedupe-lines")
+    (tasks / "dedupe-lines" / "task.toml").unlink()
+    cfg = config(tmp_path, policy_server, tiny_model_dir, tasks_dir=tasks, n_samples=1)
+    episode = asyncio.run(rollout_module.run_episode(tasks / "dedupe-lines", cfg, group_index=0, index=0,
+                                                     trials_dir=tmp_path / "trials"))
+    assert episode.status.value == "failed" and not episode.metadata.get("internal_error"), episode.error
+    assert rollout_module.INTERNAL_ERRORS == []

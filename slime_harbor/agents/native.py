@@ -42,6 +42,7 @@ from pydantic import create_model, Field, field_validator, model_validator
 
 from slime_harbor.config_docs import field_docs
 from slime_harbor.episode import CONTEXT_EXCEEDED, STEP_LIMIT
+from slime_harbor.exits import ConfigError
 from slime_harbor.policy.client import PolicyClient
 from slime_harbor.policy.renderer import bridge_ids, make_renderer
 from slime_harbor.policy.sampling import SamplingParams, turn_seed
@@ -72,10 +73,10 @@ def load_prompts(path: str | Path | None = None) -> NativePrompts:
         try:
             given = yaml.safe_load(Path(path).read_text())
         except (OSError, yaml.YAMLError) as exc:
-            raise ValueError(f"native agent prompts {path}: {' '.join(str(exc).split())}") from None
+            raise ConfigError(f"native agent prompts {path}: {' '.join(str(exc).split())}") from None
         keys = {f.name for f in dataclasses.fields(NativePrompts)}
         if not isinstance(given, dict) or set(given) - keys or not all(isinstance(v, str) for v in given.values()):
-            raise ValueError(f"native agent prompts {path}: a mapping of {', '.join(sorted(keys))} to strings")
+            raise ConfigError(f"native agent prompts {path}: a mapping of {', '.join(sorted(keys))} to strings")
         prompts |= given
     return NativePrompts(**prompts)
 
@@ -244,7 +245,7 @@ class NativeAgent(BaseAgent):
         self.policy_url = opts.policy_url or os.environ.get("SLIME_HARBOR_POLICY_URL")
         tokenizer_path = opts.tokenizer_path or os.environ.get("SLIME_HARBOR_TOKENIZER")
         if not self.policy_url or not tokenizer_path:
-            raise ValueError("NativeAgent needs policy_url and tokenizer_path (kwargs or SLIME_HARBOR_* env vars)")
+            raise ConfigError("NativeAgent needs policy_url and tokenizer_path (kwargs or SLIME_HARBOR_* env vars)")
         from transformers import AutoConfig, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)

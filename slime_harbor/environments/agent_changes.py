@@ -30,6 +30,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from slime_harbor.environments.common import SandboxError
 from slime_harbor.verifier_runtime import (
     ADDED, DELETED, LISTING_SCRIPT, MODIFIED, MOUNTED, Change, RuntimeIndex, parse_listing,
 )
@@ -73,7 +74,7 @@ def docker_runtime_index(api, image: str) -> RuntimeIndex:
         finally:
             api.remove_container(container, force=True)
         if "@end" not in text:
-            raise RuntimeError(f"listing the runtime of image {image} failed (exit {status})")
+            raise SandboxError(f"listing the runtime of image {image} failed (exit {status})")
         _index_cache[image_id] = parse_listing(text)
         return _index_cache[image_id]
 
@@ -295,7 +296,7 @@ class SandboxChanges:
     async def agent_changes(self) -> list[Change]:
         """What changed in the sandbox since it was built (files, and mounts the agent made)."""
         if self._built is None:
-            raise RuntimeError("the sandbox was not built")
+            raise SandboxError("the sandbox was not built")
         now = await asyncio.to_thread(self._snapshot)
         mounts = self._mount_points()
         changes = [Change(c.path, MODIFIED, c.is_dir) if c.kind == ADDED and self._in_lower(c.path) else c

@@ -70,7 +70,7 @@ from harbor.models.task.config import EnvironmentConfig
 from harbor.models.trial.paths import TrialPaths
 
 from slime_harbor.environments.abilities import KeptState, Sandbox
-from slime_harbor.environments.common import ROOT_USERS, CompletedCommand, ExecTimeoutError
+from slime_harbor.environments.common import ROOT_USERS, CompletedCommand, ExecTimeoutError, SandboxError
 from slime_harbor.environments.dockerfile import DEFAULT_PATH, BuildRecipe, DockerfileError, parse_dockerfile
 from slime_harbor.environments.agent_changes import HostLayout, SandboxChanges
 from slime_harbor.environments.bubblewrap_files import SandboxFiles
@@ -229,9 +229,9 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, Sandbox):
 
     async def start(self, force_build: bool) -> None:
         if self.sandbox_dir is not None:
-            raise RuntimeError("the sandbox was already started")
+            raise SandboxError("the sandbox was already started")
         if self.options.provide_tmux and not any(Path(d, "tmux").is_file() for d in ("/usr/bin", "/usr/local/bin", "/bin")):
-            raise RuntimeError(f"tmux is not installed on this host, and the {SANDBOX_TYPE} sandbox uses the "
+            raise SandboxError(f"tmux is not installed on this host, and the {SANDBOX_TYPE} sandbox uses the "
                                "host's (e.g. 'apt-get install tmux')")  # fmt: skip
         self._recipe = parse_dockerfile(self._dockerfile, self.environment_dir)
         self.logger.debug(
@@ -272,7 +272,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, Sandbox):
         what runs in this sandbox afterwards. The copy runs in the sandbox's user namespace, whose
         root may read what the agent made unreadable; Harbor's mounts are not in it."""
         if self._init_pid is None or self._stopped:
-            raise RuntimeError("the sandbox is not running")
+            raise SandboxError("the sandbox is not running")
         kept = new_owned_dir(self._base_dir, f"{self.session_id}-kept")
         sources = {self._rootfs: kept / "rootfs"}
         sources |= {self._overlay_dir(p) / "upper": kept / self._overlay_dir(p).relative_to(self.sandbox_dir) / "upper"
@@ -288,7 +288,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, Sandbox):
                     stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
                 _, err = await copy.communicate()
                 if copy.returncode != 0:
-                    raise RuntimeError(f"keeping the sandbox's files failed: {err.decode(errors='replace').strip()[-300:]}")
+                    raise SandboxError(f"keeping the sandbox's files failed: {err.decode(errors='replace').strip()[-300:]}")
         except BaseException:  # a half-kept copy is removed (re-raised)
             await asyncio.to_thread(remove_tree, kept)
             raise
@@ -410,7 +410,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, Sandbox):
         except TimeoutError:
             ready = b""
         if ready != b"ready\n" or not info:
-            raise RuntimeError(
+            raise SandboxError(
                 f"bubblewrap sandbox did not start: {log_path.read_text(errors='replace')}"
             )
         self._open_namespaces(json.loads(info))
@@ -423,7 +423,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, Sandbox):
         self._namespace_fds["root"] = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY)
         # bwrap reported these inodes itself, so the handles are this sandbox's, not a reused pid's.
         if os.fstat(self._namespace_fds["pid"]).st_ino != info["pid-namespace"]:
-            raise RuntimeError("bubblewrap sandbox exited while starting")
+            raise SandboxError("bubblewrap sandbox exited while starting")
         self._init_pid = pid
 
     async def _open_gateway_forward(self) -> None:
@@ -467,7 +467,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, Sandbox):
         # Not a restart, as the Docker environment does: killing pid 1 ends the sandbox itself (its
         # namespaces, the overlays it mounted), so everything else is found and killed from here.
         if self._init_pid is None or self._stopped:
-            raise RuntimeError("the sandbox is not running")
+            raise SandboxError("the sandbox is not running")
         namespace = os.fstat(self._namespace_fds["pid"]).st_ino
         for _ in range(50):
             live = pids_in_namespace(namespace, exclude=self._init_pid)
@@ -476,7 +476,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, Sandbox):
             for pid in live:
                 sigkill(os.kill, pid)
             await asyncio.sleep(0.05)
-        raise RuntimeError(f"processes of the agent survived in the sandbox: {live[:10]}")
+        raise SandboxError(f"processes of the agent survived in the sandbox: {live[:10]}")
 
     # --- running commands -------------------------------------------------------------------
 
@@ -490,7 +490,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, Sandbox):
     ) -> ExecResult:
         user = self._resolve_user(user)
         if user not in ROOT_USERS:
-            raise RuntimeError(
+            raise SandboxError(
                 f"the {SANDBOX_TYPE} environment runs every command as root; "
                 f"user {user!r} is not supported"
             )
@@ -539,9 +539,9 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, Sandbox):
         must not keep the exec waiting for end-of-file after its shell has exited.
         """
         if self._init_pid is None or self._stopped:
-            raise RuntimeError("the sandbox is not running")
+            raise SandboxError("the sandbox is not running")
         if select.select([self._pid1_fd], [], [], 0)[0]:
-            raise RuntimeError("the sandbox exited unexpectedly (its pid 1 was killed)")
+            raise SandboxError("the sandbox exited unexpectedly (its pid 1 was killed)")
         with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
             proc = await asyncio.create_subprocess_exec(
                 *self._nsenter_argv(), "/usr/bin/env", "-C", cwd, *argv,
@@ -582,7 +582,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, Sandbox):
     async def _check(self, argv: list[str], what: str, **kwargs) -> CompletedCommand:
         done = await self._run(argv, **kwargs)
         if done.return_code != 0:
-            raise RuntimeError(f"{what} failed (exit {done.return_code}): {done.output()}")
+            raise SandboxError(f"{what} failed (exit {done.return_code}): {done.output()}")
         return done
 
 

@@ -34,6 +34,14 @@ class CompletedCommand:
         return (self.stdout + self.stderr).decode(errors="replace").strip()
 
 
+class SandboxError(RuntimeError):
+    """The sandbox failed (would not start, stopped under us, a command of ours in it failed)."""
+
+
+class SandboxFileNotFoundError(FileNotFoundError):
+    """A path asked of the sandbox is not there."""
+
+
 class ExecTimeoutError(RuntimeError):
     """An exec ran past its timeout; its process group was killed.
 

@@ -59,7 +59,7 @@ from harbor.models.trial.config import ResourceMode
 from slime_harbor.environments.abilities import KeptState, Sandbox
 from slime_harbor.environments.agent_changes import ContainerChanges
 from slime_harbor.environments.common import (
-    ROOT_USERS, CompletedCommand, ExecTimeoutError, root_owned, tar_excludes, write_dir_archive,
+    ROOT_USERS, CompletedCommand, ExecTimeoutError, SandboxError, SandboxFileNotFoundError, root_owned, tar_excludes, write_dir_archive,
 )
 from slime_harbor.environments.docker_exec import ExecServer, ExecServerError, ExecServerUnavailable
 from slime_harbor.environments.gateway_reach import GatewayForward, GatewayReachError
@@ -193,7 +193,7 @@ class DockerEnvironment(ContainerChanges, Sandbox):
 
     async def start(self, force_build: bool) -> None:
         if self.container_id is not None or self._stop_task is not None:
-            raise RuntimeError("the container was already started")
+            raise SandboxError("the container was already started")
         await asyncio.to_thread(sweep_stale_containers_once)
         if self.options.kept_state is not None:  # a kept state, as it was: nothing to build
             self.run_image = self.options.kept_state
@@ -244,7 +244,7 @@ class DockerEnvironment(ContainerChanges, Sandbox):
         # Not a search of /proc, as bubblewrap does: the daemon may run elsewhere, and a restart
         # keeps the container's files and mounts, which is all the verifier needs.
         if self.container_id is None or self._stop_task is not None:
-            raise RuntimeError("the container is not running")
+            raise SandboxError("the container is not running")
         if self._server is not None:
             self._server.close()
             self._server = None
@@ -260,7 +260,7 @@ class DockerEnvironment(ContainerChanges, Sandbox):
         runs in this container afterwards. Labelled with this process as its owner; removed by
         KeptContainer.discard(), at exit, or by the sweep of a later process when this one died."""
         if self.container_id is None or self._stop_task is not None:
-            raise RuntimeError("the container is not running")
+            raise SandboxError("the container is not running")
         labels = {f"{LABEL}.kept": self.trial_name, **owner_labels()}
         committed = await asyncio.to_thread(
             self._client.api.commit, self.container_id, repository=KEPT_REPOSITORY, tag=uuid.uuid4().hex[:16],
@@ -302,7 +302,7 @@ class DockerEnvironment(ContainerChanges, Sandbox):
         if self._stop_task is not None:  # stop() ran while we were creating it (a cancelled start)
             remove_container(api, self.container_id)
             _live_containers.pop(self.container_id, None)
-            raise RuntimeError("the environment was stopped while its container was being created")
+            raise SandboxError("the environment was stopped while its container was being created")
         api.start(self.container_id)
         config = api.inspect_container(self.container_id)["Config"]
         self._image_workdir = config.get("WorkingDir") or "/"
@@ -405,7 +405,7 @@ class DockerEnvironment(ContainerChanges, Sandbox):
 
     async def _run(self, command: str, *, cwd: str, env: dict[str, str], user, timeout_sec) -> CompletedCommand:
         if self.container_id is None or self._stop_task is not None:
-            raise RuntimeError("the container is not running")
+            raise SandboxError("the container is not running")
         root = user in ROOT_USERS
         server = self._server
         if (
@@ -417,7 +417,7 @@ class DockerEnvironment(ContainerChanges, Sandbox):
         try:
             return await server.run(self._job_script(command, cwd, env, user), timeout_sec)
         except ExecServerError as exc:
-            raise RuntimeError(f"{exc} ({self._container_state()})") from None
+            raise SandboxError(f"{exc} ({self._container_state()})") from None
 
     def _container_state(self) -> str:
         try:
@@ -503,7 +503,7 @@ class DockerEnvironment(ContainerChanges, Sandbox):
     async def _root_check(self, command: str, what: str) -> str:
         done = await self._run(command, cwd="/", env={}, user="root", timeout_sec=API_TIMEOUT_SEC)
         if done.return_code != 0:
-            raise RuntimeError(f"{what} failed (exit {done.return_code}): {done.output()}")
+            raise SandboxError(f"{what} failed (exit {done.return_code}): {done.output()}")
         return done.stdout.decode(errors="replace")
 
     # --- file transfer ------------------------------------------------------------------------
@@ -536,7 +536,7 @@ class DockerEnvironment(ContainerChanges, Sandbox):
     async def _put_archive(self, directory: str, data: bytes | IO[bytes], what: str) -> None:
         ok = await asyncio.to_thread(self._client.api.put_archive, self.container_id, directory, data)
         if not ok:
-            raise RuntimeError(f"{what} failed")
+            raise SandboxError(f"{what} failed")
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
         target = Path(target_path)
@@ -554,7 +554,7 @@ class DockerEnvironment(ContainerChanges, Sandbox):
             with tarfile.open(fileobj=archive, mode="r:") as tar:
                 member = tar.next()
                 if member is None or not member.isfile():
-                    raise RuntimeError(f"download_file {source_path}: not a regular file")
+                    raise SandboxError(f"download_file {source_path}: not a regular file")
                 with tar.extractfile(member) as data, open(target, "wb") as out:
                     while chunk := data.read(1 << 20):
                         out.write(chunk)
@@ -599,7 +599,7 @@ class DockerEnvironment(ContainerChanges, Sandbox):
         try:
             stream, _ = self._client.api.get_archive(self.container_id, path)
         except docker.errors.NotFound:
-            raise FileNotFoundError(f"{path}: no such file or directory in the container") from None
+            raise SandboxFileNotFoundError(f"{path}: no such file or directory in the container") from None
         for chunk in stream:
             archive.write(chunk)
         archive.seek(0)

@@ -63,7 +63,9 @@ class _InLoopServer:
 
     async def stop(self) -> None:
         self.server.should_exit = True
-        await self.task
+        # wait, not await: at asyncio.run's end the task is already cancelled, and the rest of
+        # the gateway (its socket, its upstream's client session) must still be closed after it.
+        await asyncio.wait({self.task})
 
 
 class Upstream(Protocol):

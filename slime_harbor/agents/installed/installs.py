@@ -117,7 +117,7 @@ async def check_installed(environment, name: str, launcher: str, environments: s
     environments that provide it)."""
     done = await environment.exec(f"test -x {launcher}", user="root")
     if done.return_code != 0:
-        raise RuntimeError(
+        raise AgentInstallError(
             f"{name} is not installed in this sandbox ({launcher} is missing): start the environment with "
             f"agent_installs={name} (--ek agent_installs={name}; slime-harbor's rollout passes it), on "
             f"slime-harbor's {environments} environment"
@@ -223,7 +223,7 @@ echo "{self.name}: node $($node_bin --version), $({self.launcher} --version 2>&1
 """
 
     def host_dir(self) -> Path:
-        raise RuntimeError(f"{self.name} has no bubblewrap install: run it with --env docker")
+        raise AgentInstallError(f"{self.name} has no bubblewrap install: run it with --env docker")
 
     def check_host(self) -> None:
         self.host_dir()
@@ -378,11 +378,11 @@ fi
 
     def check_host(self) -> None:
         if self.links:
-            raise RuntimeError(f"{self.name} has no bubblewrap install (it needs {', '.join(self.links)} outside "
+            raise AgentInstallError(f"{self.name} has no bubblewrap install (it needs {', '.join(self.links)} outside "
                                f"{self.sandbox_dir}): run it with --env docker")
         missing = [package for package in self.apt_packages if not shutil.which(package)]  # each names its program
         if missing:
-            raise RuntimeError(f"{self.name} in the bubblewrap sandbox runs {', '.join(missing)} from the host's /usr: "
+            raise AgentInstallError(f"{self.name} in the bubblewrap sandbox runs {', '.join(missing)} from the host's /usr: "
                                f"apt-get install {' '.join(missing)}, or run it with --env docker")
         host_python(self.min_python, self.name)
 
@@ -439,7 +439,7 @@ fi
         done = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
             output = (done.stdout + done.stderr).strip()
-            raise RuntimeError(f"installing {self.name} failed ({' '.join(argv[:4])} ...): {output[-2000:]}")
+            raise AgentInstallError(f"installing {self.name} failed ({' '.join(argv[:4])} ...): {output[-2000:]}")
 
 
 _HOST_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
@@ -453,7 +453,7 @@ def host_python(min_python: tuple[int, int], name: str) -> str:
         if os.access(candidate, os.X_OK) and subprocess.run([candidate, "-c", check],
                                                             capture_output=True).returncode == 0:  # fmt: skip
             return candidate
-    raise RuntimeError(
+    raise AgentInstallError(
         f"{name} in the bubblewrap sandbox needs a Python >= {'.'.join(map(str, min_python))} with venv at one "
         f"of {_HOST_PYTHONS} (e.g. apt-get install python3 python3-venv)"
     )

@@ -1,0 +1,137 @@
+"""Whose an error is: the one table of the exception classes we raise on purpose, and the rule for
+everything else.
+
+Each class we raise on purpose is named once in ERROR_KINDS with whose mistake it reports:
+
+    task            the task's files or data (a Dockerfile we cannot use, an SWE instance)
+    user            a setting, a flag, a model or a host the user chose
+    infrastructure  the machine, the sandbox or a service we do not control went wrong
+    policy          the policy's server or engine failed or refused
+    ours            a slime-harbor bug (said loudly, never blamed on a task)
+
+A subclass is classified as its nearest named base. An exception of a class the table does not
+name is ours when our own code raised it, whatever its type: the traceback's innermost frame
+(pydantic's validators skipped, since they raise on behalf of the code that called them) lies in
+the slime_harbor package. Raised anywhere else (Harbor reading a task, a library, a Harbor agent)
+it is the trial's own failure, as Harbor records it.
+
+A task's files read by Harbor raise plain FileNotFoundError, NotADirectoryError, TOMLDecodeError or
+pydantic's ValidationError: those are the task's mistake only when Harbor raised them
+(`task_mistake`); the same types raised by our code are bugs of ours.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import traceback
+from pathlib import Path
+
+TASK, USER, INFRASTRUCTURE, POLICY, OURS = "task", "user", "infrastructure", "policy", "ours"
+KINDS = (TASK, USER, INFRASTRUCTURE, POLICY, OURS)
+
+ERROR_KINDS: dict[str, str] = {
+    "slime_harbor.exits:ConfigError": USER,
+    "slime_harbor.exits:Interrupted": USER,
+    "slime_harbor.cli:CommandFailed": USER,
+    "slime_harbor.hooks:HookConfigError": USER,
+    "slime_harbor.http_api:BadRequest": USER,
+    "slime_harbor.policy.renderer:RendererError": USER,
+    "slime_harbor.policy.engine_launcher:EngineMissing": USER,
+    "slime_harbor.tasks.swebench:InstanceError": TASK,
+    "slime_harbor.environments.dockerfile:DockerfileError": TASK,
+    "slime_harbor.environments.common:SandboxFileNotFoundError": TASK,
+    "slime_harbor.isolation:VerifierRefused": TASK,
+    "slime_harbor.environments.common:ExecTimeoutError": POLICY,
+    "slime_harbor.policy.client:PolicyServerError": POLICY,
+    "slime_harbor.gateway.session:PolicyUnavailable": POLICY,
+    "slime_harbor.policy.weights:WeightSyncError": POLICY,
+    "slime_harbor.policy.weight_check:WeightMismatch": POLICY,
+    "slime_harbor.environments.common:SandboxError": INFRASTRUCTURE,
+    "slime_harbor.environments.docker_images:DockerUnavailableError": INFRASTRUCTURE,
+    "slime_harbor.environments.docker_exec:ExecServerError": INFRASTRUCTURE,
+    "slime_harbor.environments.gateway_reach:GatewayReachError": INFRASTRUCTURE,
+    "slime_harbor.agents.installed.installs:AgentInstallError": INFRASTRUCTURE,
+    "slime_harbor.tasks.swebench_grade:InfraFailure": INFRASTRUCTURE,
+    "slime_harbor.rollout:InternalErrorBudgetSpent": OURS,
+    "slime_harbor.rollout:RecordedBug": OURS,
+}
+"""Each exception class raised on purpose ("module:Class") and whose mistake it reports."""
+
+TASK_FILE_ERRORS = ("FileNotFoundError", "NotADirectoryError", "TOMLDecodeError", "ValidationError")
+"""What Harbor raises for a task's malformed or missing files; the task's only when Harbor raised it."""
+
+PACKAGE_DIR = str(Path(__file__).resolve().parent)
+_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+', re.M)
+_VALIDATOR_PARTS = ("/pydantic/", "/pydantic_core/")
+
+
+def _classes() -> list[tuple[type, str]]:
+    found = []
+    for name, kind in ERROR_KINDS.items():
+        module, attr = name.split(":")
+        found.append((getattr(importlib.import_module(module), attr), kind))
+    return found
+
+
+def kind_of_class(cls: type) -> str | None:
+    """Whose an exception class is by the table (its nearest named base), or None if unnamed."""
+    named = dict(_classes())
+    for base in cls.__mro__:
+        if base in named:
+            return named[base]
+    return None
+
+
+def kind_of_name(type_name: str) -> str | None:
+    """The same for a class known only by its name (an exception Harbor recorded in a trial)."""
+    for cls, kind in _classes():
+        for sub in _with_subclasses(cls):
+            if sub.__name__ == type_name:
+                return kind_of_class(sub)
+    return None
+
+
+def _with_subclasses(cls: type) -> list[type]:
+    out, todo = [], [cls]
+    while todo:
+        c = todo.pop()
+        out.append(c)
+        todo.extend(c.__subclasses__())
+    return out
+
+
+def raised_by_us(traceback_text: str) -> bool:
+    """True when the traceback's innermost frame, pydantic's validators skipped, is in our package."""
+    frames = [f for f in _FRAME.findall(traceback_text or "") if not any(p in f for p in _VALIDATOR_PARTS)]
+    return bool(frames) and frames[-1].startswith(PACKAGE_DIR)
+
+
+def _traceback_text(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc))
+
+
+def kind_of(exc: BaseException) -> str | None:
+    """Whose `exc` is: the table's kind; OURS for an unnamed class raised by our code; None for an
+    unnamed class raised elsewhere (the trial's own failure as Harbor records it)."""
+    if (kind := kind_of_class(type(exc))) is not None:
+        return kind
+    return OURS if raised_by_us(_traceback_text(exc)) else None
+
+
+def kind_of_recorded(type_name: str, traceback_text: str) -> str | None:
+    """kind_of for an exception Harbor recorded (its type's name and its traceback's text)."""
+    if (kind := kind_of_name(type_name)) is not None:
+        return kind
+    return OURS if raised_by_us(traceback_text) else None
+
+
+def set_up_kind(exc: BaseException) -> str:
+    """Whose a failure to set a trial up is: the table's kind; TASK for a task file error
+    (TASK_FILE_ERRORS) that Harbor, not our code, raised; OURS for anything else (set-up runs our
+    code and Harbor's, and Harbor's own surprises are ours to look at too)."""
+    if (kind := kind_of_class(type(exc))) is not None:
+        return kind
+    if type(exc).__name__ in TASK_FILE_ERRORS and not raised_by_us(_traceback_text(exc)):
+        return TASK
+    return OURS
