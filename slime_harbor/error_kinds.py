@@ -22,7 +22,6 @@ pydantic's ValidationError: those are the task's mistake only when Harbor raised
 
 from __future__ import annotations
 
-import importlib
 import re
 import traceback
 from pathlib import Path
@@ -31,32 +30,34 @@ TASK, USER, INFRASTRUCTURE, POLICY, OURS = "task", "user", "infrastructure", "po
 KINDS = (TASK, USER, INFRASTRUCTURE, POLICY, OURS)
 
 ERROR_KINDS: dict[str, str] = {
-    "slime_harbor.exits:ConfigError": USER,
-    "slime_harbor.exits:Interrupted": USER,
-    "slime_harbor.cli:CommandFailed": USER,
-    "slime_harbor.hooks:HookConfigError": USER,
-    "slime_harbor.http_api:BadRequest": USER,
-    "slime_harbor.policy.renderer:RendererError": USER,
-    "slime_harbor.policy.engine_launcher:EngineMissing": USER,
-    "slime_harbor.tasks.swebench:InstanceError": TASK,
-    "slime_harbor.environments.dockerfile:DockerfileError": TASK,
-    "slime_harbor.environments.common:SandboxFileNotFoundError": TASK,
-    "slime_harbor.isolation:VerifierRefused": TASK,
-    "slime_harbor.environments.common:ExecTimeoutError": POLICY,
-    "slime_harbor.policy.client:PolicyServerError": POLICY,
-    "slime_harbor.gateway.session:PolicyUnavailable": POLICY,
-    "slime_harbor.policy.weights:WeightSyncError": POLICY,
-    "slime_harbor.policy.weight_check:WeightMismatch": POLICY,
-    "slime_harbor.environments.common:SandboxError": INFRASTRUCTURE,
-    "slime_harbor.environments.docker_images:DockerUnavailableError": INFRASTRUCTURE,
-    "slime_harbor.environments.docker_exec:ExecServerError": INFRASTRUCTURE,
-    "slime_harbor.environments.gateway_reach:GatewayReachError": INFRASTRUCTURE,
-    "slime_harbor.agents.installed.installs:AgentInstallError": INFRASTRUCTURE,
-    "slime_harbor.tasks.swebench_grade:InfraFailure": INFRASTRUCTURE,
-    "slime_harbor.rollout:InternalErrorBudgetSpent": OURS,
-    "slime_harbor.rollout:RecordedBug": OURS,
+    "exits:ConfigError": USER,
+    "exits:Interrupted": USER,
+    "cli:CommandFailed": USER,
+    "hooks:HookConfigError": USER,
+    "http_api:BadRequest": USER,
+    "policy.renderer:RendererError": USER,
+    "policy.engines.base:EngineMissing": USER,
+    "tasks.swebench:InstanceError": TASK,
+    "environments.dockerfile:DockerfileError": TASK,
+    "environments.common:SandboxFileNotFoundError": TASK,
+    "isolation:VerifierRefused": TASK,
+    "environments.common:ExecTimeoutError": POLICY,
+    "policy.client:PolicyServerError": POLICY,
+    "gateway.session:PolicyUnavailable": POLICY,
+    "policy.weights:WeightSyncError": POLICY,
+    "policy.weight_check:WeightMismatch": POLICY,
+    "environments.common:SandboxError": INFRASTRUCTURE,
+    "environments.docker_images:DockerUnavailableError": INFRASTRUCTURE,
+    "environments.docker_exec:ExecServerError": INFRASTRUCTURE,
+    "environments.gateway_reach:GatewayReachError": INFRASTRUCTURE,
+    "agents.installed.installs:AgentInstallError": INFRASTRUCTURE,
+    "tasks.swebench_grade:InfraFailure": INFRASTRUCTURE,
+    "rollout:InternalErrorBudgetSpent": OURS,
+    "rollout:RecordedBug": OURS,
 }
-"""Each exception class raised on purpose ("module:Class") and whose mistake it reports."""
+"""Each exception class raised on purpose ("module:Class", the module within slime_harbor) and whose
+mistake it reports. Names, not imports: a class is looked up by its module and name, so the table
+stands below every module whose classes it names (tests/test_error_kinds.py resolves each)."""
 
 TASK_FILE_ERRORS = ("FileNotFoundError", "NotADirectoryError", "TOMLDecodeError", "ValidationError")
 """What Harbor raises for a task's malformed or missing files; the task's only when Harbor raised it."""
@@ -66,39 +67,29 @@ _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+', re.M)
 _VALIDATOR_PARTS = ("/pydantic/", "/pydantic_core/")
 
 
-def _classes() -> list[tuple[type, str]]:
-    found = []
-    for name, kind in ERROR_KINDS.items():
-        module, attr = name.split(":")
-        found.append((getattr(importlib.import_module(module), attr), kind))
-    return found
+def table_name(cls: type) -> str:
+    """A class's key in ERROR_KINDS ("module:Class", the module within slime_harbor)."""
+    return f"{cls.__module__.removeprefix('slime_harbor.')}:{cls.__qualname__}"
 
 
 def kind_of_class(cls: type) -> str | None:
     """Whose an exception class is by the table (its nearest named base), or None if unnamed."""
-    named = dict(_classes())
     for base in cls.__mro__:
-        if base in named:
-            return named[base]
+        if (kind := ERROR_KINDS.get(table_name(base))) is not None:
+            return kind
     return None
 
 
 def kind_of_name(type_name: str) -> str | None:
-    """The same for a class known only by its name (an exception Harbor recorded in a trial)."""
-    for cls, kind in _classes():
-        for sub in _with_subclasses(cls):
-            if sub.__name__ == type_name:
-                return kind_of_class(sub)
-    return None
-
-
-def _with_subclasses(cls: type) -> list[type]:
-    out, todo = [], [cls]
+    """The same for a class known only by its name (an exception Harbor recorded in a trial): a
+    class of ours by that name among those this process has loaded (the trial raised it here)."""
+    todo = [BaseException]
     while todo:
-        c = todo.pop()
-        out.append(c)
-        todo.extend(c.__subclasses__())
-    return out
+        cls = todo.pop()
+        if cls.__name__ == type_name and cls.__module__.startswith("slime_harbor."):
+            return kind_of_class(cls)
+        todo.extend(cls.__subclasses__())
+    return None
 
 
 def raised_by_us(traceback_text: str) -> bool:
