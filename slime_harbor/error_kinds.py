@@ -52,11 +52,15 @@ ERROR_KINDS: dict[str, str] = {
     "environments.gateway_reach:GatewayReachError": INFRASTRUCTURE,
     "agents.installed.installs:AgentInstallError": INFRASTRUCTURE,
     "tasks.swebench_grade:InfraFailure": INFRASTRUCTURE,
+    # Harbor's own classes that our sandboxes raise on purpose (named by their full module)
+    "harbor.environments.base:SandboxBuildFailedError": TASK,
+    "harbor.environments.base:ServiceOperationsUnsupportedError": USER,
     "rollout:InternalErrorBudgetSpent": OURS,
     "rollout:RecordedBug": OURS,
 }
 """Each exception class raised on purpose ("module:Class", the module within slime_harbor) and whose
-mistake it reports. Names, not imports: a class is looked up by its module and name, so the table
+mistake it reports (a class of another package, raised by our code on purpose: its full module).
+Names, not imports: a class is looked up by its module and name, so the table
 stands below every module whose classes it names (tests/test_error_kinds.py resolves each)."""
 
 TASK_FILE_ERRORS = ("FileNotFoundError", "NotADirectoryError", "TOMLDecodeError", "ValidationError")
@@ -82,11 +86,12 @@ def kind_of_class(cls: type) -> str | None:
 
 def kind_of_name(type_name: str) -> str | None:
     """The same for a class known only by its name (an exception Harbor recorded in a trial): a
-    class of ours by that name among those this process has loaded (the trial raised it here)."""
+    class of ours (or one the table names) by that name among those this process has loaded (the
+    trial raised it here)."""
     todo = [BaseException]
     while todo:
         cls = todo.pop()
-        if cls.__name__ == type_name and cls.__module__.startswith("slime_harbor."):
+        if cls.__name__ == type_name and (cls.__module__.startswith("slime_harbor.") or table_name(cls) in ERROR_KINDS):
             return kind_of_class(cls)
         todo.extend(cls.__subclasses__())
     return None

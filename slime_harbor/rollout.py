@@ -46,7 +46,7 @@ from typing import Any
 
 from slime_harbor.agents.host import report_exit_status
 from slime_harbor.converter import trial_to_episode
-from slime_harbor.episode import Episode, EpisodeEnd, TRUNCATING_EXITS
+from slime_harbor.episode import CONTEXT_EXCEEDED, Episode, EpisodeEnd, TRUNCATING_EXITS
 from slime_harbor.error_kinds import OURS, kind_of_recorded, set_up_kind
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.filters import mask_counts
@@ -447,11 +447,16 @@ def end_run_at_gateway_limits(trial, session) -> None:
         try:
             await run(instruction=instruction, environment=environment, context=context)
         except Exception as exc:  # whatever the agent raises on the gateway's 400; anything else is raised again
-            if session.exit_reason not in TRUNCATING_EXITS:
+            # A reply the policy ran to max_new_tokens ends some agents too (claude-code: "response
+            # exceeded ... output token maximum"): the policy's own limit, scored as a truncation
+            # as vibe reports it itself, not a FAILED trial.
+            cut = bool(session.calls) and session.calls[-1].finish_reason == "length"
+            if session.exit_reason not in TRUNCATING_EXITS and not cut:
                 raise
             kind, message = type(exc).__name__, one_line(exc)
             context.metadata = {**(context.metadata or {}),
-                                "agent_error": kind if message == kind else f"{kind}: {message}"}
+                                "agent_error": kind if message == kind else f"{kind}: {message}",
+                                **({} if session.exit_reason in TRUNCATING_EXITS else {"exit_status": CONTEXT_EXCEEDED})}
 
     agent.run = run_until_a_gateway_limit
 

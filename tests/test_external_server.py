@@ -181,16 +181,22 @@ def test_asynchronous_training_labels_each_call_with_the_version_the_server_held
     metrics = json.loads((out / "metrics.json").read_text())
     assert [m["weight_version"] for m in metrics] == [1, 2, 3] and all(m["weights_pushed"] for m in metrics)
     assert httpx.get(serve_process + "/model_info").json()["weight_version"] == "3"
-    versions = set()
+    from helpers.samples import check_token_versions
+
+    versions, models = set(), {}
     for m in metrics:
         for s in read_jsonl(out / "rollouts" / f"step_{m['step']}" / "samples.jsonl"):
-            (version,) = s.weight_versions  # one call per episode (step_limit 1)
-            versions.add(version)
-            model = _load(out / f"checkpoint_{version}", tiny_model_dir, True) if version != "0" else \
-                _load(tiny_model_dir, tiny_model_dir, False)
-            ours, servers = _logprobs(model, [s])
-            assert (ours - servers).abs().max().item() < 1e-3, (m["step"], version)
-            assert m["step"] - 1 - int(version) <= 1  # within the bound, so trained
+            # One call per episode (step_limit 1); an update that lands on it splits it into spans of
+            # two versions (the call goes on from its tokens), each token scored by its own version.
+            spans = [span for call in s.metadata["version_spans"] for span in call]
+            used = {version for version, _, _ in spans}
+            for version in used - models.keys():
+                models[version] = _load(out / f"checkpoint_{version}", tiny_model_dir, True) if version != "0" else \
+                    _load(tiny_model_dir, tiny_model_dir, False)
+            check_token_versions(s.tokens, s.response_length, s.rollout_log_probs, spans,
+                                 {v: models[v] for v in used})
+            versions |= used
+            assert m["step"] - 1 - min(map(int, used)) <= 1  # the oldest token within the bound, so trained
     assert len(versions) > 1
 
 
