@@ -450,7 +450,8 @@ def end_run_at_gateway_limits(trial, session) -> None:
             # A reply the policy ran to max_new_tokens ends some agents too (claude-code: "response
             # exceeded ... output token maximum"): the policy's own limit, scored as a truncation
             # as vibe reports it itself, not a FAILED trial.
-            cut = bool(session.calls) and session.calls[-1].finish_reason == "length"
+            calls = getattr(session, "calls", None) or []
+            cut = bool(calls) and calls[-1].finish_reason == "length"
             if session.exit_reason not in TRUNCATING_EXITS and not cut:
                 raise
             kind, message = type(exc).__name__, one_line(exc)
