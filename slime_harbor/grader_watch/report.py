@@ -184,7 +184,7 @@ class WatchChannel:
 
     @classmethod
     def open(cls, host_dir: Path, *, agent_files, grader_paths, frames: bool = True, inside_dir: str,
-             task_files_root: str | None = None, agent_dirs=()) -> WatchChannel:
+             agent_dirs=()) -> WatchChannel:
         """Empties `host_dir`, copies the hook into it, writes its config (paths as the sandbox sees
         them, under `inside_dir`; `agent_dirs`: dirs whose every file counts as the agent's, for
         calibrate's probe) and binds host_dir/report.sock."""
@@ -207,7 +207,6 @@ class WatchChannel:
         inside = inside_dir.rstrip("/") or "/"
         # One `key value` a line (the hook reads it without json: runtime/sitecustomize.read_config).
         lines = [f"report {inside}/report.sock", f"frames {int(bool(frames))}", f"started {time.time()!r}",
-                 *(f"task_files_root {task_files_root}" for _ in [task_files_root] if task_files_root),
                  *(f"agent_file {p}" for p in sorted(map(str, agent_files))),
                  *(f"grader_path {p}" for p in sorted(map(str, grader_paths))),
                  *(f"agent_dir {p}" for p in sorted(map(str, agent_dirs)))]

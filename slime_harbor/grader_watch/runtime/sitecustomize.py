@@ -8,7 +8,7 @@ Standard library only, Python 3.6 syntax (so a 3.6/3.7 Python can still say it h
 nothing from slime_harbor.
 
 Config keys: `report` (a unix datagram socket), `agent_files` (absolute paths of files the agent
-added or changed), `grader_paths` (files/dirs that are the grader's), `task_files_root` (optional),
+added or changed), `grader_paths` (files/dirs that are the grader's), `agent_dirs` (calibrate's probe),
 `frames` (false: "files only", for tasks whose own code inspects frames), `started` (epoch seconds
 the watch was set up; a file outside the runtime and grader dirs changed after it is the agent's).
 
@@ -147,8 +147,6 @@ class Watch(object):
         for p in config.get("grader_paths", ()):
             graders += [os.path.normpath(p), os.path.realpath(p)]
         self.grader_paths = tuple(sorted(set(graders)))
-        root = config.get("task_files_root")
-        self.task_root = os.path.realpath(root) if root else None
         self.runtime_dirs = self._runtime_dirs()
         self.own_file = os.path.realpath(__file__)
         self.file_kinds = {}
@@ -233,8 +231,6 @@ class Watch(object):
             changed = 0
         if self.started and changed >= self.started:
             return AGENT
-        if self.task_root and (real == self.task_root or real.startswith(self.task_root + os.sep)):
-            return TASK
         return TASK
 
     def file_kind(self, filename):
