@@ -23,6 +23,8 @@ from slime_harbor.config_docs import add_field_flags
 from slime_harbor.episode import CONTEXT_EXCEEDED
 from slime_harbor.exits import EXIT_USAGE, ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
 from slime_harbor.policy.engine_launcher import ENGINES
+from slime_harbor.policy.engines import ENGINE_TYPES
+from slime_harbor.policy.engines.embedded import Embedded
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.policy.tiny_model import build_tiny_model, ensure_tiny_model
 from slime_harbor.policy.weight_check import WeightMismatch
@@ -310,14 +312,15 @@ def build_parser(demo_agent: str = "native") -> OneLineArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
 
-    p = sub.add_parser("serve", help="serve the policy: our embedded engine (SGLang's /generate and vLLM's "
-                       "/v1/completions), or the real SGLang or vLLM")
+    p = sub.add_parser("serve", help="serve the policy: our embedded engine (the /generate and OpenAI "
+                       "/v1/completions APIs), or a real engine from its venv")
     p.add_argument("--model", default=None, help="HF model dir (default: the tiny offline model)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--engine", choices=ENGINES, default="embedded",
-                   help="embedded: ours, in this process; sglang / vllm: the real engine from its venv "
-                   "(scripts/setup-sglang.sh, scripts/setup-vllm.sh), with the flags this machine needs")
+    p.add_argument("--engine", choices=ENGINES, default=Embedded.name,
+                   help=f"{Embedded.name}: ours, in this process; " + "; ".join(
+                       f"{name}: the real engine from its venv ({kind.setup_script})" for name, kind in ENGINE_TYPES.items())
+                   + "; each with the flags this machine needs")
     p.add_argument("--engine-args", default="", metavar="ARGS",
                    help="extra command-line arguments for the real engine, one string (e.g. \"--tp 2\")")
 
@@ -412,12 +415,10 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
         print(build_tiny_model(a.out, seed=a.seed))
     elif a.command == "serve":
         model = a.model or str(ensure_tiny_model())
-        if a.engine == "embedded":
+        if a.engine == Embedded.name:
             if a.engine_args:
-                raise ConfigError("--engine-args is for --engine sglang or vllm")
-            from slime_harbor.policy.server import serve
-
-            serve(model, host=a.host, port=a.port)
+                raise ConfigError(f"--engine-args is for an engine started from its venv ({', '.join(ENGINE_TYPES)})")
+            Embedded.serve(model, host=a.host, port=a.port)
         else:
             import shlex
 

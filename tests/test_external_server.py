@@ -139,7 +139,8 @@ def test_the_weight_check_compares_the_served_logprobs_with_the_trainers(tiny_mo
 
     from slime_harbor.policy.server import EmbeddedPolicyServer
     from slime_harbor.policy.tiny_model import build_tiny_model
-    from slime_harbor.policy.weight_check import PROBE_TOKENS, WeightCheck, WeightMismatch, served_logprobs
+    from slime_harbor.policy.weight_check import PROBE_TOKENS, WeightCheck, WeightMismatch
+    from slime_harbor.policy.wire_api import CompletionsAPI, GenerateAPI
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     ours = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
@@ -152,9 +153,9 @@ def test_the_weight_check_compares_the_served_logprobs_with_the_trainers(tiny_mo
         check.fix_probe(tokens)
         check.fix_probe(tokens[5:])  # only the run's first trained sample counts
         assert check.probe == tokens[:PROBE_TOKENS] and len(check.probe) == PROBE_TOKENS
-        sglang_api = served_logprobs(server.url, check.probe, "sglang")
-        openai_api = served_logprobs(server.url, check.probe, "openai", "policy")
-        assert len(sglang_api) == PROBE_TOKENS - 1 and sglang_api == pytest.approx(openai_api, abs=1e-6)
+        generate_api = GenerateAPI.score(server.url, check.probe, None, None, 60)
+        completions_api = CompletionsAPI.score(server.url, check.probe, "policy", None, 60)
+        assert len(generate_api) == PROBE_TOKENS - 1 and generate_api == pytest.approx(completions_api, abs=1e-6)
         assert check.check(ours, tokenizer, 1)["weight_sync/probe_gap"] < 1e-5
         with pytest.raises(WeightMismatch, match=r"version 2: mean \|logprob gap\| .* over 255 probe tokens .*"
                                                  r"likely cause: a test"):

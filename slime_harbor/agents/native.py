@@ -162,7 +162,7 @@ class _NativeOptions(AgentOptions):
     """The native agent's own options; NativeAgentOptions adds the run's agent settings."""
 
     policy_url: str | None = Field(
-        default=None, description="Base URL of the SGLang router or embedded policy server (env SLIME_HARBOR_POLICY_URL)."
+        default=None, description="Base URL of the policy server: the engines' router, or our embedded server (env SLIME_HARBOR_POLICY_URL)."
     )
     tokenizer_path: str | None = Field(
         default=None, description="HF model/tokenizer dir of the policy (env SLIME_HARBOR_TOKENIZER)."

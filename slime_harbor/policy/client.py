@@ -179,7 +179,7 @@ class PolicyClient:
         payload = {
             "input_ids": input_ids if isinstance(input_ids, list) else list(input_ids),
             # Special tokens and stop strings stay in the text, so text and token ids agree.
-            "sampling_params": {**params.to_sglang(), "skip_special_tokens": False, "no_stop_trim": True,
+            "sampling_params": {**params.to_generate_params(), "skip_special_tokens": False, "no_stop_trim": True,
                                 "spaces_between_special_tokens": False},
             "return_logprob": True,
             "rid": rid,
@@ -216,7 +216,7 @@ class PolicyClient:
         if "top_p_token_ids" not in meta or "top_p_token_offsets" not in meta:
             raise PolicyServerError(
                 f"{self.base_url}/generate returned no top_p_token_ids although asked "
-                "(an SGLang without SLiME's top-p patch?)"
+                "(a server without SLiME's top-p patch?)"
             )
         ids, offsets = decode_int32(meta["top_p_token_ids"]), decode_int32(meta["top_p_token_offsets"])
         if not top_p_offsets_ok(ids, offsets, len(token_ids)):
@@ -230,7 +230,7 @@ class PolicyClient:
         """The same turn through vLLM's OpenAI completions: token ids in, token ids + logprobs out;
         as _generate_once returns it."""
         if params.return_top_p_token_ids:
-            raise PolicyServerError("top-p replay (return_top_p_token_ids) needs SGLang's /generate, not /v1/completions")
+            raise PolicyServerError("top-p replay (return_top_p_token_ids) needs the /generate API, not /v1/completions")
         payload = {
             "model": self.lora_path or self.model,  # vLLM: a LoRA adapter is served as a model name
             "prompt": list(input_ids),

@@ -1,7 +1,7 @@
 """Starts the real engines that SLiME, Prime-RL and the external-server trainer sample with,
 SGLang and vLLM, each from its own venv (scripts/setup-sglang.sh, scripts/setup-vllm.sh) with the
-flags the machine needs; what differs between them is each one's class (policy/engines/). (Ours,
-the embedded engine, runs in-process: policy/embedded_engine.py behind policy/server.py.) What a
+flags the machine needs; what differs between them is each one's class (policy/engines/: the ones
+that are StartsFromVenv). (Ours, the embedded engine, runs in-process: engines/embedded.py.) What a
 running server is, whoever started it: policy/probe.py.
 
     ENGINES                    embedded | sglang | vllm (engine_type(name): the class of one we start)
@@ -25,10 +25,11 @@ from pathlib import Path
 import httpx
 
 from slime_harbor.policy.engines import ENGINE_TYPES
-from slime_harbor.policy.engines.base import INITIAL_WEIGHT_VERSION, Engine, EngineMissing
+from slime_harbor.policy.engines.abilities import StartsFromVenv
+from slime_harbor.policy.engines.base import INITIAL_WEIGHT_VERSION, EngineMissing
+from slime_harbor.policy.engines.embedded import Embedded
 
-
-ENGINES = ("embedded", *ENGINE_TYPES)
+ENGINES = (Embedded.name, *ENGINE_TYPES)
 """The `--engine` names: ours (in-process, policy/server.py) and the ones we start (policy/engines/)."""
 PARENT_GUARD = Path(__file__).with_name("parent_guard.py")
 """Runs each engine we start: it stops the engine's process group when this process dies (its docstring)."""
@@ -36,7 +37,7 @@ START_TIMEOUT_SEC = 600.0
 STOP_TIMEOUT_SEC = 60.0
 
 
-def engine_type(engine: str) -> type[Engine]:
+def engine_type(engine: str) -> type[StartsFromVenv]:
     """The class of the engine named ``engine`` (ValueError naming the ones we start)."""
     if engine not in ENGINE_TYPES:
         raise ValueError(f"engine must be one of {', '.join(ENGINE_TYPES)} to start a real one, got {engine!r}")

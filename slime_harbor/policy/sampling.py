@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-SGLANG_MAX_NEW_TOKENS = 128
+GENERATE_MAX_NEW_TOKENS = 128
 """SGLang's /generate default for a request that names no max_new_tokens (the wire's, which our
 server follows); ours, below, is an agent turn's."""
 
@@ -71,7 +71,7 @@ class SamplingParams:
         """Whether sampling is truncated at all (else a server returns no kept ids)."""
         return self.temperature == 0 or self.top_k > 0 or self.top_p < 1
 
-    def to_sglang(self) -> dict[str, Any]:
+    def to_generate_params(self) -> dict[str, Any]:
         """SGLang's `sampling_params` dict (what /generate takes)."""
         params: dict[str, Any] = {
             "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
@@ -87,8 +87,8 @@ class SamplingParams:
         return params
 
     @classmethod
-    def from_sglang(cls, raw: dict[str, Any]) -> SamplingParams:
-        """The inverse of to_sglang; raises ValueError (one line) on a field it does not know."""
+    def from_generate_params(cls, raw: dict[str, Any]) -> SamplingParams:
+        """The inverse of to_generate_params; raises ValueError (one line) on a field it does not know."""
         raw = {k: v for k, v in raw.items() if v is not None}
         custom = raw.pop("custom_params", None) or {}
         if not isinstance(custom, dict):
@@ -100,7 +100,7 @@ class SamplingParams:
         unknown = sorted(set(raw) - set(cls.__dataclass_fields__))
         if unknown:
             raise ValueError(f"unsupported sampling params: {unknown}")
-        return cls(**{"max_new_tokens": SGLANG_MAX_NEW_TOKENS, **raw})
+        return cls(**{"max_new_tokens": GENERATE_MAX_NEW_TOKENS, **raw})
 
 
 @dataclass

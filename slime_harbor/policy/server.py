@@ -121,7 +121,7 @@ class PolicyServer:
             prompt_ids = self.engine.tokenizer.encode(body["text"], add_special_tokens=False)
         else:
             raise BadRequest("give input_ids (a list of ints) or text (a string)")
-        params = sglang_sampling_params(body.get("sampling_params") or {})
+        params = generate_sampling_params(body.get("sampling_params") or {})
         lora = body.get("lora_path")
         if lora is not None and not isinstance(lora, str):
             raise BadRequest("lora_path must be the name of one loaded adapter (batched requests are not supported)")
@@ -135,7 +135,7 @@ class PolicyServer:
         generation = await self.engine.agenerate(prompt_ids, params, rid=body.get("rid"), lora=lora)
         meta_info: dict[str, Any] = {
             "id": generation.rid,
-            "finish_reason": sglang_finish_reason(generation),
+            "finish_reason": generate_finish_reason(generation),
             "prompt_tokens": len(generation.prompt_ids),
             "completion_tokens": len(generation.token_ids),
             "cached_tokens": 0,
@@ -342,19 +342,19 @@ class PolicyServer:
         return openai_error(400, str(error), "invalid_request_error")
 
 
-def sglang_sampling_params(raw: dict[str, Any]) -> SamplingParams:
+def generate_sampling_params(raw: dict[str, Any]) -> SamplingParams:
     """SGLang's `sampling_params` dict -> SamplingParams (400 on anything not supported)."""
     raw = dict(raw)
     _check_neutral(raw)
     for key in _IGNORED_PARAMS:
         raw.pop(key, None)
     try:
-        return SamplingParams.from_sglang(raw)
+        return SamplingParams.from_generate_params(raw)
     except (TypeError, ValueError) as error:
         raise BadRequest(str(error)) from error
 
 
-def sglang_finish_reason(generation: Generation) -> dict[str, Any]:
+def generate_finish_reason(generation: Generation) -> dict[str, Any]:
     """SGLang's meta_info finish_reason: {"type": "stop", "matched": token id | string},
     {"type": "length", "length": tokens} or {"type": "abort", "message": ...}."""
     reason: dict[str, Any] = {"type": generation.finish_reason}

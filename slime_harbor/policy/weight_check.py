@@ -7,11 +7,8 @@ label; the run then trains on samples of a model that never existed. Nothing but
 numbers tells. So the check scores a fixed probe twice and compares:
 
     the trainer     log p(token i | tokens before it) with the weights it just published, float32
-    the engine      the same, from one prefill, through the engine's own API:
-                      SGLang (and ours):  POST /generate, return_logprob + logprob_start_len 0
-                                          -> meta_info.input_token_logprobs
-                      vLLM:               POST /v1/completions, prompt_logprobs 0
-                                          -> choices[0].prompt_logprobs
+    the engine      the same, from one prefill, through its wire API (an engine that ScoresPrompts,
+                    policy/engines/abilities.py; the requests: policy/wire_api.py)
 
 The probe is fixed for the run: a built-in prompt until the first update, then the run's first
 trained sample cut to PROBE_TOKENS tokens. The gap is the mean |difference| over its tokens. The
@@ -21,7 +18,8 @@ fp16 round every layer: on an H200, the same weights in bf16 sat 8e-3 (Qwen3-0.6
 (the tiny model) from the float32 trainer (bench/weight_check_bf16.py), so their bound, 0.5, is ten
 times that and catches a gross fault (another model: 3.8) but not a stale LM head early, which stays
 inside bf16's rounding for hundreds of updates; the gap per update in metrics.json shows its drift.
-A dtype the engine does not name has no bound: its gap is warned about, never an error.
+A dtype the engine does not name has no bound: its gap is warned about, never an error. An engine
+that cannot score a prompt (a bare OpenAI-compatible server) cannot be checked: said once, no figures.
 
     WeightCheck(url, mode)          mode: error (stop the run) | warn (say it, go on) | off
     .check(model, version)          -> {"weight_sync/probe_gap", "weight_sync/probe_gap_max",
@@ -36,6 +34,9 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+
+from slime_harbor.policy.engines.abilities import ReportsDtype, ScoresPrompts
+from slime_harbor.policy.wire_api import UnscoredPrompt
 
 CHECK_MODES = ("error", "warn", "off")
 PROBE_TOKENS = 256
@@ -67,6 +68,8 @@ class WeightCheck:
     """The token ids scored (set by fix_probe, or the built-in prompt on the first check)."""
     fixed: bool = False
     """Whether the probe is the run's first trained sample (it is kept from then on)."""
+    unscorable: bool = field(default=False, init=False)
+    """Whether the engine was found unable to score a prompt (said once)."""
 
     def __post_init__(self) -> None:
         if self.mode not in CHECK_MODES:
@@ -86,21 +89,32 @@ class WeightCheck:
             return {}
         if not self.probe:
             self.probe = tokenizer.encode(BUILTIN_PROBE)[:PROBE_TOKENS]
-        from slime_harbor.policy.probe import probe as engine_info
+        from slime_harbor.policy.probe import probe as engine_at
 
-        info = engine_info(self.url)
+        engine = engine_at(self.url)
+        if not isinstance(engine, ScoresPrompts):
+            if not self.unscorable:
+                print(f"weight check: {engine.kind} at {self.url} cannot score a prompt, so what it serves is "
+                      "not checked", file=sys.stderr)
+            self.unscorable = True
+            return {}
         started = time.perf_counter()
         ours = trainer_logprobs(model, self.probe)
-        served = served_logprobs(self.url, self.probe, info.api, self.lora_name or info.served_model, self.lora_name)
+        try:
+            served = engine.score(self.probe, self.lora_name)
+        except UnscoredPrompt as exc:
+            raise WeightMismatch(f"{exc} for the weight check") from None
+        except httpx.HTTPError as exc:
+            raise WeightMismatch(f"{self.url} failed during the weight check: {type(exc).__name__}: {exc}") from None
         gaps = [abs(a - b) for a, b in zip(ours, served, strict=True)]
         figures = {"weight_sync/probe_gap": sum(gaps) / len(gaps), "weight_sync/probe_gap_max": max(gaps),
                    "weight_sync/probe_ms": round((time.perf_counter() - started) * 1000, 1)}
-        dtype = served_dtype(self.url, info.kind)
+        dtype = (engine.dtype() if isinstance(engine, ReportsDtype) else None) or "unknown"
         bound = GAP_BOUNDS.get(dtype)
         gap = figures["weight_sync/probe_gap"]
         if bound is not None and gap <= bound:
             return figures
-        line = (f"{info.kind} at {self.url} serves other weights than the trainer's version {version}: mean |logprob "
+        line = (f"{engine.kind} at {self.url} serves other weights than the trainer's version {version}: mean |logprob "
                 f"gap| {gap:.2e} over {len(gaps)} probe tokens")
         if bound is None:
             # No bound for this dtype yet: say the gap, once per check, and go on.
@@ -125,49 +139,3 @@ def trainer_logprobs(model, tokens: list[int]) -> list[float]:
     return torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None])[:, 0].cpu().tolist()
 
 
-def served_logprobs(url: str, tokens: list[int], api: str, model: str | None = None, lora_name: str | None = None,
-                    timeout_s: float = 120.0) -> list[float]:
-    """The engine's log p(token i | tokens before it), i >= 1, at temperature 1, through its own
-    API (the module doc); WeightMismatch when it answers none."""
-    if api == "openai":  # vLLM: prompt_logprobs on the completions endpoint
-        body = {"model": model, "prompt": list(tokens), "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
-        reply = _post(url + "/v1/completions", body, timeout_s)
-        try:
-            entries = reply["choices"][0]["prompt_logprobs"][1:]
-            return [float(entry[str(t)]["logprob"]) for entry, t in zip(entries, tokens[1:], strict=True)]
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise WeightMismatch(f"{url}/v1/completions returned no prompt_logprobs for the weight check "
-                                 f"({type(exc).__name__}: {exc})") from None
-    # max_new_tokens 0: a prefill only (SGLang answers it; ours then draws no sampling seed).
-    body = {"input_ids": list(tokens), "sampling_params": {"max_new_tokens": 0, "temperature": 1.0},
-            "return_logprob": True, "logprob_start_len": 0}
-    if lora_name:
-        body["lora_path"] = lora_name
-    reply = _post(url + "/generate", body, timeout_s)
-    try:
-        pairs = reply["meta_info"]["input_token_logprobs"][1:]
-        if [int(p[1]) for p in pairs] != list(tokens[1:]):
-            raise ValueError("its token ids are not the probe's")
-        return [float(p[0]) for p in pairs]
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise WeightMismatch(f"{url}/generate returned no input_token_logprobs for the weight check "
-                             f"({type(exc).__name__}: {exc})") from None
-
-
-def served_dtype(url: str, kind: str) -> str:
-    """The dtype the engine computes in: SGLang's and ours from /server_info (SGLang's "auto" is
-    the checkpoint's, a float32 checkpoint running in float16), vLLM's from its /server_info
-    (dev mode). "unknown" when it does not say."""
-    from slime_harbor.policy.probe import server_dtype
-
-    return server_dtype(url, kind) or "unknown"
-
-
-def _post(url: str, body: dict, timeout_s: float) -> dict:
-    try:
-        reply = httpx.post(url, json=body, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise WeightMismatch(f"{url} failed during the weight check: {type(exc).__name__}: {exc}") from None
-    if reply.status_code != 200:
-        raise WeightMismatch(f"{url} answered HTTP {reply.status_code} to the weight check: {reply.text[:200]}")
-    return reply.json()

@@ -1,24 +1,18 @@
-"""Push a trainer's weights to a running policy server, the way SGLang takes them.
+"""Push a trainer's weights to a running policy server, through what its engine can do
+(policy/engines/abilities.py): the server's kind comes from policy/probe.py, and each kind's class
+holds its endpoints.
 
-    lora   the adapter is saved to weights_dir/step_N and loaded under a new name with
-           POST /load_lora_adapter {"lora_name", "lora_path"}; the previous one is then unloaded
-           (POST /unload_lora_adapter). vLLM: the same under /v1 (started with --enable-lora and
-           VLLM_ALLOW_RUNTIME_LORA_UPDATING=True). Rollouts name the adapter they sample from
-           (lora_name; vLLM's OpenAI "model").
+    lora   the adapter is saved to weights_dir/step_N and loaded under a new name (LoadsLoRA); the
+           previous one is then unloaded. Rollouts name the adapter they sample from (lora_name;
+           the OpenAI API's "model").
     disk   the full weights (LoRA merged in) are saved to weights_dir/step_N and loaded, labelled
            with version "N", so the server labels every token it samples from them with N (as
-           SLiME's updates do). Calls in flight are aborted first (the clients continue them from
-           the tokens they had, under the new weights, or sample them again
-           whole; PolicyClient's keep_interrupted) and new ones wait:
-           SGLang (and ours): POST /pause_generation {"mode": "abort"} (or "retract": WeightSync.pause),
-             /update_weights_from_disk {"model_path", "weight_version"}, /continue_generation;
-           vLLM: POST /pause?mode=abort, /collective_rpc slime_harbor_reload_weights {"weights_path"}
-             (our worker extension, policy/vllm_worker.py: vLLM's reload_weights, then a tied LM
-             head re-tied; plain reload_weights on a server started without it),
-             /reset_prefix_cache (no KV of the old weights serves the new version),
-             /update_weight_version {"new_version"}, /resume.
-    none   nothing is pushed: the server keeps the weights it has (a vLLM server without these
-           endpoints); the trainer recomputes old logprobs instead.
+           SLiME's updates do) (UpdatesFromDisk). Calls in flight are aborted first (the clients
+           continue them from the tokens they had, under the new weights, or sample them again
+           whole; PolicyClient's keep_interrupted) and new ones wait; `pause` picks how.
+    none   nothing is pushed: the server keeps the weights it has (a kind without these abilities,
+           or a server that turns out not to serve the endpoints); the trainer recomputes old
+           logprobs instead.
 
 The server reads the path itself, so weights_dir must be on its filesystem (same host, or a
 shared mount at the same path). SGLang serves LoRA only when started with --enable-lora (and
@@ -35,14 +29,12 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
-from slime_harbor.policy.engines.vllm import VLLM_WORKER_EXTENSION
+from slime_harbor.policy.engines.abilities import EndpointMissing, LoadsLoRA, UpdatesFromDisk, WeightSyncError
 
 MODES = ("auto", "lora", "disk", "none")
 PAUSE_MODES = ("abort", "retract", "wait")
-"""How a disk update pauses the calls in flight (WeightSync.pause): abort on SGLang and vLLM,
-retract on SGLang, wait on vLLM. SGLang's in_place and vLLM's keep are left out on purpose: a
+"""How a disk update pauses the calls in flight (WeightSync.pause; each kind's pause_modes says
+which it has): abort on SGLang and vLLM, retract on SGLang, wait on vLLM. SGLang's in_place and vLLM's keep are left out on purpose: a
 call paused so decodes on over the KV cache the old weights computed, under the new weights,
 so its next tokens are sampled by neither version and no checkpoint gives their logprobs."""
 
@@ -57,10 +49,6 @@ def peft_quietly():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         yield
-
-
-class WeightSyncError(RuntimeError):
-    """The server refused or failed a weight update: training on would sample stale weights."""
 
 
 @dataclass
@@ -85,8 +73,6 @@ class WeightSync:
     version: int = field(default=0, init=False)
     """The weight version the server holds: the step of the last push that succeeded (0: its own)."""
     _last_dir: Path | None = field(default=None, init=False)
-    _has_worker_extension: bool | None = field(default=None, init=False)
-    """Whether the vLLM server was started with our worker extension (None: not asked yet)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -102,115 +88,57 @@ class WeightSync:
         from peft import PeftModel
 
         lora = isinstance(model, PeftModel)
+        engine = self.engine()
         # auto: a LoRA policy goes over as its adapter where the server loads adapters (ours;
-        # SGLang with --enable-lora), else merged, from disk.
-        mode = self.mode if self.mode != "auto" else ("lora" if lora and self._serves_lora() else "disk")
+        # SGLang with --enable-lora), else merged, from disk; none where its kind takes neither.
+        mode = self.mode
+        if mode == "auto":
+            mode = ("lora" if lora and isinstance(engine, LoadsLoRA) and engine.serves_lora else
+                    "disk" if isinstance(engine, UpdatesFromDisk) else "none")
+            if mode == "none":
+                self._take_none(f"{engine.url} ({engine.kind}) takes no weight updates")
         if mode == "none":
             return False
         if mode == "lora" and not lora:
             raise ValueError("weight sync lora needs a LoRA policy (drop --no-lora, or use disk)")
+        ability = LoadsLoRA if mode == "lora" else UpdatesFromDisk
+        if not isinstance(engine, ability):
+            raise WeightSyncError(f"{engine.url} ({engine.kind}) cannot take a weight update by {mode}")
+        if mode == "disk" and self.pause not in engine.pause_modes:
+            raise WeightSyncError(f"{engine.url} ({engine.kind}) has no {self.pause} pause; "
+                                  f"use {' or '.join(engine.pause_modes)}")
         out = self.weights_dir / f"step_{step}"
-        if mode == "lora":
-            model.save_pretrained(out)
-            name = f"{self.lora_prefix}-step{step}"
-            # SGLang's (and ours) at the root; vLLM's under /v1 (with VLLM_ALLOW_RUNTIME_LORA_UPDATING).
-            prefix = "/v1" if self._engine().api == "openai" else ""
-            self._post(f"{prefix}/unload_lora_adapter", {"lora_name": name}, check=False)  # left by an earlier run
-            if not self._post(f"{prefix}/load_lora_adapter", {"lora_name": name, "lora_path": str(out)}):
-                return False
-            if self.lora_name and self.lora_name != name:
-                self._post(f"{prefix}/unload_lora_adapter", {"lora_name": self.lora_name})
-            self.lora_name = name
-        else:
-            full = copy.deepcopy(model).merge_and_unload() if lora else model
-            full.save_pretrained(out)
-            tokenizer.save_pretrained(out)
-            if not self._load_from_disk(out, str(step)):
-                return False
+        try:
+            if mode == "lora":
+                model.save_pretrained(out)
+                name = f"{self.lora_prefix}-step{step}"
+                engine.load_lora(name, out, self.timeout_s)
+                if self.lora_name and self.lora_name != name:
+                    engine.unload_lora(self.lora_name, self.timeout_s)
+                self.lora_name = name
+            else:
+                full = copy.deepcopy(model).merge_and_unload() if lora else model
+                full.save_pretrained(out)
+                tokenizer.save_pretrained(out)
+                engine.update_from_disk(out, str(step), self.pause, self.timeout_s)
+        except EndpointMissing as missing:
+            if self.mode != "auto":
+                raise
+            self._take_none(str(missing))
+            return False
         if self._last_dir and self._last_dir != out:
             shutil.rmtree(self._last_dir, ignore_errors=True)
         self._last_dir = out
         self.version = step
         return True
 
-    def _engine(self):
+    def engine(self):
         """What serves base_url (policy/probe.py, asked once per URL)."""
         from slime_harbor.policy.probe import probe
 
         return probe(self.base_url)
 
-    def _serves_lora(self) -> bool:
-        return self._engine().serves_lora
-
-    def _load_from_disk(self, path: Path, version: str) -> bool:
-        """Pause (`pause`: the calls in flight aborted, retracted or waited for), load the weights
-        at `path` labelled `version`, resume."""
-        openai = self._engine().api == "openai"
-        if self.pause in (("retract",) if openai else ("wait",)):
-            raise WeightSyncError(f"{self.base_url} ({'vLLM' if openai else 'SGLang'}) has no {self.pause} pause; "
-                                  f"use {'abort or wait' if openai else 'abort or retract'}")
-        if openai:  # vLLM
-            if not self._post(f"/pause?mode={self.pause}", {}):
-                return False
-            try:
-                self._vllm_reload(path)
-                self._post("/reset_prefix_cache", {})
-                self._post("/update_weight_version", {"new_version": version})
-            finally:
-                self._post("/resume", {}, check=False)
-            return True
-        if not self._post("/pause_generation", {"mode": self.pause}):
-            return False
-        try:
-            # SGLang flushes its prefix cache on this update (flush_cache defaults on): a retracted
-            # call is prefilled again from the new weights, not served the old ones' KV.
-            return self._post("/update_weights_from_disk", {"model_path": str(path), "weight_version": version})
-        finally:
-            self._post("/continue_generation", {}, check=False)
-
-    def _vllm_reload(self, path: Path) -> None:
-        """vLLM's in-place reload, through our worker extension where the server has it
-        (policy/vllm_worker.py: the LM head of a model with tied embeddings follows the reloaded
-        embeddings; vLLM's own reload_weights keeps the old head on a CPU)."""
-        method = "slime_harbor_reload_weights"
-        if self._has_worker_extension is not False:
-            url = self.base_url + "/collective_rpc"
-            try:
-                reply = httpx.post(url, json={"method": method, "kwargs": {"weights_path": str(path)}},
-                                   timeout=self.timeout_s)
-            except httpx.HTTPError as error:
-                raise WeightSyncError(f"{url} failed: {type(error).__name__}: {error}") from error
-            if reply.status_code == 200:
-                self._has_worker_extension = True
-                return
-            if f"has no attribute '{method}'" not in reply.text:  # the extension is there and failed
-                raise WeightSyncError(f"{url} ({method}) answered HTTP {reply.status_code}: {reply.text[:300]}")
-            self._has_worker_extension = False
-            print(f"{self.base_url} runs vLLM without slime-harbor's worker extension: its reload_weights keeps the "
-                  f"old LM head of a model with tied embeddings (start it with --worker-extension-cls "
-                  f"{VLLM_WORKER_EXTENSION}; the weight check will tell)", file=sys.stderr)
-        self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
-
-    def _post(self, path: str, payload: dict, check: bool = True) -> bool:
-        url = self.base_url + path
-        try:
-            response = httpx.post(url, json=payload, timeout=self.timeout_s)
-        except httpx.HTTPError as error:
-            raise WeightSyncError(f"{url} failed: {type(error).__name__}: {error}") from error
-        if response.status_code in (404, 405) and self.mode == "auto" and check:
-            print(f"{url} is not served (HTTP {response.status_code}): weights are not pushed; old logprobs "
-                  "are recomputed by the trainer and the run logs how far the server's are", file=sys.stderr)
-            self.mode = "none"
-            return False
-        ok = response.status_code == 200 and _json(response).get("success", True)
-        if not ok and check:
-            raise WeightSyncError(f"{url} answered HTTP {response.status_code}: {response.text[:300]}")
-        return ok
-
-
-def _json(response: httpx.Response) -> dict:
-    try:
-        body = response.json()
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
+    def _take_none(self, why: str) -> None:
+        print(f"{why}: weights are not pushed; old logprobs are recomputed by the trainer and the run logs how "
+              "far the server's are", file=sys.stderr)
+        self.mode = "none"

@@ -1,22 +1,36 @@
-"""SGLang, SLiME's sampler, from its own venv (scripts/setup-sglang.sh)."""
+"""SGLang, SLiME's sampler, from its own venv (scripts/setup-sglang.sh), and SGLang's router in front
+of several of them. Its abilities are a /generate server's (engines/generate_server.py).
+
+    recognised by   GET /server_info (an engine); GET /workers (the router, whose /server_info there is none)
+    context limit   /v1/models' max_model_len, capped by the KV pool (max_total_num_tokens); the
+                    router's: its workers' lowest
+    LoRA            served when started with --enable-lora (/server_info's enable_lora)
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from slime_harbor.policy.wire_api import GENERATE_API
-from slime_harbor.policy.engines.base import INITIAL_WEIGHT_VERSION, Engine
+from slime_harbor.policy.engines.abilities import StartsFromVenv
+from slime_harbor.policy.engines.base import INITIAL_WEIGHT_VERSION, Engine, ServerAnswers, get_json
+from slime_harbor.policy.engines.generate_server import GenerateServer, pool_capped_context
 
 SGLANG_VERSION = "0.5.23"
 CPU_SHIMS = Path(__file__).resolve().parents[1] / "cpu_shims"
 """Holds the sgl_kernel stand-in that SGLang imports on a CPU (see its docstring)."""
 
 
-class SGLang(Engine):
+class SGLang(GenerateServer, StartsFromVenv):
     name = "sglang"
-    wire_api = GENERATE_API
     setup_script = "scripts/setup-sglang.sh"
+
+    @classmethod
+    def recognise(cls, answers: ServerAnswers) -> Engine | None:
+        info = answers.get("/server_info")
+        if info is None:
+            return None
+        return cls(answers.url, pool_capped_context(answers, info), answers.served_model, bool(info.get("enable_lora")))
 
     @classmethod
     def venv_name(cls, gpu: bool) -> str:
@@ -34,3 +48,37 @@ class SGLang(Engine):
             env["SGLANG_USE_CPU_ENGINE"] = "1"
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CPU_SHIMS), env.get("PYTHONPATH")]))
         return argv
+
+
+class SGLangRouter(GenerateServer):
+    """SGLang's router: it forwards /generate and the update endpoints to its workers, and says no
+    version or dtype of its own (its workers' are read)."""
+
+    name = "sglang-router"
+
+    @classmethod
+    def recognise(cls, answers: ServerAnswers) -> Engine | None:
+        workers = answers.get("/workers")
+        if workers is None:
+            return None
+        limits = [engine.context_len for engine in cls._workers(workers)]
+        context = min((n for n in limits if n), default=answers.context_len)
+        return cls(answers.url, context, answers.served_model)
+
+    @staticmethod
+    def _workers(workers: dict | None) -> list[Engine]:
+        urls = [w["url"] for w in (workers or {}).get("workers") or [] if isinstance(w, dict) and w.get("url")]
+        return [SGLang.recognise(ServerAnswers(url)) or SGLang(url) for url in urls]
+
+    def weight_version(self) -> str | None:
+        """The highest of its workers' (the update reaches them one after another)."""
+        versions = [w.weight_version() for w in self._workers(get_json(self.url + "/workers", 30))]
+        return max((v for v in versions if v is not None), key=_version_key, default=None)
+
+    def dtype(self) -> str | None:
+        workers = self._workers(get_json(self.url + "/workers", 30))
+        return workers[0].dtype() if workers else None
+
+
+def _version_key(version: str):
+    return (0, int(version)) if version.isdigit() else (1, version)
