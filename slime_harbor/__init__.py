@@ -1,12 +1,43 @@
 """slime-harbor: Harbor tasks, agents and sandboxes as the rollout of SLiME GRPO training.
 
-The chain, one module per arrow:
-    tasks (Harbor task dirs; tasks/ writes procedural ones)
-      -> rollout.py     runs Harbor Trials: agent.py (policy/client.py) in environments/, verifier
-      -> converter.py   trajectory (Harbor RolloutDetail) -> episode.py Episode, whose
-                        samples.py TrainingSamples are built where it leaves
-      -> grpo.py        group advantages and the clipped policy loss
-      -> trainers       hooks.py (SLiME), trainers/local.py (one GPU / CPU)
+The chain: tasks -> rollout (Harbor Trials) -> trajectory -> Episode -> samples -> GRPO loss -> a
+trainer (docs/chain.md draws it whole). Each module and folder, in the order of the chain:
+
+    tasks/              task sources: procedural families, SWE-bench records, Harbor datasets
+    run_config.py       a run's settings, declared once (RunSettings, RolloutConfig), and their checks
+    trial_setup.py      a trial's sandbox, the agent's installs before it starts, its hard timeout
+    rollout.py          a GRPO group = n real Harbor Trials of one task, bounded concurrency
+    retries.py          the transient-failure retry budget (RetryBudget), for every runner
+    agents/             every kind of agent a trial can run (native, Harbor's host and installed agents)
+    gateway/            the recording model gateway every agent but native samples through
+    policy/             the policy as the rollout sees it: clients, the embedded server, the engines
+    environments/       the sandboxes (bubblewrap, Docker) as Harbor environments
+    isolation.py        a plain task's verifier starts clean in the agent's sandbox
+    verifier_runtime.py what the verifier runs to grade is the image's: changes to it are found
+    verifier_reward.py  what a verifier reports: its rewards dict, the scalar, tampering keys
+    http_api.py         what the policy server and the gateway share (bodies, errors)
+    converter.py        Harbor's trajectory -> Episode, its tokens aligned into segments
+    episode.py          the episode, the one owner of its outcome (EpisodeEnd, episode_end)
+    samples.py          the training sample one trajectory (or segment) becomes
+    reward.py           the reward, decided in one place: one ordered list of rules
+    hack_monitor.py     the hack monitor's detectors over what the agent changed and ran
+    grader_watch/       the grading watch: an audit hook in every Python process of a verifier
+    impossible_twin.py  a task's impossible twin, built and gold-checked once per task
+    twin_grading.py     a passing trial graded again against its twin (passes_impossible)
+    filters.py          which episodes the loss may see (limits, staleness, no signal, hacks)
+    grpo.py             group advantages and the clipped policy loss with a KL penalty
+    hooks.py            SLiME's hooks: its rollout, run on our rollout core
+    trainers/           the local trainer, SFT, evaluation, the demo (SLiME's is hooks.py)
+    integrations/       entry points for other frameworks (the verifiers plugin prime-rl loads)
+    calibrate.py        which tasks can grade a policy (gold, empty answer, blind attacks)
+    canaries.py         impossible task variants mixed into training to measure hacking
+    error_kinds.py      whose an error is: the table of exception classes we raise on purpose
+    exits.py            one-line errors for bad input, orderly shutdown on SIGINT and SIGTERM
+    harbor_job.py       a rollout's trials dir as a Harbor job dir (`harbor view` reads it)
+    cache.py            the machine's cache outside any checkout
+    config_docs.py      a config field's docstring as its flag's help and the reference docs
+    cli.py              the `slime-harbor` command line
+
 The policy is served by SGLang in production and by policy/server.py (policy/tiny_model.py) here.
 """
 

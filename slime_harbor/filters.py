@@ -50,9 +50,18 @@ LENGTH_EXITS = frozenset({CONTEXT_EXCEEDED})
 
 @dataclass
 class TrajectoryFilters:
+    """Which episode limits mask an episode out of training: a masked episode gets no loss and no
+    say in its group's baseline, counted as masked/<reason>; evaluation episodes are never masked.
+    Declared here once: train-local's --mask-* flags (LocalTrainConfig extends this) and the SLiME
+    plugin's harbor_mask_* keys (hooks.FILTER_KEYS) are these fields."""
+
     mask_timeouts: bool = False
+    """Mask episodes Harbor ended at the agent's time limit (AgentTimeoutError); unmasked,
+    they are trained with their verifier reward."""
     mask_step_limit: bool = False
+    """Mask episodes that used every turn (the step limit) without finishing."""
     mask_length_limit: bool = False
+    """Mask episodes with a turn cut at the context or max-new-token limit (DAPO's overlong filter)."""
 
 
 MASK_REASONS = ("timeout", "step_limit", "length_limit", "zero_std", "stale", "hack")

@@ -100,14 +100,6 @@ class HookOwnSettings:
     harbor_eval_trials_dir: str | None = None
     """Where SLiME's evaluation trials (--eval-prompt-data; the hook's evaluation=True) are written,
     apart from the training ones. null: <harbor_trials_dir>/eval."""
-    harbor_mask_timeouts: bool = False
-    """Trajectory filters (train-local's --mask-*: filters.py): a masked episode gets no loss and no
-    say in its group's baseline, counted as masked/<reason>; never applied to evaluation trials.
-    Mask episodes Harbor ended at the agent's time limit."""
-    harbor_mask_step_limit: bool = False
-    """Mask episodes that used every turn (harbor_step_limit) without finishing."""
-    harbor_mask_length_limit: bool = False
-    """Mask episodes with a turn cut at the context or max-new-token limit (DAPO's overlong filter)."""
     harbor_keep_interrupted: bool = True
     """Fully-async rollout only: a model call that SLiME's weight update aborts goes on from the
     tokens it had, under the new weights (each token keeps the logprob and version that sampled
@@ -141,12 +133,19 @@ HOOK_NOTES = {
                                "hack/twin_errors, hack/twin_unproven, twin/passing, twin/graded."),
 }
 """What a key means in SLiME beyond its field's docs."""
+FILTER_KEYS = {f"harbor_{f.name}": f.name for f in dataclasses.fields(TrajectoryFilters)}
+"""The trajectory filters' switches (train-local's --mask-*): key -> the TrajectoryFilters field it
+is (its type, default and docs are that field's, declared once in filters.py)."""
+FILTER_NOTES = {"harbor_mask_timeouts": ("Each harbor_mask_* key masks a training episode out of its loss and its "
+                                         "group's baseline (masked/<reason>); evaluation trials are never masked.")}
 
 HookSettings = dataclasses.make_dataclass(
-    "HookSettings", derived_fields(RolloutConfig, HOOK_KNOBS, HOOK_NOTES), bases=(HookOwnSettings,), frozen=True,
+    "HookSettings", derived_fields(RolloutConfig, HOOK_KNOBS, HOOK_NOTES) + derived_fields(TrajectoryFilters, FILTER_KEYS, FILTER_NOTES),
+    bases=(HookOwnSettings,), frozen=True,
     namespace={"__module__": __name__, "__doc__": """The plugin's settings: each field a key of SLiME's
     --custom-config-path YAML, read off `args` (`setting`); unset or null: the default here. Its own
-    (HookOwnSettings), then the rollout's knobs as harbor_<name> (HOOK_KNOBS), declared in RolloutConfig."""})
+    (HookOwnSettings), then the rollout's knobs as harbor_<name> (HOOK_KNOBS), declared in RolloutConfig,
+    and the trajectory filters' (FILTER_KEYS), declared in TrajectoryFilters."""})
 
 
 DEFAULTS = dataclasses.asdict(HookSettings())
@@ -199,9 +198,7 @@ def on_off_setting(args, key: str):
 
 
 def trajectory_filters(args) -> TrajectoryFilters:
-    return TrajectoryFilters(mask_timeouts=switch(args, "harbor_mask_timeouts"),
-                             mask_step_limit=switch(args, "harbor_mask_step_limit"),
-                             mask_length_limit=switch(args, "harbor_mask_length_limit"))
+    return TrajectoryFilters(**{field: switch(args, key) for key, field in FILTER_KEYS.items()})
 
 
 def trials_dir(args, evaluation: bool) -> Path:

@@ -17,4 +17,15 @@ generateContent (gemini.py, gemini-cli). Each is one wire.Dialect class: it decl
 translates its request into one TurnRequest and writes the reply; `Gateway.complete(request,
 session, asked, dialect)` serves it as one GatewayTurn (turn.py: admission, sampling, delivery),
 so rendering, branches, sampling and recording are shared.
+
+    server.py       the HTTP server (Gateway): the agents' APIs in, token ids out; its sessions
+                    and its upstream
+    turn.py         one turn from admission to delivery (TurnRequest in, GatewayTurn): limits,
+                    sampling, the upstream call
+    session.py      one trial's conversation: branches of exact tokens, the calls, the files
+    wire.py         what the dialects share: the Dialect base class, one subclass per API
+    chat.py         OpenAI Chat Completions (LiteLLM, aider, OpenHands, opencode, ...)
+    anthropic.py    Anthropic Messages (Claude Code)
+    responses.py    OpenAI Responses (Codex)
+    gemini.py       Google Gemini generateContent (gemini-cli)
 """

@@ -33,13 +33,16 @@ TRAINER_STATE = "trainer_state.json"  # marks a checkpoint dir: step, base model
 
 
 
+# TrajectoryFilters named first: a dataclass takes its bases' fields from the last base on, so the
+# --mask-* flags come after the shared knobs in --help, before this class's own.
 @dataclass
-class LocalTrainConfig(RunSettings, EpisodeLimits):
+class LocalTrainConfig(TrajectoryFilters, RunSettings, EpisodeLimits):
     """Every knob of a local GRPO run. Each field is a command-line flag (underscores -> dashes).
     The knobs every runner shares (tasks, agent, env, group size, hack monitor, ...) are
-    RunSettings' and the episode limits EpisodeLimits': declared there once, as a rollout takes
-    them. Where a SamplingParams field is the same knob, its default is that field's; sampling()
-    and rollout() turn these into what a rollout takes, the checks are theirs."""
+    RunSettings', the episode limits EpisodeLimits' and the mask switches TrajectoryFilters':
+    declared there once, as a rollout and the filters take them. Where a SamplingParams field is
+    the same knob, its default is that field's; sampling() and rollout() turn these into what a
+    rollout takes, the checks are theirs."""
 
     # --- what to train on ---
     exclude_task_names: list[str] | None = None
@@ -116,13 +119,7 @@ class LocalTrainConfig(RunSettings, EpisodeLimits):
     eval_max_new_tokens: int | None = None
     """Tokens per turn of evaluation episodes (SLiME's --eval-max-response-len); None = max_new_tokens."""
 
-    # --- trajectory filters (slime_harbor/filters.py): masked = no loss, not in the group baseline ---
-    mask_timeouts: bool = False
-    """Mask episodes the agent timeout ended (AgentTimeoutError); False: train them with their reward."""
-    mask_step_limit: bool = False
-    """Mask episodes that used every turn (step_limit) without finishing."""
-    mask_length_limit: bool = False
-    """Mask episodes with a turn cut at the max-new-token or context limit (DAPO's overlong filter)."""
+    # --- trajectory filters (mask_*: TrajectoryFilters', in slime_harbor/filters.py) ---
     dynamic_sampling: bool = False
     """Drop groups whose kept rewards do not vary (SLiME's check_reward_nonzero_std) and sample
     more groups, up to dynamic_sampling_max_rounds extra rollouts, to fill the step's batch."""
@@ -224,8 +221,7 @@ class LocalTrainConfig(RunSettings, EpisodeLimits):
         return SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new_tokens)
 
     def filters(self) -> TrajectoryFilters:
-        return TrajectoryFilters(mask_timeouts=self.mask_timeouts, mask_step_limit=self.mask_step_limit,
-                                 mask_length_limit=self.mask_length_limit)
+        return TrajectoryFilters(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TrajectoryFilters)})
 
 
 def find_checkpoint(path: Path) -> Path:

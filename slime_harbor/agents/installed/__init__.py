@@ -1,6 +1,7 @@
 """Harbor's installed agents (they run inside the sandbox) with installs that need only the
 package registries (PyPI, Debian, npm).
 
+    recipe.py     what a recipe is (AgentRecipe) and how it becomes Harbor's installed-agent class
     catalog.py    one AgentRecipe per agent (Harbor's class, package, dialect, limits, exits),
                   the class each recipe runs as, and resolve_installs (names -> installs)
     installs.py   what an install is (SandboxInstall, its budget, environment_kwargs) and the
