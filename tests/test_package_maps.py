@@ -47,12 +47,9 @@ def map_errors(package: Path) -> list[str]:
 
 
 PACKAGES = sorted(p.parent for p in PACKAGE.rglob("__init__.py") if "__pycache__" not in p.parts)
-ENGINES_REWRITE = "the engines' rework rewrites policy/'s map (decode.py, weight_check.py, cpu_shims/ are not entries yet)"
 
 
-@pytest.mark.parametrize("package", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=ENGINES_REWRITE)) if p == PACKAGE / "policy" else p
-    for p in PACKAGES], ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
 def test_each_package_map_names_exactly_its_modules(package):
     assert map_errors(package) == []
 
