@@ -142,8 +142,7 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
                     concurrency: int = 4, attacks: dict[str, Path] | None = None) -> dict[str, Any]:
     """Run gold and empty K times per task, and each attack once (`attacks`: name -> script; with
     them, each task's own trusted_files attack); write and return the manifest."""
-    from slime_harbor.impossible_twin import prepare_twins, twin_table
-    from slime_harbor.rollout import gold_check, run_rollouts
+    from slime_harbor.rollout import run_rollouts, run_twins
     from slime_harbor.tasks.task_dir import discover_tasks
     from slime_harbor.run_config import RolloutConfig
 
@@ -174,7 +173,7 @@ async def calibrate(tasks_dir: Path, env: str = "local", repeats: int = 3, out: 
 
     try:
         checking = RolloutConfig(tasks_dir=tasks_dir, agent="oracle", env=env, concurrency=concurrency, progress=False)
-        twins = twin_table(await prepare_twins(discover_tasks(tasks_dir), checking, gold_check(checking)))
+        twins = (await run_twins(discover_tasks(tasks_dir), checking)).table
         by_agent = {agent: await run(agent, tasks_dir, repeats, agent) for agent in ("oracle", "nop")}
         attacked: dict[str, dict[str, float | None]] = {}
         trusted: dict[str, list[str]] = {}

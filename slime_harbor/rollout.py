@@ -514,15 +514,32 @@ async def run_rollout_episodes(cfg: RolloutConfig) -> Rollouts:
     tasks = check_config(cfg)
     tasks, skipped_tasks = apply_manifest(tasks, cfg.task_manifest)
     preflight_environment(cfg.env)
-    twins = await prepare_twins(tasks, cfg, gold_check(cfg))  # each task's impossible twin, built and checked once
+    twins = await run_twins(tasks, cfg)
     if cfg.progress:
-        print(twin_line(twins), file=sys.stderr)
+        print(twins.line, file=sys.stderr)
     async with serving_gateway(cfg) as gateway:  # closed, port freed, also on Ctrl-C
         out = Path(cfg.out_dir)
         (out / "trials").mkdir(parents=True, exist_ok=True)
         job = HarborJob(out / "trials", cfg, tasks)
         return await _run_all(cfg, tasks, out, job, load_tokenizer(cfg.model_dir), gateway, skipped_tasks,
-                              twin_table(twins))
+                              twins.table)
+
+
+@dataclass
+class RunTwins:
+    """A run's impossible twins, built and checked once before its first trial."""
+
+    line: str
+    """How many of the tasks have one, in a line."""
+    table: dict[str, Any]
+    """impossible_twin.twin_table: per task what its twin changed, or why it has none."""
+
+
+async def run_twins(tasks: list[Path], cfg: RolloutConfig) -> RunTwins:
+    """Each task's impossible twin, built and checked by a gold trial of cfg.env (gold_check):
+    what every runner (a rollout, the local loop) calls before its trials."""
+    twins = await prepare_twins(tasks, cfg, gold_check(cfg))
+    return RunTwins(twin_line(twins), twin_table(twins))
 
 
 async def _run_all(cfg: RolloutConfig, tasks: list[Path], out: Path, job: HarborJob, tokenizer, gateway,

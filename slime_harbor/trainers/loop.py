@@ -45,12 +45,11 @@ from typing import Any
 
 from slime_harbor.canaries import canary_counts
 from slime_harbor.episode import Episode
-from slime_harbor.impossible_twin import prepare_twins, twin_line, twin_table
 from slime_harbor.filters import apply_limit_filters, mask_stale, varying_groups
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.retries import RetryBudget
 from slime_harbor.policy.renderer import load_tokenizer
-from slime_harbor.rollout import gold_check, run_episode, run_rollout_episodes, serving_gateway
+from slime_harbor.rollout import run_episode, run_rollout_episodes, run_twins, serving_gateway
 from slime_harbor.tasks.task_dir import discover_tasks
 from slime_harbor.run_config import RolloutConfig, with_engine
 from slime_harbor.samples import write_jsonl
@@ -277,9 +276,9 @@ async def train_loop(run: TrainingRun, tasks: dict[str, Path], stream: TaskStrea
     rollout = dataclasses.replace(cfg.rollout(learner.url, run.base_model, run.out / "rollouts",
                                               lora_name=learner.lora_name), reissue_aborted_calls=not synchronous)
     rollout = await asyncio.to_thread(with_engine, rollout)  # as run_rollouts does: what serves learner.url
-    twins = await prepare_twins(list(tasks.values()), rollout, gold_check(rollout))  # each task's twin, checked once
-    print(twin_line(twins), file=sys.stderr)
-    run.twins = twin_table(twins)
+    twins = await run_twins(list(tasks.values()), rollout)
+    print(twins.line, file=sys.stderr)
+    run.twins = twins.table
     async with serving_gateway(rollout) as gateway:
         producer = GroupProducer(run, rollout, tasks, stream, wanted, gateway, load_tokenizer(run.base_model))
         producing = None
