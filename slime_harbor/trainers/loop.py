@@ -49,9 +49,9 @@ from slime_harbor.filters import apply_limit_filters, mask_stale, varying_groups
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.retries import RetryBudget
 from slime_harbor.policy.renderer import load_tokenizer
-from slime_harbor.rollout import run_episode, run_rollout_episodes, run_twins, serving_gateway
+from slime_harbor.rollout import run_episode, run_rollout_episodes, runner_rollouts
 from slime_harbor.tasks.task_dir import discover_tasks
-from slime_harbor.run_config import RolloutConfig, with_engine
+from slime_harbor.run_config import RolloutConfig
 from slime_harbor.samples import write_jsonl
 from slime_harbor.trainers.evaluate import evaluation
 from slime_harbor.trainers.training_run import TaskStream, TrainingRun, step_record, step_sampling
@@ -275,12 +275,11 @@ async def train_loop(run: TrainingRun, tasks: dict[str, Path], stream: TaskStrea
     # under a running trial, so an abort there is the server's failure and ends the episode.
     rollout = dataclasses.replace(cfg.rollout(learner.url, run.base_model, run.out / "rollouts",
                                               lora_name=learner.lora_name), reissue_aborted_calls=not synchronous)
-    rollout = await asyncio.to_thread(with_engine, rollout)  # as run_rollouts does: what serves learner.url
-    twins = await run_twins(list(tasks.values()), rollout)
-    print(twins.line, file=sys.stderr)
-    run.twins = twins.table
-    async with serving_gateway(rollout) as gateway:
-        producer = GroupProducer(run, rollout, tasks, stream, wanted, gateway, load_tokenizer(run.base_model))
+    async with runner_rollouts(list(tasks.values()), rollout) as opened:
+        print(opened.twins.line, file=sys.stderr)
+        run.twins = opened.twins.table
+        producer = GroupProducer(run, opened.cfg, tasks, stream, wanted, opened.gateway,
+                                 load_tokenizer(run.base_model))
         producing = None
         try:
             if cfg.eval_tasks is not None and run.start == 0:  # version 0: the policy before any update
