@@ -216,22 +216,11 @@ async def take_groups(producer: GroupProducer, step: int, wanted: int) -> tuple[
 
 
 async def evaluate_frozen(run: TrainingRun, version: int, record: dict) -> None:
-    """Held-out evaluation of weight version `version` on a frozen copy of it, served apart, while
-    training goes on; its figures land in record["eval"] (and metrics.json, wandb) when done."""
-    from slime_harbor.policy.embedded_engine import EngineConfig, SamplingEngine
-    from slime_harbor.policy.server import EmbeddedPolicyServer
-
-    frozen = run.learner.frozen_policy()
-    engine = SamplingEngine(frozen, run.learner.policy.tokenizer,
-                            EngineConfig(device=run.learner.device, seed=run.cfg.seed + 1_000_003 * (version + 1)))
-    try:
-        server = await asyncio.to_thread(EmbeddedPolicyServer, engine=engine, model_name="policy")
-        try:
-            result = await evaluation(run.cfg, server.url, run.base_model, run.out / "eval" / f"step_{version}")
-        finally:
-            await asyncio.to_thread(server.stop)
-    finally:
-        engine.close()
+    """Held-out evaluation of weight version `version` on a frozen copy of it, served apart by the
+    learner, while training goes on; its figures land in record["eval"] (and metrics.json, wandb)
+    when done."""
+    async with run.learner.serving_frozen(version) as url:
+        result = await evaluation(run.cfg, url, run.base_model, run.out / "eval" / f"step_{version}")
     run.record_eval(record, result, version)
 
 
