@@ -43,14 +43,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slime_harbor.canaries import canary_counts
+from slime_harbor.canaries import run_canaries
 from slime_harbor.episode import Episode
 from slime_harbor.filters import apply_limit_filters, mask_stale, varying_groups
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.retries import RetryBudget
 from slime_harbor.policy.renderer import load_tokenizer
-from slime_harbor.rollout import run_episode, run_rollout_episodes, runner_rollouts
-from slime_harbor.tasks.task_dir import discover_tasks
+from slime_harbor.rollout import run_episode, runner_rollouts
 from slime_harbor.run_config import RolloutConfig
 from slime_harbor.samples import write_jsonl
 from slime_harbor.trainers.evaluate import evaluation
@@ -233,25 +232,6 @@ async def evaluate_live(run: TrainingRun, version: int, record: dict) -> None:
     run.record_eval(record, result, version)
 
 
-def canary_stream(run: TrainingRun) -> TaskStream | None:
-    """The impossible tasks' stream (--canary-tasks), resumed where the last step left it."""
-    if run.cfg.canary_tasks is None:
-        return None
-    position = run.metrics[-1].get("canary_stream_position", 0) if run.metrics else 0
-    return TaskStream([p.name for p in discover_tasks(run.cfg.canary_tasks)], run.cfg.seed, position)
-
-
-async def run_canaries(run: TrainingRun, rollout: RolloutConfig, canaries: TaskStream, wanted: int,
-                       step_dir: Path) -> dict[str, Any]:
-    """This step's canary groups (canary_share of its groups, at least one) into step_dir/canaries:
-    counted, never trained on."""
-    names = canaries.take(max(1, round(run.cfg.canary_share * wanted)))
-    out = step_dir / "canaries"
-    rollouts = await run_rollout_episodes(dataclasses.replace(rollout, tasks_dir=run.cfg.canary_tasks,
-                                                              task_names=names, out_dir=out))
-    return canary_counts(rollouts.episodes)
-
-
 async def train_loop(run: TrainingRun, tasks: dict[str, Path], stream: TaskStream) -> None:
     """Updates start+1 .. num_rollouts, as the module doc says."""
     cfg, learner = run.cfg, run.learner
@@ -259,7 +239,7 @@ async def train_loop(run: TrainingRun, tasks: dict[str, Path], stream: TaskStrea
     evaluate = evaluate_live if synchronous else evaluate_frozen
     wanted = cfg.rollout_batch_size or len(tasks)
     evaluations: list[asyncio.Task] = []
-    canaries = canary_stream(run)
+    canaries = run.canary_stream()
     # K >= 1: a call the server aborts for a weight update is sampled again; K = 0 has no update
     # under a running trial, so an abort there is the server's failure and ends the episode.
     rollout = dataclasses.replace(cfg.rollout(learner.url, run.base_model, run.out / "rollouts",
@@ -286,7 +266,10 @@ async def train_loop(run: TrainingRun, tasks: dict[str, Path], stream: TaskStrea
                 step_dir.mkdir(parents=True, exist_ok=True)
                 write_jsonl(step_dir / "samples.jsonl", samples)
                 if canaries is not None:
-                    sampling.update(await run_canaries(run, producer.rollout, canaries, wanted, step_dir))
+                    # canary_share of the step's groups, at least one: counted, never trained on
+                    names = canaries.take(max(1, round(cfg.canary_share * wanted)))
+                    sampling.update(await run_canaries(producer.rollout, cfg.canary_tasks, names,
+                                                       step_dir / "canaries"))
                 t1 = time.monotonic()
                 # The update runs in a thread while the trials go on. A signal (the task cancelled)
                 # lets it finish and be recorded, then stops the run.
