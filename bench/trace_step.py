@@ -26,7 +26,34 @@ layer nodes (a folder is one node, as tests/test_layers.py counts them). Figures
 Issue 48 measured 24 modules entered and 58 returns (rollout 16, loop 12) with a trace whose
 definition it did not give; this one, on the same main, enters 24 nodes (--nodes) or 47 files,
 and counts far more returns by the walk (every await resumed is counted), so compare runs of this
-script with each other only.
+script with each other only. The figures move by a few returns from run to run (how the sandbox's
+awaits interleave), so a difference under about 5 is noise.
+
+Figures (files | nodes): entered, returns (fresh), calls up, reading-order turn-backs.
+
+    before the moves                  47, 606-609 (310-312), 8, 109 | 24, 487-492 (209), 5, 82
+    rollout.runner_rollouts           47, 610 (309), 8, 110         | 24, 490 (208), 5, 83
+    Learner.serving_frozen            47, 604 (309), 8, 110         | 24, 490 (208), 5, 83
+    canary stream and groups moved    47, 608 (310), 8, 111         | 24, 490 (208), 5, 83
+
+The moves do not show here, and cannot: run_config.with_engine runs in a worker thread (not
+traced), and this step has no evaluation and no canaries, so evaluate_frozen and the canary
+helpers never run in it. They make trainers/loop.py call only down (it no longer calls run_config,
+builds no engine or server, discovers no tasks) without changing what one such step executes.
+
+What remains, and why:
+- calls up: 8 per file, all into environments.bubblewrap. Six are Harbor's BaseEnvironment.__init__
+  (reached through environments.abilities' __init__, super().__init__) calling the overrides
+  _validate_definition, resource_capabilities and type: Harbor's template methods, not ours to
+  change. Two are environments.bubblewrap_files (a mixin of the same class, cut out for length)
+  calling the class's _check: fixable, by giving the file side its own command runner or by
+  folding it back into the class. None is an asyncio protocol callback.
+- calls up per node (trainers/ 5) and most returns: the loop's coroutines (GroupProducer's groups
+  and trials, the update awaited in a thread) resumed by the event loop that exits.SignalGuard.run
+  starts; an async loop is read that way, and the walk counts each resumption.
+- reading order in trainers.loop (11): GroupProducer and take_groups stay in the loop (they are
+  its own scheduling, calling rollout.run_episode, filters and training_run); a file of their own
+  would add a file to turn back to, not remove one.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ dir of every canary that passed is named in summary.json (`canary_passes`) for a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 import shutil
 import tempfile
@@ -129,3 +130,13 @@ def canary_counts(episodes) -> dict:
               if is_canary(e.task_name) and e.scored]
     return {"canary_pass_rate": sum(p for p, _ in scored) / len(scored) if scored else None,
             "canary_passes": [trial for passed, trial in scored if passed]}
+
+
+async def run_canaries(rollout, canary_tasks: Path, names: list[str], out: Path) -> dict:
+    """Canary groups of `names` (tasks of canary_tasks), rolled out as `rollout` (a RolloutConfig)
+    rolls out, into `out`: counted (canary_counts), never trained on."""
+    from slime_harbor.rollout import run_rollout_episodes
+
+    rollouts = await run_rollout_episodes(dataclasses.replace(rollout, tasks_dir=canary_tasks, task_names=names,
+                                                              out_dir=out))
+    return canary_counts(rollouts.episodes)

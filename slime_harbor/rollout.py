@@ -510,19 +510,39 @@ async def run_rollouts(cfg: RolloutConfig) -> dict[str, Any]:
 
 async def run_rollout_episodes(cfg: RolloutConfig) -> Rollouts:
     """run_rollouts, returning the episodes with the summary."""
-    cfg = await asyncio.to_thread(with_engine, cfg)
     tasks = check_config(cfg)
     tasks, skipped_tasks = apply_manifest(tasks, cfg.task_manifest)
     preflight_environment(cfg.env)
-    twins = await run_twins(tasks, cfg)
-    if cfg.progress:
-        print(twins.line, file=sys.stderr)
-    async with serving_gateway(cfg) as gateway:  # closed, port freed, also on Ctrl-C
+    async with runner_rollouts(tasks, cfg) as opened:
+        if cfg.progress:
+            print(opened.twins.line, file=sys.stderr)
         out = Path(cfg.out_dir)
         (out / "trials").mkdir(parents=True, exist_ok=True)
-        job = HarborJob(out / "trials", cfg, tasks)
-        return await _run_all(cfg, tasks, out, job, load_tokenizer(cfg.model_dir), gateway, skipped_tasks,
-                              twins.table)
+        job = HarborJob(out / "trials", opened.cfg, tasks)
+        return await _run_all(opened.cfg, tasks, out, job, load_tokenizer(cfg.model_dir), opened.gateway,
+                              skipped_tasks, opened.twins.table)
+
+
+@dataclass
+class RunnerRollouts:
+    """What every trial of one runner (a rollout, the local loop) shares, opened once before the first."""
+
+    cfg: RolloutConfig
+    """The runner's config as the engine at its policy_url needs it (run_config.with_engine)."""
+    twins: RunTwins
+    gateway: Any
+    """The started gateway its agents sample through (None for agents that need none)."""
+
+
+@contextlib.asynccontextmanager
+async def runner_rollouts(tasks: list[Path], cfg: RolloutConfig):
+    """Open a runner's rollouts: cfg as the engine serving it needs it (asked of the server, in a
+    thread), the tasks' impossible twins (run_twins), and the gateway (serving_gateway: closed, its
+    port freed, however the block ends, Ctrl-C included)."""
+    cfg = await asyncio.to_thread(with_engine, cfg)
+    twins = await run_twins(tasks, cfg)
+    async with serving_gateway(cfg) as gateway:
+        yield RunnerRollouts(cfg, twins, gateway)
 
 
 @dataclass

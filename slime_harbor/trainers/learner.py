@@ -6,6 +6,7 @@ weights pushed to an external server: policy/weights.py). trainers/local.py's lo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import dataclasses
@@ -380,6 +381,26 @@ class Learner:
         if self.engine and self.asynchronous:
             return self.engine.model
         return copy.deepcopy(self.policy.model)
+
+    @contextlib.asynccontextmanager
+    async def serving_frozen(self, version: int):
+        """A second embedded server on frozen_policy() (version `version`, the current one), its
+        sampling seeded apart from the run's and from every other version's: what a held-out
+        evaluation samples while updates go on. Yields its URL; the server (started and stopped in
+        a thread, off the event loop) and its engine end with the block, however it ends."""
+        from slime_harbor.policy.embedded_engine import EngineConfig, SamplingEngine
+        from slime_harbor.policy.server import EmbeddedPolicyServer
+
+        engine = SamplingEngine(self.frozen_policy(), self.policy.tokenizer,
+                                EngineConfig(device=self.device, seed=self.cfg.seed + 1_000_003 * (version + 1)))
+        try:
+            server = await asyncio.to_thread(EmbeddedPolicyServer, engine=engine, model_name="policy")
+            try:
+                yield server.url
+            finally:
+                await asyncio.to_thread(server.stop)
+        finally:
+            engine.close()
 
     def save_checkpoint(self, out: Path, step: int, metrics: list[dict]) -> None:
         save_checkpoint(self.policy, out, step, metrics)

@@ -43,15 +43,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slime_harbor.canaries import canary_counts
+from slime_harbor.canaries import run_canaries
 from slime_harbor.episode import Episode
 from slime_harbor.filters import apply_limit_filters, mask_stale, varying_groups
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.retries import RetryBudget
 from slime_harbor.policy.renderer import load_tokenizer
-from slime_harbor.rollout import run_episode, run_rollout_episodes, run_twins, serving_gateway
-from slime_harbor.tasks.task_dir import discover_tasks
-from slime_harbor.run_config import RolloutConfig, with_engine
+from slime_harbor.rollout import run_episode, runner_rollouts
+from slime_harbor.run_config import RolloutConfig
 from slime_harbor.samples import write_jsonl
 from slime_harbor.trainers.evaluate import evaluation
 from slime_harbor.trainers.training_run import TaskStream, TrainingRun, step_record, step_sampling
@@ -216,22 +215,11 @@ async def take_groups(producer: GroupProducer, step: int, wanted: int) -> tuple[
 
 
 async def evaluate_frozen(run: TrainingRun, version: int, record: dict) -> None:
-    """Held-out evaluation of weight version `version` on a frozen copy of it, served apart, while
-    training goes on; its figures land in record["eval"] (and metrics.json, wandb) when done."""
-    from slime_harbor.policy.embedded_engine import EngineConfig, SamplingEngine
-    from slime_harbor.policy.server import EmbeddedPolicyServer
-
-    frozen = run.learner.frozen_policy()
-    engine = SamplingEngine(frozen, run.learner.policy.tokenizer,
-                            EngineConfig(device=run.learner.device, seed=run.cfg.seed + 1_000_003 * (version + 1)))
-    try:
-        server = await asyncio.to_thread(EmbeddedPolicyServer, engine=engine, model_name="policy")
-        try:
-            result = await evaluation(run.cfg, server.url, run.base_model, run.out / "eval" / f"step_{version}")
-        finally:
-            await asyncio.to_thread(server.stop)
-    finally:
-        engine.close()
+    """Held-out evaluation of weight version `version` on a frozen copy of it, served apart by the
+    learner, while training goes on; its figures land in record["eval"] (and metrics.json, wandb)
+    when done."""
+    async with run.learner.serving_frozen(version) as url:
+        result = await evaluation(run.cfg, url, run.base_model, run.out / "eval" / f"step_{version}")
     run.record_eval(record, result, version)
 
 
@@ -244,25 +232,6 @@ async def evaluate_live(run: TrainingRun, version: int, record: dict) -> None:
     run.record_eval(record, result, version)
 
 
-def canary_stream(run: TrainingRun) -> TaskStream | None:
-    """The impossible tasks' stream (--canary-tasks), resumed where the last step left it."""
-    if run.cfg.canary_tasks is None:
-        return None
-    position = run.metrics[-1].get("canary_stream_position", 0) if run.metrics else 0
-    return TaskStream([p.name for p in discover_tasks(run.cfg.canary_tasks)], run.cfg.seed, position)
-
-
-async def run_canaries(run: TrainingRun, rollout: RolloutConfig, canaries: TaskStream, wanted: int,
-                       step_dir: Path) -> dict[str, Any]:
-    """This step's canary groups (canary_share of its groups, at least one) into step_dir/canaries:
-    counted, never trained on."""
-    names = canaries.take(max(1, round(run.cfg.canary_share * wanted)))
-    out = step_dir / "canaries"
-    rollouts = await run_rollout_episodes(dataclasses.replace(rollout, tasks_dir=run.cfg.canary_tasks,
-                                                              task_names=names, out_dir=out))
-    return canary_counts(rollouts.episodes)
-
-
 async def train_loop(run: TrainingRun, tasks: dict[str, Path], stream: TaskStream) -> None:
     """Updates start+1 .. num_rollouts, as the module doc says."""
     cfg, learner = run.cfg, run.learner
@@ -270,17 +239,16 @@ async def train_loop(run: TrainingRun, tasks: dict[str, Path], stream: TaskStrea
     evaluate = evaluate_live if synchronous else evaluate_frozen
     wanted = cfg.rollout_batch_size or len(tasks)
     evaluations: list[asyncio.Task] = []
-    canaries = canary_stream(run)
+    canaries = run.canary_stream()
     # K >= 1: a call the server aborts for a weight update is sampled again; K = 0 has no update
     # under a running trial, so an abort there is the server's failure and ends the episode.
     rollout = dataclasses.replace(cfg.rollout(learner.url, run.base_model, run.out / "rollouts",
                                               lora_name=learner.lora_name), reissue_aborted_calls=not synchronous)
-    rollout = await asyncio.to_thread(with_engine, rollout)  # as run_rollouts does: what serves learner.url
-    twins = await run_twins(list(tasks.values()), rollout)
-    print(twins.line, file=sys.stderr)
-    run.twins = twins.table
-    async with serving_gateway(rollout) as gateway:
-        producer = GroupProducer(run, rollout, tasks, stream, wanted, gateway, load_tokenizer(run.base_model))
+    async with runner_rollouts(list(tasks.values()), rollout) as opened:
+        print(opened.twins.line, file=sys.stderr)
+        run.twins = opened.twins.table
+        producer = GroupProducer(run, opened.cfg, tasks, stream, wanted, opened.gateway,
+                                 load_tokenizer(run.base_model))
         producing = None
         try:
             if cfg.eval_tasks is not None and run.start == 0:  # version 0: the policy before any update
@@ -298,7 +266,10 @@ async def train_loop(run: TrainingRun, tasks: dict[str, Path], stream: TaskStrea
                 step_dir.mkdir(parents=True, exist_ok=True)
                 write_jsonl(step_dir / "samples.jsonl", samples)
                 if canaries is not None:
-                    sampling.update(await run_canaries(run, producer.rollout, canaries, wanted, step_dir))
+                    # canary_share of the step's groups, at least one: counted, never trained on
+                    names = canaries.take(max(1, round(cfg.canary_share * wanted)))
+                    sampling.update(await run_canaries(producer.rollout, cfg.canary_tasks, names,
+                                                       step_dir / "canaries"))
                 t1 = time.monotonic()
                 # The update runs in a thread while the trials go on. A signal (the task cancelled)
                 # lets it finish and be recorded, then stops the run.

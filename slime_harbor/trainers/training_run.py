@@ -22,6 +22,7 @@ from slime_harbor.hack_monitor import hack_counts
 from slime_harbor.filters import MASK_REASONS, drop_zero_std_groups, mask_counts
 from slime_harbor.episode import Episode
 from slime_harbor.samples import SampleStatus, is_success
+from slime_harbor.tasks.task_dir import discover_tasks
 from slime_harbor.trainers.local_config import LocalTrainConfig
 
 
@@ -70,6 +71,13 @@ class TrainingRun:
     def eval_due(self, step: int) -> bool:
         """Whether the held-out evaluation runs after `step` (every eval_every steps, and the last)."""
         return step == self.cfg.num_rollouts or (self.cfg.eval_every > 0 and step % self.cfg.eval_every == 0)
+
+    def canary_stream(self) -> TaskStream | None:
+        """The impossible tasks' stream (--canary-tasks; None without), resumed where the last step left it."""
+        if self.cfg.canary_tasks is None:
+            return None
+        position = self.metrics[-1].get("canary_stream_position", 0) if self.metrics else 0
+        return TaskStream([p.name for p in discover_tasks(self.cfg.canary_tasks)], self.cfg.seed, position)
 
 
 def rollout_stats(episodes: Sequence[Episode]) -> dict[str, Any]:
