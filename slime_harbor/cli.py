@@ -418,7 +418,9 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
         if a.engine == Embedded.name:
             if a.engine_args:
                 raise ConfigError(f"--engine-args is for an engine started from its venv ({', '.join(ENGINE_TYPES)})")
-            Embedded.serve(model, host=a.host, port=a.port)
+            from slime_harbor.policy.server import serve
+
+            serve(model, host=a.host, port=a.port)
         else:
             import shlex
 

@@ -60,6 +60,7 @@ from fastapi.responses import JSONResponse, Response
 
 from slime_harbor.http_api import BadRequest, bad_request_reply, json_object, openai_error
 from slime_harbor.policy.embedded_engine import EngineConfig, SamplingEngine
+from slime_harbor.policy.engines.embedded import SERVER_NAME
 from slime_harbor.policy.sampling import Generation, SamplingParams
 
 # SGLang sampling params we accept without implementing, with the value that makes them no-ops.
@@ -298,7 +299,7 @@ class PolicyServer:
     async def server_info(self) -> dict[str, Any]:
         from slime_harbor import __version__
 
-        return {"engine": "slime-harbor-embedded", "version": __version__, "dtype": self.engine.config.dtype,
+        return {"engine": SERVER_NAME, "version": __version__, "dtype": self.engine.config.dtype,
                 "max_total_num_tokens": self.engine.context_length,
                 "weight_version": str(self.engine.weight_version)}
 

@@ -1,13 +1,11 @@
 """Ours: the embedded engine (policy/embedded_engine.py) behind the policy server (policy/server.py),
-in this process. It copies SGLang's native endpoints, so its abilities are a /generate server's
+in this process (`slime-harbor serve`, and every runner without --policy-url, start it there). It copies SGLang's native endpoints, so its abilities are a /generate server's
 (engines/generate_server.py); it always loads LoRA adapters.
 
     recognised by   GET /server_info's "engine": SERVER_NAME
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from slime_harbor.policy.engines.base import Engine, ServerAnswers
 from slime_harbor.policy.engines.generate_server import GenerateServer, pool_capped_context
@@ -25,11 +23,3 @@ class Embedded(GenerateServer):
         if info is None or info.get("engine") != SERVER_NAME:
             return None
         return cls(answers.url, pool_capped_context(answers, info), answers.served_model, serves_lora=True)
-
-    @classmethod
-    def serve(cls, model: str | Path, host: str, port: int) -> None:
-        """`slime-harbor serve` (--engine embedded): serve ``model`` on host:port from this process
-        until it is stopped."""
-        from slime_harbor.policy.server import serve
-
-        serve(model, host=host, port=port)
