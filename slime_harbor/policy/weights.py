@@ -34,9 +34,10 @@ from slime_harbor.policy.engines.abilities import EndpointMissing, LoadsLoRA, Up
 MODES = ("auto", "lora", "disk", "none")
 PAUSE_MODES = ("abort", "retract", "wait")
 """How a disk update pauses the calls in flight (WeightSync.pause; each kind's pause_modes says
-which it has): abort on SGLang and vLLM, retract on SGLang, wait on vLLM. SGLang's in_place and vLLM's keep are left out on purpose: a
-call paused so decodes on over the KV cache the old weights computed, under the new weights,
-so its next tokens are sampled by neither version and no checkpoint gives their logprobs."""
+which it has): abort on SGLang and vLLM, retract on SGLang, wait on vLLM. SGLang's in_place and
+vLLM's keep are left out on purpose: a call paused so decodes on over the KV cache the old weights
+computed, under the new weights, so its next tokens are sampled by neither version and no
+checkpoint gives their logprobs."""
 
 
 @contextlib.contextmanager

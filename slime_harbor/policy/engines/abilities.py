@@ -77,7 +77,7 @@ class ReportsVersion(ABC):
         """The weight version it serves now (None: it does not say)."""
 
     @abstractmethod
-    def set_weight_version(self, version: str) -> None:
+    def set_weight_version(self, version: str, timeout_s: float = 60.0) -> None:
         """Label the weights it serves (WeightSyncError when it refuses)."""
 
 

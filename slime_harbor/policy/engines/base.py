@@ -42,11 +42,6 @@ class ServerAnswers:
         return self._answers[path]
 
     @property
-    def answered(self) -> bool:
-        """Whether anything answered (False: nothing listens there yet, or it is not a server)."""
-        return any(answer is not None for answer in self._answers.values())
-
-    @property
     def models(self) -> list[dict]:
         """Its OpenAI /v1/models list."""
         return [m for m in (self.get("/v1/models") or {}).get("data") or [] if isinstance(m, dict)]

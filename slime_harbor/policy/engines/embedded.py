@@ -1,5 +1,6 @@
 """Ours: the embedded engine (policy/embedded_engine.py) behind the policy server (policy/server.py),
-in this process (`slime-harbor serve`, and every runner without --policy-url, start it there). It copies SGLang's native endpoints, so its abilities are a /generate server's
+in this process (`slime-harbor serve`, and every runner without --policy-url, start it there). It
+copies SGLang's native endpoints, so its abilities are a /generate server's
 (engines/generate_server.py); it always loads LoRA adapters.
 
     recognised by   GET /server_info's "engine": SERVER_NAME

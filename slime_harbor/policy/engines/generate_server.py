@@ -33,8 +33,8 @@ class GenerateServer(Engine, ReportsVersion, ReportsDtype, UpdatesFromDisk, Load
         version = (get_json(self.url + "/model_info", 30) or {}).get("weight_version")
         return None if version is None else str(version)
 
-    def set_weight_version(self, version: str) -> None:
-        call(self.url + "/update_weight_version", {"new_version": version}, 60)
+    def set_weight_version(self, version: str, timeout_s: float = 60.0) -> None:
+        call(self.url + "/update_weight_version", {"new_version": version}, timeout_s)
 
     def dtype(self) -> str | None:
         info = get_json(self.url + "/server_info", 30) or {}

@@ -61,23 +61,27 @@ class SGLangRouter(GenerateServer):
         workers = answers.get("/workers")
         if workers is None:
             return None
-        limits = [engine.context_len for engine in cls._workers(workers)]
+        limits = [(SGLang.recognise(ServerAnswers(url)) or SGLang(url)).context_len for url in _worker_urls(workers)]
         context = min((n for n in limits if n), default=answers.context_len)
         return cls(answers.url, context, answers.served_model)
 
-    @staticmethod
-    def _workers(workers: dict | None) -> list[Engine]:
-        urls = [w["url"] for w in (workers or {}).get("workers") or [] if isinstance(w, dict) and w.get("url")]
-        return [SGLang.recognise(ServerAnswers(url)) or SGLang(url) for url in urls]
+    def _workers(self) -> list[SGLang]:
+        """Its workers now (each asked for what it serves, not recognised again)."""
+        return [SGLang(url) for url in _worker_urls(get_json(self.url + "/workers", 30))]
 
     def weight_version(self) -> str | None:
         """The highest of its workers' (the update reaches them one after another)."""
-        versions = [w.weight_version() for w in self._workers(get_json(self.url + "/workers", 30))]
+        versions = [w.weight_version() for w in self._workers()]
         return max((v for v in versions if v is not None), key=_version_key, default=None)
 
     def dtype(self) -> str | None:
-        workers = self._workers(get_json(self.url + "/workers", 30))
+        workers = self._workers()
         return workers[0].dtype() if workers else None
+
+
+def _worker_urls(workers: dict | None) -> list[str]:
+    """The worker URLs in a router's /workers answer."""
+    return [w["url"] for w in (workers or {}).get("workers") or [] if isinstance(w, dict) and w.get("url")]
 
 
 def _version_key(version: str):

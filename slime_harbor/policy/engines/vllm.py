@@ -80,8 +80,8 @@ class VLLM(Engine, StartsFromVenv, ReportsVersion, ReportsDtype, UpdatesFromDisk
         version = (get_json(self.url + "/weight_info", 30) or {}).get("weight_version")
         return None if version is None else str(version)
 
-    def set_weight_version(self, version: str) -> None:
-        call(self.url + "/update_weight_version", {"new_version": version}, 60)
+    def set_weight_version(self, version: str, timeout_s: float = 60.0) -> None:
+        call(self.url + "/update_weight_version", {"new_version": version}, timeout_s)
 
     def dtype(self) -> str | None:
         found = re.search(r"\bdtype=torch\.(\w+)", str((get_json(self.url + "/server_info", 30) or {}).get("vllm_config")))
@@ -92,7 +92,7 @@ class VLLM(Engine, StartsFromVenv, ReportsVersion, ReportsDtype, UpdatesFromDisk
         try:
             self._reload(path, timeout_s)
             call(self.url + "/reset_prefix_cache", {}, timeout_s)
-            call(self.url + "/update_weight_version", {"new_version": version}, timeout_s)
+            self.set_weight_version(version, timeout_s)
         finally:
             call(self.url + "/resume", {}, timeout_s, check=False)
 
