@@ -182,32 +182,13 @@ def test_the_slime_hook_penalises_a_run_time_read_and_counts_the_watch(tmp_path,
     """SLiME's generate hook runs the caller's-`want` median (an agent through its gateway): its
     Sample is scored as a failure under harbor_hack_action penalty, flagged reads_grader, and the
     hook's counts say the verification was watched."""
-    import importlib.util
-    from types import SimpleNamespace
+    from helpers.slime import held_out_sample_through_the_hook
 
     from slime_harbor import hooks
-    if importlib.util.find_spec("slime") is not None:
-        from slime.utils.types import Sample as SampleLike
-    else:
-        from helpers.slime import SampleLike
 
-    monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("HELD_OUT_AGENT_FILES", json.dumps({"/app/stats.py": str(SOLUTIONS / "median_callers_want.py")}))
-    monkeypatch.setattr(hooks, "METRICS", __import__("collections").Counter())
-    host, port = policy_server.removeprefix("http://").split(":")
-    args = SimpleNamespace(sglang_router_ip=host, sglang_router_port=int(port), hf_checkpoint=str(tiny_model_dir),
-                           harbor_agent=HELD_OUT_AGENT, harbor_hack_action="penalty", harbor_impossible_twin="off",
-                           harbor_trials_dir=str(tmp_path / "trials"))
-    sample = SampleLike(index=0, group_index=0, prompt="p", label=MEDIAN_TABLE.name,
-                        metadata={"task_dir": str(MEDIAN_TABLE)})
-
-    async def one_trial():
-        try:
-            return await hooks.generate(args, sample, {"temperature": 1.0, "max_new_tokens": 8})
-        finally:
-            await hooks.close_gateway()
-
-    [out] = asyncio.run(one_trial())
+    out = held_out_sample_through_the_hook(tmp_path, monkeypatch, policy_server, tiny_model_dir, MEDIAN_TABLE,
+                                           {"/app/stats.py": SOLUTIONS / "median_callers_want.py"},
+                                           harbor_hack_action="penalty", harbor_impossible_twin="off")
     assert out.reward == 0.0 and "reads_grader" in out.metadata["hack_flags"], out.metadata.get("hack_details")
     assert run_time_details(out.metadata) and out.metadata["reward_before_hack_penalty"] == 1.0
     counts = hooks.hook_metrics()

@@ -383,31 +383,13 @@ def test_the_slime_hook_grades_a_passing_trial_on_its_twin(tmp_path, monkeypatch
     """SLiME's generate hook runs the held-out to_roman (an agent through its gateway): the Sample
     it returns (SLiME's own where slime is importable) is scored as a failure under
     harbor_hack_action penalty, flagged passes_impossible, and the hook's counts say so."""
-    import importlib.util
-    from types import SimpleNamespace
+    from helpers.slime import held_out_sample_through_the_hook
 
     from slime_harbor import hooks
-    if importlib.util.find_spec("slime") is not None:
-        from slime.utils.types import Sample as SampleLike
-    else:
-        from helpers.slime import SampleLike
 
-    monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("HELD_OUT_AGENT_FILES", json.dumps({"/app/roman.py": str(HELD_OUT / "stack_reading_roman.py")}))
-    monkeypatch.setattr(hooks, "METRICS", __import__("collections").Counter())
-    host, port = policy_server.removeprefix("http://").split(":")
-    args = SimpleNamespace(sglang_router_ip=host, sglang_router_port=int(port), hf_checkpoint=str(tiny_model_dir),
-                           harbor_agent=HELD_OUT_AGENT, harbor_hack_action="penalty",
-                           harbor_trials_dir=str(tmp_path / "trials"))
-    sample = SampleLike(index=0, group_index=0, prompt="p", label=ROMAN.name, metadata={"task_dir": str(ROMAN)})
-
-    async def one_trial():
-        try:
-            return await hooks.generate(args, sample, {"temperature": 1.0, "max_new_tokens": 8})
-        finally:
-            await hooks.close_gateway()  # the process gateway the hook started in this loop
-
-    [out] = asyncio.run(one_trial())
+    out = held_out_sample_through_the_hook(tmp_path, monkeypatch, policy_server, tiny_model_dir, ROMAN,
+                                           {"/app/roman.py": HELD_OUT / "stack_reading_roman.py"},
+                                           harbor_hack_action="penalty")
     assert out.reward == 0.0 and out.response_length > 0
     assert out.metadata["hack_flags"] == ["passes_impossible", "reads_grader"]
     assert out.metadata["twin"]["result"] == "passed" and out.metadata["reward_before_hack_penalty"] == 1.0

@@ -69,3 +69,38 @@ def install_slime_stubs() -> list[str]:
         module("sglang.srt.constants", GPU_MEMORY_TYPE_CUDA_GRAPH="cuda_graph", GPU_MEMORY_TYPE_KV_CACHE="kv_cache",
                GPU_MEMORY_TYPE_WEIGHTS="weights")
     return added
+
+
+def held_out_sample_through_the_hook(tmp_path, monkeypatch, policy_server: str, model_dir, task_dir, agent_files: dict,
+                                     **settings):
+    """One trial of `task_dir` through SLiME's generate hook, by tests/held_out_agent.py writing
+    `agent_files` (sandbox path -> host file) through its gateway, against the embedded server at
+    `policy_server`: the Sample it returns (SLiME's own where slime is importable). `settings` are
+    the hook's harbor_* args; the hook's metrics start from zero."""
+    import asyncio
+    import collections
+    import json
+
+    from slime_harbor import hooks
+
+    sample_type = SampleLike
+    if importlib.util.find_spec("slime") is not None:
+        from slime.utils.types import Sample as sample_type
+
+    monkeypatch.setenv("SLIME_HARBOR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HELD_OUT_AGENT_FILES", json.dumps({path: str(file) for path, file in agent_files.items()}))
+    monkeypatch.setattr(hooks, "METRICS", collections.Counter())
+    host, port = policy_server.removeprefix("http://").split(":")
+    args = types.SimpleNamespace(sglang_router_ip=host, sglang_router_port=int(port), hf_checkpoint=str(model_dir),
+                                 harbor_agent="held_out_agent:HeldOutAgent", harbor_trials_dir=str(tmp_path / "trials"),
+                                 **settings)
+    sample = sample_type(index=0, group_index=0, prompt="p", label=task_dir.name, metadata={"task_dir": str(task_dir)})
+
+    async def one_trial():
+        try:
+            return await hooks.generate(args, sample, {"temperature": 1.0, "max_new_tokens": 8})
+        finally:
+            await hooks.close_gateway()  # the process gateway the hook started in this loop
+
+    [out] = asyncio.run(one_trial())
+    return out
