@@ -68,6 +68,7 @@ ROLLOUT_FLAGS = {
     "env": "--env", "concurrency": "--concurrency", "out_dir": "--out", "step_limit": "--step-limit",
     "timeout_multiplier": "--timeout-multiplier", "agent_setup_timeout_sec": "--agent-setup-timeout",
     "gateway_host": "--gateway-host", "reward_mapping": "--reward-mapping", "task_manifest": "--task-manifest",
+    "renderer": "--renderer",
 }
 HACK_FLAGS = {"hack_action": "--hack-action", "hack_detectors": "--hack-detector",
               "hack_judge_url": "--hack-judge-url", "hack_judge_model": "--hack-judge-model",
@@ -79,7 +80,8 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "
                   "max_new_tokens": "--max-new-tokens"}
 # What the command line adds to a field's own help.
 FLAG_METAVARS = {"agent_setup_timeout_sec": "SEC", "hack_detectors": "MODULE:FUNCTION", "hack_judge_url": "URL",
-                 "hack_judge_model": "NAME", "out_dir": "DIR", "model_dir": "DIR", "task_manifest": "FILE"}
+                 "hack_judge_model": "NAME", "out_dir": "DIR", "model_dir": "DIR", "task_manifest": "FILE",
+                 "renderer": "NAME"}
 FLAG_DEFAULTS = {"policy_url": "an embedded policy server of --model", "model_dir": "the tiny offline model"}
 
 

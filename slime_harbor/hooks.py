@@ -75,7 +75,8 @@ from slime_harbor.retries import RetryBudget
 from slime_harbor.policy.renderer import load_tokenizer
 from slime_harbor.rollout import close_shared_gateways, run_episode, shared_gateway
 from slime_harbor.agents.placement import uses_gateway
-from slime_harbor.run_config import BUNDLED_TASKS, RolloutConfig, check_agent, check_run_settings, with_engine
+from slime_harbor.run_config import (BUNDLED_TASKS, RolloutConfig, check_agent, check_chat_format, check_run_settings,
+                                     with_chat_format, with_engine)
 from slime_harbor.samples import SampleStatus, episode_key, is_success, mask_older_tokens, pass_at_k
 
 
@@ -121,6 +122,7 @@ HOOK_KNOBS = {
     "harbor_hack_action": "hack_action", "harbor_hack_detectors": "hack_detectors",
     "harbor_hack_judge_url": "hack_judge_url", "harbor_hack_judge_model": "hack_judge_model",
     "harbor_impossible_twin": "impossible_twin", "harbor_grader_watch": "grader_watch",
+    "harbor_renderer": "renderer",
 }
 """The plugin's settings that are a rollout's knobs: key -> the RolloutConfig field it is (its type,
 default and docs are that field's, declared once there)."""
@@ -241,6 +243,10 @@ def check_supported(args) -> None:
         check_agent_settings(knobs)
     except ValueError as exc:
         raise HookConfigError(plugin_names(str(exc))) from None
+    try:  # the checkpoint's chat format, before any trial (its messages name both the flag and the key)
+        check_chat_format(dataclasses.replace(knobs, model_dir=getattr(args, "hf_checkpoint", None)))
+    except ValueError as exc:
+        raise HookConfigError(str(exc)) from None
     from slime_harbor.hack_monitor import load_detector
 
     for spec in setting(args, "harbor_hack_detectors"):
@@ -299,7 +305,7 @@ async def close_gateway() -> None:
 def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
     """SLiME args + per-call sampling params (+ the sample's routing key) -> our RolloutConfig."""
     router = f"http://{getattr(args, 'sglang_router_ip', None)}:{getattr(args, 'sglang_router_port', None)}"
-    return with_engine(RolloutConfig(
+    return with_chat_format(with_engine(RolloutConfig(
         **hook_knobs(args) | {"agent": agent_for(args, sample)},
         policy_url=router,
         model_dir=getattr(args, "hf_checkpoint", None),
@@ -312,7 +318,7 @@ def rollout_config(args, sampling_params: dict, sample=None) -> RolloutConfig:
         # their calls); elsewhere an abort ends the round and the episode.
         reissue_aborted_calls=str(getattr(args, "rollout_function_path", "")).endswith("generate_rollout_fully_async"),
         keep_interrupted_calls=switch(args, "harbor_keep_interrupted"),
-    ))
+    )))
 
 
 def hook_knobs(args) -> dict[str, Any]:

@@ -69,7 +69,7 @@ from slime_harbor.agents.placement import (
     uses_gateway,
 )
 from slime_harbor.agents.settings import context_window
-from slime_harbor.run_config import check_config, RolloutConfig, with_engine
+from slime_harbor.run_config import check_config, RolloutConfig, with_chat_format, with_engine
 from slime_harbor.trial_setup import (
     environment_config,
     environment_keeps_state,
@@ -260,7 +260,7 @@ async def start_gateway(cfg: RolloutConfig):
     from slime_harbor.gateway.server import Gateway
 
     try:
-        gateway = Gateway(cfg.policy_url, cfg.model_dir, host=cfg.gateway_host, port=0,
+        gateway = Gateway(cfg.policy_url, cfg.model_dir, host=cfg.gateway_host, port=0, renderer=cfg.renderer,
                           served_model_name=cfg.model_name, upstream_api=cfg.policy_api, lora_name=cfg.lora_name,
                           reissue_aborted=cfg.reissue_aborted_calls, keep_interrupted=cfg.keep_interrupted_calls)
         await gateway.start()
@@ -539,7 +539,7 @@ async def runner_rollouts(tasks: list[Path], cfg: RolloutConfig):
     """Open a runner's rollouts: cfg as the engine serving it needs it (asked of the server, in a
     thread), the tasks' impossible twins (run_twins), and the gateway (serving_gateway: closed, its
     port freed, however the block ends, Ctrl-C included)."""
-    cfg = await asyncio.to_thread(with_engine, cfg)
+    cfg = with_chat_format(await asyncio.to_thread(with_engine, cfg))
     twins = await run_twins(tasks, cfg)
     async with serving_gateway(cfg) as gateway:
         yield RunnerRollouts(cfg, twins, gateway)
@@ -651,6 +651,7 @@ def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, inter
         "internal_errors": [e.metadata["trial_dir"] for e in episodes if e.metadata.get("internal_error")],
         "wall_seconds": round(seconds, 2),
         "interrupted": interrupted,
+        "renderer": cfg.renderer,  # the chat format the run spoke (run_config.with_chat_format)
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
     }
 

@@ -79,6 +79,11 @@ class RunSettings:
     grading with one expected value no correct solution gives: impossible_twin.py), where the task
     has one; a pass on the twin too is the hack flag passes_impossible, acted on by hack_action |
     off."""
+    renderer: str | None = None
+    """The policy's chat format, a PyPI `renderers` name (qwen3, qwen3.6, glm-5, deepseek-v3, gpt-oss,
+    llama-3, ...: docs/model-families.md): how turns become tokens and replies become tool calls, for
+    the native agent and the gateway alike. None = the checkpoint's own (the name make-model recorded,
+    its Hugging Face name, else its config.json model_type where that carries one format)."""
     grader_watch: str = "on"
     """on: every Python process of a verifier in our sandboxes runs with the grading watch's audit
     hook (grader_watch/): agent code that reads the grader's files, its callers' frames, walks the
@@ -248,6 +253,7 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
         except Exception as exc:  # TOML syntax, schema (pydantic), missing tests/instruction
             raise ConfigError(f"task {task / 'task.toml'} cannot be loaded: {one_line(exc)}") from None
     check_agent(cfg)
+    check_chat_format(cfg)
     _check_environment(cfg.env)
     _check_agent_installs(cfg)
     try:
@@ -256,6 +262,37 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
         raise ConfigError(f"hack detector: {one_line(exc)}") from None
     apply_manifest(tasks, cfg.task_manifest)  # a missing or malformed manifest: ConfigError now
     return tasks
+
+
+def check_chat_format(cfg: RolloutConfig) -> None:
+    """The policy's chat format is known and its tokenizer carries the format's tokens (one line
+    otherwise: an unknown --renderer, a model_type with several formats or none we know)."""
+    from slime_harbor.policy.chat_formats import check_renderer_name, choose_renderer
+
+    if not samples_policy(cfg.agent):
+        return
+    if not (cfg.model_dir and Path(cfg.model_dir, "config.json").is_file()):  # the embedded default, built later
+        if cfg.renderer:
+            check_renderer_name(cfg.renderer)
+        return
+    from slime_harbor.policy.renderer import load_tokenizer, make_renderer
+
+    name = choose_renderer(cfg.model_dir, cfg.renderer)
+    try:
+        tokenizer = load_tokenizer(cfg.model_dir)
+    except Exception as exc:  # whatever transformers raises for files it cannot read: one line
+        raise ConfigError(f"cannot load the tokenizer of {cfg.model_dir}: {one_line(exc)}") from None
+    make_renderer(cfg.model_dir, tokenizer, name)
+
+
+def with_chat_format(cfg: RolloutConfig) -> RolloutConfig:
+    """cfg with its chat format chosen (chat_formats.choose_renderer), so every agent, the gateway,
+    the trial configs and summary.json name the one format the run speaks."""
+    if not (samples_policy(cfg.agent) and cfg.model_dir):
+        return cfg
+    from slime_harbor.policy.chat_formats import choose_renderer
+
+    return dataclasses.replace(cfg, renderer=choose_renderer(cfg.model_dir, cfg.renderer))
 
 
 def check_agent(cfg: RolloutConfig) -> None:

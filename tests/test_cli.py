@@ -42,6 +42,17 @@ def rollout_args(out: Path, *extra: str) -> list[str]:
 # Bad input: one line, exit 2, before any trial (no trials dir is even created).
 
 
+def model_of_type(tmp: Path, name: str, **config_changes) -> Path:
+    """The tiny model's files with config.json changed (a key set to None is dropped), no recorded format."""
+    from slime_harbor.policy.tiny_model import ensure_tiny_model
+
+    model = Path(shutil.copytree(ensure_tiny_model(), tmp / name))
+    (model / "slime_harbor.json").unlink(missing_ok=True)
+    config = {**json.loads((model / "config.json").read_text()), **config_changes}
+    (model / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    return model
+
+
 def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
     empty = tmp / "empty"
     empty.mkdir()
@@ -63,12 +74,20 @@ def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
         "bad reward mapping": (["--reward-mapping", "pm2"], ["pm2"]),
         "negative temperature": (["--temperature", "-1"], ["temperature must be >= 0"]),
         "top-p above 1": (["--top-p", "1.5"], ["top_p must be in (0, 1]"]),
+        "unknown renderer": (["--agent", "native", "--renderer", "bogus"], ["'bogus'", "renderers has", "qwen3.6"]),
+        "model_type of several formats": (["--agent", "native", "--model", str(model_of_type(tmp, "ds", model_type="deepseek_v3"))],
+                                          ["'deepseek_v3'", "deepseek-v3 | deepseek-r1", "--renderer"]),
+        "config without model_type": (["--agent", "native", "--model", str(model_of_type(tmp, "none", model_type=None))],
+                                      ["has no model_type", "--renderer"]),
+        "tokenizer without the format's tokens": (["--agent", "native", "--renderer", "glm-5",
+                                                   "--model", str(model_of_type(tmp, "q"))], ["lacks the glm-5"]),
     }
 
 
 BAD_INPUTS = ["concurrency 0", "negative n-samples", "step-limit 0", "missing tasks dir", "empty tasks dir",
               "malformed task.toml", "unknown env", "env import path", "unknown agent", "dead policy server",
-              "not a number", "bad reward mapping", "negative temperature", "top-p above 1"]
+              "not a number", "bad reward mapping", "negative temperature", "top-p above 1", "unknown renderer",
+              "model_type of several formats", "config without model_type", "tokenizer without the format's tokens"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)

@@ -14,7 +14,8 @@ from harbor.models.agent.context import AgentContext
 
 import slime_harbor.agents.native as agent_module
 from slime_harbor.agents.native import initial_messages, NativeAgent
-from slime_harbor.policy.renderer import bridge_ids, RendererError
+from slime_harbor.exits import ConfigError
+from slime_harbor.policy.renderer import bridge_ids
 from slime_harbor.policy.sampling import Generation
 
 
@@ -70,9 +71,10 @@ def test_a_reply_cut_inside_reasoning_is_closed_as_the_gateway_closes_it(tmp_pat
 
 def test_a_model_family_without_a_renderer_is_refused_in_one_line(tmp_path, tiny_model_dir):
     model_dir = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    (model_dir / "slime_harbor.json").unlink(missing_ok=True)  # no recorded format: model_type decides
     config = json.loads((model_dir / "config.json").read_text())
-    (model_dir / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
-    with pytest.raises(RendererError, match="model family 'llama'") as error:
+    (model_dir / "config.json").write_text(json.dumps({**config, "model_type": "my_own_lm"}))
+    with pytest.raises(ConfigError, match="no chat format known for model_type 'my_own_lm'.*--renderer NAME") as error:
         NativeAgent(tmp_path / "agent", model_name="tiny", policy_url="http://127.0.0.1:9",
                     tokenizer_path=str(model_dir))
     assert "\n" not in str(error.value)

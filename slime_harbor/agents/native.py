@@ -167,6 +167,10 @@ class _NativeOptions(AgentOptions):
     tokenizer_path: str | None = Field(
         default=None, description="HF model/tokenizer dir of the policy (env SLIME_HARBOR_TOKENIZER)."
     )
+    renderer: str | None = Field(
+        default=None, description="The policy's chat format, a `renderers` name (policy/chat_formats.py); "
+        "None = the checkpoint's own."
+    )
     sampling: SamplingParams = Field(
         default_factory=SamplingParams,
         description="Every turn's sampling (policy/sampling.py's SamplingParams, as a dict of its fields: "
@@ -249,12 +253,12 @@ class NativeAgent(BaseAgent):
         from transformers import AutoConfig, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        # The run's chat format (the gateway's too): opts.renderer, else the checkpoint's own.
+        self.renderer = make_renderer(tokenizer_path, self.tokenizer, opts.renderer)
         self.max_context_len = opts.max_context_len or AutoConfig.from_pretrained(
             tokenizer_path
         ).max_position_embeddings
         self.params = opts.sampling
-        # The gateway's choice of chat format for this model family (RendererError for one it lacks).
-        self.renderer = make_renderer(tokenizer_path, self.tokenizer)
         self.prompts = load_prompts(opts.prompts)
 
     async def setup(self, environment: BaseEnvironment) -> None:

@@ -131,6 +131,7 @@ def _agent_config(cfg, endpoint: ModelEndpoint | None):
             kwargs={
                 "policy_url": cfg.policy_url,
                 "tokenizer_path": str(cfg.model_dir),
+                "renderer": cfg.renderer,
                 "sampling": dataclasses.asdict(cfg.sampling),  # plain JSON in the trial's config.json
                 **{name: getattr(cfg, name) for name in AGENT_SETTINGS},
                 **cfg.agent_kwargs,

@@ -89,7 +89,8 @@ class Gateway:
 
     def __init__(self, upstream_url: str | None, model_dir: str | Path, host: str = "127.0.0.1", port: int = 0,
                  served_model_name: str = "policy", upstream_api: str = GENERATE_API, lora_name: str | None = None,
-                 reissue_aborted: bool = False, keep_interrupted: bool = True, *, upstream: Upstream | None = None):
+                 reissue_aborted: bool = False, keep_interrupted: bool = True, *, upstream: Upstream | None = None,
+                 renderer: str | None = None):
         from transformers import AutoTokenizer
 
         if (upstream is None) == (upstream_url is None):
@@ -99,7 +100,7 @@ class Gateway:
                              "upstream_url, not an Upstream object")
         self.model_dir = str(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self.renderer = make_renderer(self.model_dir, self.tokenizer)
+        self.renderer = make_renderer(self.model_dir, self.tokenizer, renderer)
         config = json.loads((Path(self.model_dir) / "config.json").read_text())
         self.max_context_len = int(config.get("max_position_embeddings") or self.tokenizer.model_max_length)
         self.served_model_name = served_model_name

@@ -14,7 +14,8 @@
     weights.py           pushes a trainer's weights to a server, through its engine's abilities
     weight_check.py      checks the engine serves the weights the trainer holds
     vllm_worker.py       runs inside vLLM: a reload after which a tied LM head follows the embeddings
-    renderer.py          the model family's chat renderer (PyPI `renderers`), the gateway's, the agent's and SFT's
+    chat_formats.py      the chat formats we train, as a table, and the one choice of a checkpoint's format
+    renderer.py          the chosen format's renderer (PyPI `renderers`), the gateway's, the agent's and SFT's
     tiny_model.py        the tiny Qwen3-architecture model and tokenizer, built offline
     cpu_shims/           what SGLang imports on a machine without a GPU (a kernel package that refuses to run)
 """

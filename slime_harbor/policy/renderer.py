@@ -1,23 +1,18 @@
-"""Which chat renderer speaks the policy's model family: its chat format (messages to token ids,
-bridged to the next turn) and its reply parser, PyPI `renderers` chosen by config.json's
-model_type. Read by the gateway (every dialect's turns), the native agent (its prompts and the
-observations it bridges on) and agent SFT (an agent's episodes rendered as the gateway renders
-them), so all of them speak one format.
+"""The renderer of the policy's chat format: messages to token ids, bridged to the next turn, and its
+reply parser, PyPI `renderers`. Which format a checkpoint speaks is chat_formats.py's choice (the
+user's --renderer, the checkpoint's record or name, its model_type). Read by the gateway (every
+dialect's turns), the native agent (its prompts and the observations it bridges on) and agent SFT
+(an agent's episodes rendered as the gateway renders them), so all of them speak one format.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import threading
 from pathlib import Path
 
-# config.json model_type -> the renderers config that speaks the family's chat format. Qwen2.5 and
-# Qwen3 (dense and MoE) share ChatML with Hermes-style <tool_call> JSON; Qwen3's renderer also
-# handles <think> blocks. thinking_retention="all": a bridge keeps every sampled reasoning token
-# (the Jinja template would drop reasoning of earlier turns, which is a re-render, i.e. drift).
-RENDERER_FAMILIES = {"qwen2": "qwen3", "qwen3": "qwen3", "qwen3_moe": "qwen3"}
-
+from slime_harbor.exits import ConfigError
+from slime_harbor.policy.chat_formats import choose_renderer
 
 _TOKENIZER_LOCK = threading.Lock()
 
@@ -38,30 +33,24 @@ def _load_tokenizer(model_dir: str):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-class RendererError(ValueError):
-    """No renderer speaks this model's chat format (one line, when the gateway or a run starts)."""
+class RendererError(ConfigError):
+    """The chosen format cannot be rendered with this tokenizer (one line, before any trial starts)."""
 
 
-def make_renderer(model_dir: str | Path, tokenizer):
-    """The renderer of the model's family, read from its config.json model_type."""
+def make_renderer(model_dir: str | Path, tokenizer, renderer: str | None = None):
+    """The renderer of the checkpoint's chat format (`renderer`, else chat_formats.choose_renderer's).
+
+    thinking_retention="all": a bridge keeps every sampled reasoning token (a chat template drops
+    the reasoning of earlier turns, which is a re-render, i.e. drift)."""
     from renderers import create_renderer
-    from renderers.configs import Qwen3RendererConfig
+    from renderers.configs import _config_class_for
 
-    config_path = Path(model_dir) / "config.json"
+    name = choose_renderer(model_dir, renderer)
     try:
-        model_type = json.loads(config_path.read_text()).get("model_type")
-    except (OSError, ValueError) as error:
-        raise RendererError(f"cannot read the model's config.json at {config_path}: {error}") from error
-    family = RENDERER_FAMILIES.get(model_type)
-    if family is None:
-        raise RendererError(
-            f"the gateway has no chat renderer/parser for model family {model_type!r} ({model_dir}); "
-            f"supported model_type values: {', '.join(sorted(RENDERER_FAMILIES))}"
-        )
-    try:
-        return create_renderer(tokenizer, Qwen3RendererConfig(thinking_retention="all"))
-    except AssertionError as error:  # renderers asserts the family's special tokens exist
-        raise RendererError(f"{model_dir}: the tokenizer lacks the {family} chat format's tokens ({error})") from error
+        return create_renderer(tokenizer, _config_class_for(name)(thinking_retention="all"))
+    except (AssertionError, KeyError, ValueError) as error:  # renderers asserts the format's tokens exist
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise RendererError(f"{model_dir}: the tokenizer lacks the {name} chat format's tokens ({first})") from None
 
 
 def bridge_ids(renderer, prompt_ids: list[int], completion_ids: list[int], new_messages: list[dict],

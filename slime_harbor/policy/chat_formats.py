@@ -1,0 +1,178 @@
+"""The chat formats slime-harbor trains, as data: one row per `renderers` renderer, and the one
+place a checkpoint's format is chosen.
+
+A format is how a model family turns messages into tokens and its replies back into messages
+(PyPI `renderers` does both, one renderer per family). Everything that renders or parses a turn
+(the gateway, the native agent, agent SFT, the demo) asks `choose_renderer` for the checkpoint's
+format and `policy/renderer.py` for the renderer; nothing else branches on the family.
+
+The choice, first that applies:
+  1. the user's `--renderer NAME` (YAML `harbor_renderer`);
+  2. the name `make-model` recorded in the checkpoint (slime_harbor.json);
+  3. the checkpoint's Hugging Face name (config.json `_name_or_path`, else the dir's last two path
+     parts) through renderers' MODEL_RENDERER_MAP;
+  4. config.json's model_type, where exactly one format is carried by it (MODEL_TYPE_FORMATS).
+A model_type that carries several formats, or none we know, stops before any trial with one line
+that lists the choices.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from slime_harbor.exits import ConfigError
+
+CHECKPOINT_RECORD = "slime_harbor.json"
+"""The file `make-model` writes into a checkpoint: its renderer (and how it was built), so runs on it
+need no --renderer."""
+
+
+NAME_IT = "--renderer NAME (YAML harbor_renderer)"
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """One chat format: a `renderers` renderer and what is known of it."""
+
+    renderer: str
+    """The `renderers` name (`--renderer`)."""
+    model_types: tuple[str, ...]
+    """config.json model_type values of checkpoints that carry this format."""
+    tool_calls: str
+    """How the family writes a tool call in a reply."""
+    reasoning: str
+    """How the family writes reasoning, and what the bridge keeps of it."""
+    end_of_turn: str
+    """The token that ends an assistant turn (a sample ends there)."""
+
+
+FORMATS: dict[str, ChatFormat] = {f.renderer: f for f in (
+    ChatFormat("qwen3", ("qwen2", "qwen3", "qwen3_moe"),
+               "<tool_call> JSON {name, arguments}", "<think>...</think>, kept on bridges", "<|im_end|>"),
+    ChatFormat("qwen3.5", ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"),
+               "<tool_call><function=NAME><parameter=K>V</parameter></function></tool_call> (qwen3_coder XML)",
+               "<think>...</think>, kept on bridges", "<|im_end|>"),
+    ChatFormat("qwen3.6", ("qwen3_5_moe", "qwen3_5_moe_text"),
+               "<tool_call><function=NAME><parameter=K>V</parameter></function></tool_call> (qwen3_coder XML)",
+               "<think>...</think>, kept on bridges", "<|im_end|>"),
+    ChatFormat("glm-4.5", ("glm4_moe",),
+               "<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>",
+               "<think>...</think>, kept on bridges", "<|user|> / <|observation|>"),
+    ChatFormat("glm-5", ("glm4_moe", "glm4_moe_lite", "glm_moe_dsa"),
+               "<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>",
+               "<think>...</think>, kept on bridges", "<|user|> / <|observation|>"),
+    ChatFormat("deepseek-v3", ("deepseek_v3",),
+               "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>JSON<｜tool▁call▁end｜>...",
+               "none", "<｜end▁of▁sentence｜>"),
+    ChatFormat("deepseek-r1", ("deepseek_v3",),
+               "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME ```json ...```",
+               "<think>...</think>, kept on bridges", "<｜end▁of▁sentence｜>"),
+    ChatFormat("deepseek-v4", ("deepseek_v4",),
+               "DSML <｜DSML｜function_calls> blocks", "<think>...</think>, kept on bridges",
+               "<｜end▁of▁sentence｜>"),
+    ChatFormat("kimi-k2", ("kimi_k2",),
+               "<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>JSON...",
+               "none", "<|im_end|>"),
+    ChatFormat("gpt-oss", ("gpt_oss",),
+               "harmony: to=functions.NAME <|constrain|>json<|message|>JSON<|call|>",
+               "harmony analysis channel, kept on bridges", "<|return|> / <|call|> (history writes <|end|>)"),
+    ChatFormat("llama-3", ("llama",),
+               "a reply that is one JSON object {name, parameters}", "none", "<|eot_id|>"),
+    ChatFormat("minimax-m2", ("minimax_m2",),
+               "<minimax:tool_call><invoke name=NAME><parameter name=K>V</parameter></invoke></minimax:tool_call>",
+               "<think>...</think>, kept on bridges", "[e~["),
+    ChatFormat("nemotron-3", ("nemotron_h",),
+               "<tool_call><function=NAME><parameter=K>V</parameter></function></tool_call>",
+               "<think>...</think>, kept on bridges", "<|im_end|>"),
+)}
+
+
+OTHER_FORMATS_OF_TYPE = {"glm_moe_dsa": ("glm-5.1", "glm-5.3"), "nemotron_h": ("nemotron-3-ultra", "nemotron-3.5")}
+"""Formats `renderers` has, beyond FORMATS' rows, that checkpoints of a model_type also carry (its
+MODEL_RENDERER_MAP): a checkpoint of such a type must be named, never guessed."""
+
+
+def model_type_formats() -> dict[str, list[str]]:
+    """config.json model_type -> the formats checkpoints of that type carry (FORMATS' order, then
+    OTHER_FORMATS_OF_TYPE's). A single format is still checked against the tokenizer: a checkpoint
+    of the type in another format (a Llama 2 under `llama`) lacks the format's tokens and stops."""
+    table: dict[str, list[str]] = {}
+    for fmt in FORMATS.values():
+        for model_type in fmt.model_types:
+            table.setdefault(model_type, []).append(fmt.renderer)
+    for model_type, others in OTHER_FORMATS_OF_TYPE.items():
+        table.setdefault(model_type, []).extend(others)
+    return table
+
+
+def known_renderers() -> list[str]:
+    """Every name `renderers` can build (ours in FORMATS are proven; the rest are its own)."""
+    from renderers.configs import _CONFIG_BY_NAME
+
+    return sorted(name for name in _CONFIG_BY_NAME if name not in ("auto", "custom"))
+
+
+def check_renderer_name(name: str) -> str:
+    """`name` if `renderers` has it, else a one-line ConfigError listing the names."""
+    names = known_renderers()
+    if name not in names:
+        raise ConfigError(f"unknown chat format (--renderer / harbor_renderer) {name!r}; renderers has: {', '.join(names)}")
+    return name
+
+
+def read_model_config(model_dir: str | Path) -> dict:
+    """The checkpoint's config.json, or a one-line ConfigError."""
+    path = Path(model_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"cannot read the model's config.json at {path}: {error}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path} is not a JSON object")
+    return config
+
+
+def recorded_renderer(model_dir: str | Path) -> str | None:
+    """The renderer `make-model` recorded in the checkpoint, if it did."""
+    try:
+        return json.loads((Path(model_dir) / CHECKPOINT_RECORD).read_text()).get("renderer")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _hub_names(model_dir: Path, config: dict) -> list[str]:
+    names = [config.get("_name_or_path") or ""]
+    resolved = model_dir.resolve()
+    names.append(f"{resolved.parent.name}/{resolved.name}")
+    return [n for n in names if n]
+
+
+def choose_renderer(model_dir: str | Path, explicit: str | None = None) -> str:
+    """The checkpoint's chat format (a `renderers` name), chosen as the module docstring says, or a
+    one-line ConfigError naming the choices."""
+    if explicit:
+        return check_renderer_name(explicit)
+    model_dir = Path(model_dir)
+    config = read_model_config(model_dir)
+    recorded = recorded_renderer(model_dir)
+    if recorded:
+        return check_renderer_name(recorded)
+    from renderers.base import MODEL_RENDERER_MAP
+
+    for name in _hub_names(model_dir, config):
+        if name in MODEL_RENDERER_MAP:
+            return MODEL_RENDERER_MAP[name]
+    model_type = config.get("model_type")
+    if not model_type:
+        raise ConfigError(f"{model_dir}/config.json has no model_type: name its chat format with {NAME_IT} "
+                          f"(one of {', '.join(FORMATS)})")
+    choices = model_type_formats().get(model_type, [])
+    if len(choices) == 1:
+        return choices[0]
+    if choices:
+        raise ConfigError(f"model_type {model_type!r} ({model_dir}) carries several chat formats: name one with "
+                          f"{NAME_IT}: {' | '.join(choices)}")
+    raise ConfigError(f"no chat format known for model_type {model_type!r} ({model_dir}): name one with {NAME_IT} "
+                      f"(one of {', '.join(FORMATS)})")
