@@ -312,6 +312,15 @@ user assistant system tool thought analysis plan keystrokes duration
 """
 
 
+def training_lines() -> list[str]:
+    """The tokenizer's training text: the corpus, and each word in its three forms, twice."""
+    words = WORDS.split()
+    lines = CORPUS.splitlines(keepends=True)
+    lines += 2 * [" ".join(words) + "\n", " ".join(w.capitalize() for w in words) + "\n"]
+    lines += 2 * [w + "\n" for w in words]
+    return lines
+
+
 def build_tokenizer(config: TinyModelConfig | None = None):
     """Train the byte-level BPE tokenizer and wrap it as a PreTrainedTokenizerFast."""
     config = config or TinyModelConfig()
@@ -328,11 +337,7 @@ def build_tokenizer(config: TinyModelConfig | None = None):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    words = WORDS.split()
-    lines = CORPUS.splitlines(keepends=True)
-    lines += 2 * [" ".join(words) + "\n", " ".join(w.capitalize() for w in words) + "\n"]
-    lines += 2 * [w + "\n" for w in words]
-    tokenizer.train_from_iterator(lines, trainer=trainer)
+    tokenizer.train_from_iterator(training_lines(), trainer=trainer)
     # Added after training so they sit at the end of the vocab, as in Qwen: the special tokens,
     # then the format tokens as plain added tokens (Qwen3 marks them special=False).
     tokenizer.add_special_tokens(SPECIAL_TOKENS)
@@ -347,18 +352,128 @@ def build_tokenizer(config: TinyModelConfig | None = None):
     )
 
 
-def build_tiny_model(out_dir: str | Path, seed: int = 0, config: TinyModelConfig | None = None) -> Path:
-    """Write the tiny policy (weights, config, tokenizer, chat template) to `out_dir`.
+# Each chat format's tiny checkpoint: the transformers architecture it is built as, and the real
+# model_type where that is a stand-in (a full-attention model the embedded engine serves, in place
+# of a family whose architecture mixes in linear attention, Mamba or sliding windows, or which
+# transformers cannot build). Kimi K2's checkpoints are DeepseekV3ForCausalLM under their own
+# model_type (remote code), so its stand-in is that very architecture.
+@dataclass(frozen=True)
+class Architecture:
+    model_type: str
+    stand_in_for: str | None = None
 
-    The same seed and config give byte-identical files. Returns `out_dir` as a Path.
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "qwen3": Architecture("qwen3"),
+    "qwen3.5": Architecture("qwen3", stand_in_for="qwen3_5"),
+    "qwen3.6": Architecture("qwen3", stand_in_for="qwen3_5_moe"),
+    "glm-4.5": Architecture("glm4_moe"),
+    "glm-5": Architecture("glm4_moe"),
+    "deepseek-v3": Architecture("deepseek_v3"),
+    "deepseek-r1": Architecture("deepseek_v3"),
+    "deepseek-v4": Architecture("deepseek_v3", stand_in_for="deepseek_v4"),
+    "kimi-k2": Architecture("deepseek_v3", stand_in_for="kimi_k2"),
+    "gpt-oss": Architecture("qwen3", stand_in_for="gpt_oss"),
+    "llama-3": Architecture("llama"),
+    "minimax-m2": Architecture("minimax_m2"),
+    "nemotron-3": Architecture("qwen3", stand_in_for="nemotron_h"),
+}
+
+# The MoE and MLA shapes of the tiny MoE architectures: few, small experts.
+MOE = {"experts": 4, "experts_per_token": 2, "expert_intermediate_size": 64}
+MLA = {"kv_lora_rank": 32, "q_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32}
+# Bump when a non-qwen3 format's build changes in a way the inputs of format_recipe_hash do not show.
+FORMAT_RECIPE_VERSION = 1
+
+
+def _model(arch: Architecture, config: TinyModelConfig, vocab_size: int, eos_id: int, pad_id: int | None,
+           bos_id: int | None):
+    """The randomly initialised model of a format's architecture (under the caller's RNG state)."""
+    import transformers
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        initializer_range=config.initializer_range,
+        tie_word_embeddings=True,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        torch_dtype="float32",
+    )
+    gqa = dict(num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim)
+    if arch.model_type == "qwen3":
+        model_config = transformers.Qwen3Config(**common, **gqa)
+    elif arch.model_type == "llama":
+        model_config = transformers.LlamaConfig(**common, **gqa, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+    elif arch.model_type == "glm4_moe":
+        model_config = transformers.Glm4MoeConfig(
+            **common, **gqa, attention_bias=True, partial_rotary_factor=0.5, first_k_dense_replace=1,
+            n_routed_experts=MOE["experts"], num_experts_per_tok=MOE["experts_per_token"], n_shared_experts=1,
+            moe_intermediate_size=MOE["expert_intermediate_size"], num_mtp_layers=0,
+        )
+    elif arch.model_type == "deepseek_v3":
+        model_config = transformers.DeepseekV3Config(
+            **common, num_key_value_heads=config.num_attention_heads, first_k_dense_replace=1, n_group=1,
+            topk_group=1, n_routed_experts=MOE["experts"], num_experts_per_tok=MOE["experts_per_token"],
+            n_shared_experts=1, moe_intermediate_size=MOE["expert_intermediate_size"], num_mtp_layers=0, **MLA,
+        )
+    elif arch.model_type == "minimax_m2":
+        model_config = transformers.MiniMaxM2Config(
+            **{**common, "intermediate_size": MOE["expert_intermediate_size"]}, **gqa,
+            num_local_experts=MOE["experts"], num_experts_per_tok=MOE["experts_per_token"],
+        )
+    else:
+        raise ValueError(f"no tiny-model recipe for architecture {arch.model_type!r}")
+    if arch.stand_in_for:
+        model_config.slime_harbor_stand_in_for = arch.stand_in_for
+    return transformers.AutoModelForCausalLM.from_config(model_config)
+
+
+def build_tiny_model(out_dir: str | Path, seed: int = 0, config: TinyModelConfig | None = None,
+                     renderer: str = "qwen3") -> Path:
+    """Write the tiny policy of chat format `renderer` (a name in chat_formats.FORMATS; weights,
+    config, tokenizer) to `out_dir`, and record the format in its slime_harbor.json.
+
+    qwen3 is the tokenizer trained here with Qwen3's chat template on Qwen3ForCausalLM, as always;
+    every other format gets its family's tokenizer (format_tokenizers) and the architecture in
+    ARCHITECTURES. The same seed, config and format give byte-identical files. Returns `out_dir`.
     """
-    import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-
+    if renderer not in ARCHITECTURES:
+        raise ValueError(f"no tiny model for chat format {renderer!r}; one of: {', '.join(ARCHITECTURES)}")
     config = config or TinyModelConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(config)
+    if renderer == "qwen3":
+        _build_qwen3(out, seed, config)
+        source, recipe = "trained byte-level BPE + Qwen3's special and format tokens", recipe_hash(config)
+    else:
+        source = _build_format(out, seed, config, renderer)
+        recipe = format_recipe_hash(renderer, config)
+    from slime_harbor.policy.chat_formats import CHECKPOINT_RECORD
+
+    arch = ARCHITECTURES[renderer]
+    model_config = json.loads((out / "config.json").read_text())
+    record = {
+        "renderer": renderer,
+        "seed": seed,
+        "recipe": recipe,
+        "tokenizer": source,
+        "vocab_size": model_config["vocab_size"],
+        "architecture": model_config["architectures"][0],
+        "model_type": arch.model_type,
+        "stand_in_for": arch.stand_in_for,
+    }
+    # Written last: a build cut off half-way has none (ensure_tiny_model builds it again).
+    (out / CHECKPOINT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    return out
+
+
+def _save_tokenizer(tokenizer, out: Path) -> None:
     tokenizer.save_pretrained(out)
     # transformers 5 records its own backend class name, which 4.x cannot resolve; the generic
     # fast-tokenizer class loads in both.
@@ -366,6 +481,37 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, config: TinyModelConfig
     tokenizer_config = json.loads(tokenizer_config_path.read_text())
     tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
     tokenizer_config_path.write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+
+
+def _build_format(out: Path, seed: int, config: TinyModelConfig, renderer: str) -> str:
+    """A non-qwen3 format's checkpoint (all but slime_harbor.json); returns the tokenizer's source."""
+    import torch
+    from transformers import GenerationConfig
+
+    from slime_harbor.policy.format_tokenizers import build_format_tokenizer
+
+    built = build_format_tokenizer(renderer, config.bpe_vocab_size, config.max_position_embeddings)
+    tokenizer = built.tokenizer
+    _save_tokenizer(tokenizer, out)
+    eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in built.eos]
+    arch = ARCHITECTURES[renderer]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = _model(arch, config, len(tokenizer), eos_ids[0], tokenizer.pad_token_id, tokenizer.bos_token_id)
+    model.generation_config = GenerationConfig(
+        eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+    )
+    model.save_pretrained(out)
+    return built.source
+
+
+def _build_qwen3(out: Path, seed: int, config: TinyModelConfig) -> None:
+    """The qwen3 checkpoint, file for file as before formats existed (plus tiny_model.json)."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = build_tokenizer(config)
+    _save_tokenizer(tokenizer, out)
 
     model_config = Qwen3Config(
         vocab_size=len(tokenizer),
@@ -395,12 +541,11 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, config: TinyModelConfig
     (out / "tiny_model.json").write_text(
         json.dumps({"seed": seed, "recipe": recipe_hash(config), **asdict(config)}, indent=2) + "\n"
     )
-    return out
 
 
 def recipe_hash(config: TinyModelConfig | None = None) -> str:
-    """Fingerprint of everything a build depends on besides the seed (the shape, corpus, tokens,
-    template, recipe version): a cached model with another fingerprint is stale."""
+    """Fingerprint of everything the qwen3 build depends on besides the seed (the shape, corpus,
+    tokens, template, recipe version): a cached model with another fingerprint is stale."""
     import hashlib
 
     recipe = json.dumps(
@@ -409,21 +554,45 @@ def recipe_hash(config: TinyModelConfig | None = None) -> str:
     return hashlib.sha256(recipe.encode()).hexdigest()[:16]
 
 
-def ensure_tiny_model(seed: int = 0) -> Path:
-    """The offline tiny model, built once per seed and recipe and reused.
+def format_recipe_hash(renderer: str, config: TinyModelConfig | None = None) -> str:
+    """The fingerprint of a non-qwen3 format's build (its tokenizer's inputs, architecture, shapes)."""
+    import hashlib
+
+    from slime_harbor.policy.format_tokenizers import tokenizer_fingerprint
+
+    recipe = json.dumps([
+        FORMAT_RECIPE_VERSION, renderer, asdict(config or TinyModelConfig()), asdict(ARCHITECTURES[renderer]), MOE,
+        MLA, CORPUS, WORDS, tokenizer_fingerprint(renderer),
+    ])
+    return hashlib.sha256(recipe.encode()).hexdigest()[:16]
+
+
+def ensure_tiny_model(seed: int = 0, renderer: str = "qwen3") -> Path:
+    """The offline tiny model of chat format `renderer`, built once per seed, format and recipe and
+    reused.
 
     The directory is named for the recipe, so a model cached by an older recipe (another vocab or
-    chat template) is never picked up; tiny_model.json's recipe is checked too, and a half-written
-    build (no tiny_model.json, written last) is built again.
+    chat template) is never picked up; the recorded recipe is checked too (qwen3: tiny_model.json,
+    as always; every format: slime_harbor.json, written last), and a half-written build is built
+    again.
     """
-    recipe = recipe_hash()
-    out = cache_dir() / f"tiny-model-seed{seed}-{recipe}"
-    stamp = out / "tiny_model.json"
-    try:
-        built = json.loads(stamp.read_text()).get("recipe")
-    except (OSError, ValueError):
-        built = None
-    if built != recipe:
-        print(f"building the tiny offline policy model in {out}", file=sys.stderr)
-        build_tiny_model(out, seed=seed)
+    from slime_harbor.policy.chat_formats import CHECKPOINT_RECORD
+
+    if renderer == "qwen3":
+        recipe = recipe_hash()
+        out = cache_dir() / f"tiny-model-seed{seed}-{recipe}"
+    else:
+        if renderer not in ARCHITECTURES:
+            raise ValueError(f"no tiny model for chat format {renderer!r}; one of: {', '.join(ARCHITECTURES)}")
+        recipe = format_recipe_hash(renderer)
+        out = cache_dir() / f"tiny-model-{renderer}-seed{seed}-{recipe}"
+    built = []
+    for stamp in ("tiny_model.json", CHECKPOINT_RECORD) if renderer == "qwen3" else (CHECKPOINT_RECORD,):
+        try:
+            built.append(json.loads((out / stamp).read_text()).get("recipe"))
+        except (OSError, ValueError, AttributeError):
+            built.append(None)
+    if any(b != recipe for b in built):
+        print(f"building the tiny offline {renderer} policy model in {out}", file=sys.stderr)
+        build_tiny_model(out, seed=seed, renderer=renderer)
     return out
