@@ -310,9 +310,14 @@ def build_parser(demo_agent: str = "native") -> OneLineArgumentParser:
     parser = OneLineArgumentParser(prog=PROG, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("make-model", help="write the tiny offline Qwen3-architecture policy")
+    from slime_harbor.policy.chat_formats import FORMATS
+
+    p = sub.add_parser("make-model", help="write a tiny offline policy (random weights) of one chat format: its "
+                       "family's tokenizer and architecture (or a named full-attention stand-in)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--renderer", default="qwen3", choices=list(FORMATS), metavar="NAME",
+                   help=f"the chat format (a renderers name), recorded in the checkpoint: {', '.join(FORMATS)}")
 
     p = sub.add_parser("serve", help="serve the policy: our embedded engine (the /generate and OpenAI "
                        "/v1/completions APIs), or a real engine from its venv")
@@ -414,7 +419,7 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
 
         impossible_tasks(a.tasks, a.out, a.env, a.check)
     elif a.command == "make-model":
-        print(build_tiny_model(a.out, seed=a.seed))
+        print(build_tiny_model(a.out, seed=a.seed, renderer=a.renderer))
     elif a.command == "serve":
         model = a.model or str(ensure_tiny_model())
         if a.engine == Embedded.name:
