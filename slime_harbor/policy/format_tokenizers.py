@@ -402,3 +402,21 @@ def tokenizer_fingerprint(renderer: str) -> str:
     family = TRAINED.get(renderer)
     tokens = None if family is None else [[t.content, t.special] for t in family.leading + family.trailing]
     return json.dumps([TOKENIZER_RECIPE, renderer, tokens, versions, sorted(_QWEN_PLAIN), _LLAMA31_NAMED])
+
+
+def harmony_offline() -> None:
+    """Let openai-harmony (which the gpt-oss renderer renders with) load o200k_base without a
+    download: it reads `$TIKTOKEN_ENCODINGS_BASE/o200k_base.tiktoken` (hash-checked) where that is
+    set, so point it at tml-renderers' copy, unless it is set already. Call before creating a
+    gpt-oss renderer in a process with no internet (harmony otherwise fetches the file, or finds it
+    in $TIKTOKEN_RS_CACHE_DIR)."""
+    import os
+
+    if os.environ.get("TIKTOKEN_ENCODINGS_BASE"):
+        return
+    try:
+        directory = _package_dir("tml_renderers") / "data"
+    except RuntimeError:
+        return
+    if (directory / "o200k_base.tiktoken").exists():
+        os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(directory)
