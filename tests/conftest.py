@@ -38,6 +38,24 @@ def tiny_model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"), seed=0)
 
 
+@pytest.fixture(scope="session")
+def format_model():
+    """The tiny checkpoint of a chat format, and its tokenizer: format_model("glm-5") -> (dir,
+    tokenizer), built once per machine (make-model --renderer's cache) and loaded once per session."""
+    import functools
+
+    from transformers import AutoTokenizer
+
+    from slime_harbor.policy.tiny_model import ensure_tiny_model
+
+    @functools.cache
+    def load(renderer: str):
+        model_dir = ensure_tiny_model(renderer=renderer)
+        return model_dir, AutoTokenizer.from_pretrained(model_dir)
+
+    return load
+
+
 @pytest.fixture
 def policy_server(tiny_model_dir):
     """Base URL (http://127.0.0.1:PORT) of an embedded policy server on the tiny model."""

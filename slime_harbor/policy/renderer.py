@@ -47,10 +47,36 @@ def make_renderer(model_dir: str | Path, tokenizer, renderer: str | None = None)
 
     name = choose_renderer(model_dir, renderer)
     try:
-        return create_renderer(tokenizer, _config_class_for(name)(thinking_retention="all"))
+        made = create_renderer(tokenizer, _config_class_for(name)(thinking_retention="all"))
     except (AssertionError, KeyError, ValueError) as error:  # renderers asserts the format's tokens exist
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise RendererError(f"{model_dir}: the tokenizer lacks the {name} chat format's tokens ({first})") from None
+    if name in PARSER_FIXES:
+        PARSER_FIXES[name](made, tokenizer)
+    return made
+
+
+def _r1_reasoning_after_tool_outputs(renderer, tokenizer) -> None:
+    """DeepSeek-R1's template opens `<think>\n` right after the tool outputs, with no
+    `<｜Assistant｜>` before it (renderers' bridge does the same), but renderers 0.1.12's parser
+    looks for an opened think block only after `<｜Assistant｜>`: the reply to a tool result would
+    reach the agent with its reasoning as content. Its parser is shown the header there."""
+    parse = renderer.parse_response
+    header = tokenizer.convert_tokens_to_ids(["<｜Assistant｜>"])
+    outputs_end = tokenizer.convert_tokens_to_ids("<｜tool▁outputs▁end｜>")
+
+    def parse_response(token_ids, *, tools=None, prompt_ids=None):
+        if prompt_ids and outputs_end in prompt_ids[-4:]:
+            cut = len(prompt_ids) - prompt_ids[::-1].index(outputs_end)
+            prompt_ids = prompt_ids[:cut] + header + prompt_ids[cut:]
+        return parse(token_ids, tools=tools, prompt_ids=prompt_ids)
+
+    renderer.parse_response = parse_response
+
+
+PARSER_FIXES = {"deepseek-r1": _r1_reasoning_after_tool_outputs}
+"""What a format's renderer (renderers 0.1.12) parses wrongly, mended on the renderer made for it;
+each proven by tests/test_format_tool_calls.py with a turn written from the family's docs."""
 
 
 def bridge_ids(renderer, prompt_ids: list[int], completion_ids: list[int], new_messages: list[dict],
