@@ -109,3 +109,39 @@ def test_make_model_cli_takes_a_renderer(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["make-model", "--out", str(tmp_path / "n"), "--renderer", "bogus"])
     assert "invalid choice: 'bogus'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["kimi-k2", "glm-5", "minimax-m2", "llama-3"])
+def test_embedded_engine_serves_the_format_architectures(format_dirs, name):
+    """The engine's KV cache handling (left-padded merge of a request that joins a running batch)
+    on each built architecture: DeepSeek-V3's MLA (keys 48 wide, values 32; kimi-k2 is built as
+    it), GLM-4.5's and MiniMax-M2's MoE, Llama. Its logprobs are a plain forward pass's."""
+    import time
+
+    from slime_harbor.policy.embedded_engine import EngineConfig, SamplingEngine
+    from slime_harbor.policy.sampling import SamplingParams
+
+    model = AutoModelForCausalLM.from_pretrained(format_dirs[name])
+    tokenizer = AutoTokenizer.from_pretrained(format_dirs[name])
+    prompts = [tokenizer.encode(t, add_special_tokens=False)
+               for t in ("THOUGHT: I need to look at the files in the repository first", "ls -la")]
+    engine = SamplingEngine(model, tokenizer, EngineConfig(batch_window_s=0))
+    try:
+        params = SamplingParams(max_new_tokens=80, ignore_eos=True, sampling_seed=7)
+        first = engine.submit(prompts[0], params)
+        deadline = time.monotonic() + 30
+        while engine.stats.decode_steps < 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        with engine.paused():
+            assert not first.done()
+            second = engine.submit(prompts[1], SamplingParams(max_new_tokens=8, ignore_eos=True, sampling_seed=7))
+        generations = [first.result(timeout=60), second.result(timeout=60)]
+    finally:
+        engine.close()
+    assert engine.stats.prefills == 2 and engine.stats.max_rows_per_step == 2  # the second joined the first
+    reference = AutoModelForCausalLM.from_pretrained(format_dirs[name])
+    for prompt, generation in zip(prompts, generations, strict=True):
+        with torch.no_grad():
+            logprobs = reference(torch.tensor([prompt + generation.token_ids])).logits[0].log_softmax(-1)
+        recomputed = logprobs[len(prompt) - 1:-1].gather(-1, torch.tensor(generation.token_ids)[:, None])[:, 0]
+        assert torch.allclose(recomputed, torch.tensor(generation.logprobs), atol=1e-4)
