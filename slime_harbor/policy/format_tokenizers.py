@@ -31,7 +31,7 @@ from pathlib import Path
 from slime_harbor.cache import cache_dir
 
 # Bump when a tokenizer below changes in a way its inputs (package files, token lists) do not show.
-TOKENIZER_RECIPE = 1
+TOKENIZER_RECIPE = 2
 
 
 @dataclass(frozen=True)
@@ -383,8 +383,14 @@ def build_format_tokenizer(renderer: str, bpe_vocab_size: int = 2048, max_length
         return FormatTokenizer(tok, source, ["<|return|>", "<|endoftext|>", "<|call|>"])
     if renderer == "llama-3":
         source, inputs, build = _llama3()
-        tok = _wrap(_cached("llama3", inputs, build), eos="<|eot_id|>", pad="<|finetune_right_pad_id|>",
-                    bos="<|begin_of_text|>", max_length=max_length)
+        from tokenizers import processors
+
+        llama = _cached("llama3", inputs, build)
+        # As Llama 3's tokenizer.json: encode(add_special_tokens=True) starts with <|begin_of_text|>.
+        bos = "<|begin_of_text|>"
+        llama.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, llama.token_to_id(bos))])
+        tok = _wrap(llama, eos="<|eot_id|>", pad="<|finetune_right_pad_id|>", bos=bos, max_length=max_length)
         # Llama 3.2 Instruct's generation_config: <|end_of_text|>, <|eom_id|>, <|eot_id|>
         return FormatTokenizer(tok, source, ["<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"])
     raise ValueError(f"no tokenizer recipe for chat format {renderer!r}")
