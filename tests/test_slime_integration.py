@@ -674,3 +674,57 @@ def test_fully_async_against_the_real_sglang_behind_its_router(slime_modules, ti
     assert figures["spanning_calls"] >= 1
     procs, dirs = leftovers(tmp_path)
     assert procs == [] and dirs == []
+
+
+# ---- a non-Qwen chat format under SLiME's own rollout loop --------------------------------------
+
+@pytest.mark.parametrize("renderer, named", [("glm-5", False), ("deepseek-r1", True)])
+def test_slime_round_on_a_non_qwen_format(slime_modules, format_model, renderer, named, tmp_path):
+    """SLiME's generate_rollout drives our hook on another family's tiny checkpoint (GLM-5 on its
+    real glm4_moe architecture; DeepSeek-R1 on deepseek_v3 with MLA and DeepSeek's real tokenizer):
+    the native agent and a chat agent through the gateway train their sampled tokens, the logprobs
+    are the model's. `named`: the checkpoint carries no record of its format, and its model_type
+    (deepseek_v3) carries two, so the YAML's harbor_renderer names it; without it the hook refuses
+    the round in one line before any trial."""
+    from slime.rollout.data_source import RolloutDataSourceWithBuffer
+    from slime.utils import http_utils
+
+    from slime_harbor.hooks import HookConfigError
+    from slime_harbor.policy.server import EmbeddedPolicyServer
+
+    model_dir = format_model(renderer)[0]
+    if named:
+        model_dir = Path(shutil.copytree(model_dir, tmp_path / "checkpoint"))
+        (model_dir / "slime_harbor.json").unlink()
+    tasks = make_tasks(tmp_path)
+    prompts = write_prompts(tasks, tmp_path, [("coin", None), ("coin", "chat_tools_agent:ChatToolsAgent")])
+    with EmbeddedPolicyServer(model_dir) as server:
+        server.policy.app.add_api_route("/workers", lambda: {"workers": [{"url": server.url}]}, methods=["GET"])
+        args = slime_args(server.url, model_dir, prompts, tmp_path, "--rollout-batch-size", "2")
+        args.harbor_tasks_dir = str(tasks)
+        http_utils.init_http_client(args)
+        if named:
+            with pytest.raises(HookConfigError, match=r"deepseek-v3 \| deepseek-r1"):
+                hooks.check_supported(args)
+            args.harbor_renderer = renderer
+        manager = Manager(slime_modules, args, RolloutDataSourceWithBuffer(args))
+        samples, _ = manager._get_rollout_data(rollout_id=0)
+        train = manager._convert_samples_to_train_data(samples)
+    assert len({s.rollout_id for s in samples}) == 2 * N_PER_PROMPT
+    assert all(not s.remove_sample for s in samples), [s.metadata.get("status_reason") for s in samples]
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from helpers.samples import recompute_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    for s in [s for s in samples if "harbor_agent" not in s.metadata]:  # the native agent's
+        config = json.loads((Path(s.metadata["trial_dir"]) / "config.json").read_text())
+        assert config["agent"]["kwargs"]["renderer"] == renderer  # the trial ran this format
+        mask = torch.tensor(s.loss_mask, dtype=torch.bool)
+        recomputed = recompute_logprobs(model, s.tokens, args.rollout_temperature)[-s.response_length:][mask]
+        assert (recomputed - torch.tensor(s.rollout_log_probs)[mask]).abs().max().item() < 1e-3
+    check_gateway_samples(samples, "chat_tools_agent:ChatToolsAgent", model_dir, args.rollout_temperature,
+                          append_only=True)
+    by_rollout = check_train_data(samples, train, model_dir)
+    check_policy_loss(train, by_rollout)

@@ -43,49 +43,52 @@ class ChatFormat:
     tool_calls: str
     """How the family writes a tool call in a reply."""
     reasoning: str
-    """How the family writes reasoning, and what the bridge keeps of it."""
+    """How the family writes reasoning (a bridge keeps every sampled reasoning token: policy/renderer.py)."""
     end_of_turn: str
     """The token that ends an assistant turn (a sample ends there)."""
 
 
 FORMATS: dict[str, ChatFormat] = {f.renderer: f for f in (
     ChatFormat("qwen3", ("qwen2", "qwen3", "qwen3_moe"),
-               "<tool_call> JSON {name, arguments}", "<think>...</think>, kept on bridges", "<|im_end|>"),
+               "<tool_call> JSON {name, arguments} </tool_call>", "<think>...</think>", "<|im_end|>"),
     ChatFormat("qwen3.5", ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"),
                "<tool_call><function=NAME><parameter=K>V</parameter></function></tool_call> (qwen3_coder XML)",
-               "<think>...</think>, kept on bridges", "<|im_end|>"),
+               "<think>...</think>, opened by the generation prompt", "<|im_end|>, <|endoftext|>"),
     ChatFormat("qwen3.6", ("qwen3_5_moe", "qwen3_5_moe_text"),
                "<tool_call><function=NAME><parameter=K>V</parameter></function></tool_call> (qwen3_coder XML)",
-               "<think>...</think>, kept on bridges", "<|im_end|>"),
+               "<think>...</think>, opened by the generation prompt", "<|im_end|>, <|endoftext|>"),
     ChatFormat("glm-4.5", ("glm4_moe",),
-               "<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>",
-               "<think>...</think>, kept on bridges", "<|user|> / <|observation|>"),
+               "<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n</tool_call>",
+               "<think>...</think>", "<|observation|> (after a call), <|user|>, <|endoftext|>"),
     ChatFormat("glm-5", ("glm4_moe", "glm4_moe_lite", "glm_moe_dsa"),
                "<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>",
-               "<think>...</think>, kept on bridges", "<|user|> / <|observation|>"),
+               "<think>...</think>, opened by the generation prompt",
+               "<|observation|> (after a call), <|user|>, <|endoftext|>"),
     ChatFormat("deepseek-v3", ("deepseek_v3",),
-               "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>JSON<｜tool▁call▁end｜>...",
+               "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME ```json ...``` <｜tool▁call▁end｜>",
                "none", "<｜end▁of▁sentence｜>"),
     ChatFormat("deepseek-r1", ("deepseek_v3",),
-               "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME ```json ...```",
-               "<think>...</think>, kept on bridges", "<｜end▁of▁sentence｜>"),
+               "as deepseek-v3, after the think block",
+               "<think>...</think>, opened by the generation prompt and after tool outputs", "<｜end▁of▁sentence｜>"),
     ChatFormat("deepseek-v4", ("deepseek_v4",),
-               "DSML <｜DSML｜function_calls> blocks", "<think>...</think>, kept on bridges",
-               "<｜end▁of▁sentence｜>"),
+               "DSML: <｜DSML｜tool_calls><｜DSML｜invoke name=NAME><｜DSML｜parameter name=K string=...>",
+               "off by the template's default (the generation prompt closes </think>)", "<｜end▁of▁sentence｜>"),
     ChatFormat("kimi-k2", ("kimi_k2",),
-               "<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>JSON...",
-               "none", "<|im_end|>"),
+               "<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>JSON"
+               "<|tool_call_end|>", "none (K2-Instruct)", "<|im_end|>"),
     ChatFormat("gpt-oss", ("gpt_oss",),
-               "harmony: to=functions.NAME <|constrain|>json<|message|>JSON<|call|>",
-               "harmony analysis channel, kept on bridges", "<|return|> / <|call|> (history writes <|end|>)"),
+               "harmony: a commentary message to=functions.NAME, JSON, ended by <|call|>",
+               "harmony's analysis channel (the generation prompt opens it)",
+               "<|return|> (final answer), <|call|> (tool call); history writes <|end|>"),
     ChatFormat("llama-3", ("llama",),
-               "a reply that is one JSON object {name, parameters}", "none", "<|eot_id|>"),
+               "the reply is one JSON object {name, parameters}", "none",
+               "<|eot_id|>, <|eom_id|>, <|end_of_text|>"),
     ChatFormat("minimax-m2", ("minimax_m2",),
                "<minimax:tool_call><invoke name=NAME><parameter name=K>V</parameter></invoke></minimax:tool_call>",
-               "<think>...</think>, kept on bridges", "[e~["),
+               "<think>...</think>, opened by the generation prompt", "[e~["),
     ChatFormat("nemotron-3", ("nemotron_h",),
                "<tool_call><function=NAME><parameter=K>V</parameter></function></tool_call>",
-               "<think>...</think>, kept on bridges", "<|im_end|>"),
+               "<think>...</think>, opened by the generation prompt", "<|im_end|>, <|endoftext|>"),
 )}
 
 

@@ -45,10 +45,13 @@ def make_renderer(model_dir: str | Path, tokenizer, renderer: str | None = None)
     from renderers import create_renderer
     from renderers.configs import _config_class_for
 
+    from slime_harbor.policy.format_tokenizers import harmony_offline
+
     name = choose_renderer(model_dir, renderer)
+    harmony_offline()  # gpt-oss renders through openai-harmony, which would download o200k_base otherwise
     try:
         made = create_renderer(tokenizer, _config_class_for(name)(thinking_retention="all"))
-    except (AssertionError, KeyError, ValueError) as error:  # renderers asserts the format's tokens exist
+    except (AssertionError, KeyError, ValueError, RuntimeError) as error:  # renderers asserts the format's tokens exist; harmony's errors are RuntimeErrors
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise RendererError(f"{model_dir}: the tokenizer lacks the {name} chat format's tokens ({first})") from None
     if name in PARSER_FIXES:
