@@ -14,6 +14,8 @@ import threading
 
 import pytest
 
+from slime_harbor.policy.chat_formats import bash_call_text
+from slime_harbor.policy.renderer import make_renderer
 from slime_harbor.tasks import families as task_families
 from slime_harbor.trainers import agent_sft
 
@@ -88,7 +90,7 @@ class ScriptedGenerate:
 
 
 def test_reply_is_a_bash_tool_call_in_the_qwen3_format():
-    text = agent_sft.reply_text("mv a b")
+    text = bash_call_text("qwen3", "mv a b")
     assert text.startswith("<tool_call>\n") and text.endswith("\n</tool_call><|im_end|>")
     assert json.loads(text.split("\n")[1]) == {"name": "bash", "arguments": {"command": "mv a b"}}
 
@@ -103,7 +105,8 @@ def test_the_scripted_policy_answers_through_the_gateway_with_bash_tool_calls(ti
 
     with pytest.raises(ValueError, match="one upstream"):
         Gateway(None, tiny_model_dir)
-    policy = agent_sft.ScriptedPolicy(["ls -la", agent_sft.SUBMIT], AutoTokenizer.from_pretrained(tiny_model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    policy = agent_sft.ScriptedPolicy(["ls -la", agent_sft.SUBMIT], make_renderer(tiny_model_dir, tokenizer), tokenizer)
     with pytest.raises(ValueError, match="one upstream"):
         Gateway("http://127.0.0.1:1", tiny_model_dir, upstream=policy)
     with pytest.raises(ValueError, match="lora_name"):
@@ -135,8 +138,9 @@ def test_the_scripted_policy_answers_through_the_gateway_with_bash_tool_calls(ti
     assert commands == ["ls -la", agent_sft.SUBMIT, agent_sft.SUBMIT]
     assert [r["messages"] for r in requests] == [messages[: 1 + 2 * k] for k in range(3)]  # as sent
     assert requests[0]["tools"] == tools
-    assert session.stats["branches"] == 1 and [c.completion_ids for c in session.calls] == \
-        [policy.replies[0], policy.replies[1], policy.replies[1]]
+    replies = [tokenizer.encode(bash_call_text("qwen3", c), add_special_tokens=False)
+               for c in ("ls -la", agent_sft.SUBMIT, agent_sft.SUBMIT)]
+    assert session.stats["branches"] == 1 and [c.completion_ids for c in session.calls] == replies
     assert policy.prompts == [c.prompt_ids for c in session.calls]
 
 
@@ -171,7 +175,7 @@ def test_an_oracle_episode_is_the_tokens_the_gateway_holds_for_it(captured, tmp_
     renderer, tokenizer = _renderer(tiny_model_dir)
     inst = task_families.instances(FAMILY, 2, 11, "train")[1]
     tokens, mask = agent_sft.oracle_agent_episode(captured, renderer, tokenizer, inst)
-    replies = [tokenizer.encode(agent_sft.reply_text(c), add_special_tokens=False) for c in (inst.command, agent_sft.SUBMIT)]
+    replies = [tokenizer.encode(bash_call_text("qwen3", c), add_special_tokens=False) for c in (inst.command, agent_sft.SUBMIT)]
     task_families.write_task(inst, tmp_path / "tasks")
     upstream = ScriptedGenerate(replies)
     try:

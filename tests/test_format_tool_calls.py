@@ -26,7 +26,8 @@ from slime_harbor.gateway.server import Gateway
 from slime_harbor.policy.sampling import Generation, SamplingParams
 from helpers.dialects import (claude_echo, claude_results, claude_turn, codex_echo, codex_results, codex_turn,
                               gemini_body, gemini_echo, gemini_results, gemini_turn, session_root)
-from helpers.format_replies import COMMAND, REASONING, TURNS, sampled_text
+from slime_harbor.policy.chat_formats import sampled_part
+from helpers.format_replies import COMMAND, REASONING, TURNS
 from helpers.tool_gateway import SYSTEM, TASK, TOOLS
 
 DIALECTS = ["chat", "anthropic", "responses", "gemini"]
@@ -41,7 +42,7 @@ class WrittenTurns:
 
     async def generate(self, input_ids, params, rid=None, routing_key=None) -> Generation:
         self.prompts.append(list(input_ids))
-        text = sampled_text(self.turns[min(len(self.prompts), len(self.turns)) - 1], self.tokenizer.decode(input_ids))
+        text = sampled_part(self.turns[min(len(self.prompts), len(self.turns)) - 1], self.tokenizer.decode(input_ids))
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         return Generation(token_ids=ids, logprobs=[0.0] * len(ids), text=text, finish_reason="stop",
                           rid=rid or uuid.uuid4().hex)
@@ -148,3 +149,40 @@ def gateway_stops(model_dir, tokenizer, renderer) -> list[int]:
     from slime_harbor.policy.renderer import make_renderer
 
     return make_renderer(model_dir, tokenizer, renderer).get_stop_token_ids()
+
+
+@pytest.mark.parametrize("renderer", list(TURNS))
+def test_agent_sfts_bash_call_is_the_gateways_tool_call_and_bridges(renderer, format_model):
+    """What agent SFT's scripted policy answers in each format (chat_formats.ChatFormat.bash_call)
+    parses into the bash tool call, ends on a stop token, and bridges onto the tool's result."""
+    from slime_harbor.policy.renderer import make_renderer
+    from slime_harbor.trainers.agent_sft import reply_ids
+
+    model_dir, tokenizer = format_model(renderer)
+    renderer_ = make_renderer(model_dir, tokenizer)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+    prompt = renderer_.render_ids(messages, tools=TOOLS, add_generation_prompt=True)
+    reply = reply_ids(renderer_, tokenizer, prompt, 'printf "%s\\n" a > out.txt')
+    parsed = renderer_.parse_response(reply, tools=TOOLS, prompt_ids=prompt)
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("bash", {"command": 'printf "%s\\n" a > out.txt'})]
+    assert reply[-1] in renderer_.get_stop_token_ids()
+    bridged = renderer_.bridge_to_next_turn(prompt, reply, [{"role": "tool", "tool_call_id": "call_0", "content": "ok"}],
+                                            tools=TOOLS)
+    assert bridged is not None and bridged.token_ids[: len(prompt) + len(reply)] == prompt + reply
+
+
+@pytest.mark.parametrize("renderer", list(TURNS))
+def test_native_sft_episodes_close_each_turn_in_the_format(renderer, format_model):
+    """The native agent's SFT episode in each format: every reply closed by the format's end of a
+    text turn (a stop token of its renderer), each observation bridged on the sampled tokens."""
+    from slime_harbor.policy.renderer import make_renderer
+    from slime_harbor.trainers.sft import native_agent_episode
+
+    model_dir, tokenizer = format_model(renderer)
+    renderer_ = make_renderer(model_dir, tokenizer)
+    replies = ["THOUGHT: look first.\n\n```bash\nls\n```", "THOUGHT: done.\n\n```bash\nsubmit\n```"]
+    ids, mask = native_agent_episode(renderer_, tokenizer, TASK, replies, [(0, "a.txt")])
+    trained = [t for t, m in zip(ids, mask) if m]
+    ends = [i for i, t in enumerate(trained) if t in renderer_.get_stop_token_ids()]
+    assert len(ends) == 2 and ends[-1] == len(trained) - 1  # each reply ends on one stop token
+    assert tokenizer.decode(trained).count("```bash") == 2

@@ -45,51 +45,110 @@ class ChatFormat:
     reasoning: str
     """How the family writes reasoning (a bridge keeps every sampled reasoning token: policy/renderer.py)."""
     end_of_turn: str
-    """The token that ends an assistant turn (a sample ends there)."""
+    """The token a turn of text ends with (the renderer stops on all of its get_stop_token_ids)."""
+    text_turn: str
+    """A whole turn of text `{content}` with an empty thought, as the family writes it: the native
+    agent's SFT replies. What the generation prompt already holds of it is not sampled."""
+    bash_call: str
+    """A whole turn calling the agent's `bash` tool with an empty thought, as the family writes it
+    (`{command}` raw, `{command_json}` as a JSON string): what agent SFT's scripted policy answers.
+    What the generation prompt already holds of it is not sampled (sampled_part)."""
 
+
+QWEN_XML_BASH = "<tool_call>\n<function=bash>\n<parameter=command>\n{command}\n</parameter>\n</function>\n</tool_call>"
+DEEPSEEK_BASH = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>bash\n```json\n"
+                 '{"command": {command_json}}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>')
 
 FORMATS: dict[str, ChatFormat] = {f.renderer: f for f in (
     ChatFormat("qwen3", ("qwen2", "qwen3", "qwen3_moe"),
-               "<tool_call> JSON {name, arguments} </tool_call>", "<think>...</think>", "<|im_end|>"),
+               "<tool_call> JSON {name, arguments} </tool_call>", "<think>...</think>", "<|im_end|>",
+               "{content}<|im_end|>",
+               '<tool_call>\n{"name": "bash", "arguments": {"command": {command_json}}}\n</tool_call><|im_end|>'),
     ChatFormat("qwen3.5", ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"),
                "<tool_call><function=NAME><parameter=K>V</parameter></function></tool_call> (qwen3_coder XML)",
-               "<think>...</think>, opened by the generation prompt", "<|im_end|>, <|endoftext|>"),
+               "<think>...</think>, opened by the generation prompt", "<|im_end|>",
+               "<think>\n\n</think>\n\n{content}<|im_end|>",
+               "<think>\n\n</think>\n\n" + QWEN_XML_BASH + "<|im_end|>"),
     ChatFormat("qwen3.6", ("qwen3_5_moe", "qwen3_5_moe_text"),
                "<tool_call><function=NAME><parameter=K>V</parameter></function></tool_call> (qwen3_coder XML)",
-               "<think>...</think>, opened by the generation prompt", "<|im_end|>, <|endoftext|>"),
+               "<think>...</think>, opened by the generation prompt", "<|im_end|>",
+               "<think>\n\n</think>\n\n{content}<|im_end|>",
+               "<think>\n\n</think>\n\n" + QWEN_XML_BASH + "<|im_end|>"),
     ChatFormat("glm-4.5", ("glm4_moe",),
-               "<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n</tool_call>",
-               "<think>...</think>", "<|observation|> (after a call), <|user|>, <|endoftext|>"),
+               "<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>\\n</tool_call>",
+               "<think>...</think>", "<|user|>",
+               "<think></think>\n{content}<|user|>",
+               "<think></think>\n<tool_call>bash\n<arg_key>command</arg_key>\n<arg_value>{command}</arg_value>\n"
+               "</tool_call><|observation|>"),
     ChatFormat("glm-5", ("glm4_moe", "glm4_moe_lite", "glm_moe_dsa"),
                "<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>",
-               "<think>...</think>, opened by the generation prompt",
-               "<|observation|> (after a call), <|user|>, <|endoftext|>"),
+               "<think>...</think>, opened by the generation prompt", "<|user|>",
+               "<think></think>{content}<|user|>",
+               "<think></think><tool_call>bash<arg_key>command</arg_key><arg_value>{command}</arg_value></tool_call>"
+               "<|observation|>"),
     ChatFormat("deepseek-v3", ("deepseek_v3",),
                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME ```json ...``` <｜tool▁call▁end｜>",
-               "none", "<｜end▁of▁sentence｜>"),
+               "none", "<｜end▁of▁sentence｜>",
+               "{content}<｜end▁of▁sentence｜>", DEEPSEEK_BASH),
     ChatFormat("deepseek-r1", ("deepseek_v3",),
                "as deepseek-v3, after the think block",
-               "<think>...</think>, opened by the generation prompt and after tool outputs", "<｜end▁of▁sentence｜>"),
+               "<think>...</think>, opened by the generation prompt and after tool outputs", "<｜end▁of▁sentence｜>",
+               "<think>\n\n</think>\n\n{content}<｜end▁of▁sentence｜>",
+               "<think>\n\n</think>\n\n" + DEEPSEEK_BASH),
     ChatFormat("deepseek-v4", ("deepseek_v4",),
                "DSML: <｜DSML｜tool_calls><｜DSML｜invoke name=NAME><｜DSML｜parameter name=K string=...>",
-               "off by the template's default (the generation prompt closes </think>)", "<｜end▁of▁sentence｜>"),
+               "off by the template's default (the generation prompt closes </think>)", "<｜end▁of▁sentence｜>",
+               "{content}<｜end▁of▁sentence｜>",
+               '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="bash">\n<｜DSML｜parameter name="command" string="true">'
+               "{command}</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>"),
     ChatFormat("kimi-k2", ("kimi_k2",),
                "<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>JSON"
-               "<|tool_call_end|>", "none (K2-Instruct)", "<|im_end|>"),
+               "<|tool_call_end|>", "none (K2-Instruct)", "<|im_end|>",
+               "{content}<|im_end|>",
+               "<|tool_calls_section_begin|><|tool_call_begin|>functions.bash:0<|tool_call_argument_begin|>"
+               '{"command": {command_json}}<|tool_call_end|><|tool_calls_section_end|><|im_end|>'),
     ChatFormat("gpt-oss", ("gpt_oss",),
                "harmony: a commentary message to=functions.NAME, JSON, ended by <|call|>",
-               "harmony's analysis channel (the generation prompt opens it)",
-               "<|return|> (final answer), <|call|> (tool call); history writes <|end|>"),
+               "harmony's analysis channel (the generation prompt opens it)", "<|return|>",
+               "<|channel|>analysis<|message|>Answer.<|end|><|start|>assistant<|channel|>final<|message|>{content}<|return|>",
+               "<|channel|>analysis<|message|>Run it.<|end|><|start|>assistant<|channel|>commentary to=functions.bash "
+               '<|constrain|>json<|message|>{"command": {command_json}}<|call|>'),
     ChatFormat("llama-3", ("llama",),
-               "the reply is one JSON object {name, parameters}", "none",
-               "<|eot_id|>, <|eom_id|>, <|end_of_text|>"),
+               "the reply is one JSON object {name, parameters}", "none", "<|eot_id|>",
+               "{content}<|eot_id|>",
+               '{"name": "bash", "parameters": {"command": {command_json}}}<|eot_id|>'),
     ChatFormat("minimax-m2", ("minimax_m2",),
                "<minimax:tool_call><invoke name=NAME><parameter name=K>V</parameter></invoke></minimax:tool_call>",
-               "<think>...</think>, opened by the generation prompt", "[e~["),
+               "<think>...</think>, opened by the generation prompt", "[e~[",
+               "<think>\n\n</think>\n\n{content}[e~[",
+               '<think>\n\n</think>\n\n<minimax:tool_call>\n<invoke name="bash">\n<parameter name="command">{command}'
+               "</parameter>\n</invoke>\n</minimax:tool_call>[e~["),
     ChatFormat("nemotron-3", ("nemotron_h",),
                "<tool_call><function=NAME><parameter=K>V</parameter></function></tool_call>",
-               "<think>...</think>, opened by the generation prompt", "<|im_end|>, <|endoftext|>"),
+               "<think>...</think>, opened by the generation prompt", "<|im_end|>",
+               "<think>\n\n</think>\n{content}\n<|im_end|>",
+               "<think>\n\n</think>\n" + QWEN_XML_BASH + "\n<|im_end|>"),
 )}
+
+
+def text_turn_text(renderer: str, content: str) -> str:
+    """The whole turn of format `renderer` that says `content` (ChatFormat.text_turn)."""
+    return FORMATS[renderer].text_turn.replace("{content}", content)
+
+
+def bash_call_text(renderer: str, command: str) -> str:
+    """The whole turn of format `renderer` that calls bash with `command` (ChatFormat.bash_call)."""
+    return FORMATS[renderer].bash_call.replace("{command_json}", json.dumps(command)).replace("{command}", command)
+
+
+def sampled_part(turn: str, prompt_text: str) -> str:
+    """The part of a whole turn the policy samples: without the longest start of it that the
+    generation prompt (decoded) already ends with (Qwen3.5's `<think>\n`, gpt-oss's
+    `<|channel|>analysis<|message|>`)."""
+    for n in range(len(turn), 0, -1):
+        if prompt_text.endswith(turn[:n]):
+            return turn[n:]
+    return turn
 
 
 OTHER_FORMATS_OF_TYPE = {"glm_moe_dsa": ("glm-5.1", "glm-5.3"), "nemotron_h": ("nemotron-3-ultra", "nemotron-3.5")}

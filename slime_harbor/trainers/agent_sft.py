@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import shutil
 import sys
 import uuid
@@ -31,6 +30,8 @@ from typing import Any
 
 from slime_harbor.episode import episode_end
 from slime_harbor.gateway.server import Gateway
+from slime_harbor.policy.chat_formats import bash_call_text, sampled_part
+from slime_harbor.policy.renderer import make_renderer
 from slime_harbor.policy.sampling import Generation, SamplingParams
 from slime_harbor.samples import SampleStatus
 from slime_harbor.tasks import families as task_families
@@ -70,17 +71,19 @@ class AgentFormat:
         return out
 
 
-def reply_text(command: str) -> str:
-    """A reply that calls the agent's bash tool, in the Qwen3 / Hermes format the gateway parses."""
-    call = json.dumps({"name": "bash", "arguments": {"command": command}})
-    return f"<tool_call>\n{call}\n</tool_call><|im_end|>"
+def reply_ids(renderer, tokenizer, prompt_ids: list[int], command: str) -> list[int]:
+    """The token ids the policy samples after `prompt_ids` for a turn that calls the agent's bash
+    tool with `command`, in the renderer's chat format (chat_formats.ChatFormat.bash_call), the
+    part the generation prompt already holds left out."""
+    turn = bash_call_text(renderer.config.name, command)
+    return tokenizer.encode(sampled_part(turn, tokenizer.decode(prompt_ids)), add_special_tokens=False)
 
 
 def agent_episode(fmt: AgentFormat, renderer, tokenizer, instruction: str, commands: list[str]):
     """The token sequence and loss mask of an episode that runs `commands` (one per turn): the
     tokens a gateway session holds for it, replies masked 1."""
     prompt = renderer.render_ids(fmt.messages_for(instruction), tools=fmt.tools, add_generation_prompt=True)
-    tokens, mask = list(prompt), [0] * len(prompt)
+    tokens, mask, reply = list(prompt), [0] * len(prompt), []
     for k, command in enumerate(commands):
         if k:
             bridged = renderer.bridge_to_next_turn(tokens, reply, fmt.observation_messages, tools=fmt.tools)
@@ -88,7 +91,7 @@ def agent_episode(fmt: AgentFormat, renderer, tokenizer, instruction: str, comma
                 raise RuntimeError(f"the renderer cannot bridge {fmt.agent}'s observation onto a reply")
             new = bridged.token_ids[len(tokens) + len(reply):]
             tokens, mask = tokens + reply + new, mask + [1] * len(reply) + [0] * len(new)
-        reply = tokenizer.encode(reply_text(command), add_special_tokens=False)
+        reply = reply_ids(renderer, tokenizer, tokens, command)
     return tokens + reply, mask + [1] * len(reply)
 
 
@@ -104,22 +107,21 @@ def oracle_agent_episode(fmt: AgentFormat, renderer, tokenizer, inst: task_famil
 
 class ScriptedPolicy:
     """The gateway's upstream from a script (gateway.server.Upstream): call k's completion is the
-    token ids of a bash tool call of `commands[k]` (the last one repeats) in the model family's
-    format (`reply_text`, with `tokenizer`), logprob 0 per token. A script, not a sampler: the
-    run's max_new_tokens does not cut a reply. `prompts` holds the prompt ids of every call."""
+    token ids of a bash tool call of `commands[k]` (the last one repeats) in the renderer's chat
+    format (`reply_ids`), logprob 0 per token. A script, not a sampler: the run's max_new_tokens
+    does not cut a reply. `prompts` holds the prompt ids of every call."""
 
-    def __init__(self, commands: list[str], tokenizer):
-        self.replies = [tokenizer.encode(reply_text(c), add_special_tokens=False) for c in commands]
-        self.texts = [reply_text(c) for c in commands]
+    def __init__(self, commands: list[str], renderer, tokenizer):
+        self.commands, self.renderer, self.tokenizer = commands, renderer, tokenizer
         self.prompts: list[list[int]] = []
 
     async def generate(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
                        routing_key: str | None = None) -> Generation:
         self.prompts.append(list(input_ids))
-        k = min(len(self.prompts), len(self.replies)) - 1
-        ids = list(self.replies[k])
-        return Generation(token_ids=ids, logprobs=[0.0] * len(ids), text=self.texts[k], finish_reason="stop",
-                          rid=rid or uuid.uuid4().hex)
+        command = self.commands[min(len(self.prompts), len(self.commands)) - 1]
+        ids = reply_ids(self.renderer, self.tokenizer, input_ids, command)
+        return Generation(token_ids=ids, logprobs=[0.0] * len(ids), text=self.tokenizer.decode(ids),
+                          finish_reason="stop", rid=rid or uuid.uuid4().hex)
 
     async def abort(self, rid: str) -> None:
         pass  # every call is answered at once: nothing runs to abort
@@ -191,7 +193,8 @@ async def _scripted_trial(agent: str, env: str, task_dir: Path, work: Path, mode
     from slime_harbor.run_config import RolloutConfig
     from slime_harbor.trial_setup import environment_config, install_agents_first
 
-    policy = ScriptedPolicy([SILENT_COMMAND, SUBMIT], AutoTokenizer.from_pretrained(model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    policy = ScriptedPolicy([SILENT_COMMAND, SUBMIT], make_renderer(model_dir, tokenizer), tokenizer)
     gateway = RecordingGateway(None, model_dir, served_model_name=model_name, upstream=policy)
     await gateway.start()
     try:

@@ -26,6 +26,7 @@ import torch
 
 from slime_harbor.agents.native import (DEFAULT_PROMPTS, format_observation, format_reply, initial_messages,
                                         initial_prompt_ids, next_prompt_ids)
+from slime_harbor.policy.chat_formats import sampled_part, text_turn_text
 from slime_harbor.tasks.families import Instance
 from slime_harbor.grpo import masked_mean
 
@@ -53,19 +54,19 @@ def native_agent_episode(renderer, tokenizer, instruction: str, replies: Sequenc
                          outputs: Sequence[tuple[int, str]]) -> MaskedSequence:
     """The ids of a native-agent episode and its loss mask (1 on the agent's own tokens).
 
-    `replies[i]` is the agent's i-th reply text (closed here by the family's end-of-turn token, the
-    renderer's first stop token, as a sampled turn ends); `outputs[i]` = (return code, output) of
+    `replies[i]` is the agent's i-th reply text (a whole turn of the format around it, with an empty
+    thought and the end of a turn of text: chat_formats.ChatFormat.text_turn, as a sampled turn ends); `outputs[i]` = (return code, output) of
     the command of reply i, rendered and bridged on by the agent's own functions. Give one output
     fewer than replies when the last reply submits.
     """
     if len(outputs) not in (len(replies), len(replies) - 1):
         raise ValueError("give one (returncode, output) per reply, or one fewer when the last reply submits")
-    end_of_turn = renderer.get_stop_token_ids()[0]
     messages = initial_messages(instruction)
     ids = initial_prompt_ids(renderer, instruction)
     mask = [0] * len(ids)
     for i, reply in enumerate(replies):
-        sampled = tokenizer.encode(reply, add_special_tokens=False) + [end_of_turn]
+        turn = sampled_part(text_turn_text(renderer.config.name, reply), tokenizer.decode(ids))
+        sampled = tokenizer.encode(turn, add_special_tokens=False)
         if i < len(outputs):
             messages += [{"role": "assistant", "content": reply},
                          {"role": "user", "content": format_observation(*outputs[i])}]

@@ -6,8 +6,8 @@ sampled tokens (the format's tokenizer encodes the text; special tokens are sing
 and checks what each API dialect hands the agent.
 
 Where the template already wrote the start of the turn into the generation prompt (Qwen3.5's and
-DeepSeek-R1's `<think>\\n`, gpt-oss's `<|channel|>analysis<|message|>`), `sampled_text` drops what
-the prompt holds: the policy samples only the rest.
+DeepSeek-R1's `<think>\\n`, gpt-oss's `<|channel|>analysis<|message|>`), chat_formats.sampled_part
+drops what the prompt holds: the policy samples only the rest.
 """
 
 from __future__ import annotations
@@ -94,12 +94,3 @@ TURNS: dict[str, FormatTurns] = {
     "nemotron-3": FormatTurns(f"<think>\n{REASONING}\n</think>\n{QWEN_XML_CALL}\n<|im_end|>",
                               "<think>\nThe files are listed.\n</think>\nDone.\n<|im_end|>", True),
 }
-
-
-def sampled_text(turn: str, prompt_text: str) -> str:
-    """The part of a written turn the policy samples: without the longest start of it that the
-    generation prompt (decoded) already ends with."""
-    for n in range(len(turn), 0, -1):
-        if prompt_text.endswith(turn[:n]):
-            return turn[n:]
-    return turn
