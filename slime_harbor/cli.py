@@ -74,7 +74,7 @@ HACK_FLAGS = {"hack_action": "--hack-action", "hack_detectors": "--hack-detector
               "hack_judge_url": "--hack-judge-url", "hack_judge_model": "--hack-judge-model",
               "impossible_twin": "--impossible-twin", "grader_watch": "--grader-watch"}
 DEMO_RUN_FLAGS = {"reward_mapping": "--reward-mapping", "hack_action": "--hack-action", "impossible_twin": "--impossible-twin",
-                  "grader_watch": "--grader-watch"}
+                  "grader_watch": "--grader-watch", "renderer": "--renderer"}
 """The demo's flags that are RunSettings knobs (its other flags are LearningConfig's)."""
 SAMPLING_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
                   "max_new_tokens": "--max-new-tokens"}

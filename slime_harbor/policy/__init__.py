@@ -16,6 +16,7 @@
     vllm_worker.py       runs inside vLLM: a reload after which a tied LM head follows the embeddings
     chat_formats.py      the chat formats we train, as a table, and the one choice of a checkpoint's format
     renderer.py          the chosen format's renderer (PyPI `renderers`), the gateway's, the agent's and SFT's
-    tiny_model.py        the tiny Qwen3-architecture model and tokenizer, built offline
+    tiny_model.py        the tiny checkpoint of each chat format (Qwen3 by default), built offline
+    format_tokenizers.py its tokenizer per family: the real ones from registry packages, or trained with the family's tokens
     cpu_shims/           what SGLang imports on a machine without a GPU (a kernel package that refuses to run)
 """

@@ -19,6 +19,7 @@ that lists the choices.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,6 +203,13 @@ def recorded_renderer(model_dir: str | Path) -> str | None:
         return json.loads((Path(model_dir) / CHECKPOINT_RECORD).read_text()).get("renderer")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def keep_record(source_dir: str | Path, out_dir: str | Path) -> None:
+    """A checkpoint trained from `source_dir` speaks its format: copy make-model's record, if any."""
+    record = Path(source_dir) / CHECKPOINT_RECORD
+    if record.is_file() and Path(source_dir).resolve() != Path(out_dir).resolve():
+        shutil.copyfile(record, Path(out_dir) / CHECKPOINT_RECORD)
 
 
 def _hub_names(model_dir: Path, config: dict) -> list[str]:

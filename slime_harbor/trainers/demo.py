@@ -281,7 +281,7 @@ def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT
 
     t = time.monotonic()
     print("1/3 tiny model and procedural tasks (train / held-out splits)", file=sys.stderr)
-    base = build_tiny_model(cfg.out / "models" / "base", seed=cfg.seed)
+    base = build_tiny_model(cfg.out / "models" / "base", seed=cfg.seed, renderer=run_settings.get("renderer") or "qwen3")
     train_dir, heldout_dir, schedule = setup_tasks(cfg)
     sft_dir, grpo_dir = cfg.out / "models" / "sft", cfg.out / "grpo"
     config = LocalTrainConfig(

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from slime_harbor.grpo import episode_advantages, grpo_loss, masked_mean, rft_loss
+from slime_harbor.policy.chat_formats import keep_record
 from slime_harbor.policy.weights import peft_quietly
 from slime_harbor.samples import SampleStatus, TrainingSample, is_success
 from slime_harbor.trainers.local_config import TRAINER_STATE, LocalTrainConfig
@@ -143,6 +144,7 @@ class Policy:
         out.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(out)
         self.tokenizer.save_pretrained(out)
+        keep_record(self.base_model, out)
         if with_optimizer:
             torch.save(self.optimizer.state_dict(), out / OPTIMIZER_STATE)
 

@@ -26,7 +26,7 @@ import torch
 
 from slime_harbor.agents.native import (DEFAULT_PROMPTS, format_observation, format_reply, initial_messages,
                                         initial_prompt_ids, next_prompt_ids)
-from slime_harbor.policy.chat_formats import sampled_part, text_turn_text
+from slime_harbor.policy.chat_formats import keep_record, sampled_part, text_turn_text
 from slime_harbor.tasks.families import Instance
 from slime_harbor.grpo import masked_mean
 
@@ -153,6 +153,7 @@ def sft_model_dir(model_dir: str | Path, out_dir: str | Path, pairs: Sequence[Pa
     losses = sft_sequences(model, examples, config, pad_id=tokenizer.pad_token_id or 0, until=until)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+    keep_record(model_dir, out_dir)
     return losses
 
 
