@@ -96,6 +96,9 @@ def test_run_writes_metrics_checkpoints_and_final(trained_run):
     assert find_checkpoint(out) == out / "checkpoint_2"
     assert summary["last_step"] == 2 and summary["skipped_steps"] == []
     assert json.loads((out / "summary.json").read_text()) == summary
+    # the run's chat format, chosen from the checkpoint, named in its config and summary
+    assert summary["renderer"] == json.loads((out / "config.json").read_text())["renderer"] == "qwen3"
+    assert json.loads((ckpt / "slime_harbor.json").read_text())["renderer"] == "qwen3"  # kept with the checkpoint
 
     from transformers import AutoModelForCausalLM
 

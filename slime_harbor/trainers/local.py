@@ -70,8 +70,10 @@ from typing import Any
 
 import torch
 
+from slime_harbor.agents.placement import samples_policy
 from slime_harbor.config_docs import add_field_flags
 from slime_harbor.exits import ConfigError, Interrupted, OneLineArgumentParser, SignalGuard
+from slime_harbor.policy.chat_formats import choose_renderer
 from slime_harbor.policy.weight_check import CHECK_MODES, WeightMismatch
 from slime_harbor.tasks.manifest import apply_manifest
 from slime_harbor.tasks.task_dir import discover_tasks
@@ -133,6 +135,8 @@ def train(cfg: LocalTrainConfig, guard: SignalGuard | None = None, learner_facto
     if state and state["lora"] != cfg.lora:
         raise ConfigError(f"{checkpoint} was trained with lora={state['lora']}; pass the same --no-lora setting")
     base_model = state["base_model"] if state else str(resolve_model(cfg.model))
+    if samples_policy(cfg.agent):  # the run's chat format, named in config.json and summary.json
+        cfg = dataclasses.replace(cfg, renderer=choose_renderer(base_model, cfg.renderer))
     out = Path(cfg.output_dir or (checkpoint.parent if checkpoint else "runs/grpo-local"))
     out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(cfg.device)

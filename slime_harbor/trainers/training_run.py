@@ -211,6 +211,7 @@ def run_summary(metrics, cfg, base_model, out, last_checkpoint, seconds) -> dict
         "first_reward_mean": rewards[0] if rewards else None,
         "last_reward_mean": rewards[-1] if rewards else None,
         "base_model": base_model,
+        "renderer": cfg.renderer,  # the chat format the run spoke
         "lora": cfg.lora,
         "final": str(out / "final") if (out / "final").is_dir() else None,
         "last_checkpoint": last_checkpoint,
