@@ -508,34 +508,19 @@ def _build_format(out: Path, seed: int, config: TinyModelConfig, renderer: str) 
 def _build_qwen3(out: Path, seed: int, config: TinyModelConfig) -> None:
     """The qwen3 checkpoint, file for file as before formats existed (plus tiny_model.json)."""
     import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import GenerationConfig
 
     tokenizer = build_tokenizer(config)
     _save_tokenizer(tokenizer, out)
 
-    model_config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        max_position_embeddings=config.max_position_embeddings,
-        initializer_range=config.initializer_range,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
-        pad_token_id=tokenizer.convert_tokens_to_ids(ENDOFTEXT),
-        torch_dtype="float32",
-    )
     # Initialise under a private RNG state so building does not disturb the caller's seeds.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(model_config)
+        model = _model(ARCHITECTURES["qwen3"], config, len(tokenizer), tokenizer.convert_tokens_to_ids(IM_END),
+                       tokenizer.convert_tokens_to_ids(ENDOFTEXT), None)
     model.generation_config = GenerationConfig(
         eos_token_id=[tokenizer.convert_tokens_to_ids(t) for t in (IM_END, ENDOFTEXT)],
-        pad_token_id=model_config.pad_token_id,
+        pad_token_id=model.config.pad_token_id,
     )
     model.save_pretrained(out)
     (out / "tiny_model.json").write_text(
