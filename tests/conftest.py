@@ -9,6 +9,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import pytest
 
+from helpers.samples import trainer_view
+
 
 def served(model_dir):
     """Yields the base URL (http://127.0.0.1:PORT) of an embedded policy server on `model_dir`,
@@ -17,14 +19,6 @@ def served(model_dir):
 
     with EmbeddedPolicyServer(model_dir) as server:
         yield server.url
-
-
-def trainer_view(model_dir):
-    """The model in fp32, eval mode: the trainer's view, for recomputing logprobs (read-only)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="session")

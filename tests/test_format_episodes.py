@@ -21,7 +21,7 @@ from slime_harbor.policy.chat_formats import FORMATS
 from slime_harbor.rollout import run_rollout_episodes
 from slime_harbor.samples import SampleStatus
 from helpers.rollout import config, EASY_TASKS
-from helpers.samples import check_sample_against_model, recompute_logprobs
+from helpers.samples import check_sample_against_model, recompute_logprobs, trainer_view
 
 COMPACTING = "chat_tools_agent:CompactingAgent"
 
@@ -64,8 +64,6 @@ def trained_once(samples, out_dir: Path, agent: str) -> None:
 @pytest.mark.parametrize("agent", ["native", COMPACTING])
 @pytest.mark.parametrize("renderer", list(FORMATS))
 def test_each_format_trains_exactly_the_sampled_tokens(renderer, agent, format_model, format_server, tmp_path):
-    from conftest import trainer_view
-
     model_dir, tokenizer = format_model(renderer)
     cfg = config(tmp_path, format_server(renderer), model_dir, task_names=EASY_TASKS[:1], n_samples=2,
                  agent=agent, step_limit=3, max_new_tokens=32,
@@ -77,7 +75,14 @@ def test_each_format_trains_exactly_the_sampled_tokens(renderer, agent, format_m
     assert summary["drift_count"] == 0
     samples = [s for e in rollouts.episodes for s in e.samples]
     if agent == COMPACTING:  # the compaction restarts the conversation: a second sample of the episode
-        assert summary["split_episodes"] == 2 and len(samples) == 4
+        # (a random reply may branch once more: GLM's turn ending in <|observation|> with no tool call
+        # parsed, answered by a user message, cannot be bridged); one sample per recorded branch
+        assert summary["split_episodes"] == 2
+        for episode in rollouts.episodes:
+            calls = [json.loads(line) for line in (Path(episode.metadata["trial_dir"]) / "agent" / "gateway" /
+                                                   "calls.jsonl").read_text().splitlines()]
+            branches = {c["branch"] for c in calls if c.get("trained")}
+            assert len(episode.samples) == len(branches) >= 2, (renderer, len(episode.samples), branches)
     else:
         assert summary["split_episodes"] == 0 and len(samples) == 2
     model = trainer_view(model_dir)

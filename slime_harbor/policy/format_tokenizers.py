@@ -30,6 +30,182 @@ from pathlib import Path
 
 from slime_harbor.cache import cache_dir
 
+# Training text for the tokenizer: the kinds of text a coding agent reads and writes.
+CORPUS = r'''
+You are a helpful assistant that can interact with a computer shell to solve programming tasks.
+Your response must contain exactly ONE bash code block with ONE command (or commands connected with && or ||).
+Include a THOUGHT section before your command where you explain your reasoning process.
+
+THOUGHT: I need to look at the files in the repository first to understand its structure.
+
+```bash
+ls -la
+```
+
+THOUGHT: The task asks me to create a file called hello.txt that contains the text "Hello, world!".
+
+```bash
+echo "Hello, world!" > hello.txt && cat hello.txt
+```
+
+THOUGHT: Let me find where the function is defined before I change it.
+
+```bash
+grep -rn "def parse_args" --include=*.py .
+```
+
+THOUGHT: The tests fail because the function returns None for an empty list. I will fix it.
+
+```bash
+sed -i 's/return None/return []/' src/utils.py && python -m pytest -q tests/
+```
+
+THOUGHT: I have completed the task and verified the output. I will submit.
+
+```bash
+echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT
+```
+
+{
+  "analysis": "The directory is empty. No files have been created yet.",
+  "plan": "Create the script, make it executable and run it to check the output.",
+  "commands": [
+    {"keystrokes": "cat > run.sh << 'EOF'\n#!/bin/bash\necho done\nEOF\n", "duration": 0.1},
+    {"keystrokes": "chmod +x run.sh && ./run.sh\n", "duration": 1.0}
+  ],
+  "task_complete": true
+}
+
+Task: Write a Python script at /app/solution.py that reads numbers from input.txt, one per line,
+and prints their sum. The file may contain blank lines, which should be ignored.
+Task: Fix the failing unit test in the repository. Do not modify the tests themselves.
+Task: Count the number of lines in /app/data.csv that contain the word "error" and write the
+count to /app/answer.txt.
+Task: Create a directory named output and copy every .log file from /var/log/app into it.
+The terminal shows the output of the previous command. Read it carefully before you act.
+
+$ cd /app && ls
+README.md  data.csv  main.py  requirements.txt  tests
+$ cat main.py | head -n 20
+$ wc -l data.csv
+1024 data.csv
+$ find . -name "*.py" -type f | xargs grep -l "import os"
+$ mkdir -p output && cp /var/log/app/*.log output/
+$ tar -czf backup.tar.gz output/ && rm -rf output
+$ pip install -r requirements.txt
+$ git status && git diff HEAD~1 -- src/
+$ python3 -c "import sys; print(sys.version)"
+$ export PATH=$HOME/.local/bin:$PATH
+$ awk -F, '{ total += $3 } END { print total }' data.csv
+$ sort -u names.txt | uniq -c | sort -rn | head -5
+$ curl -s http://localhost:8000/health || echo "server down"
+$ chmod 644 config.yaml; chown root:root config.yaml
+$ echo $? ; printf "%s\n" "$HOME"
+bash: command not found
+Traceback (most recent call last):
+  File "/app/main.py", line 12, in <module>
+    main()
+FileNotFoundError: [Errno 2] No such file or directory: 'input.txt'
+AssertionError: expected 3, got 4
+1 failed, 7 passed in 0.12s
+
+import os
+import sys
+import json
+from pathlib import Path
+
+
+def read_numbers(path: str) -> list[int]:
+    """Read one integer per line, skipping blank lines."""
+    numbers = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            numbers.append(int(line))
+    return numbers
+
+
+class Counter:
+    def __init__(self, start=0):
+        self.value = start
+
+    def increment(self, step=1):
+        self.value += step
+        return self.value
+
+
+def main() -> None:
+    total = sum(read_numbers(sys.argv[1]))
+    print(f"total: {total}")
+    result = {"status": "ok", "count": len(sys.argv), "items": [1, 2, 3]}
+    print(json.dumps(result, indent=2))
+    for i, name in enumerate(sorted(os.listdir("."))):
+        if name.endswith(".txt") and i % 2 == 0:
+            print(i, name)
+        elif name.startswith("_"):
+            raise ValueError("unexpected file: " + name)
+    try:
+        data = Path("config.json").read_text()
+    except FileNotFoundError:
+        data = "{}"
+    return None
+
+
+if __name__ == "__main__":
+    main()
+
+def test_sum():
+    assert sum([1, 2, 3]) == 6
+    assert Counter().increment() == 1
+
+The quick brown fox jumps over the lazy dog. Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000 3.14 -1.
+ABCDEFGHIJKLMNOPQRSTUVWXYZ abcdefghijklmnopqrstuvwxyz !"#$%&'()*+,-./:;<=>?@[\]^_`{|}~
+'''
+
+# Words the corpus above is too short to teach. Each appears twice (min_frequency=2) after a space,
+# capitalised after a space, and at the start of a line, so each form can become one token.
+WORDS = """
+the of and to in is it that for you was with on as have be at by this from or an are not but
+what all were when we there can your which their if do will each about how up out them then she
+many some so these would other into has more her two like him see time could no make than first
+been its who now people my made over did down only way find use may water long little very after
+called just where most know get through back much before go good new write our used me man too
+any day same right look think also around another came come work three word must because does part
+even place well such here take why things help put years different away again off went old number
+great tell men say small every found still between name should home big give air line set own under
+read last never us left end along while might next sound below saw something thought both few those
+always looked show large often together asked house don world going want school important until form
+food keep children feet land side without boy once animal life enough took sometimes four head above
+kind began almost live page got earth need far hand high year mother light parts country father let
+night following picture being study second eyes soon times story boys since white days ever paper hard
+near sentence better best across during today others however sure means knew try told young miles sun
+task file files directory command commands output input error errors test tests pass fail failed
+passed check create created write wrote read run running script scripts function functions value
+values return returns string strings list lists number integer float line lines path paths config
+install installed package packages server client request response status code exit message repository
+solution answer submit complete completed terminal shell environment variable variables permission
+print import class def self none true false while break continue lambda yield async await raise
+except finally with assert global pass elif else open close append extend strip split join format
+len range enumerate zip sorted reversed dict set tuple int str bool bytes type isinstance super
+main args kwargs result results data json yaml csv log logs tmp app src lib bin usr etc var home
+ls cd pwd cat echo grep sed awk find xargs sort uniq head tail wc cut tr tee mkdir rmdir rm cp mv
+touch chmod chown ln tar gzip gunzip zip unzip curl wget git pip python python3 pytest bash sh make
+diff patch ps kill top df du free env export source which whoami date sleep true false test
+user assistant system tool thought analysis plan keystrokes duration
+"""
+
+
+def training_lines() -> list[str]:
+    """The tokenizer's training text: the corpus, and each word in its three forms, twice."""
+    words = WORDS.split()
+    lines = CORPUS.splitlines(keepends=True)
+    lines += 2 * [" ".join(words) + "\n", " ".join(w.capitalize() for w in words) + "\n"]
+    lines += 2 * [w + "\n" for w in words]
+    return lines
+
+
 # Bump when a tokenizer below changes in a way its inputs (package files, token lists) do not show.
 TOKENIZER_RECIPE = 2
 
@@ -341,7 +517,6 @@ def _deepseek(max_length: int) -> FormatTokenizer:
 def _trained(renderer: str, bpe_vocab_size: int, max_length: int) -> FormatTokenizer:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from slime_harbor.policy import tiny_model
 
     family = TRAINED[renderer]
     tokenizer = Tokenizer(models.BPE())
@@ -354,7 +529,7 @@ def _trained(renderer: str, bpe_vocab_size: int, max_length: int) -> FormatToken
         show_progress=False,
         special_tokens=[AddedToken(t.content, special=t.special, normalized=False) for t in family.leading],
     )
-    tokenizer.train_from_iterator(tiny_model.training_lines(), trainer=trainer)
+    tokenizer.train_from_iterator(training_lines(), trainer=trainer)
     # The trainer marks its tokens special; give each the family's flag.
     if family.leading:
         tokenizer.add_tokens([AddedToken(t.content, special=t.special, normalized=False) for t in family.leading])

@@ -9,6 +9,13 @@ from slime_harbor.episode import SCORED_STATUSES, Episode, EpisodeEnd, Segment
 from slime_harbor.samples import SampleStatus, TrainingSample
 
 
+def trainer_view(model_dir):
+    """The model in fp32, eval mode: the trainer's view, for recomputing logprobs (read-only)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
 def make_sample(reward: float | None = 1.0, status: SampleStatus | str = SampleStatus.COMPLETED, group: int = 0,
                 index: int = 0, *, weight_versions: list[str] = (), metadata: dict | None = None) -> TrainingSample:
     """Episode `index` of group `group` (its rollout_id too), with `reward` and `status`: a one-token
