@@ -8,8 +8,9 @@ training (`removed`: not scored, nothing sampled, or masked), are its own; the t
 
 The words an episode ends with (STEP_LIMIT, CONTEXT_EXCEEDED: the agents' and the gateway's) are
 here too: they are what its status means. Which exceptions make it ABORTED (retried), FAILED or
-scored is error_kinds.ERRORS' second column, read here by the recorded exception's class name. The converter (converter.py) builds an Episode from a trial's
-tokens; the filters (filters.py) mask it; the hack monitor scores or screens it.
+scored is error_kinds.ERRORS' second column, read here by the recorded exception's class name.
+The converter (converter.py) builds an Episode from a trial's tokens; the filters (filters.py)
+mask it; the hack monitor scores or screens it.
 """
 
 from __future__ import annotations
