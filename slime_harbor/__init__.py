@@ -31,7 +31,7 @@ trainer (docs/chain.md draws it whole). Each module and folder, in the order of 
     integrations/       entry points for other frameworks (the verifiers plugin prime-rl loads)
     calibrate.py        which tasks can grade a policy (gold, empty answer, blind attacks)
     canaries.py         impossible task variants mixed into training to measure hacking
-    error_kinds.py      whose an error is: the table of exception classes we raise on purpose
+    error_kinds.py      the errors table: whose each exception is, and whether its episode is retried
     exits.py            one-line errors for bad input, orderly shutdown on SIGINT and SIGTERM
     harbor_job.py       a rollout's trials dir as a Harbor job dir (`harbor view` reads it)
     cache.py            the machine's cache outside any checkout

@@ -6,10 +6,11 @@ trial's result and the gateway's session), the reward it trains on, its segments
 training (`removed`: not scored, nothing sampled, or masked), are its own; the training samples
 (samples.py) are built from it once, where it leaves (`Episode.samples`).
 
-The words an episode ends with (STEP_LIMIT, CONTEXT_EXCEEDED: the agents' and the gateway's) and
-which exceptions make it ABORTED (transient, may run again) or FAILED (permanent) are here too:
-they are what its status means. The converter (converter.py) builds an Episode from a trial's
-tokens; the filters (filters.py) mask it; the hack monitor scores or screens it.
+The words an episode ends with (STEP_LIMIT, CONTEXT_EXCEEDED: the agents' and the gateway's) are
+here too: they are what its status means. Which exceptions make it ABORTED (retried), FAILED or
+scored is error_kinds.ERRORS' second column, read here by the recorded exception's class name.
+The converter (converter.py) builds an Episode from a trial's tokens; the filters (filters.py)
+mask it; the hack monitor scores or screens it.
 """
 
 from __future__ import annotations
@@ -19,32 +20,18 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from slime_harbor.error_kinds import FAILED, RETRIED, SCORED, named_base_of_name, outcome_of_name
 from slime_harbor.verifier_reward import scalar_reward
 from slime_harbor.samples import SampleStatus, TrainingSample
 
-# Transient infrastructure failures: the policy is not to blame and a new trial may well succeed
-# (sandbox start, policy server unreachable, cancellation). Status ABORTED: never trained, and the
-# SLiME hook may run the task again within its retry budget.
-TRANSIENT_EXCEPTIONS = frozenset(
-    {
-        "CancelledError",
-        "PolicyServerError",
-        "EnvironmentStartTimeoutError",
-        "SandboxError",
-        "HealthcheckError",
-        "AgentSetupTimeoutError",
-        "AgentInstallError",
-        "AgentInstallTimeoutError",
-        "ConnectError",
-        "DockerError",
-    }
-)
-# Permanent failures: running the task again gives the same result (an image that does not build,
-# a Dockerfile we cannot replay). Status FAILED: never trained and never retried. A verifier that
-# wrote no reward and a task dir Harbor rejects are FAILED too (see episode_end / run_episode).
-PERMANENT_EXCEPTIONS = frozenset({"SandboxBuildFailedError", "DockerfileError"})
-REFUSED_VERIFICATION = "VerifierRefused"
-"""isolation.VerifierRefused: the agent tampered with the verifier's runtime or plumbing."""
+CANCELLED = "CancelledError"
+"""The trial was cancelled (its hard timeout, SLiME ending the round): retried by the table, but
+never a start that failed, whenever it came."""
+TIME_LIMIT = "AgentTimeoutError"
+"""Harbor's agent timeout: the agent ran out of its time, a limit; scored (the table) as TRUNCATED."""
+AGENT_INSTALL = "agents.installed.installs:AgentInstallError"
+"""The installed agents' install failure (and its timeout, a subclass), raised before the
+environment starts (trial_setup.install_agents_first): part of a start that failed."""
 STEP_LIMIT = "step_limit"
 """The episode used its turns (the agent's own limit, or the gateway's max_calls)."""
 CONTEXT_EXCEEDED = "context_exceeded"
@@ -120,20 +107,16 @@ class Segment:
             self.top_p_offsets += [base + o for o in offsets[1:]]
 
 
-AGENT_INSTALL_EXCEPTIONS = frozenset({"AgentInstallError", "AgentInstallTimeoutError"})
-"""installed_agents' install failures, raised before the environment starts (trial_setup.install_agents_first)."""
-
-
 def environment_start_failed(result) -> bool:
     """The trial raised while its environment was starting (or failing its healthcheck, or while
-    the agent's install that comes first was built): the agent was never set up. Build failures
-    are excluded: they are permanent, not worth a retry."""
+    the agent's install that comes first was built): the agent was never set up. An error the table
+    fails (a build failure: the same again next time) and a cancellation are excluded."""
     exc = result.exception_info
     return (
         exc is not None
-        and exc.exception_type not in PERMANENT_EXCEPTIONS
-        and exc.exception_type != "CancelledError"
-        and (result.environment_setup is not None or exc.exception_type in AGENT_INSTALL_EXCEPTIONS)
+        and outcome_of_name(exc.exception_type) != FAILED
+        and exc.exception_type != CANCELLED
+        and (result.environment_setup is not None or named_base_of_name(exc.exception_type) == AGENT_INSTALL)
         and result.agent_setup is None
     )
 
@@ -169,7 +152,11 @@ def episode_end(result, gateway_exit: str | None = None) -> EpisodeEnd:
     a limit it enforced truncates it, whatever the agent did with the 400 it got), the
     environment and the verifier. Only verifier-scored episodes keep a reward.
 
-    ABORTED = transient infra failure (may be retried), FAILED = permanent (never retried).
+    An exception Harbor recorded decides by its row in error_kinds.ERRORS (its second column):
+    failed is FAILED first of all; scored keeps the verifier's reward (VerifierRefused's 0 as
+    COMPLETED, AgentTimeoutError as TRUNCATED); retried is ABORTED (the retry budget runs it again).
+    A class of no row is FAILED (error_kinds.UNNAMED_OUTCOME), unless the environment was starting
+    (ABORTED, a start that failed) or the episode ended at a limit (TRUNCATED, scored).
 
     An episode at a limit (TRUNCATING_EXITS) is TRUNCATED and scored, with the limit as its reason
     whatever exception the agent ended on (rollout.end_run_at_gateway_limits lets the verifier run
@@ -184,6 +171,7 @@ def episode_end(result, gateway_exit: str | None = None) -> EpisodeEnd:
     reward = scalar_reward(rewards)
     exc = result.exception_info
     exc_type = exc.exception_type if exc else None
+    outcome = outcome_of_name(exc_type) if exc else None  # error_kinds.ERRORS' second column; None: no row
     agent_exit = agent_exit_status(result)
     exit_status = agent_exit
     if gateway_exit in TRUNCATING_EXITS and agent_exit not in (*TRUNCATING_EXITS, "aborted"):
@@ -193,22 +181,22 @@ def episode_end(result, gateway_exit: str | None = None) -> EpisodeEnd:
     def end(status: SampleStatus, why: str, scored: bool = False) -> EpisodeEnd:
         return EpisodeEnd(status, reward if scored else None, exit_status, why, start_failed)
 
-    if exc_type in PERMANENT_EXCEPTIONS:
+    if outcome == FAILED:  # the table's failed: the same again next time, whatever else happened
         return end(SampleStatus.FAILED, f"{exc_type}: {exc.exception_message}")
-    if exc_type == REFUSED_VERIFICATION and reward is not None:  # the policy tampered: scored 0 (isolation.py)
+    if outcome == SCORED and exc_type != TIME_LIMIT and reward is not None:  # the policy tampered: scored 0 (isolation.py)
         return end(SampleStatus.COMPLETED, exc.exception_message, scored=True)
     if gateway_exit == "policy_unavailable":
         return end(SampleStatus.ABORTED, "policy unavailable (the gateway answered 503)")
-    if exc_type in TRANSIENT_EXCEPTIONS or exit_status == "aborted" or start_failed:
+    if outcome == RETRIED or exit_status == "aborted" or start_failed:
         why = f"{exc_type}: {exc.exception_message}" if exc else f"policy abort: {exit_status}"
         return end(SampleStatus.ABORTED, f"environment start failed: {why}" if start_failed else why)
     if reward is None:
         return end(SampleStatus.FAILED, f"{exc_type}: {exc.exception_message}" if exc else "verifier produced no reward")
     if exit_status in TRUNCATING_EXITS:
         return end(SampleStatus.TRUNCATED, exit_status, scored=True)
-    if exc_type == "AgentTimeoutError":
+    if exc_type == TIME_LIMIT:
         return end(SampleStatus.TRUNCATED, exc_type, scored=True)
-    if exc_type is not None:
+    if exc_type is not None:  # a class of no row (error_kinds.UNNAMED_OUTCOME): the trial's own failure
         return end(SampleStatus.FAILED, f"{exc_type}: {exc.exception_message}")
     return end(SampleStatus.COMPLETED, exit_status or "completed", scored=True)
 

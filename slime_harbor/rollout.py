@@ -47,7 +47,7 @@ from typing import Any
 from slime_harbor.agents.host import report_exit_status
 from slime_harbor.converter import trial_to_episode
 from slime_harbor.episode import CONTEXT_EXCEEDED, Episode, EpisodeEnd, TRUNCATING_EXITS
-from slime_harbor.error_kinds import OURS, kind_of_recorded, set_up_kind
+from slime_harbor.error_kinds import OURS, RETRIED, kind_of_recorded, set_up_kind, set_up_outcome
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.filters import mask_counts
 from slime_harbor.hack_monitor import HackWatch, apply_hack_action, hack_counts, show_in_viewer
@@ -324,13 +324,14 @@ async def _run_trial_once(slot: EpisodeSlot, cfg: RolloutConfig, started: float)
                 # wait_for cancelled the trial, which recorded a CancelledError (classified aborted).
                 await _finish_environment_stop(trial)
                 result = trial.result
-            except Exception as exc:  # the task's, user's, policy's or machine's is FAILED (error_kinds); ours is loud
+            except Exception as exc:  # ours is loud; else the table's outcome: retried is ABORTED, the rest FAILED
                 if set_up_kind(exc) == OURS:
                     return internal_error(exc, slot, trial_name, started)
                 log.warning("trial for %s failed before running: %s", task_path.name, one_line(exc))
+                status = SampleStatus.ABORTED if set_up_outcome(exc) == RETRIED else SampleStatus.FAILED
                 return Episode(
                     task_name=task_path.name, group_index=group_index, index=index,
-                    end=EpisodeEnd(SampleStatus.FAILED, None, None, f"{type(exc).__name__}: {one_line(exc)}"),
+                    end=EpisodeEnd(status, None, None, f"{type(exc).__name__}: {one_line(exc)}"),
                     reward=None, metadata={"task_name": task_path.name, "exception_type": type(exc).__name__},
                     seconds=time.monotonic() - started,
                 )

@@ -137,7 +137,7 @@ def test_unbuildable_image_fails_its_trials_once_with_the_build_log(tmp_path, mo
     again, more = rollout(tmp_path, tasks_dir=task.parent, n_samples=1)  # the failure is remembered
     assert len(builds) == 1
     for s in samples + more:
-        assert s.status in (SampleStatus.ABORTED, SampleStatus.FAILED) and s.remove_sample and s.reward is None
+        assert s.status == SampleStatus.FAILED and s.remove_sample and s.reward is None  # never retried
         assert s.metadata["exception_type"] == "SandboxBuildFailedError"
         assert f"building-{token}" in s.metadata["status_reason"]  # the build log's tail
         assert "7" in s.metadata["status_reason"]
