@@ -36,6 +36,10 @@ the checkpoint gives its own log's error line for every agent of that format.
     PYTHONPATH=$PWD .venv/bin/python bench/model_formats.py [--formats qwen3,glm-5] [--agents native,codex]
         [--engines embedded,sglang,vllm] [--trials 1] [--task dedupe-lines] [--out DIR] [--quick]
 
+--vllm-served-name policy starts vLLM with --served-model-name policy: as the project starts it,
+vLLM serves the checkpoint under its absolute path, which the rollout then hands terminus-2 as
+"hosted_vllm//path/...", a model name LiteLLM refuses (every terminus-2 trial fails).
+
 --quick: the embedded engine, the native agent and terminus-2 only (a fast check). Progress goes to
 stderr; the table (markdown) to stdout, printed once at the end (each row is also appended to
 OUT/rows.md as its cell ends, so an interrupted run keeps what it measured). Trials stay under --out
@@ -126,9 +130,11 @@ def engine_error_line(log_path: Path | None) -> str:
         lines = [line for line in Path(log_path).read_text(errors="replace").splitlines() if line.strip()]
     except (OSError, TypeError):
         return ""
-    for line in reversed(lines):
-        if ERROR_LINE.match(line):
-            return line.strip()
+    for i in range(len(lines) - 1, -1, -1):
+        if ERROR_LINE.match(lines[i]):
+            if ":" not in lines[i] and i > 0:  # a bare `AssertionError`: the failing line says what
+                return f"{lines[i].strip()}: {lines[i - 1].strip()}"
+            return lines[i].strip()
     return lines[-1].strip() if lines else ""
 
 
@@ -223,8 +229,8 @@ def run_cell(fmt: str, engine: str, agent: str, url: str, model_dir: Path, model
 class Served:
     """An engine serving a checkpoint (a context manager); `error` is set when it did not start."""
 
-    def __init__(self, engine: str, model_dir: Path, log_dir: Path):
-        self.engine, self.model_dir = engine, model_dir
+    def __init__(self, engine: str, model_dir: Path, log_dir: Path, extra_args: list[str] = ()):
+        self.engine, self.model_dir, self.extra_args = engine, model_dir, list(extra_args)
         self.log_path = log_dir / f"{engine}.log"
         self.server = self.process = None
         self.url = self.error = None
@@ -245,7 +251,7 @@ class Served:
 
                 try:
                     self.process = EngineProcess(self.engine, self.model_dir, "127.0.0.1", free_port(),
-                                                 log_path=self.log_path)
+                                                 log_path=self.log_path, extra_args=self.extra_args)
                 except EngineMissing as e:
                     self.error = f"engine not installed: {one_line(e)}"
                     return self
@@ -294,10 +300,12 @@ def run_format(fmt: str, engines: list[str], agents: list[str], args, print_rows
     log_dir = Path(args.out) / fmt
     log_dir.mkdir(parents=True, exist_ok=True)
     for engine in engines:
-        with Served(engine, model_dir, log_dir) as served:
+        extra = ["--served-model-name", args.vllm_served_name] if engine == "vllm" and args.vllm_served_name else []
+        with Served(engine, model_dir, log_dir, extra) as served:
             for agent in agents:
                 if served.error:
                     cells.append(Cell(fmt, engine, agent, error=served.error, wall_s=served.start_s))
+                    print_rows([cells[-1].row()])
                     continue
                 log(f"  {fmt} {engine} {agent} ...")
                 cell = run_cell(fmt, engine, agent, served.url, model_dir, model, args)
@@ -319,6 +327,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--max-context-len", type=int, default=0,
                         help="every agent's context limit (default: the engine's; terminus-2: 4096)")
+    parser.add_argument("--vllm-served-name", help="start vLLM with --served-model-name NAME (default: as the "
+                        "project starts it, which serves the checkpoint under its path)")
     parser.add_argument("--out", help="where the trials and engine logs go (default: a temp dir)")
     parser.add_argument("--quick", action="store_true", help="embedded, native + terminus-2 only")
     args = parser.parse_args()
