@@ -186,3 +186,88 @@ def test_native_sft_episodes_close_each_turn_in_the_format(renderer, format_mode
     ends = [i for i, t in enumerate(trained) if t in renderer_.get_stop_token_ids()]
     assert len(ends) == 2 and ends[-1] == len(trained) - 1  # each reply ends on one stop token
     assert tokenizer.decode(trained).count("```bash") == 2
+
+
+@pytest.mark.parametrize("renderer", list(TURNS))
+def test_system_messages_where_claude_code_and_codex_put_them(renderer, format_model, tmp_path):
+    """Claude Code 2.1 sends its environment block as a system message after the first user turn;
+    Codex sends its instructions and a developer message before the task. Qwen3.5, Qwen3.6 and
+    Nemotron 3's templates take one system message, first (renderers refuses any other: the gateway
+    answered 500): there the gateway folds the others (one leading system message; a later one into
+    the user message before it, as a <system-reminder> block), elsewhere each is a system turn. In
+    every format both agents get their tool call and the next turn bridges on one branch."""
+    from helpers.dialects import ANTHROPIC_TOOLS, RESPONSES_TOOLS
+
+    from slime_harbor.policy.chat_formats import FORMATS
+
+    model_dir, tokenizer = format_model(renderer)
+    turns = TURNS[renderer]
+    environment = "# Environment\nWorking directory: /app"
+
+    async def main():
+        upstream = WrittenTurns(tokenizer, [turns.tool_turn, turns.final_turn, turns.tool_turn, turns.final_turn])
+        gateway = Gateway(None, model_dir, upstream=upstream)
+        await gateway.start()
+        try:
+            claude = gateway.open_session("claude", tmp_path / "claude", SamplingParams(max_new_tokens=256))
+            client = anthropic.AsyncAnthropic(base_url=session_root(claude), api_key="k", max_retries=0)
+            messages = [{"role": "user", "content": TASK}, {"role": "system", "content": environment}]
+            first = await client.messages.create(model="m", max_tokens=256, system=SYSTEM, messages=messages,
+                                                 tools=ANTHROPIC_TOOLS)
+            messages += [claude_echo(first), claude_results(first, 0)]
+            second = await client.messages.create(model="m", max_tokens=256, system=SYSTEM, messages=messages,
+                                                  tools=ANTHROPIC_TOOLS)
+            await client.close()
+            codex = gateway.open_session("codex", tmp_path / "codex", SamplingParams(max_new_tokens=256))
+            client = openai.AsyncOpenAI(base_url=codex.openai_base_url(), api_key="k", max_retries=0)
+            items = [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": environment}]},
+                     {"type": "message", "role": "user", "content": [{"type": "input_text", "text": TASK}]}]
+            third = await client.responses.create(model="m", instructions=SYSTEM, input=items, tools=RESPONSES_TOOLS)
+            items += codex_echo(third) + codex_results(third, 0)
+            fourth = await client.responses.create(model="m", instructions=SYSTEM, input=items, tools=RESPONSES_TOOLS)
+            await client.close()
+            return (claude, codex), (first, second, third, fourth), upstream.prompts
+        finally:
+            await gateway.aclose()
+
+    sessions, (first, second, third, fourth), prompts = asyncio.run(main())
+    assert [(b.name, b.input) for b in first.content if b.type == "tool_use"] == [("bash", {"command": COMMAND})]
+    assert [(i.name, json.loads(i.arguments)) for i in third.output if i.type == "function_call"] == \
+        [("bash", {"command": COMMAND})]
+    assert second.content and fourth.output_text.strip() == "Done."
+    for session in sessions:
+        assert session.stats["branches"] == 1 and session.stats["errors"] == 0, session.stats
+    claude_prompt = tokenizer.decode(prompts[0])
+    assert environment in claude_prompt and SYSTEM in claude_prompt
+    folded = FORMATS[renderer].system_first
+    assert ("<system-reminder>\n" + environment in claude_prompt) == folded
+    assert claude_prompt.index(TASK) < claude_prompt.index(environment)  # where Claude Code put it
+
+
+def test_a_conversation_the_renderer_refuses_is_a_400_not_a_500(tiny_model_dir, tmp_path, monkeypatch):
+    """Whatever a format's renderer refuses (renderers raises ValueError) is the client's 400 with
+    the renderer's reason, in every dialect; the gateway once answered 500 (an unhandled error)."""
+    async def main():
+        from slime_harbor.policy.sampling import Generation  # noqa: F401 (nothing is sampled)
+
+        gateway = Gateway("http://127.0.0.1:9", tiny_model_dir)
+        await gateway.start()
+
+        def refuse(*args, **kwargs):
+            raise ValueError("System message must be at the beginning.")
+
+        monkeypatch.setattr(gateway.renderer, "render_ids", refuse)
+        try:
+            session = gateway.open_session("s", tmp_path / "gw", SamplingParams(max_new_tokens=8))
+            async with httpx.AsyncClient(timeout=30) as http:
+                chat = await http.post(session.openai_base_url() + "/chat/completions",
+                                       json={"model": "m", "messages": [{"role": "user", "content": TASK}]})
+                claude = await http.post(session_root(session) + "/v1/messages",
+                                         json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": TASK}]})
+            return chat, claude
+        finally:
+            await gateway.aclose()
+
+    for response in asyncio.run(main()):
+        assert response.status_code == 400, response.text
+        assert "qwen3 chat format cannot render these messages: System message must be at the beginning" in response.text

@@ -31,7 +31,6 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
-from slime_harbor.gateway.session import normalise_messages
 from slime_harbor.gateway.turn import GatewayTurn, TurnRequest
 from slime_harbor.gateway.wire import Dialect, function_tool, sse, status_of, tool_objects
 from slime_harbor.http_api import BadRequest, json_object
@@ -180,8 +179,7 @@ class Messages(Dialect):
         bridged prompt can differ by a few template tokens). No session needed, nothing recorded."""
         body = await json_object(request)
         messages = chat_messages(body)
-        ids = self.gateway.renderer.render_ids(normalise_messages(messages), tools=chat_tools(body),
-                                               add_generation_prompt=True)
+        ids = self.gateway.render_prompt(self.gateway.messages(messages), chat_tools(body))
         return JSONResponse({"input_tokens": len(ids)})
 
     # ---- the reply ---------------------------------------------------------------------------------

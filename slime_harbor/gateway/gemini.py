@@ -42,7 +42,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from slime_harbor.gateway.session import GatewaySession, normalise_messages
+from slime_harbor.gateway.session import GatewaySession
 from slime_harbor.gateway.turn import GatewayTurn, TurnRequest
 from slime_harbor.gateway.wire import Dialect, function_tool, status_of, tool_objects
 from slime_harbor.http_api import BadRequest, json_object
@@ -249,8 +249,7 @@ class GenerateContent(Dialect):
         inner = body.get("generateContentRequest", body.get("generate_content_request"))
         if isinstance(inner, dict):
             body = inner
-        ids = self.gateway.renderer.render_ids(normalise_messages(chat_messages(body)), tools=chat_tools(body),
-                                               add_generation_prompt=True)
+        ids = self.gateway.render_prompt(self.gateway.messages(chat_messages(body)), chat_tools(body))
         return JSONResponse({"totalTokens": len(ids)})
 
     def _model(self, name: str) -> dict[str, Any]:

@@ -25,9 +25,11 @@ from slime_harbor.gateway.anthropic import Messages
 from slime_harbor.gateway.chat import ChatCompletions
 from slime_harbor.gateway.gemini import GenerateContent
 from slime_harbor.gateway.responses import Responses
-from slime_harbor.gateway.session import GatewaySession
+from slime_harbor.gateway.session import fold_system_messages, GatewaySession, normalise_messages
 from slime_harbor.gateway.turn import GatewayTurn, TurnRequest
 from slime_harbor.gateway.wire import Dialect
+from slime_harbor.http_api import BadRequest
+from slime_harbor.policy.chat_formats import FORMATS
 from slime_harbor.policy.client import PolicyClient
 from slime_harbor.policy.renderer import make_renderer
 from slime_harbor.policy.sampling import Generation, SamplingParams
@@ -101,6 +103,7 @@ class Gateway:
         self.model_dir = str(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.renderer = make_renderer(self.model_dir, self.tokenizer, renderer)
+        self.chat_format = FORMATS.get(self.renderer.config.name)
         config = json.loads((Path(self.model_dir) / "config.json").read_text())
         self.max_context_len = int(config.get("max_position_embeddings") or self.tokenizer.model_max_length)
         self.served_model_name = served_model_name
@@ -117,6 +120,23 @@ class Gateway:
         self.dialects = [dialect(self) for dialect in (ChatCompletions, Messages, Responses, GenerateContent)]
         for dialect in self.dialects:  # each declares its routes
             dialect.add_routes(self.app)
+
+    def messages(self, raw) -> list[dict]:
+        """A request's messages as the policy's chat format takes them: checked and normalised
+        (session.normalise_messages), system messages folded where the format takes only a first
+        one (session.fold_system_messages). 400 on anything malformed."""
+        messages = normalise_messages(raw)
+        return fold_system_messages(messages) if self.chat_format and self.chat_format.system_first else messages
+
+    def render_prompt(self, messages: list[dict], tools: list | None) -> list[int]:
+        """The conversation rendered whole, ready to generate; a conversation the format's
+        renderer refuses is a 400 that says why (never a 500)."""
+        try:
+            return self.renderer.render_ids(messages, tools=tools, add_generation_prompt=True)
+        except (ValueError, TypeError, KeyError) as error:
+            first = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise BadRequest(f"the {self.renderer.config.name} chat format cannot render these messages: {first}",
+                             param="messages") from None
 
     @property
     def base_url(self) -> str:

@@ -81,6 +81,42 @@ def text_of(content: Any, where: str) -> str:
     raise BadRequest(f"{where}.content must be a string, null or a list of text parts", param=f"{where}.content")
 
 
+SYSTEM_REMINDER = "<system-reminder>\n{}\n</system-reminder>\n"
+"""How a system message the format cannot take where it stands reaches the model (SLiME's agent
+adapters fold them so, in Claude Code's own tag)."""
+
+
+def fold_system_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages for a format whose renderer takes one system message, first, and refuses or
+    drops any other (chat_formats.ChatFormat.system_first): the system
+    messages that open the conversation become one (joined by a blank line: Codex's instructions
+    and developer message), and each later one is appended to the user message before it (or put
+    in front of the next one) as a <system-reminder> block (Claude Code's environment block after
+    its first user turn). The same messages always fold the same way, so a conversation that
+    grows keeps its earlier turns as they were."""
+    lead = 0
+    while lead < len(messages) and messages[lead]["role"] == "system":
+        lead += 1
+    out = [{"role": "system", "content": "\n\n".join(m["content"] for m in messages[:lead])}] if lead else []
+    pending: list[str] = []  # later system messages with no user message before them yet
+    for message in messages[lead:]:
+        if message["role"] == "system":
+            user = next((m for m in reversed(out) if m["role"] == "user"), None)
+            if user is None:
+                pending.append(message["content"])
+            else:
+                user["content"] += "\n" + SYSTEM_REMINDER.format(message["content"])
+            continue
+        message = dict(message)
+        if message["role"] == "user" and pending:
+            message["content"] = "".join(SYSTEM_REMINDER.format(t) for t in pending) + message["content"]
+            pending = []
+        out.append(message)
+    if pending:
+        out.append({"role": "user", "content": "".join(SYSTEM_REMINDER.format(t) for t in pending)})
+    return out
+
+
 def normalise_messages(raw: Any) -> list[dict[str, Any]]:
     """The request's messages, checked, in the shape the renderer takes (string content, a
     developer message as system, tool-call arguments as given). 400 on anything malformed."""
@@ -343,8 +379,7 @@ class GatewaySession:
             if bridged is not None:
                 return Placement(branch, bridged, branch.version,
                                  prefix=(last.index, len(last.prompt_ids) + len(last.completion_ids)))
-        prompt = self.gateway.renderer.render_ids(messages, tools=tools, add_generation_prompt=True)
-        return self._new_branch(key, request, prompt)
+        return self._new_branch(key, request, self.gateway.render_prompt(messages, tools))
 
     def _new_branch(self, key: str, request: tuple, prompt: list[int]) -> Placement:
         branch = Branch(index=len(self.branches), tools=key, canon=request, first_prompt=list(prompt))

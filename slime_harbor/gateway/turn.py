@@ -26,7 +26,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from slime_harbor.gateway.session import GatewaySession, PolicyUnavailable, normalise_messages
+from slime_harbor.gateway.session import GatewaySession, PolicyUnavailable
 from slime_harbor.http_api import BadRequest
 from slime_harbor.policy.client import PolicyServerError
 from slime_harbor.policy.sampling import SamplingParams, turn_seed
@@ -81,7 +81,7 @@ class GatewayTurn:
     def __init__(self, gateway, dialect, request: Request, session: GatewaySession, asked: TurnRequest):
         if not isinstance(asked.stream, bool):
             raise BadRequest("stream must be a boolean", param="stream")
-        messages = normalise_messages(asked.messages)
+        messages = gateway.messages(asked.messages)
         params = run_sampling(session.sampling, asked)
         self.gateway, self.dialect, self.request, self.session, self.asked = gateway, dialect, request, session, asked
         self.placement, self.call = session.admit(messages, asked.tools)

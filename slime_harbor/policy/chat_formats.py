@@ -54,6 +54,10 @@ class ChatFormat:
     """A whole turn calling the agent's `bash` tool with an empty thought, as the family writes it
     (`{command}` raw, `{command_json}` as a JSON string): what agent SFT's scripted policy answers.
     What the generation prompt already holds of it is not sampled (sampled_part)."""
+    system_first: bool = False
+    """The family's renderer takes one system message, first: it refuses any other (Qwen3.5, Qwen3.6,
+    Nemotron 3; Llama 3 a second one before the first user turn when tools are given) or drops it
+    (MiniMax-M2). The gateway folds the others into a user message (gateway/session.fold_system_messages)."""
 
 
 QWEN_XML_BASH = "<tool_call>\n<function=bash>\n<parameter=command>\n{command}\n</parameter>\n</function>\n</tool_call>"
@@ -69,12 +73,12 @@ FORMATS: dict[str, ChatFormat] = {f.renderer: f for f in (
                "<tool_call><function=NAME><parameter=K>V</parameter></function></tool_call> (qwen3_coder XML)",
                "<think>...</think>, opened by the generation prompt", "<|im_end|>",
                "<think>\n\n</think>\n\n{content}<|im_end|>",
-               "<think>\n\n</think>\n\n" + QWEN_XML_BASH + "<|im_end|>"),
+               "<think>\n\n</think>\n\n" + QWEN_XML_BASH + "<|im_end|>", system_first=True),
     ChatFormat("qwen3.6", ("qwen3_5_moe", "qwen3_5_moe_text"),
                "<tool_call><function=NAME><parameter=K>V</parameter></function></tool_call> (qwen3_coder XML)",
                "<think>...</think>, opened by the generation prompt", "<|im_end|>",
                "<think>\n\n</think>\n\n{content}<|im_end|>",
-               "<think>\n\n</think>\n\n" + QWEN_XML_BASH + "<|im_end|>"),
+               "<think>\n\n</think>\n\n" + QWEN_XML_BASH + "<|im_end|>", system_first=True),
     ChatFormat("glm-4.5", ("glm4_moe",),
                "<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>\\n</tool_call>",
                "<think>...</think>", "<|user|>",
@@ -117,18 +121,18 @@ FORMATS: dict[str, ChatFormat] = {f.renderer: f for f in (
     ChatFormat("llama-3", ("llama",),
                "the reply is one JSON object {name, parameters}", "none", "<|eot_id|>",
                "{content}<|eot_id|>",
-               '{"name": "bash", "parameters": {"command": {command_json}}}<|eot_id|>'),
+               '{"name": "bash", "parameters": {"command": {command_json}}}<|eot_id|>', system_first=True),
     ChatFormat("minimax-m2", ("minimax_m2",),
                "<minimax:tool_call><invoke name=NAME><parameter name=K>V</parameter></invoke></minimax:tool_call>",
                "<think>...</think>, opened by the generation prompt", "[e~[",
                "<think>\n\n</think>\n\n{content}[e~[",
                '<think>\n\n</think>\n\n<minimax:tool_call>\n<invoke name="bash">\n<parameter name="command">{command}'
-               "</parameter>\n</invoke>\n</minimax:tool_call>[e~["),
+               "</parameter>\n</invoke>\n</minimax:tool_call>[e~[", system_first=True),
     ChatFormat("nemotron-3", ("nemotron_h",),
                "<tool_call><function=NAME><parameter=K>V</parameter></function></tool_call>",
                "<think>...</think>, opened by the generation prompt", "<|im_end|>",
                "<think>\n\n</think>\n{content}\n<|im_end|>",
-               "<think>\n\n</think>\n" + QWEN_XML_BASH + "\n<|im_end|>"),
+               "<think>\n\n</think>\n" + QWEN_XML_BASH + "\n<|im_end|>", system_first=True),
 )}
 
 
