@@ -63,6 +63,19 @@ def test_host_side_agents_get_api_base_and_a_hosted_vllm_model_name():
     assert own.kwargs == {"api_base": ENDPOINT.host_url, "max_turns": 2} and own.model_name == "hosted_vllm/policy"
 
 
+@pytest.mark.parametrize("served", ["/root/.cache/slime-harbor/tiny-model-glm-4.5-seed0-8350dec6ed18b837",
+                                    "Qwen/Qwen3.6-35B-A3B", "policy"])
+def test_terminus2_takes_the_name_of_a_policy_served_under_its_path(served):
+    """vLLM serves a checkpoint under its path, and run_config.with_engine takes that name: terminus-2
+    got `hosted_vllm/<path>`, which Harbor's own check refuses, so every terminus-2 trial on vLLM
+    failed. The name agents use is one Harbor takes (the gateway answers to any)."""
+    from harbor.llms.utils import validate_hosted_vllm_model_config
+
+    term = agent_config(RolloutConfig(agent="terminus-2", model_name=served), ENDPOINT)
+    name, _ = validate_hosted_vllm_model_config(term.model_name, term.kwargs["model_info"])
+    assert name == (served if served == "policy" else served.rsplit("/", 1)[-1])
+
+
 @pytest.mark.parametrize("agent, model_name", [("claude-code", "anthropic/policy"), ("codex", "openai/policy"),
                                                ("aider", "openai/policy")])
 def test_installed_agents_get_the_endpoint_variables_of_their_session(agent, model_name):

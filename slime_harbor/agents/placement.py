@@ -12,6 +12,7 @@ agent loaded inside a trial loads no run setup.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 from slime_harbor.agents.host import HOST_GATEWAY_AGENTS
@@ -121,6 +122,16 @@ def agent_config(cfg, endpoint: ModelEndpoint | None = None):
     return config
 
 
+def agent_model_name(served: str) -> str:
+    """The name a gateway agent calls the policy by (the gateway answers to any): the served name
+    where Harbor's hosted_vllm rules take it (letters, digits, '.', '-', '_', under 64 characters),
+    else one made of its last path part. vLLM serves a checkpoint under its path, which LiteLLM's
+    `hosted_vllm/<path>` refused: every terminus-2 trial on vLLM failed."""
+    if re.fullmatch(r"[A-Za-z0-9._-]{1,63}", served):
+        return served
+    return (re.sub(r"[^A-Za-z0-9._-]+", "-", served.rstrip("/").rsplit("/", 1)[-1]).strip("-.") or "policy")[:63]
+
+
 def _agent_config(cfg, endpoint: ModelEndpoint | None):
     from harbor.models.trial.config import AgentConfig
 
@@ -148,16 +159,17 @@ def _agent_config(cfg, endpoint: ModelEndpoint | None):
     import_path = recipe.import_path if recipe else (cfg.agent if ":" in cfg.agent else None)
     # The gateway serves the policy (and its LoRA adapter) under one name and accepts any model
     # string; agents get it in the provider/model form LiteLLM-based agents need.
+    name = agent_model_name(cfg.model_name)
     config = AgentConfig(name=None if import_path else cfg.agent, import_path=import_path,
-                         model_name=f"hosted_vllm/{cfg.model_name}")
+                         model_name=f"hosted_vllm/{name}")
     provider = recipe.provider if recipe is not None else None  # claude-code: anthropic/<name>
     if provider:
-        config.model_name = f"{provider}/{cfg.model_name}"
+        config.model_name = f"{provider}/{name}"
     if is_installed_agent(config):
         config.env = installed_agent_env(endpoint)
         if recipe is not None:
             fill = {"url": endpoint.sandbox_url, "root": endpoint.sandbox_url.removesuffix("/v1"),
-                    "key": endpoint.api_key, "model": cfg.model_name}
+                    "key": endpoint.api_key, "model": name}
             config.env.update({k: v.format(**fill) for k, v in recipe.env.items()})
             config.kwargs["step_limit"] = cfg.step_limit
     else:
