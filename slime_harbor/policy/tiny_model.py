@@ -186,21 +186,26 @@ def build_tokenizer(config: TinyModelConfig | None = None):
 class Architecture:
     model_type: str
     stand_in_for: str | None = None
+    tied: bool = True
+    """The LM head is the embedding (tie_word_embeddings), as the family's small checkpoints have it.
+    GLM-4.5/5, DeepSeek-V3 (Kimi K2) and MiniMax-M2 ship untied heads, and SGLang's and vLLM's
+    glm4_moe never load a tied one: they served a head never loaded (logprobs 21-24 nats from the
+    trainer's, bench/model_formats.py)."""
 
 
 ARCHITECTURES: dict[str, Architecture] = {
     "qwen3": Architecture("qwen3"),
     "qwen3.5": Architecture("qwen3", stand_in_for="qwen3_5"),
     "qwen3.6": Architecture("qwen3", stand_in_for="qwen3_5_moe"),
-    "glm-4.5": Architecture("glm4_moe"),
-    "glm-5": Architecture("glm4_moe"),
-    "deepseek-v3": Architecture("deepseek_v3"),
-    "deepseek-r1": Architecture("deepseek_v3"),
-    "deepseek-v4": Architecture("deepseek_v3", stand_in_for="deepseek_v4"),
-    "kimi-k2": Architecture("deepseek_v3", stand_in_for="kimi_k2"),
+    "glm-4.5": Architecture("glm4_moe", tied=False),
+    "glm-5": Architecture("glm4_moe", tied=False),
+    "deepseek-v3": Architecture("deepseek_v3", tied=False),
+    "deepseek-r1": Architecture("deepseek_v3", tied=False),
+    "deepseek-v4": Architecture("deepseek_v3", stand_in_for="deepseek_v4", tied=False),
+    "kimi-k2": Architecture("deepseek_v3", stand_in_for="kimi_k2", tied=False),
     "gpt-oss": Architecture("qwen3", stand_in_for="gpt_oss"),
     "llama-3": Architecture("llama"),
-    "minimax-m2": Architecture("minimax_m2"),
+    "minimax-m2": Architecture("minimax_m2", tied=False),
     "nemotron-3": Architecture("qwen3", stand_in_for="nemotron_h"),
 }
 
@@ -224,7 +229,7 @@ def _model(arch: Architecture, config: TinyModelConfig, vocab_size: int, eos_id:
         num_attention_heads=config.num_attention_heads,
         max_position_embeddings=config.max_position_embeddings,
         initializer_range=config.initializer_range,
-        tie_word_embeddings=True,
+        tie_word_embeddings=arch.tied,
         bos_token_id=bos_id,
         eos_token_id=eos_id,
         pad_token_id=pad_id,
