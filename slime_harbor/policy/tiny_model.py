@@ -209,6 +209,10 @@ ARCHITECTURES: dict[str, Architecture] = {
     "nemotron-3": Architecture("qwen3", stand_in_for="nemotron_h"),
 }
 
+# DeepSeek-V3's own kind of rope scaling (YaRN, as its config.json has it), which SGLang's MLA on CPU
+# requires; its factor is the model's context over the original (DeepSeek-V3: 163840 / 4096 = 40).
+DEEPSEEK_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "original_max_position_embeddings": 4096,
+                 "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
 # The MoE and MLA shapes of the tiny MoE architectures: few, small experts.
 MOE = {"experts": 4, "experts_per_token": 2, "expert_intermediate_size": 64}
 MLA = {"kv_lora_rank": 32, "q_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32}
@@ -251,12 +255,20 @@ def _model(arch: Architecture, config: TinyModelConfig, vocab_size: int, eos_id:
             **common, num_key_value_heads=config.num_attention_heads, first_k_dense_replace=1, n_group=1,
             topk_group=1, n_routed_experts=MOE["experts"], num_experts_per_tok=MOE["experts_per_token"],
             n_shared_experts=1, moe_intermediate_size=MOE["expert_intermediate_size"], num_mtp_layers=0, **MLA,
+            rope_parameters={**DEEPSEEK_YARN, "factor": config.max_position_embeddings
+                             / DEEPSEEK_YARN["original_max_position_embeddings"]},
         )
     elif arch.model_type == "minimax_m2":
         model_config = transformers.MiniMaxM2Config(
             **{**common, "intermediate_size": MOE["expert_intermediate_size"]}, **gqa,
             num_local_experts=MOE["experts"], num_experts_per_tok=MOE["experts_per_token"],
+            rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.5},
         )
+        # Keys MiniMax-M2's own config.json carries that transformers' class leaves out and SGLang
+        # and vLLM read (they refused the checkpoint without them), as transformers' model computes.
+        for key, value in {"rotary_dim": config.head_dim // 2, "scoring_func": "sigmoid", "use_routing_bias": True,
+                           "use_qk_norm": True, "qk_norm_type": "per_layer"}.items():
+            setattr(model_config, key, value)
     else:
         raise ValueError(f"no tiny-model recipe for architecture {arch.model_type!r}")
     if arch.stand_in_for:
@@ -377,7 +389,7 @@ def format_recipe_hash(renderer: str, config: TinyModelConfig | None = None) -> 
 
     recipe = json.dumps([
         FORMAT_RECIPE_VERSION, renderer, asdict(config or TinyModelConfig()), asdict(ARCHITECTURES[renderer]), MOE,
-        MLA, CORPUS, WORDS, tokenizer_fingerprint(renderer),
+        MLA, DEEPSEEK_YARN, CORPUS, WORDS, tokenizer_fingerprint(renderer),
     ])
     return hashlib.sha256(recipe.encode()).hexdigest()[:16]
 
