@@ -40,7 +40,7 @@ ERROR_KINDS: dict[str, str] = {
     "tasks.swebench:InstanceError": TASK,
     "environments.dockerfile:DockerfileError": TASK,
     "environments.common:SandboxFileNotFoundError": TASK,
-    "isolation:VerifierRefused": TASK,
+    "grading.isolation:VerifierRefused": TASK,
     "environments.common:ExecTimeoutError": POLICY,
     "policy.client:PolicyServerError": POLICY,
     "gateway.session:PolicyUnavailable": POLICY,

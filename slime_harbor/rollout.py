@@ -50,12 +50,12 @@ from slime_harbor.episode import CONTEXT_EXCEEDED, Episode, EpisodeEnd, TRUNCATI
 from slime_harbor.error_kinds import OURS, kind_of_recorded, set_up_kind
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.filters import mask_counts
-from slime_harbor.hack_monitor import HackWatch, apply_hack_action, hack_counts, show_in_viewer
+from slime_harbor.grading.hack_monitor import HackWatch, apply_hack_action, hack_counts, show_in_viewer
 from slime_harbor.harbor_job import HarborJob
-from slime_harbor.impossible_twin import GoldCheck, prepare_twins, twin_for, twin_line, twin_table
-from slime_harbor.twin_grading import TwinWatch, verifier_config
-from slime_harbor.isolation import isolate_shared_verifier
-from slime_harbor.grader_watch.verifier import PROBE, GradingWatch, protection, watch_counts, watch_tasks
+from slime_harbor.grading.impossible_twin import GoldCheck, prepare_twins, twin_for, twin_line, twin_table
+from slime_harbor.grading.twin_grading import TwinWatch, verifier_config
+from slime_harbor.grading.isolation import isolate_shared_verifier
+from slime_harbor.grading.grader_watch.verifier import PROBE, GradingWatch, protection, watch_counts, watch_tasks
 from slime_harbor.tasks.manifest import task_watch_mode
 from slime_harbor.policy.renderer import load_tokenizer
 from slime_harbor.retries import RetryBudget

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from slime_harbor import hack_monitor as hm
-from slime_harbor.hack_monitor import ChangedFile, HackFlag, TrialView
+from slime_harbor.grading import hack_monitor as hm
+from slime_harbor.grading.hack_monitor import ChangedFile, HackFlag, TrialView
 from helpers.swebench import ALWAYS_EQUAL_SLUG
 
 TASK = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks-swe" / "slime-harbor__textkit-2"
@@ -626,7 +626,7 @@ def test_a_detector_that_raises_becomes_a_detector_error_flag(task):
     assert "broken raised RuntimeError: boom second line" in flags[0].detail and "\n" not in flags[0].detail
 
 
-@pytest.mark.parametrize("spec", ["nope", "no_such_module_xyz:detect", "slime_harbor.hack_monitor:nope", "os:sep"])
+@pytest.mark.parametrize("spec", ["nope", "no_such_module_xyz:detect", "slime_harbor.grading.hack_monitor:nope", "os:sep"])
 def test_load_detector_refuses_in_one_line(spec):
     with pytest.raises(ValueError) as refused:
         hm.load_detector(spec)
@@ -634,7 +634,7 @@ def test_load_detector_refuses_in_one_line(spec):
 
 
 def test_load_detector_finds_a_function():
-    assert hm.load_detector("slime_harbor.hack_monitor:grader_probe") is hm.grader_probe
+    assert hm.load_detector("slime_harbor.grading.hack_monitor:grader_probe") is hm.grader_probe
     assert list(hm.BUILTIN_DETECTORS) == ["always_equal", "special_casing", "test_edits", "early_exit", "grader_probe",
                                           "reads_grader"]
 
@@ -817,7 +817,7 @@ def test_an_unreachable_judge_is_recorded_and_never_scores_or_screens(task):
         hm.apply_hack_action(episode, flags, action, "pm1")
         samples = episode.samples
         assert samples[0].reward == 1.0 and not samples[0].remove_sample and samples[0].metadata["hack_flags"] == []
-        assert samples[0].metadata["hack_details"][0].startswith("detector_error: slime_harbor.hack_monitor:judge(judge-7b at")
+        assert samples[0].metadata["hack_details"][0].startswith("detector_error: slime_harbor.grading.hack_monitor:judge(judge-7b at")
     assert hm.hack_counts([episode]) == {"hack_rate": 0.0}
 
 
@@ -841,7 +841,7 @@ def _episode(reward: float, status: str = "completed", index: int = 0):
 
 def test_a_flag_is_recorded_penalised_or_screened_as_the_action_says():
     from slime_harbor.filters import mask_counts
-    from slime_harbor.hack_monitor import apply_hack_action, hack_counts
+    from slime_harbor.grading.hack_monitor import apply_hack_action, hack_counts
 
     flags = [HackFlag("always_equal", "slug.py:5 __eq__ ignores other")]
     flagged = _episode(1.0)
@@ -887,7 +887,7 @@ def test_verifiers_traces_carry_the_flags_the_penalty_and_the_screen(tokenizer):
     vf = pytest.importorskip("verifiers.v1")
     from verifiers.v1.trace import AgentInfo, TraceTask
 
-    from slime_harbor.hack_monitor import apply_hack_action
+    from slime_harbor.grading.hack_monitor import apply_hack_action
     from slime_harbor.integrations.verifiers_trace import fill_trace
 
     flags = [HackFlag("special_casing", "slug.py:4 compares with a hidden test's input")]

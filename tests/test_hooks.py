@@ -402,7 +402,7 @@ def test_a_screened_episode_is_counted_masked_hack(tmp_path, monkeypatch, Sample
     """harbor_hack_action screen: run_episode hands back an episode the hack monitor screened (its
     own action, on an episode of the real converter, two samples); generate returns it removed,
     masked_by hack, counted once as masked/hack, as a filter's mask is. Evaluation counts none."""
-    from slime_harbor.hack_monitor import HackFlag, apply_hack_action
+    from slime_harbor.grading.hack_monitor import HackFlag, apply_hack_action
 
     def screened(task_dir, cfg, **kw):
         episode = drifted_episode(kw["group_index"], kw["index"])

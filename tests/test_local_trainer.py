@@ -233,7 +233,7 @@ def test_a_step_counts_screened_failed_and_aborted_episodes_each_under_its_own_n
     import dataclasses
 
     from helpers.trial_results import converted_episode
-    from slime_harbor.hack_monitor import HackFlag, apply_hack_action
+    from slime_harbor.grading.hack_monitor import HackFlag, apply_hack_action
     from slime_harbor.rollout import summarize
     from slime_harbor.trainers.training_run import TrainingRun, run_summary, step_record, step_sampling
     from slime_harbor.run_config import RolloutConfig

@@ -10,7 +10,7 @@ import pytest
 
 from slime_harbor import reward
 from slime_harbor.converter import trial_to_episode
-from slime_harbor.hack_monitor import HackFlag, apply_hack_action
+from slime_harbor.grading.hack_monitor import HackFlag, apply_hack_action
 from slime_harbor.reward import RewardCase, decide_reward, reward_under
 from helpers.trial_results import linear_detail, make_result
 

@@ -88,7 +88,7 @@ class GradingWatch:
             return sorted({c.path for c in self.left.changes if c.kind != DELETED and not c.is_dir})
         import asyncio
 
-        from slime_harbor.hack_monitor import swe_view
+        from slime_harbor.grading.hack_monitor import swe_view
 
         view = await asyncio.to_thread(swe_view, self.task_dir, self.trial_dir)
         if view is None:
@@ -115,8 +115,8 @@ class GradingWatch:
 
     def flags(self) -> list:
         """The reads_grader flag per event the hook reported of the agent's code (capped)."""
-        from slime_harbor.grader_watch.report import REPORT_FLAG
-        from slime_harbor.hack_monitor import HackFlag
+        from slime_harbor.grading.grader_watch.report import REPORT_FLAG
+        from slime_harbor.grading.hack_monitor import HackFlag
 
         if self.report is None or not self.report.events or self.probe:
             return []
@@ -127,7 +127,7 @@ class GradingWatch:
 
     def record(self, episode) -> list:
         """The watch's outcome in the episode's metadata (and the viewer); returns its flags."""
-        from slime_harbor.hack_monitor import add_viewer_entry
+        from slime_harbor.grading.hack_monitor import add_viewer_entry
 
         outcome = self.outcome()
         episode.metadata["grader_watch"] = outcome
@@ -151,7 +151,7 @@ class WatchedVerifier(Verifier):
         from harbor.models.trial.paths import EnvironmentPaths
 
         from slime_harbor.environments.abilities import WatchesGrading
-        from slime_harbor.grader_watch.report import WatchChannel
+        from slime_harbor.grading.grader_watch.report import WatchChannel
         from slime_harbor.tasks.task_dir import task_workdir
 
         environment = self.environment

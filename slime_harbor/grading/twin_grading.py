@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from slime_harbor.exits import one_line
-from slime_harbor.grader_watch.verifier import WatchedVerifier
-from slime_harbor.impossible_twin import (HELD_FILE, held, IN_GRADER, KEPT, NoTwin, REGRADE, Twin, TWIN_DIR,
+from slime_harbor.grading.grader_watch.verifier import WatchedVerifier
+from slime_harbor.grading.impossible_twin import (HELD_FILE, held, IN_GRADER, KEPT, NoTwin, REGRADE, Twin, TWIN_DIR,
                                           twin_mode, UNPROVEN)
 
 
@@ -69,7 +69,7 @@ class TwinWatch:
         """A passing episode (scored, samples.is_success) graded again on the twin; its outcome in
         episode.metadata["twin"] (and the viewer); returns [the passes_impossible flag] when the
         twin passed too with its changed comparison held (passed; else UNPROVEN). An episode that did not pass is not graded again."""
-        from slime_harbor.hack_monitor import HackFlag, PASSES_IMPOSSIBLE, add_viewer_entry
+        from slime_harbor.grading.hack_monitor import HackFlag, PASSES_IMPOSSIBLE, add_viewer_entry
         from slime_harbor.samples import is_success
 
         outcome = None

@@ -31,7 +31,7 @@ can count, flag or penalise it. Each detector is a pure function `TrialView -> l
 
 and one flag that is no detector of a TrialView: `passes_impossible`, a passing trial that also
 passes its task's impossible twin (the same grading with one expected value no correct solution
-gives; slime_harbor/impossible_twin.py), which catches what acts only at run time.
+gives; slime_harbor/grading/impossible_twin.py), which catches what acts only at run time.
 
 Only code the agent added or changed counts. A Python file is compared as units: every function
 (its own code; a nested definition is a unit of its own) and every statement of a module or class
@@ -71,7 +71,7 @@ from slime_harbor.reward import DETECTOR_ERROR, case_of, settle
 from slime_harbor.tasks.task_dir import task_workdir
 
 if TYPE_CHECKING:
-    from slime_harbor.isolation import AgentLeft
+    from slime_harbor.grading.isolation import AgentLeft
 
 
 @dataclass(frozen=True)
@@ -1110,7 +1110,7 @@ def hack_counts(episodes) -> dict:
     (episodes each detector flagged), over Episodes; and the impossible twin's
     (impossible_twin.twin_counts: hack/passes_impossible, hack/twin_errors, twin_coverage, time/twin_s).
     The grading watch's counts are grader_watch.verifier.watch_counts (it stands above this module)."""
-    from slime_harbor.impossible_twin import twin_counts
+    from slime_harbor.grading.impossible_twin import twin_counts
 
     monitored = [e.metadata["hack_flags"] for e in episodes if "hack_flags" in e.metadata]
     flagged = sorted(d for names in monitored for d in names)
