@@ -1119,18 +1119,15 @@ def hack_counts(episodes) -> dict:
 
 
 class HackWatch:
-    """The monitor of one Harbor trial: for a plain task it reads what the agent left (`left`, the
-    trial's isolation.AgentLeft; None where the verifier does not share the agent's sandbox) right
-    before the verifier; after the trial, `flags()` builds the view (an SWE task's from the tree
-    Harbor collected) and runs the detectors."""
+    """The monitor of one Harbor trial: for a plain task `read_sandbox` reads what the agent left
+    (the trial's isolation.AgentLeft) right before the verifier; after the trial, `flags()` builds
+    the view (an SWE task's from the tree Harbor collected) and runs the detectors."""
 
-    def __init__(self, trial, task_dir: Path, detectors: Sequence[Detector], left: AgentLeft | None):
+    def __init__(self, trial, task_dir: Path, detectors: Sequence[Detector]):
         self.trial, self.task_dir, self.detectors = trial, Path(task_dir), list(detectors)
         self.view: TrialView | None = None
-        if left is not None:
-            left.readers.append(self._read_sandbox)
 
-    async def _read_sandbox(self, left: AgentLeft) -> None:
+    async def read_sandbox(self, left: AgentLeft) -> None:
         try:
             self.view = await shared_view(self.task_dir, left)
         except Exception:  # the sandbox gone: the verifier will say so; the monitor sees the commands alone
