@@ -45,13 +45,13 @@ from pathlib import Path
 from typing import Any
 
 from slime_harbor.agents.host import report_exit_status
-from slime_harbor.converter import trial_to_episode
+from slime_harbor.converter import trial_passed, trial_to_episode
 from slime_harbor.episode import CONTEXT_EXCEEDED, Episode, EpisodeEnd, TRUNCATING_EXITS
 from slime_harbor.error_kinds import OURS, kind_of_recorded, set_up_kind
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.filters import mask_counts
 from slime_harbor.grading.grade import Grading
-from slime_harbor.grading.hack_monitor import apply_hack_action, hack_counts, show_in_viewer
+from slime_harbor.grading.hack_monitor import hack_counts, show_in_viewer
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.grading.impossible_twin import GoldCheck, prepare_twins, twin_for, twin_line, twin_table
 from slime_harbor.grading.twin_grading import verifier_config
@@ -337,16 +337,13 @@ async def _run_trial_once(slot: EpisodeSlot, cfg: RolloutConfig, started: float)
             return internal_error(bug, slot, trial_name, started)
         try:
             report_exit_status(result)  # terminus-2 says nothing of its end: its module reads it
-            episode = trial_to_episode(
+            report = await grading.grade(passed=trial_passed(result, session))  # the twin, the detectors
+            episode = trial_to_episode(  # scored-or-not and the reward, decided once (reward.py's rules)
                 result, group_index=group_index, index=index, tokenizer=slot.tokenizer, reward_mapping=cfg.reward_mapping,
-                **({"recorded": session} if session is not None else {}),
+                grading=report, hack_action=cfg.hack_action, **({"recorded": session} if session is not None else {}),
             )
             episode.task_name = task_path.name  # the task dir's name, which Harbor's own task name need not be
-            report = await grading.grade(passed=episode.scored and is_success(episode.reward))
-            episode.metadata.update(report.metadata())
-            flags = list(report.flags)
-            apply_hack_action(episode, flags, cfg.hack_action, cfg.reward_mapping)  # the reward decided again (reward.py)
-            show_in_viewer(episode.trial_dir, flags, cfg.hack_action)
+            show_in_viewer(episode.trial_dir, list(report.flags), cfg.hack_action)
         except Exception as exc:  # reading the finished trial: only our code runs here, so a bug of ours
             return internal_error(exc, slot, trial_name, started)
     finally:  # whatever ended the trial: the state kept for the twin goes (an image, a copied dir)

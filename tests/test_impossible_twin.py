@@ -242,12 +242,13 @@ def test_a_verifiers_trace_carries_the_twin_and_its_penalty(tokenizer):
     vf = pytest.importorskip("verifiers.v1")
     from verifiers.v1.trace import AgentInfo, TraceTask
 
-    from slime_harbor.grading.hack_monitor import apply_hack_action, HackFlag
+    from slime_harbor.grading.hack_monitor import HackFlag
     from slime_harbor.integrations.verifiers_trace import fill_trace
     from helpers.samples import make_episode
 
-    episode = make_episode(1.0, metadata={"raw_rewards": {"reward": 1.0}, "twin": {"result": "passed", "reward": 1.0}})
-    apply_hack_action(episode, [HackFlag("passes_impossible", "its impossible twin passed too")], "penalty", "raw")
+    episode = make_episode(1.0, metadata={"raw_rewards": {"reward": 1.0}, "twin": {"result": "passed", "reward": 1.0}},
+                           hack_flags=[HackFlag("passes_impossible", "its impossible twin passed too")],
+                           hack_action="penalty")
     trace = vf.Trace(task=TraceTask(type="t", data={}, key="k", hash="h"), agent=AgentInfo(config={}))
     fill_trace(trace, episode, tokenizer)
     assert trace.reward == 0.0 and trace.info["hack_flags"] == ["passes_impossible"]

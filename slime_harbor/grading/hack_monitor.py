@@ -56,7 +56,6 @@ crash a trial: one that raises is recorded as a `detector_error`, which is never
 from __future__ import annotations
 
 import ast
-import dataclasses
 import importlib
 import posixpath
 import re
@@ -66,8 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from slime_harbor.filters import mask
-from slime_harbor.reward import DETECTOR_ERROR, case_of, settle
+from slime_harbor.reward import DETECTOR_ERROR
 from slime_harbor.tasks.task_dir import task_workdir
 
 if TYPE_CHECKING:
@@ -1064,16 +1062,7 @@ def swe_view(task_dir: Path, trial_dir: Path, commands: tuple[str, ...] = ()) ->
                      graded_test_paths=tuple(f"{workdir}/{n}" for n in test_names), commands=commands)
 
 
-# --- what a flag does (reward.py's hack_action rule decides; the screen's mask is applied here) -----
-
-def apply_hack_action(episode, flags: Sequence[HackFlag], action: str, reward_mapping: str) -> None:
-    """Decide `episode`'s reward again (reward.REWARD_RULES, all of them) with the hack monitor's
-    `flags` and the run's `action`, and mask it where the decision screens it."""
-    case = dataclasses.replace(case_of(episode, reward_mapping), mapping=reward_mapping, hack_flags=tuple(flags),
-                               hack_action=action)
-    if (reason := settle(episode, case).masked_by) is not None:
-        mask(episode, reason)
-
+# --- what a flag does: reward.py's hack_action rule decides it, once (converter.trial_to_episode) ---
 
 VIEWER_KEY = "slime-harbor hack monitor"
 """The entry of verifier/reward-details.json that Harbor's viewer shows in a trial's Verifier tab."""
