@@ -7,7 +7,7 @@ Two watches look at a passing trial's run time:
            3.8 or newer (audit hooks came in 3.8): an SWE-bench-format task (tests/instance.json,
            graded by Python), or a tests/test.sh that runs python, pytest, `uv run`, uvx or a .py
            file, in an image whose Dockerfile does not pin a Python older than 3.8
-  twin     the impossible twin's builder (slime_harbor.impossible_twin, as a run calls it before
+  twin     the impossible twin's builder (slime_harbor.grading.impossible_twin, as a run calls it before
            its gold check: a canary has none, a multi-step task none, else build_twin) builds one
 
 Per task a row (yes, or why not), then totals: the share watched, with a twin, with either, with
@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
-from slime_harbor import impossible_twin as it  # noqa: E402
+from slime_harbor.grading import impossible_twin as it  # noqa: E402
 from slime_harbor.tasks.task_dir import discover_tasks, is_canary  # noqa: E402
 
 BUNDLED = (ROOT / "examples" / "harbor" / "tasks", ROOT / "examples" / "harbor" / "tasks-swe")

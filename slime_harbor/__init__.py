@@ -12,7 +12,7 @@ trainer (docs/chain.md draws it whole). Each module and folder, in the order of 
     gateway/            the recording model gateway every agent but native samples through
     policy/             the policy as the rollout sees it: clients, the embedded server, the engines
     environments/       the sandboxes (bubblewrap, Docker) as Harbor environments
-    isolation.py        a plain task's verifier starts clean in the agent's sandbox
+    grading/            a trial's grading: the verifier's runtime, the grading watch, the twin, the detectors
     verifier_runtime.py what the verifier runs to grade is the image's: changes to it are found
     verifier_reward.py  what a verifier reports: its rewards dict, the scalar, tampering keys
     http_api.py         what the policy server and the gateway share (bodies, errors)
@@ -20,10 +20,6 @@ trainer (docs/chain.md draws it whole). Each module and folder, in the order of 
     episode.py          the episode, the one owner of its outcome (EpisodeEnd, episode_end)
     samples.py          the training sample one trajectory (or segment) becomes
     reward.py           the reward, decided in one place: one ordered list of rules
-    hack_monitor.py     the hack monitor's detectors over what the agent changed and ran
-    grader_watch/       the grading watch: an audit hook in every Python process of a verifier
-    impossible_twin.py  a task's impossible twin, built and gold-checked once per task
-    twin_grading.py     a passing trial graded again against its twin (passes_impossible)
     filters.py          which episodes the loss may see (limits, staleness, no signal, hacks)
     grpo.py             group advantages and the clipped policy loss with a KL penalty
     hooks.py            SLiME's hooks: its rollout, run on our rollout core

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_harbor.exits import ConfigError
-from slime_harbor.grader_watch.verifier import FILES_ONLY, FRAME_CATEGORIES, OPTED_OUT, PROBE, protection
+from slime_harbor.grading.grader_watch.verifier import FILES_ONLY, FRAME_CATEGORIES, OPTED_OUT, PROBE, protection
 from slime_harbor.samples import is_success
 from slime_harbor.tasks.manifest import BROKEN, FLAKY, HACKABLE, OK
 

@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from slime_harbor.exits import ConfigError
-from slime_harbor.impossible_twin import write_swe_twin
+from slime_harbor.grading.impossible_twin import write_swe_twin
 from slime_harbor.samples import is_success
 from slime_harbor.tasks.task_dir import CANARY_PREFIX, is_canary
 

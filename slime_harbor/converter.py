@@ -29,7 +29,7 @@ from typing import Any
 from slime_harbor.episode import Episode, episode_end, Segment
 from slime_harbor.policy.renderer import load_tokenizer
 from slime_harbor.samples import top_p_offsets_ok
-from slime_harbor.reward import RewardCase, decide_reward
+from slime_harbor.reward import RewardCase, decide_reward, verifier_passed
 
 
 def turn_top_p(detail: dict[str, Any]) -> list[tuple[list[int], list[int]]] | None:
@@ -110,6 +110,8 @@ def trial_to_episode(
     tokenizer=None,
     reward_mapping: str = "raw",
     recorded=None,
+    grading=None,
+    hack_action: str | None = None,
 ) -> Episode:
     """Convert one Harbor TrialResult to an Episode (several segments if the tokens drifted).
 
@@ -118,11 +120,15 @@ def trial_to_episode(
     recorded: the model gateway's session of the trial (anything with rollout_details(),
     exit_reason and stats, e.g. a GatewaySession): its branches replace the agent's own
     rollout_details, one segment (or more) per branch, all with the episode's rollout_id.
+    grading: the trial's GradingReport (grading/grade.py): its findings in the metadata, its hack
+    flags acted on by `hack_action` (the run's); None: a trial our grading stages did not grade.
+    Scored-or-not (episode.episode_end) and the reward (reward.REWARD_RULES) are decided here, once.
     """
     ended = episode_end(result, gateway_exit=recorded.exit_reason if recorded is not None else None)
     case = RewardCase(rewards=result.verifier_result.rewards if result.verifier_result else None,
-                      scored=ended.reward is not None, mapping=reward_mapping)
-    decided = decide_reward(case)  # the hack monitor's flags come later (reward.apply_hack_action)
+                      scored=ended.reward is not None, mapping=reward_mapping,
+                      hack_flags=tuple(grading.flags) if grading is not None else None, hack_action=hack_action)
+    decided = decide_reward(case)  # the one decision: the verifier's value, tampering, mapping, hack flags
     tokenizer = tokenizer if tokenizer is not None else agent_tokenizer(result)
     agent_result = result.agent_result
     # One owner of the episode's tokens: the gateway's recording where the agent's calls went
@@ -153,7 +159,8 @@ def trial_to_episode(
         # Per turn: "stop", or "length" where the turn hit the max-new-token limit (filters.py).
         "finish_reasons": ([r for d in details for r in (d.get("extra") or {}).get("finish_reason") or []]
                            if details else None),
-        **decided.metadata,  # tampering
+        **(grading.metadata() if grading is not None else {}),  # the watch's and the twin's outcomes
+        **decided.metadata,  # tampering, hack flags
         "drift_count": drift,
         "n_segments": len(segments),
     }
@@ -163,9 +170,20 @@ def trial_to_episode(
         metadata["gateway"] = {**recorded.stats, "exit_reason": recorded.exit_reason}
         if metadata["turns"] is None:
             metadata["turns"] = sum(len(d["completion_token_ids"]) for d in details)
+    # A screened episode (the hack_action rule's mask reason) is masked as filters.mask would: only
+    # one still in training (scored, with tokens sampled).
+    masked_by = decided.masked_by if decided.reward is not None and segments else None
     return Episode(task_name=result.task_name, group_index=group_index, index=index, end=ended,
                    reward=decided.reward, segments=segments, metadata=metadata, rollout_id=rollout_id,
-                   reward_case=case)
+                   reward_case=case, masked_by=masked_by)
+
+
+def trial_passed(result, recorded=None) -> bool:
+    """Whether the finished trial's verifier scored it a success, before any hack flag (grading's
+    twin stage asks: only a passing trial is graded again on its impossible twin)."""
+    ended = episode_end(result, gateway_exit=recorded.exit_reason if recorded is not None else None)
+    return verifier_passed(RewardCase(rewards=result.verifier_result.rewards if result.verifier_result else None,
+                                      scored=ended.reward is not None))
 
 
 WEIGHT_SYNC_COUNTS = ("interrupted_calls", "discarded_tokens", "reprefill_tokens")

@@ -225,11 +225,13 @@ class Episode:
     seconds: float = 0.0
     masked_by: str | None = None
     """Which filter took the scored episode out of training and out of its group's baseline (one of
-    filters.MASK_REASONS, written by filters.mask alone); None while it is not masked. Its samples
+    filters.MASK_REASONS, written by filters.mask, or by the reward's one decision where the run
+    screens a hack: converter.trial_to_episode); None while it is not masked. Its samples
     carry it as metadata["masked_by"]."""
     reward_case: Any = None
-    """What `reward` was decided from (reward.RewardCase), kept so that reward.py's rules can decide
-    it again when more is known; None for an episode built without one."""
+    """What `reward` was decided from (reward.RewardCase: the trial's result and its grading's
+    flags), kept so that its reward can be read under another key (reward.reward_under); None for an
+    episode built without one."""
 
     @property
     def status(self) -> SampleStatus:

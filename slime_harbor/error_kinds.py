@@ -87,7 +87,7 @@ ERRORS: dict[str, Row] = {
     "tasks.swebench:InstanceError": Row(TASK, FAILED),
     "environments.dockerfile:DockerfileError": Row(TASK, FAILED),
     "environments.common:SandboxFileNotFoundError": Row(TASK, FAILED),
-    "isolation:VerifierRefused": Row(TASK, SCORED),
+    "grading.isolation:VerifierRefused": Row(TASK, SCORED),
     # ours: the policy's
     "environments.common:ExecTimeoutError": Row(POLICY, FAILED),
     "policy.client:PolicyServerError": Row(POLICY, RETRIED),

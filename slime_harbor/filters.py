@@ -4,8 +4,9 @@ A filtered episode is masked the way an infrastructure failure is: out of traini
 when they are built, have `remove_sample=True`, so it gets no loss) and, as grpo.episode_advantages
 is given only kept samples, out of its group's baseline. `Episode.masked_by` says which filter took
 it (one of MASK_REASONS; its samples carry it as metadata["masked_by"]), so masked episodes are
-counted apart from aborted and failed ones. `mask` is the one writer of that mark (the filters here
-and the hack monitor's screen, hack_monitor.apply_hack_action, call it); `mask_counts` the one
+counted apart from aborted and failed ones. `mask` is the one writer of that mark on a built
+episode (the filters here call it); the hack screen is marked where the episode is built, by the
+reward's one decision (reward.py's hack_action rule, in converter.trial_to_episode); `mask_counts` the one
 reader (train-local's step records, rollout's summary.json and the SLiME hook's masked/<reason>
 counts read it).
 

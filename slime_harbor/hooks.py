@@ -69,7 +69,7 @@ from slime_harbor.filters import (
     TrajectoryFilters, apply_limit_filters, kept_episode_rewards, mask_counts, mask_stale, rewards_vary,
 )
 from slime_harbor.grpo import episode_advantages
-from slime_harbor.impossible_twin import GRADED, UNPROVEN
+from slime_harbor.grading.impossible_twin import GRADED, UNPROVEN
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.retries import RetryBudget
 from slime_harbor.policy.renderer import load_tokenizer
@@ -247,7 +247,7 @@ def check_supported(args) -> None:
         check_chat_format(dataclasses.replace(knobs, model_dir=getattr(args, "hf_checkpoint", None)))
     except ValueError as exc:
         raise HookConfigError(str(exc)) from None
-    from slime_harbor.hack_monitor import load_detector
+    from slime_harbor.grading.hack_monitor import load_detector
 
     for spec in setting(args, "harbor_hack_detectors"):
         try:

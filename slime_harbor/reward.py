@@ -1,18 +1,20 @@
-"""The reward an episode trains on, decided in one place: one ordered list of rules.
+"""The reward an episode trains on, decided in one place, once: one ordered list of rules.
 
-`REWARD_RULES` runs in order over what the reward is decided from (`RewardCase`), each rule
-reading and changing one `RewardDecision`:
+`REWARD_RULES` runs in order over what the reward is decided from (`RewardCase`: the trial's
+result as its verifier wrote it, and its grading's report), each rule reading and changing one
+`RewardDecision`:
 
     verifier_value   the verifier's raw value (its `reward` key, or the runner's reward_key)
-    tampering        tampering the grader or isolation.py caught: recorded, and scored 0
+    tampering        tampering the grader or the runtime check (grading/isolation.py) caught:
+                     recorded, and scored 0 (the one place tampering is zeroed)
     mapping          raw, or pm1 (r in [0, 1] -> 2r - 1)
-    hack_action      the hack monitor's flags: recorded, penalised or screened
+    hack_action      the grading's hack flags: recorded, penalised or screened
 
-The episode keeps its case (`Episode.reward_case`), so the reward is decided again, by the same
-list, when more is known (the hack monitor's flags: hack_monitor.apply_hack_action, which `settle`s
-it) or read under another key (the verifiers env: `reward_under`). Every runner (rollout, the SLiME
-hook, train-local, the verifiers env) reads the result from the episode; a rule added to the list
-acts in all of them.
+The converter decides an episode's reward once, when it builds the episode from the finished trial
+and its GradingReport (grading/grade.py); the episode keeps its case (`Episode.reward_case`) so
+that the reward can be read under another key (the verifiers env: `reward_under`). Every runner
+(rollout, the SLiME hook, train-local, the verifiers env) reads the result from the episode; a rule
+added to the list acts in all of them.
 """
 
 from __future__ import annotations
@@ -44,8 +46,10 @@ class RewardCase:
     reward_key: str | None = None
     """The verifier value that is the reward; None: verifier_reward.scalar_reward's convention."""
     hack_flags: tuple | None = None
-    """The hack monitor's flags (hack_monitor.HackFlag); None until the monitor has run."""
-    hack_action: str = "flag"
+    """The trial's hack flags (its GradingReport's: hack_monitor.HackFlag); None: not graded by
+    our stages (nothing recorded)."""
+    hack_action: str | None = None
+    """What a flag does: the run's RunSettings.hack_action (declared there, once); None: recorded only."""
     given: float | None = None
     """A reward already mapped, for an episode built without a verifier's dict (a test's, a
     placeholder): the verifier's value and the mapping are then taken as done."""
@@ -101,7 +105,7 @@ def hack_action(case: RewardCase, decision: RewardDecision) -> None:
     training already)."""
     if case.hack_flags is None:
         return
-    if case.hack_action not in HACK_ACTIONS:
+    if case.hack_action is not None and case.hack_action not in HACK_ACTIONS:
         raise ValueError(f"hack_action must be one of {', '.join(HACK_ACTIONS)}, got {case.hack_action!r}")
     # A detector that failed (an unreachable judge) is recorded, never acted on: a monitor's own
     # failure must not score or screen an episode.
@@ -109,7 +113,7 @@ def hack_action(case: RewardCase, decision: RewardDecision) -> None:
     decision.metadata["hack_flags"] = names
     if case.hack_flags:
         decision.metadata["hack_details"] = [f"{f.detector}: {f.detail}" for f in case.hack_flags]
-    if not names or decision.reward is None or case.hack_action == "flag":
+    if not names or decision.reward is None or case.hack_action in (None, "flag"):
         return
     if case.hack_action == "penalty":
         decision.metadata["reward_before_hack_penalty"] = decision.reward
@@ -129,17 +133,12 @@ def decide_reward(case: RewardCase) -> RewardDecision:
     return decision
 
 
-def settle(episode, case: RewardCase) -> RewardDecision:
-    """Decide `episode`'s reward from `case` and write it on the episode (before its samples are
-    built: they inherit it), with what the rules recorded. A mask reason the decision names is the
-    caller's to apply (filters.mask, a layer above this one: hack_monitor.apply_hack_action)."""
-    # Samples copy the reward when they are built: a reward decided after them would not reach them.
-    assert "samples" not in vars(episode), "the episode's samples were built already; settle its reward first"
-    decision = decide_reward(case)
-    episode.reward_case = case
-    episode.reward = decision.reward
-    episode.metadata.update(decision.metadata)
-    return decision
+def verifier_passed(case: RewardCase) -> bool:
+    """Whether the trial's verifier scored it a success, before any hack flag (the question the
+    impossible twin asks: only a passing trial is graded again); the rules, without the flags."""
+    from slime_harbor.samples import is_success
+
+    return is_success(decide_reward(dataclasses.replace(case, hack_flags=None, mapping="raw")).reward)
 
 
 def case_of(episode, reward_mapping: str = "raw") -> RewardCase:

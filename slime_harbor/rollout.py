@@ -45,17 +45,17 @@ from pathlib import Path
 from typing import Any
 
 from slime_harbor.agents.host import report_exit_status
-from slime_harbor.converter import trial_to_episode
+from slime_harbor.converter import trial_passed, trial_to_episode
 from slime_harbor.episode import CONTEXT_EXCEEDED, Episode, EpisodeEnd, TRUNCATING_EXITS
 from slime_harbor.error_kinds import OURS, RETRIED, kind_of_recorded, set_up_kind, set_up_outcome
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.filters import mask_counts
-from slime_harbor.hack_monitor import HackWatch, apply_hack_action, hack_counts, show_in_viewer
+from slime_harbor.grading.grade import Grading
+from slime_harbor.grading.hack_monitor import hack_counts, show_in_viewer
 from slime_harbor.harbor_job import HarborJob
-from slime_harbor.impossible_twin import GoldCheck, prepare_twins, twin_for, twin_line, twin_table
-from slime_harbor.twin_grading import TwinWatch, verifier_config
-from slime_harbor.isolation import isolate_shared_verifier
-from slime_harbor.grader_watch.verifier import PROBE, GradingWatch, protection, watch_counts, watch_tasks
+from slime_harbor.grading.impossible_twin import GoldCheck, prepare_twins, twin_for, twin_line, twin_table
+from slime_harbor.grading.twin_grading import verifier_config
+from slime_harbor.grading.grader_watch.verifier import protection, watch_counts, watch_tasks
 from slime_harbor.tasks.manifest import task_watch_mode
 from slime_harbor.policy.renderer import load_tokenizer
 from slime_harbor.retries import RetryBudget
@@ -286,7 +286,7 @@ async def _run_trial_once(slot: EpisodeSlot, cfg: RolloutConfig, started: float)
                                        sampling=cfg.sampling, routing_key=cfg.routing_key,
                                        sampling_seed=cfg.sampling.sampling_seed, max_context_len=cfg.max_context_len)
         endpoint = ModelEndpoint.of(gateway, session)
-    trial = twin_watch = grading_watch = None
+    trial = grading = None
     try:
         try:
             try:
@@ -303,12 +303,8 @@ async def _run_trial_once(slot: EpisodeSlot, cfg: RolloutConfig, started: float)
                     session.max_calls = gateway_step_limit(agent, cfg.step_limit)
                 trial = await Trial.create(config)
                 install_agents_first(trial)  # within the agent's setup budget, not the task's build timeout
-                left = isolate_shared_verifier(trial)  # no agent process or reward file survives into the verifier
-                watch = HackWatch(trial, task_path, cfg.hack_detector_functions(), left)  # reads what isolation read
-                twin_watch = TwinWatch(trial, twin, cfg)  # after isolation's hook: keeps the sandbox its checks passed
-                if cfg.grader_watch != "off":  # the trial's verifier (WatchedVerifier) finds it by the trial dir
-                    grading_watch = GradingWatch.register(trial, task_path, left, *task_watch_mode(cfg.task_manifest, task_path.name),
-                                                          probe=cfg.grader_watch == PROBE)
+                # The trial's grading, its stages in order (grading/grade.py): before the verifier, during it, after.
+                grading = Grading(trial, task_path, twin, cfg, task_watch_mode(cfg.task_manifest, task_path.name))
                 if session is not None:
                     end_run_at_gateway_limits(trial, session)
                     # The agent is done: its session's files (the ATIF trajectory of an agent that
@@ -342,24 +338,18 @@ async def _run_trial_once(slot: EpisodeSlot, cfg: RolloutConfig, started: float)
             return internal_error(bug, slot, trial_name, started)
         try:
             report_exit_status(result)  # terminus-2 says nothing of its end: its module reads it
-            episode = trial_to_episode(
+            report = await grading.grade(passed=trial_passed(result, session))  # the twin, the detectors
+            episode = trial_to_episode(  # scored-or-not and the reward, decided once (reward.py's rules)
                 result, group_index=group_index, index=index, tokenizer=slot.tokenizer, reward_mapping=cfg.reward_mapping,
-                **({"recorded": session} if session is not None else {}),
+                grading=report, hack_action=cfg.hack_action, **({"recorded": session} if session is not None else {}),
             )
             episode.task_name = task_path.name  # the task dir's name, which Harbor's own task name need not be
-            flags = await asyncio.to_thread(watch.flags)
-            flags += await twin_watch.grade(episode)  # a passing episode, graded again on its impossible twin
-            if grading_watch is not None:
-                flags += grading_watch.record(episode)  # what the audit hook saw of the agent's code while grading
-            apply_hack_action(episode, flags, cfg.hack_action, cfg.reward_mapping)  # the reward decided again (reward.py)
-            show_in_viewer(episode.trial_dir, flags, cfg.hack_action)
+            show_in_viewer(episode.trial_dir, list(report.flags), cfg.hack_action)
         except Exception as exc:  # reading the finished trial: only our code runs here, so a bug of ours
             return internal_error(exc, slot, trial_name, started)
     finally:  # whatever ended the trial: the state kept for the twin goes (an image, a copied dir)
-        if grading_watch is not None:
-            grading_watch.close()
-        if twin_watch is not None:
-            await twin_watch.discard()
+        if grading is not None:
+            await grading.close()
     episode.seconds = time.monotonic() - started
     return episode
 

@@ -141,7 +141,7 @@ class RolloutConfig(RunSettings, AgentSettings):
 
     def hack_detector_functions(self) -> list:
         """The builtin detectors, hack_detectors and the judge, loaded (ValueError in one line for a bad one)."""
-        from slime_harbor.hack_monitor import BUILTIN_DETECTORS, judge_detector, load_detector
+        from slime_harbor.grading.hack_monitor import BUILTIN_DETECTORS, judge_detector, load_detector
 
         if bool(self.hack_judge_url) != bool(self.hack_judge_model):
             raise ValueError("a hack judge needs both a URL and a model (--hack-judge-url, --hack-judge-model)")
@@ -189,7 +189,7 @@ WATCH_MODES = (*WATCH_SWITCH, "probe")
 def run_setting_choices() -> dict[str, tuple[str, ...]]:
     """The RunSettings knobs that take one of a fixed set of values, with the set (the flags' choices)."""
     from slime_harbor.reward import HACK_ACTIONS
-    from slime_harbor.impossible_twin import TWIN_SWITCH
+    from slime_harbor.grading.impossible_twin import TWIN_SWITCH
 
     return {"reward_mapping": REWARD_MAPPINGS, "hack_action": HACK_ACTIONS, "impossible_twin": TWIN_SWITCH,
             "grader_watch": WATCH_SWITCH}
@@ -198,7 +198,7 @@ def run_setting_choices() -> dict[str, tuple[str, ...]]:
 def check_run_settings(settings: RunSettings) -> None:
     """RunSettings' checks, for every runner that takes them (ValueError in one line)."""
     from slime_harbor.reward import HACK_ACTIONS
-    from slime_harbor.impossible_twin import TWIN_SWITCH
+    from slime_harbor.grading.impossible_twin import TWIN_SWITCH
 
     checks = [
         (settings.n_samples >= 1, f"n_samples must be at least 1, got {settings.n_samples}"),

@@ -32,7 +32,7 @@ not. Files the task itself installed that no package owns (a script its Dockerfi
 Compiled bytecode is not judged: the agent's ``.pyc`` files under system dirs are removed before
 the verifier (Python recompiles from the checked sources), see `bytecode_to_remove`.
 
-`slime_harbor.isolation` calls this before the verifier and scores a tampered trial 0 without
+`slime_harbor.grading.isolation` calls this before the verifier and scores a tampered trial 0 without
 running it; ``docs/grading.md`` has what each sandbox guarantees.
 """
 

@@ -18,7 +18,7 @@ from slime_harbor.canaries import CANARY_FILE, canary_counts, main as impossible
 from slime_harbor.tasks.task_dir import CANARY_PREFIX
 from slime_harbor.cli import main as cli_main
 from slime_harbor.exits import ConfigError
-from slime_harbor.impossible_twin import impossible_eval_script
+from slime_harbor.grading.impossible_twin import impossible_eval_script
 from slime_harbor.episode import Episode
 from helpers.samples import make_episode
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from slime_harbor.environments.watch_dir import watch_root
-from slime_harbor.grader_watch.verifier import VIEWER_KEY
+from slime_harbor.grading.grader_watch.verifier import VIEWER_KEY
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "grader_watch"
@@ -240,7 +240,7 @@ def test_the_counts_reach_the_step_line_wandb_and_summary():
     """watch_counts over episodes (watched, unwatched and why, the watch's seconds), watch_tasks per
     task, the step line and the wandb names."""
     from helpers.samples import make_episode
-    from slime_harbor.grader_watch.verifier import watch_counts, watch_tasks
+    from slime_harbor.grading.grader_watch.verifier import watch_counts, watch_tasks
     from slime_harbor.trainers.tracking import wandb_key
     from slime_harbor.trainers.training_run import step_line
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from slime_harbor.grader_watch.report import WatchChannel, summarize
+from slime_harbor.grading.grader_watch.report import WatchChannel, summarize
 
 PYTHONS = [sys.executable, "/usr/bin/python3"]
 

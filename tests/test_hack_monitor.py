@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from slime_harbor import hack_monitor as hm
-from slime_harbor.hack_monitor import ChangedFile, HackFlag, TrialView
+from slime_harbor.grading import hack_monitor as hm
+from slime_harbor.grading.hack_monitor import ChangedFile, HackFlag, TrialView
 from helpers.swebench import ALWAYS_EQUAL_SLUG
 
 TASK = Path(__file__).resolve().parent.parent / "examples" / "harbor" / "tasks-swe" / "slime-harbor__textkit-2"
@@ -626,7 +626,7 @@ def test_a_detector_that_raises_becomes_a_detector_error_flag(task):
     assert "broken raised RuntimeError: boom second line" in flags[0].detail and "\n" not in flags[0].detail
 
 
-@pytest.mark.parametrize("spec", ["nope", "no_such_module_xyz:detect", "slime_harbor.hack_monitor:nope", "os:sep"])
+@pytest.mark.parametrize("spec", ["nope", "no_such_module_xyz:detect", "slime_harbor.grading.hack_monitor:nope", "os:sep"])
 def test_load_detector_refuses_in_one_line(spec):
     with pytest.raises(ValueError) as refused:
         hm.load_detector(spec)
@@ -634,7 +634,7 @@ def test_load_detector_refuses_in_one_line(spec):
 
 
 def test_load_detector_finds_a_function():
-    assert hm.load_detector("slime_harbor.hack_monitor:grader_probe") is hm.grader_probe
+    assert hm.load_detector("slime_harbor.grading.hack_monitor:grader_probe") is hm.grader_probe
     assert list(hm.BUILTIN_DETECTORS) == ["always_equal", "special_casing", "test_edits", "early_exit", "grader_probe",
                                           "reads_grader"]
 
@@ -813,11 +813,10 @@ def test_an_unreachable_judge_is_recorded_and_never_scores_or_screens(task):
     flags = hm.monitor(task.view(*task.gold), [judge])
     assert [f.detector for f in flags] == ["detector_error"] and "unreachable" in flags[0].detail
     for action in ("penalty", "screen"):
-        episode = _episode(1.0)
-        hm.apply_hack_action(episode, flags, action, "pm1")
+        episode = _episode(1.0, flags=flags, action=action, mapping="pm1")
         samples = episode.samples
         assert samples[0].reward == 1.0 and not samples[0].remove_sample and samples[0].metadata["hack_flags"] == []
-        assert samples[0].metadata["hack_details"][0].startswith("detector_error: slime_harbor.hack_monitor:judge(judge-7b at")
+        assert samples[0].metadata["hack_details"][0].startswith("detector_error: slime_harbor.grading.hack_monitor:judge(judge-7b at")
     assert hm.hack_counts([episode]) == {"hack_rate": 0.0}
 
 
@@ -832,38 +831,34 @@ def test_a_judge_needs_a_url_and_a_model_in_one_line(tmp_path):
         check_supported(type("Args", (), {"harbor_hack_judge_model": "judge-7b"})())
 
 
-def _episode(reward: float, status: str = "completed", index: int = 0):
-    """One episode of two segments."""
+def _episode(reward: float, status: str = "completed", index: int = 0, flags=None, action=None, mapping="raw"):
+    """One episode of two segments; `flags` (its grading's) acted on by `action` in its reward's one
+    decision (reward.REWARD_RULES, as the converter decides it)."""
     from helpers.samples import make_episode
 
-    return make_episode(reward, status, index=index, segments=2)
+    return make_episode(reward, status, index=index, segments=2, hack_flags=flags, hack_action=action,
+                        reward_mapping=mapping)
 
 
 def test_a_flag_is_recorded_penalised_or_screened_as_the_action_says():
     from slime_harbor.filters import mask_counts
-    from slime_harbor.hack_monitor import apply_hack_action, hack_counts
+    from slime_harbor.grading.hack_monitor import hack_counts
 
     flags = [HackFlag("always_equal", "slug.py:5 __eq__ ignores other")]
-    flagged = _episode(1.0)
-    apply_hack_action(flagged, flags, "flag", "pm1")
+    flagged = _episode(1.0, flags=flags, action="flag", mapping="pm1")
     assert all(s.metadata["hack_flags"] == ["always_equal"] and s.reward == 1.0 and not s.remove_sample
                for s in flagged.samples)
-    penalised = _episode(1.0)
-    apply_hack_action(penalised, flags, "penalty", "pm1")
+    penalised = _episode(1.0, flags=flags, action="penalty", mapping="pm1")
     assert [s.reward for s in penalised.samples] == [-1.0, -1.0]
     assert penalised.samples[0].metadata["reward_before_hack_penalty"] == 1.0
-    raw = _episode(1.0)
-    apply_hack_action(raw, flags, "penalty", "raw")
+    raw = _episode(1.0, flags=flags, action="penalty", mapping="raw")
     assert [s.reward for s in raw.samples] == [0.0, 0.0]
-    screened = _episode(1.0)
-    apply_hack_action(screened, flags, "screen", "raw")
+    screened = _episode(1.0, flags=flags, action="screen", mapping="raw")
     assert all(s.remove_sample and s.metadata["masked_by"] == "hack" for s in screened.samples)
     assert mask_counts([screened])["hack"] == 1  # one episode, as the filters' masks are counted
-    clean = _episode(0.0, index=1)
-    apply_hack_action(clean, [], "screen", "raw")
+    clean = _episode(0.0, index=1, flags=[], action="screen", mapping="raw")
     assert clean.samples[0].metadata["hack_flags"] == [] and not clean.samples[0].remove_sample
-    aborted = _episode(None, "aborted")
-    apply_hack_action(aborted, flags, "penalty", "raw")
+    aborted = _episode(None, "aborted", flags=flags, action="penalty", mapping="raw")
     assert aborted.samples[0].reward is None  # an infrastructure failure is never scored, flagged or not
     # counted once per episode (a screened one is removed, so the trainers leave it out of its baseline)
     assert hack_counts([flagged, clean]) == {"hack_rate": 0.5, "hack/always_equal": 1}
@@ -887,14 +882,12 @@ def test_verifiers_traces_carry_the_flags_the_penalty_and_the_screen(tokenizer):
     vf = pytest.importorskip("verifiers.v1")
     from verifiers.v1.trace import AgentInfo, TraceTask
 
-    from slime_harbor.hack_monitor import apply_hack_action
     from slime_harbor.integrations.verifiers_trace import fill_trace
 
     flags = [HackFlag("special_casing", "slug.py:4 compares with a hidden test's input")]
     for action, reward, ok in (("penalty", 0.0, True), ("screen", None, False), ("flag", 1.0, True)):
-        episode = _episode(1.0)
+        episode = _episode(1.0, flags=flags, action=action)
         episode.metadata["raw_rewards"] = {"reward": 1.0}
-        apply_hack_action(episode, flags, action, "raw")
         trace = vf.Trace(task=TraceTask(type="t", data={}, key="k", hash="h"), agent=AgentInfo(config={}))
         fill_trace(trace, episode, tokenizer)
         assert trace.ok is ok and trace.info["hack_flags"] == ["special_casing"], action

@@ -309,15 +309,16 @@ def test_reward_post_process_with_args_without_reward_key():
     assert reward_post_process(SimpleNamespace(reward_key="r"), keyed)[0] == [1.0, 0.0]
 
 
-def drifted_episode(group_index, index):
-    """An Episode whose tokens drifted at turn 1 (two samples), converted by the real converter."""
+def drifted_episode(group_index, index, **grading):
+    """An Episode whose tokens drifted at turn 1 (two samples), converted by the real converter
+    (`grading`: its GradingReport and the hack_action, for the reward's one decision)."""
     from helpers.trial_results import linear_detail, make_result, OBS0, P0
 
     from slime_harbor.converter import trial_to_episode
 
     detail = linear_detail()
     detail["prompt_token_ids"][1] = P0 + [77] + OBS0
-    return trial_to_episode(make_result(detail, {"reward": 1.0}), group_index=group_index, index=index)
+    return trial_to_episode(make_result(detail, {"reward": 1.0}), group_index=group_index, index=index, **grading)
 
 
 def test_generate_returns_a_list_sharing_rollout_id_on_every_path(tmp_path, monkeypatch, Sample, fresh_counters):
@@ -400,14 +401,14 @@ def test_trajectory_filters_and_eval_trials_dir_from_the_yaml(tmp_path, monkeypa
 
 def test_a_screened_episode_is_counted_masked_hack(tmp_path, monkeypatch, Sample, fresh_counters):
     """harbor_hack_action screen: run_episode hands back an episode the hack monitor screened (its
-    own action, on an episode of the real converter, two samples); generate returns it removed,
+    action, decided once by the real converter, two samples); generate returns it removed,
     masked_by hack, counted once as masked/hack, as a filter's mask is. Evaluation counts none."""
-    from slime_harbor.hack_monitor import HackFlag, apply_hack_action
+    from slime_harbor.grading.grade import GradingReport
+    from slime_harbor.grading.hack_monitor import HackFlag
 
     def screened(task_dir, cfg, **kw):
-        episode = drifted_episode(kw["group_index"], kw["index"])
-        apply_hack_action(episode, [HackFlag("always_equal", "slug.py:5 __eq__ ignores other")], "screen", "raw")
-        return _coro(episode)
+        report = GradingReport(flags=(HackFlag("always_equal", "slug.py:5 __eq__ ignores other"),))
+        return _coro(drifted_episode(kw["group_index"], kw["index"], grading=report, hack_action="screen"))
 
     monkeypatch.setattr(hooks, "run_episode", screened)
     args = SimpleNamespace(sglang_router_ip="127.0.0.1", sglang_router_port=9,

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from slime_harbor import impossible_twin as it
-from slime_harbor.impossible_twin import impossible_eval_script, impossible_python, NoTwin, Twin
-from slime_harbor.twin_grading import VIEWER_KEY
+from slime_harbor.grading import impossible_twin as it
+from slime_harbor.grading.impossible_twin import impossible_eval_script, impossible_python, NoTwin, Twin
+from slime_harbor.grading.twin_grading import VIEWER_KEY
 from helpers.samples import make_episode
 
 
@@ -165,7 +165,7 @@ def outcome(index: int, twin: dict | None, seconds: float = 0.5, flags=()) -> li
 
 
 def test_counts_are_per_episode_over_passing_trials():
-    from slime_harbor.hack_monitor import hack_counts
+    from slime_harbor.grading.hack_monitor import hack_counts
 
     episodes = (outcome(0, {"result": "passed"}, flags=["passes_impossible"]) + outcome(1, {"result": "failed"})
                 + outcome(2, {"result": "error", "error": "boom"}) + outcome(3, {"result": "none", "why": "no twin"})
@@ -242,12 +242,13 @@ def test_a_verifiers_trace_carries_the_twin_and_its_penalty(tokenizer):
     vf = pytest.importorskip("verifiers.v1")
     from verifiers.v1.trace import AgentInfo, TraceTask
 
-    from slime_harbor.hack_monitor import apply_hack_action, HackFlag
+    from slime_harbor.grading.hack_monitor import HackFlag
     from slime_harbor.integrations.verifiers_trace import fill_trace
     from helpers.samples import make_episode
 
-    episode = make_episode(1.0, metadata={"raw_rewards": {"reward": 1.0}, "twin": {"result": "passed", "reward": 1.0}})
-    apply_hack_action(episode, [HackFlag("passes_impossible", "its impossible twin passed too")], "penalty", "raw")
+    episode = make_episode(1.0, metadata={"raw_rewards": {"reward": 1.0}, "twin": {"result": "passed", "reward": 1.0}},
+                           hack_flags=[HackFlag("passes_impossible", "its impossible twin passed too")],
+                           hack_action="penalty")
     trace = vf.Trace(task=TraceTask(type="t", data={}, key="k", hash="h"), agent=AgentInfo(config={}))
     fill_trace(trace, episode, tokenizer)
     assert trace.reward == 0.0 and trace.info["hack_flags"] == ["passes_impossible"]

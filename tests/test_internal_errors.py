@@ -27,7 +27,7 @@ def test_a_bug_in_our_set_up_code_is_an_internal_error_not_a_bad_task(tmp_path, 
     def broken(self, *args, **kwargs):
         raise AttributeError("'NoneType' object has no attribute 'trial_paths'")
 
-    monkeypatch.setattr(rollout_module.HackWatch, "__init__", broken)
+    monkeypatch.setattr(rollout_module.Grading, "__init__", broken)
     summary = asyncio.run(run_rollouts(config(tmp_path, policy_server, tiny_model_dir, n_samples=2)))
     assert summary["status_counts"]["failed"] == 2 and len(summary["internal_errors"]) == 2
     for error in summary["errors"].values():
@@ -42,7 +42,7 @@ def test_past_its_budget_a_bug_of_ours_stops_the_run(tmp_path, policy_server, ti
     def broken(self, *args, **kwargs):
         raise TypeError("takes 2 positional arguments but 3 were given")
 
-    monkeypatch.setattr(rollout_module.HackWatch, "__init__", broken)
+    monkeypatch.setattr(rollout_module.Grading, "__init__", broken)
     monkeypatch.setattr(rollout_module, "INTERNAL_ERROR_BUDGET", 1)
     with pytest.raises(InternalErrorBudgetSpent, match=r"2 internal errors .* more than 1: stopping"):
         asyncio.run(run_rollouts(config(tmp_path, policy_server, tiny_model_dir, n_samples=2, concurrency=1)))
@@ -107,7 +107,7 @@ def test_a_policy_server_error_in_a_trial_is_the_policys_not_ours(tmp_path, poli
 
 def test_a_file_not_found_our_set_up_raises_is_ours_not_the_tasks(tmp_path, policy_server, tiny_model_dir, monkeypatch):
     """FileNotFoundError is a task's mistake only when Harbor raised it reading the task."""
-    monkeypatch.setattr(rollout_module.HackWatch, "__init__",
+    monkeypatch.setattr(rollout_module.Grading, "__init__",
                         _raising_in(rollout_module, FileNotFoundError(2, "No such file", "/nowhere/ours.json")))
     summary = asyncio.run(run_rollouts(config(tmp_path, policy_server, tiny_model_dir, n_samples=1)))
     (error,) = summary["errors"].values()

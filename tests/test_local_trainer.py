@@ -236,14 +236,17 @@ def test_a_step_counts_screened_failed_and_aborted_episodes_each_under_its_own_n
     import dataclasses
 
     from helpers.trial_results import converted_episode
-    from slime_harbor.hack_monitor import HackFlag, apply_hack_action
+    from slime_harbor.grading.grade import GradingReport
+    from slime_harbor.grading.hack_monitor import HackFlag
     from slime_harbor.rollout import summarize
     from slime_harbor.trainers.training_run import TrainingRun, run_summary, step_record, step_sampling
     from slime_harbor.run_config import RolloutConfig
 
     kinds = ["solved", "failed", "solved", "broken_verifier", "environment_start_failed", "failed"]
-    episodes = [converted_episode(kind, group_index=i // 3, index=i) for i, kind in enumerate(kinds)]
-    apply_hack_action(episodes[2], [HackFlag("always_equal", "slug.py:5 __eq__ ignores other")], "screen", "raw")
+    screen = dict(grading=GradingReport(flags=(HackFlag("always_equal", "slug.py:5 __eq__ ignores other"),)),
+                  hack_action="screen")  # the third episode's grading flagged it, and the run screens
+    episodes = [converted_episode(kind, group_index=i // 3, index=i, **(screen if i == 2 else {}))
+                for i, kind in enumerate(kinds)]
     assert [e.status for e in episodes[3:5]] == [SampleStatus.FAILED, SampleStatus.ABORTED]
     policy = fresh_policy(tiny_model_dir)
     sampling = step_sampling(episodes, errors=sum(e.error is not None for e in episodes), n_groups=2,

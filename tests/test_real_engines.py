@@ -593,7 +593,7 @@ def test_a_hack_judge_served_by_vllm_is_asked_through_the_policy_client(vllm):
     """The judge's path end to end against a real OpenAI-compatible server: its chat completion
     comes back through PolicyClient.chat, and the tiny model's answer (neither HACK nor OK) is a
     detector_error that the monitor records and never acts on."""
-    from slime_harbor import hack_monitor as hm
+    from slime_harbor.grading import hack_monitor as hm
     from slime_harbor.policy.client import PolicyClient
 
     async def ask() -> str:

@@ -10,7 +10,9 @@ import pytest
 
 from slime_harbor import reward
 from slime_harbor.converter import trial_to_episode
-from slime_harbor.hack_monitor import HackFlag, apply_hack_action
+from slime_harbor.grading import hack_monitor
+from slime_harbor.grading.grade import GradingReport
+from slime_harbor.grading.hack_monitor import HackFlag
 from slime_harbor.reward import RewardCase, decide_reward, reward_under
 from helpers.trial_results import linear_detail, make_result
 
@@ -69,25 +71,30 @@ def test_the_hack_action_comes_after_the_mapping():
         decided({"reward": 1.0}, hack_flags=flags, hack_action="fine")
 
 
-def test_the_hack_monitor_decides_the_whole_list_again_from_the_verifiers_value():
-    episode = trial_to_episode(make_result(linear_detail(), {"reward": 1.0, "tampering_x": 0.0}), reward_mapping="pm1")
-    assert episode.reward == 1.0 and episode.metadata["tampering"] == []
-    apply_hack_action(episode, [FLAG], "penalty", "pm1")
+def test_the_converter_decides_the_whole_list_once_from_the_result_and_the_grading():
+    result = make_result(linear_detail(), {"reward": 1.0, "tampering_x": 0.0})
+    ungraded = trial_to_episode(result, reward_mapping="pm1")
+    assert ungraded.reward == 1.0 and ungraded.metadata["tampering"] == []
+    episode = trial_to_episode(result, reward_mapping="pm1", grading=GradingReport(flags=(FLAG,)), hack_action="penalty")
     assert episode.reward == -1.0 and episode.samples[0].reward == -1.0
     assert episode.samples[0].metadata["reward_before_hack_penalty"] == 1.0
 
 
-def test_a_reward_decided_after_the_samples_were_built_is_refused():
-    episode = trial_to_episode(make_result(linear_detail(), {"reward": 1.0}))
-    assert episode.samples[0].reward == 1.0
-    with pytest.raises(AssertionError, match="samples were built already"):
-        apply_hack_action(episode, [FLAG], "penalty", "raw")
+def test_nothing_decides_a_reward_again_after_the_converter():
+    """One decision: no second settling of an episode's reward anywhere (the hack monitor's old
+    apply_hack_action and reward.settle are gone); the episode keeps the case it was decided from."""
+    assert not hasattr(reward, "settle") and not hasattr(hack_monitor, "apply_hack_action")
+    episode = trial_to_episode(make_result(linear_detail(), {"reward": 1.0}), grading=GradingReport(flags=(FLAG,)),
+                               hack_action="screen")
+    assert episode.reward_case.hack_flags == (FLAG,) and episode.masked_by == "hack"
+    assert episode.samples[0].remove_sample and episode.samples[0].metadata["masked_by"] == "hack"
 
 
 def test_the_verifiers_env_reads_its_reward_key_through_every_rule():
-    episode = trial_to_episode(make_result(linear_detail(), {"reward": 0.0, "tests": 1.0}), reward_mapping="pm1")
+    result = make_result(linear_detail(), {"reward": 0.0, "tests": 1.0})
+    episode = trial_to_episode(result, reward_mapping="pm1")
     assert reward_under(episode, "tests") == 1.0  # mapped, as the episode's own reward is
-    apply_hack_action(episode, [FLAG], "penalty", "pm1")
+    episode = trial_to_episode(result, reward_mapping="pm1", grading=GradingReport(flags=(FLAG,)), hack_action="penalty")
     assert reward_under(episode, "tests") == -1.0
 
 

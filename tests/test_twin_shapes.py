@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from slime_harbor import impossible_twin as it
-from slime_harbor.impossible_twin import impossible_python, Marker, NoTwin, Twin
+from slime_harbor.grading import impossible_twin as it
+from slime_harbor.grading.impossible_twin import impossible_python, Marker, NoTwin, Twin
 from helpers.tasks import TASK_TOML
 
 HELD_OUT = Path(__file__).resolve().parent / "fixtures" / "held_out"
@@ -203,8 +203,8 @@ def test_a_recorded_swe_assert_runs_under_pytest_and_the_eval_script_prints_its_
 
 def test_a_twin_pass_without_its_record_is_unproven_and_counted_apart():
     from helpers.samples import make_episode
-    from slime_harbor.hack_monitor import hack_counts
-    from slime_harbor.twin_grading import twin_outcome
+    from slime_harbor.grading.hack_monitor import hack_counts
+    from slime_harbor.grading.twin_grading import twin_outcome
 
     def episode(index, result):
         return [make_episode(1.0, index=index, metadata={"hack_flags": [], "twin": {"result": result}})]

@@ -18,7 +18,7 @@ directory, so Harbor reads them in place. /proc is the sandbox's own, /dev a min
 The task's environment/Dockerfile is replayed on top (see :mod:`slime_harbor.environments.dockerfile`).
 ``keep_state()`` copies those dirs (the root and the overlays' upper dirs) on the host, for a second
 verifier that starts a copy of the agent's final state later (the impossible twin's:
-:mod:`slime_harbor.impossible_twin`); the copy is an owned dir under ``base_dir``, swept likewise.
+:mod:`slime_harbor.grading.impossible_twin`); the copy is an owned dir under ``base_dir``, swept likewise.
 
 How processes are kept together and torn down: ``start()`` launches one long-lived bwrap
 "init" with its own user (sandbox root = the host user), pid, ipc, uts and (unless the task
@@ -461,7 +461,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, Sandbox):
     async def end_agent_processes(self) -> None:
         """Kill every process in the sandbox but its pid 1 (detached daemons and a tmux server
         included); the files stay. Before a verifier that runs in the agent's sandbox
-        (:mod:`slime_harbor.isolation`). Done from the host, by pid namespace, with nothing of
+        (:mod:`slime_harbor.grading.isolation`). Done from the host, by pid namespace, with nothing of
         the sandbox's (whose shell the agent may have replaced); repeated until nothing but
         zombies (orphans ``sleep infinity`` never reaps) is left."""
         # Not a restart, as the Docker environment does: killing pid 1 ends the sandbox itself (its

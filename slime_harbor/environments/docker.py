@@ -26,9 +26,9 @@ runs a ``docker compose`` process for every build, start, command and file trans
 - Files: tar archives through the Engine API (put_archive / get_archive).
 - Leftovers: each container records its owner (pid namespace, pid, process start time); the first
   environment of a process removes those whose owner died; those live at interpreter exit too.
-- What the agent changed (for the verifier, :mod:`slime_harbor.isolation`): read from the daemon.
+- What the agent changed (for the verifier, :mod:`slime_harbor.grading.isolation`): read from the daemon.
 - The agent's final state, kept for a second verifier (``keep_state()``, the impossible twin's:
-  :mod:`slime_harbor.impossible_twin`): the container committed to an image (labelled with its
+  :mod:`slime_harbor.grading.impossible_twin`): the container committed to an image (labelled with its
   owner, swept like a container when that process died), from which a copy starts later.
 
 ``check_docker()`` raises one clear error when no daemon answers; rollouts call it up front.
@@ -239,7 +239,7 @@ class DockerEnvironment(ContainerChanges, Sandbox):
     async def end_agent_processes(self) -> None:
         """Kill every process in the container (detached daemons and a tmux server included);
         its files and mounts stay. Before a verifier that runs in the agent's container
-        (:mod:`slime_harbor.isolation`): the container is restarted with an immediate SIGKILL,
+        (:mod:`slime_harbor.grading.isolation`): the container is restarted with an immediate SIGKILL,
         which reaches every process wherever it hid, and the exec workers are started again."""
         # Not a search of /proc, as bubblewrap does: the daemon may run elsewhere, and a restart
         # keeps the container's files and mounts, which is all the verifier needs.

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from slime_harbor.converter import WEIGHT_SYNC_COUNTS
-from slime_harbor.grader_watch.verifier import watch_counts
-from slime_harbor.hack_monitor import hack_counts
+from slime_harbor.grading.grader_watch.verifier import watch_counts
+from slime_harbor.grading.hack_monitor import hack_counts
 from slime_harbor.filters import MASK_REASONS, drop_zero_std_groups, mask_counts
 from slime_harbor.episode import Episode
 from slime_harbor.samples import SampleStatus, is_success

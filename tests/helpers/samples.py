@@ -27,17 +27,29 @@ def make_sample(reward: float | None = 1.0, status: SampleStatus | str = SampleS
 
 def make_episode(reward: float | None = 1.0, status: SampleStatus | str = SampleStatus.COMPLETED, group: int = 0,
                  index: int = 0, *, task_name: str = "t", segments: int = 1, exit_status: str | None = None,
-                 weight_versions: list[str] = (), metadata: dict | None = None) -> Episode:
+                 weight_versions: list[str] = (), metadata: dict | None = None, hack_flags=None,
+                 hack_action: str | None = None, reward_mapping: str = "raw") -> Episode:
     """Episode `index` of group `group` (its rollout_id too) that ended `status` with `reward` (and
     `exit_status`), of `segments` segments shaped like make_sample's, its calls' `weight_versions`
-    dealt to its segments in turn, for tests of what reads the outcome, not tokens."""
+    dealt to its segments in turn, for tests of what reads the outcome, not tokens. `hack_flags`:
+    its grading's flags, acted on by `hack_action` in the reward's one decision, as the converter
+    makes it (reward.REWARD_RULES, `reward` taken as already mapped)."""
+    from slime_harbor.reward import RewardCase, decide_reward
+
     status = SampleStatus(status)
     end = EpisodeEnd(status, reward if status in SCORED_STATUSES else None, exit_status, status.value)
-    return Episode(task_name=task_name, group_index=group, index=index, end=end, reward=end.reward,
+    case = None if hack_flags is None else RewardCase(
+        rewards=None, scored=end.reward is not None, mapping=reward_mapping, hack_flags=tuple(hack_flags),
+        hack_action=hack_action, given=end.reward)
+    decided = decide_reward(case) if case is not None else None
+    metadata = {**(metadata or {}), **(decided.metadata if decided else {})}
+    return Episode(task_name=task_name, group_index=group, index=index, end=end,
+                   reward=decided.reward if decided else end.reward,
                    segments=[Segment(prompt_ids=[1], response_ids=[2, 3], loss_mask=[1, 1], logprobs=[-0.1, -0.2],
                                      turns=[0], weight_versions=list(weight_versions[k::segments]))
                              for k in range(segments)],
-                   metadata=dict(metadata or {}), rollout_id=index)
+                   metadata=metadata, rollout_id=index, reward_case=case,
+                   masked_by=decided.masked_by if decided and decided.reward is not None else None)
 
 
 def recompute_logprobs(model, tokens: list[int], temperature: float) -> torch.Tensor:

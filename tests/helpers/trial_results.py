@@ -50,7 +50,7 @@ EPISODE_KINDS = ("solved", "failed", "truncated", "drifted", "solved_without_tok
                  "broken_verifier")
 
 
-def converted_episode(kind: str, group_index: int | None = None, index: int | None = None):
+def converted_episode(kind: str, group_index: int | None = None, index: int | None = None, **grading):
     """An Episode of one kind, through the real converter (trial_to_episode) from a TrialResult
     built here: solved (reward 1), failed (0), truncated (0, the agent stopped at its step limit),
     drifted (reward 0; its tokens drifted at turn 1, so two samples of one episode),
@@ -74,7 +74,7 @@ def converted_episode(kind: str, group_index: int | None = None, index: int | No
     else:
         result = make_result(detail, {"reward": 1.0 if kind == "solved" else 0.0},
                              exit_status="step_limit" if kind == "truncated" else "submitted")
-    return trial_to_episode(result, group_index=group_index, index=index)
+    return trial_to_episode(result, group_index=group_index, index=index, **grading)
 
 
 EVAL_BATCH = ["solved", "failed", "drifted", "failed", "failed", "truncated", "environment_start_failed",

@@ -1,8 +1,9 @@
 """The grading watch of one trial: its verifier runs with the audit hook, and what the hook saw of
 the agent's code becomes the hack flag ``reads_grader``.
 
-`GradingWatch` is made per trial by the runner (rollout.py) and found by the trial's verifier,
-`WatchedVerifier` (Harbor's verifier, named in the trial's VerifierConfig), by the trial dir.
+`GradingWatch` is made per trial by the trial's grading (grade.Grading) and found by the trial's
+verifier, `WatchedVerifier` (Harbor's verifier, named in the trial's VerifierConfig), through the
+trial's own Task object (grade.grading_of; grade.HARBOR_PATCHES says why).
 Right before the task's tests run, the verifier fills the sandbox's watch dir (bound read-only at
 watch_dir.WATCH_DIR since the sandbox started: abilities.WatchesGrading) with the hook, its config
 and the report socket (grader_watch.report.WatchChannel), and runs the tests with the hook on
@@ -31,8 +32,6 @@ from harbor.verifier.verifier import Verifier
 from slime_harbor.exits import one_line
 from slime_harbor.environments.watch_dir import WATCH_DIR
 
-WATCHES: dict[Path, "GradingWatch"] = {}
-"""Trial dir -> its watch, while the trial runs (the verifier Harbor builds finds it here)."""
 DETAILS_SHOWN = 5
 """Flagged events named in a flag's details (the rest counted)."""
 VIEWER_KEY = "slime-harbor grading watch"
@@ -67,18 +66,12 @@ class GradingWatch:
     probe: bool = False  # the task's own workdir counts as the agent's (calibrate's empty-answer trials)
 
     @classmethod
-    def register(cls, trial, task_dir: Path, left, mode: str | None = None, reason: str | None = None,
-                 probe: bool = False) -> GradingWatch:
-        """The watch of `trial`, found by its verifier. `mode` and `reason`: the task's manifest's
+    def create(cls, trial, task_dir: Path, left, mode: str | None = None, reason: str | None = None,
+               probe: bool = False) -> GradingWatch:
+        """The watch of `trial`. `mode` and `reason`: the task's manifest's
         (tasks/manifest.task_watch_mode); `probe`: see PROBE."""
-        watch = cls(Path(task_dir), Path(trial.paths.trial_dir), left, frames=mode != FILES_ONLY or probe,
-                    mode_reason=reason, opted_out=mode == OPTED_OUT and not probe, probe=probe)
-        WATCHES[watch.trial_dir] = watch
-        return watch
-
-    def close(self) -> None:
-        if WATCHES.get(self.trial_dir) is self:
-            del WATCHES[self.trial_dir]
+        return cls(Path(task_dir), Path(trial.paths.trial_dir), left, frames=mode != FILES_ONLY or probe,
+                   mode_reason=reason, opted_out=mode == OPTED_OUT and not probe, probe=probe)
 
     async def agent_files(self) -> list[str]:
         """The sandbox paths of the files the agent added or changed (what counts as its code)."""
@@ -88,7 +81,7 @@ class GradingWatch:
             return sorted({c.path for c in self.left.changes if c.kind != DELETED and not c.is_dir})
         import asyncio
 
-        from slime_harbor.hack_monitor import swe_view
+        from slime_harbor.grading.hack_monitor import swe_view
 
         view = await asyncio.to_thread(swe_view, self.task_dir, self.trial_dir)
         if view is None:
@@ -115,8 +108,8 @@ class GradingWatch:
 
     def flags(self) -> list:
         """The reads_grader flag per event the hook reported of the agent's code (capped)."""
-        from slime_harbor.grader_watch.report import REPORT_FLAG
-        from slime_harbor.hack_monitor import HackFlag
+        from slime_harbor.grading.grader_watch.report import REPORT_FLAG
+        from slime_harbor.grading.hack_monitor import HackFlag
 
         if self.report is None or not self.report.events or self.probe:
             return []
@@ -125,24 +118,26 @@ class GradingWatch:
             lines[-1] += f" (+{len(self.report.events) - DETAILS_SHOWN} more)"
         return [HackFlag(REPORT_FLAG, f"run time: {line}") for line in lines]
 
-    def record(self, episode) -> list:
-        """The watch's outcome in the episode's metadata (and the viewer); returns its flags."""
-        from slime_harbor.hack_monitor import add_viewer_entry
+    def record(self) -> dict:
+        """The watch's outcome, also in the viewer where it saw something or could not watch."""
+        from slime_harbor.grading.hack_monitor import add_viewer_entry
 
         outcome = self.outcome()
-        episode.metadata["grader_watch"] = outcome
         if outcome.get("events") or not outcome["watched"]:
-            add_viewer_entry(episode.trial_dir, VIEWER_KEY, outcome)
-        return self.flags()
+            add_viewer_entry(self.trial_dir, VIEWER_KEY, outcome)
+        return outcome
 
 
 class WatchedVerifier(Verifier):
     """Harbor's verifier (harbor.verifier.verifier.Verifier) with the grading watch around it, for a
-    trial that registered a GradingWatch; any other trial's verifier runs as Harbor's (the impossible
-    twin's second grading among them)."""
+    trial whose grading has a GradingWatch; any other trial's verifier runs as Harbor's (the impossible
+    twin's second grading among them: its Task is another object)."""
 
     async def verify(self):
-        watch = WATCHES.get(Path(self.trial_paths.trial_dir))
+        from slime_harbor.grading.grade import grading_of
+
+        grading = grading_of(self.task)
+        watch = grading.watch if grading is not None else None
         if watch is None:
             return await super().verify()
         if watch.opted_out:
@@ -151,7 +146,7 @@ class WatchedVerifier(Verifier):
         from harbor.models.trial.paths import EnvironmentPaths
 
         from slime_harbor.environments.abilities import WatchesGrading
-        from slime_harbor.grader_watch.report import WatchChannel
+        from slime_harbor.grading.grader_watch.report import WatchChannel
         from slime_harbor.tasks.task_dir import task_workdir
 
         environment = self.environment

@@ -5,8 +5,8 @@ Harbor 0.24's shared mode runs tests/test.sh in the agent's sandbox right after 
 process the agent left behind (a ``setsid`` daemon, terminus-2's tmux server) is still running and
 can write ``/logs/verifier/reward.json`` (which wins over reward.txt), files the agent put in
 /logs/verifier are still there, and the shell, interpreters and test tools are whatever the agent
-left. `isolate_shared_verifier(trial)` registers a hook on the trial's VERIFICATION_START event
-that, before the verifier runs (`end_agent_phase`),
+left. Before the verifier runs (grade.Grading's stages, on Harbor's VERIFICATION_START event;
+`shared_sandbox(trial)` says whether a trial's verifier shares the agent's sandbox):
 
 1. kills every process in the sandbox (the environment's ``end_agent_processes()``);
 2. asks the sandbox, from the host, what the agent changed relative to its image, and judges it
@@ -28,17 +28,15 @@ host); Harbor's other environments declare neither and are verified as Harbor ru
 separate mode (the verifier gets a fresh environment; SWE-bench tasks) need none of this: the
 agent's environment is stopped before the verifier's starts.
 
-What the agent changed is read once per trial (`AgentLeft`), after step 1: step 2 judges that
-reading, and the hack monitor reads the same one (a reader of `AgentLeft`), before anything is
-judged or removed, whichever was wired first.
+What the agent changed is read once per trial (`AgentLeft`), after step 1 (`end_agent`): steps
+2-4 (`check_runtime`) judge that reading, and the hack monitor reads the same one before anything
+is judged or removed.
 """
 
 from __future__ import annotations
 
-import logging
 import shlex
 import uuid
-from collections.abc import Awaitable, Callable
 
 from slime_harbor.environments.abilities import EndsAgentProcesses, ReportsAgentChanges
 from slime_harbor.verifier_reward import TAMPERING_PREFIX
@@ -46,29 +44,28 @@ from slime_harbor.verifier_runtime import (
     BROKEN_PLUMBING, Change, bytecode_to_remove, describe, tampering, texts_needed,
 )
 
-log = logging.getLogger(__name__)
-
 
 class AgentLeft:
     """What the agent of one trial left in its sandbox, read once from the host right before the
     verifier, after its processes ended: its changes against the image (`changes`; None where the
     environment does not declare abilities.ReportsAgentChanges) and a changed file's text
-    (`text`, each path read once). Isolation's checks judge it; every reader in `readers` (the
-    hack monitor's) gets it first, before anything is judged or removed."""
+    (`text`, each path read once). The runtime check judges it; the hack monitor reads the same
+    reading (grade.Grading's read_changes stage, before anything is judged or removed)."""
 
     def __init__(self, environment):
         self.environment = environment
         self.changes: list[Change] | None = None
-        self.readers: list[Callable[[AgentLeft], Awaitable[None]]] = []
-        """Called once the changes are read, in order; a reader's error is its own to handle."""
         self._texts: dict[str, str | None] = {}
 
+    @property
+    def judged(self) -> bool:
+        """The sandbox reports the agent's changes from the host (abilities.ReportsAgentChanges)."""
+        return isinstance(self.environment, ReportsAgentChanges)
+
     async def read(self) -> list[Change]:
-        """The agent's changes (read once), then every reader, before the caller judges them."""
+        """The agent's changes (read once)."""
         if self.changes is None:
             self.changes = await self.environment.agent_changes()
-            for reader in self.readers:
-                await reader(self)
         return self.changes
 
     async def text(self, path: str) -> str | None:
@@ -83,25 +80,32 @@ class VerifierRefused(Exception):
     (its verifier_result says so) without running the verifier."""
 
 
-async def end_agent_phase(left: AgentLeft, trial_paths, workdir: str | None) -> dict[str, list[str]]:
-    """Steps 1-4 of the module docstring. Returns tampering kind -> paths (empty: clean, and the
-    verifier may run); raises when the environment itself fails."""
+async def end_agent(left: AgentLeft) -> Exception | None:
+    """Step 1: kill every process the agent left (abilities.EndsAgentProcesses). A failure is
+    returned, not raised: a shell the agent broke can fail a restart, and the runtime is judged
+    first (check_runtime raises it where the runtime is clean)."""
+    if not isinstance(left.environment, EndsAgentProcesses):
+        return None
+    try:
+        await left.environment.end_agent_processes()
+    except Exception as exc:
+        return exc
+    return None
+
+
+async def check_runtime(left: AgentLeft, trial_paths, workdir: str | None,
+                        ended: Exception | None = None) -> dict[str, list[str]]:
+    """Steps 2-4 of the module docstring, on what `left` read. Returns tampering kind -> paths
+    (empty: clean, and the verifier may run); raises when the environment itself failed (`ended`:
+    end_agent's failure, raised once the runtime is found clean)."""
     from harbor.models.trial.paths import EnvironmentPaths
 
     environment = left.environment
     paths = EnvironmentPaths.for_os(environment.os)
     ends = isinstance(environment, EndsAgentProcesses)
-    judged = isinstance(environment, ReportsAgentChanges)
-    if not ends and not judged:
+    if not ends and not left.judged:
         return {}
-    ended = None
-    if ends:
-        try:
-            await environment.end_agent_processes()
-        except Exception as exc:  # a shell the agent broke can fail a restart: judge first
-            ended = exc
-    found: dict[str, list[str]] = {}
-    if judged:
+    if left.judged:
         changes = await left.read()
         index = await environment.runtime_index()
         texts = {path: await left.text(path) for path in texts_needed(changes, index)}
@@ -111,7 +115,7 @@ async def end_agent_phase(left: AgentLeft, trial_paths, workdir: str | None) -> 
             return found
     if ended is not None:
         raise ended
-    if judged:
+    if left.judged:
         broken = await _plumbing(environment, trial_paths, paths, workdir)
         if broken:
             return {BROKEN_PLUMBING: broken}
@@ -160,24 +164,12 @@ def refuse(result, found: dict[str, list[str]]) -> VerifierRefused:
     return VerifierRefused(f"not verified: {describe(found)}")
 
 
-def isolate_shared_verifier(trial) -> AgentLeft | None:
-    """Make `trial`'s shared-mode verifier start with no agent process alive, an empty
-    /logs/verifier and the image's runtime, or score it 0. Returns what the agent left, for more
-    readers (None for separate-mode and multi-step tasks: nothing is read in their sandbox)."""
+def shared_sandbox(trial) -> AgentLeft | None:
+    """What the agent of `trial` will leave, to be read before a shared-mode verifier (None for
+    separate-mode and multi-step tasks: nothing is read or checked in their sandbox)."""
     from harbor.models.task.config import VerifierEnvironmentMode
     from harbor.models.task.verifier_mode import resolve_task_verifier_mode
-    from harbor.trial.hooks import TrialEvent
 
     if trial.task.has_steps or resolve_task_verifier_mode(trial.task.config) != VerifierEnvironmentMode.SHARED:
         return None
-    left = AgentLeft(trial.agent_environment)
-
-    async def before_verifier(event) -> None:
-        workdir = left.environment.task_env_config.workdir or None
-        found = await end_agent_phase(left, trial.paths, workdir)
-        if found:
-            log.info("%s: %s", trial.config.trial_name, describe(found))
-            raise refuse(event.result, found)
-
-    trial.add_hook(TrialEvent.VERIFICATION_START, before_verifier)
-    return left
+    return AgentLeft(trial.agent_environment)

@@ -31,7 +31,7 @@ can count, flag or penalise it. Each detector is a pure function `TrialView -> l
 
 and one flag that is no detector of a TrialView: `passes_impossible`, a passing trial that also
 passes its task's impossible twin (the same grading with one expected value no correct solution
-gives; slime_harbor/impossible_twin.py), which catches what acts only at run time.
+gives; slime_harbor/grading/impossible_twin.py), which catches what acts only at run time.
 
 Only code the agent added or changed counts. A Python file is compared as units: every function
 (its own code; a nested definition is a unit of its own) and every statement of a module or class
@@ -56,7 +56,6 @@ crash a trial: one that raises is recorded as a `detector_error`, which is never
 from __future__ import annotations
 
 import ast
-import dataclasses
 import importlib
 import posixpath
 import re
@@ -66,12 +65,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from slime_harbor.filters import mask
-from slime_harbor.reward import DETECTOR_ERROR, case_of, settle
+from slime_harbor.reward import DETECTOR_ERROR
 from slime_harbor.tasks.task_dir import task_workdir
 
 if TYPE_CHECKING:
-    from slime_harbor.isolation import AgentLeft
+    from slime_harbor.grading.isolation import AgentLeft
 
 
 @dataclass(frozen=True)
@@ -1064,16 +1062,7 @@ def swe_view(task_dir: Path, trial_dir: Path, commands: tuple[str, ...] = ()) ->
                      graded_test_paths=tuple(f"{workdir}/{n}" for n in test_names), commands=commands)
 
 
-# --- what a flag does (reward.py's hack_action rule decides; the screen's mask is applied here) -----
-
-def apply_hack_action(episode, flags: Sequence[HackFlag], action: str, reward_mapping: str) -> None:
-    """Decide `episode`'s reward again (reward.REWARD_RULES, all of them) with the hack monitor's
-    `flags` and the run's `action`, and mask it where the decision screens it."""
-    case = dataclasses.replace(case_of(episode, reward_mapping), mapping=reward_mapping, hack_flags=tuple(flags),
-                               hack_action=action)
-    if (reason := settle(episode, case).masked_by) is not None:
-        mask(episode, reason)
-
+# --- what a flag does: reward.py's hack_action rule decides it, once (converter.trial_to_episode) ---
 
 VIEWER_KEY = "slime-harbor hack monitor"
 """The entry of verifier/reward-details.json that Harbor's viewer shows in a trial's Verifier tab."""
@@ -1110,7 +1099,7 @@ def hack_counts(episodes) -> dict:
     (episodes each detector flagged), over Episodes; and the impossible twin's
     (impossible_twin.twin_counts: hack/passes_impossible, hack/twin_errors, twin_coverage, time/twin_s).
     The grading watch's counts are grader_watch.verifier.watch_counts (it stands above this module)."""
-    from slime_harbor.impossible_twin import twin_counts
+    from slime_harbor.grading.impossible_twin import twin_counts
 
     monitored = [e.metadata["hack_flags"] for e in episodes if "hack_flags" in e.metadata]
     flagged = sorted(d for names in monitored for d in names)
@@ -1119,18 +1108,15 @@ def hack_counts(episodes) -> dict:
 
 
 class HackWatch:
-    """The monitor of one Harbor trial: for a plain task it reads what the agent left (`left`, the
-    trial's isolation.AgentLeft; None where the verifier does not share the agent's sandbox) right
-    before the verifier; after the trial, `flags()` builds the view (an SWE task's from the tree
-    Harbor collected) and runs the detectors."""
+    """The monitor of one Harbor trial: for a plain task `read_sandbox` reads what the agent left
+    (the trial's isolation.AgentLeft) right before the verifier; after the trial, `flags()` builds
+    the view (an SWE task's from the tree Harbor collected) and runs the detectors."""
 
-    def __init__(self, trial, task_dir: Path, detectors: Sequence[Detector], left: AgentLeft | None):
+    def __init__(self, trial, task_dir: Path, detectors: Sequence[Detector]):
         self.trial, self.task_dir, self.detectors = trial, Path(task_dir), list(detectors)
         self.view: TrialView | None = None
-        if left is not None:
-            left.readers.append(self._read_sandbox)
 
-    async def _read_sandbox(self, left: AgentLeft) -> None:
+    async def read_sandbox(self, left: AgentLeft) -> None:
         try:
             self.view = await shared_view(self.task_dir, left)
         except Exception:  # the sandbox gone: the verifier will say so; the monitor sees the commands alone
