@@ -248,8 +248,6 @@ def test_a_conversation_the_renderer_refuses_is_a_400_not_a_500(tiny_model_dir, 
     """Whatever a format's renderer refuses (renderers raises ValueError) is the client's 400 with
     the renderer's reason, in every dialect; the gateway once answered 500 (an unhandled error)."""
     async def main():
-        from slime_harbor.policy.sampling import Generation  # noqa: F401 (nothing is sampled)
-
         gateway = Gateway("http://127.0.0.1:9", tiny_model_dir)
         await gateway.start()
 

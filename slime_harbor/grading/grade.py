@@ -39,7 +39,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slime_harbor.grading.grader_watch.verifier import PROBE, GradingWatch
+from slime_harbor.grading.grader_watch.verifier import PROBE, WATCH_ATTRIBUTE, GradingWatch
 from slime_harbor.grading.hack_monitor import HackFlag, HackWatch
 from slime_harbor.grading.isolation import AgentLeft, check_runtime, end_agent, refuse, shared_sandbox
 from slime_harbor.grading.twin_grading import TwinWatch
@@ -50,13 +50,12 @@ log = logging.getLogger(__name__)
 STAGES = ("end_agent", "read_changes", "check_runtime", "keep_state", "watched_tests", "twin", "detectors")
 """The grading's stages, in the order they run (the module docstring says what each sees)."""
 
-GRADING_ATTRIBUTE = "slime_harbor_grading"
 HARBOR_PATCHES = {
-    f"harbor.models.task.task.Task.{GRADING_ATTRIBUTE}":
+    f"harbor.models.task.task.Task.{WATCH_ATTRIBUTE}":
         "The verifier Harbor builds (VerifierFactory, from the trial's VerifierConfig: an import path "
         "and JSON kwargs) gets no handle on the trial but its Task object, the trial's own in both "
-        "verifier modes (shared, and separate: SWE-bench tasks). The trial's Grading is set on it so "
-        "that WatchedVerifier finds its trial's grading watch; a twin's grading builds its own Task and "
+        "verifier modes (shared, and separate: SWE-bench tasks). The trial's grading watch is set on it "
+        "so that WatchedVerifier finds it (grader_watch.verifier.watch_of); a twin's grading builds its own Task and "
         "so runs unwatched, as before.",
     "harbor.trial.hooks.TrialHookEvent.result.verifier_result":
         "A VERIFICATION_START hook cannot skip the verifier and score the trial: check_runtime's "
@@ -95,11 +94,6 @@ class GradingReport:
         return out
 
 
-def grading_of(task) -> Grading | None:
-    """The grading of the trial whose Task object this is (HARBOR_PATCHES), or None."""
-    return getattr(task, GRADING_ATTRIBUTE, None)
-
-
 class Grading:
     """The grading of one Harbor trial (the module docstring): made once per trial before it runs,
     `grade(passed)` after it ended, `close()` however it ended."""
@@ -115,7 +109,7 @@ class Grading:
             if cfg.grader_watch != "off" else None
         self.tampering: dict[str, list[str]] = {}
         self.stages_run: list[str] = []
-        setattr(trial.task, GRADING_ATTRIBUTE, self)  # HARBOR_PATCHES
+        setattr(trial.task, WATCH_ATTRIBUTE, self.watch)  # HARBOR_PATCHES
         trial.add_hook(TrialEvent.VERIFICATION_START, self.before_verifier)
 
     async def before_verifier(self, event) -> None:

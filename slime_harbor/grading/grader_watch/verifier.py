@@ -3,7 +3,7 @@ the agent's code becomes the hack flag ``reads_grader``.
 
 `GradingWatch` is made per trial by the trial's grading (grade.Grading) and found by the trial's
 verifier, `WatchedVerifier` (Harbor's verifier, named in the trial's VerifierConfig), through the
-trial's own Task object (grade.grading_of; grade.HARBOR_PATCHES says why).
+trial's own Task object (watch_of; grade.HARBOR_PATCHES says why).
 Right before the task's tests run, the verifier fills the sandbox's watch dir (bound read-only at
 watch_dir.WATCH_DIR since the sandbox started: abilities.WatchesGrading) with the hook, its config
 and the report socket (grader_watch.report.WatchChannel), and runs the tests with the hook on
@@ -128,16 +128,22 @@ class GradingWatch:
         return outcome
 
 
+WATCH_ATTRIBUTE = "slime_harbor_grading_watch"
+"""The attribute of a trial's Task object that holds its GradingWatch (set by grade.Grading)."""
+
+
+def watch_of(task) -> "GradingWatch | None":
+    """The grading watch of the trial whose Task object this is, or None (grade.HARBOR_PATCHES)."""
+    return getattr(task, WATCH_ATTRIBUTE, None)
+
+
 class WatchedVerifier(Verifier):
     """Harbor's verifier (harbor.verifier.verifier.Verifier) with the grading watch around it, for a
     trial whose grading has a GradingWatch; any other trial's verifier runs as Harbor's (the impossible
     twin's second grading among them: its Task is another object)."""
 
     async def verify(self):
-        from slime_harbor.grading.grade import grading_of
-
-        grading = grading_of(self.task)
-        watch = grading.watch if grading is not None else None
+        watch = watch_of(self.task)
         if watch is None:
             return await super().verify()
         if watch.opted_out:
