@@ -213,6 +213,14 @@ ARCHITECTURES: dict[str, Architecture] = {
 # requires; its factor is the model's context over the original (DeepSeek-V3: 163840 / 4096 = 40).
 DEEPSEEK_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "original_max_position_embeddings": 4096,
                  "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+# Keys the families' own config.json files carry that transformers' config classes leave out and
+# SGLang and vLLM read (they refused the tiny checkpoints without them), with the values that say
+# what transformers' model computes: sigmoid expert scores with a correction bias (noaux_tc), every
+# layer past the first an MoE one, MiniMax-M2's per-layer q/k norm.
+REAL_CONFIG_KEYS = {
+    "deepseek_v3": {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "moe_layer_freq": 1},
+    "minimax_m2": {"scoring_func": "sigmoid", "use_routing_bias": True, "use_qk_norm": True, "qk_norm_type": "per_layer"},
+}
 # The MoE and MLA shapes of the tiny MoE architectures: few, small experts.
 MOE = {"experts": 4, "experts_per_token": 2, "expert_intermediate_size": 64}
 MLA = {"kv_lora_rank": 32, "q_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32}
@@ -264,13 +272,11 @@ def _model(arch: Architecture, config: TinyModelConfig, vocab_size: int, eos_id:
             num_local_experts=MOE["experts"], num_experts_per_tok=MOE["experts_per_token"],
             rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.5},
         )
-        # Keys MiniMax-M2's own config.json carries that transformers' class leaves out and SGLang
-        # and vLLM read (they refused the checkpoint without them), as transformers' model computes.
-        for key, value in {"rotary_dim": config.head_dim // 2, "scoring_func": "sigmoid", "use_routing_bias": True,
-                           "use_qk_norm": True, "qk_norm_type": "per_layer"}.items():
-            setattr(model_config, key, value)
+        model_config.rotary_dim = config.head_dim // 2  # the partial rotary factor, as MiniMax-M2's config.json says it
     else:
         raise ValueError(f"no tiny-model recipe for architecture {arch.model_type!r}")
+    for key, value in REAL_CONFIG_KEYS.get(arch.model_type, {}).items():
+        setattr(model_config, key, value)
     if arch.stand_in_for:
         model_config.slime_harbor_stand_in_for = arch.stand_in_for
     return transformers.AutoModelForCausalLM.from_config(model_config)
@@ -389,7 +395,7 @@ def format_recipe_hash(renderer: str, config: TinyModelConfig | None = None) -> 
 
     recipe = json.dumps([
         FORMAT_RECIPE_VERSION, renderer, asdict(config or TinyModelConfig()), asdict(ARCHITECTURES[renderer]), MOE,
-        MLA, DEEPSEEK_YARN, CORPUS, WORDS, tokenizer_fingerprint(renderer),
+        MLA, DEEPSEEK_YARN, REAL_CONFIG_KEYS, CORPUS, WORDS, tokenizer_fingerprint(renderer),
     ])
     return hashlib.sha256(recipe.encode()).hexdigest()[:16]
 
