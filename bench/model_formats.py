@@ -36,9 +36,8 @@ the checkpoint gives its own log's error line for every agent of that format.
     PYTHONPATH=$PWD .venv/bin/python bench/model_formats.py [--formats qwen3,glm-5] [--agents native,codex]
         [--engines embedded,sglang,vllm] [--trials 1] [--task dedupe-lines] [--out DIR] [--quick]
 
---vllm-served-name policy starts vLLM with --served-model-name policy: as the project starts it,
-vLLM serves the checkpoint under its absolute path, which the rollout then hands terminus-2 as
-"hosted_vllm//path/...", a model name LiteLLM refuses (every terminus-2 trial fails).
+--vllm-served-name policy starts vLLM with --served-model-name policy (no longer needed: agents call
+the policy by a name Harbor takes, agents/placement.agent_model_name, whatever vLLM serves it as).
 
 --quick: the embedded engine, the native agent and terminus-2 only (a fast check). Progress goes to
 stderr; the table (markdown) to stdout, printed once at the end (each row is also appended to
