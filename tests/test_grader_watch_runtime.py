@@ -487,7 +487,7 @@ def test_summarize_cases():
 
 
 def test_the_hook_is_shipped_and_copied_read_only(tmp_path):
-    runtime = Path(__file__).resolve().parent.parent / "slime_harbor" / "grader_watch" / "runtime"
+    runtime = Path(__file__).resolve().parent.parent / "slime_harbor" / "grading" / "grader_watch" / "runtime"
     assert sorted(p.name for p in runtime.iterdir() if p.name != "__pycache__") == ["sitecustomize.py"]
     with WatchChannel.open(tmp_path / "w", agent_files=[], grader_paths=["/tests"], inside_dir="/watch") as watch:
         assert (tmp_path / "w" / "sitecustomize.py").stat().st_mode & 0o777 == 0o644
