@@ -29,7 +29,8 @@ sum per trial) equal the tokens the trial's calls sampled (native: result.json's
 agent_result.n_output_tokens; gateway agents: the completion_ids of the `trained` calls in the
 trial's agent/gateway/calls.jsonl); the rollout's drift count; the largest |rollout logprob -
 trainer's float32 recomputation| over trained tokens (the checkpoint loaded by transformers in
-float32, one forward pass per sample, as tests/helpers/samples.py recompute_logprobs); and the
+float32, one forward pass per sample, the LM head applied to the response's positions a chunk at a
+time, as tests/helpers/samples.py recompute_logprobs computes them whole); and the
 cell's wall seconds. A cell that cannot run says why in one measured line: an engine that refuses
 the checkpoint gives its own log's error line for every agent of that format.
 
@@ -152,6 +153,10 @@ def sampled_tokens(trial_dir: Path, agent: str) -> int:
     return sum(len(r.get("completion_ids") or []) for r in records if "call" in r and r.get("trained"))
 
 
+CHUNK = 512
+"""Response positions whose logits are computed at once in the recomputation."""
+
+
 def max_logprob_gap(samples, model, temperature: float) -> float | None:
     """Largest |rollout logprob - float32 recomputation| over the samples' trained tokens."""
     import torch
@@ -160,10 +165,16 @@ def max_logprob_gap(samples, model, temperature: float) -> float | None:
     for s in samples:
         if not s.response_length or not any(s.loss_mask):
             continue
+        n = s.response_length
+        targets = torch.tensor(s.tokens[-n:])
         with torch.no_grad():
-            logits = model(torch.tensor([s.tokens])).logits[0, :-1].float() / temperature
-        lp = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(s.tokens[1:])[:, None])[:, 0]
-        lp = lp[-s.response_length:]
+            # The decoder's last hidden states at the positions that predict the response, then the LM
+            # head a chunk at a time: a whole [tokens x vocab] logit matrix of Claude Code's ~20k-token
+            # prompts on a 248k vocabulary is ~20 GB.
+            hidden = model.get_decoder()(input_ids=torch.tensor([s.tokens])).last_hidden_state[0, -n - 1:-1]
+            head = model.get_output_embeddings()
+            lp = torch.cat([torch.log_softmax(head(hidden[c:c + CHUNK]).float() / temperature, dim=-1)
+                            .gather(-1, targets[c:c + CHUNK, None])[:, 0] for c in range(0, n, CHUNK)])
         mask = torch.tensor(s.loss_mask, dtype=torch.bool)
         gap = (lp[mask] - torch.tensor(s.rollout_log_probs, dtype=torch.float32)[mask]).abs().max().item()
         worst = gap if worst is None else max(worst, gap)
