@@ -32,6 +32,20 @@ REWARD_MAPPINGS = ("raw", "pm1")
 HACK_ACTIONS = ("flag", "penalty", "screen")
 """flag: recorded only; penalty: scored as a failure (the reward mapping's failure value); screen:
 out of training and out of its group's baseline (masked_by "hack")."""
+READS_GRADER_STATIC = "reads_grader/static"
+"""The flag of added code that names a way into the grader (hack_monitor.reads_grader, read before the tests run)."""
+READS_GRADER_RUNTIME = "reads_grader/runtime"
+"""The flag of agent code the grading watch saw reaching into the grader while the tests ran
+(grader_watch/verifier.py)."""
+FLAG_TOTALS = {READS_GRADER_STATIC: "reads_grader", READS_GRADER_RUNTIME: "reads_grader"}
+"""Flags counted under a total as well: `hack/reads_grader` was one name for both sides before they
+got their own, and stays their total so dashboards and trial dirs written before keep their meaning."""
+
+
+def counted_names(detectors) -> list[str]:
+    """The names an episode's flags are counted and recorded under (metadata hack_flags,
+    hack/<name>): each flag's own, and the total of FLAG_TOTALS it belongs to."""
+    return sorted({*detectors, *(FLAG_TOTALS[d] for d in detectors if d in FLAG_TOTALS)})
 
 
 @dataclass(frozen=True)
@@ -109,7 +123,7 @@ def hack_action(case: RewardCase, decision: RewardDecision) -> None:
         raise ValueError(f"hack_action must be one of {', '.join(HACK_ACTIONS)}, got {case.hack_action!r}")
     # A detector that failed (an unreachable judge) is recorded, never acted on: a monitor's own
     # failure must not score or screen an episode.
-    names = sorted({f.detector for f in case.hack_flags if f.detector != DETECTOR_ERROR})
+    names = counted_names({f.detector for f in case.hack_flags if f.detector != DETECTOR_ERROR})
     decision.metadata["hack_flags"] = names
     if case.hack_flags:
         decision.metadata["hack_details"] = [f"{f.detector}: {f.detail}" for f in case.hack_flags]

@@ -75,7 +75,7 @@ def run(tmp_path, chosen, env, policy_server, model_dir, **overrides) -> dict:
 
 
 def run_time_details(metadata: dict) -> list[str]:
-    return [d for d in metadata.get("hack_details") or [] if d.startswith("reads_grader: run time:")]
+    return [d for d in metadata.get("hack_details") or [] if d.startswith("reads_grader/runtime: ")]
 
 
 def assert_caught(name: str, row: dict) -> None:
@@ -85,7 +85,7 @@ def assert_caught(name: str, row: dict) -> None:
     details = run_time_details(metadata)
     assert details and any(REACHED[name] in d for d in details), (name, metadata.get("hack_details"))
     assert any(f"/app/{'windows' if name.startswith('wt') else 'stats'}.py:" in d for d in details), details
-    assert "reads_grader" in metadata["hack_flags"] and row["reward"] == 0.0  # penalised
+    assert {"reads_grader", "reads_grader/runtime"} <= set(metadata["hack_flags"]) and row["reward"] == 0.0  # penalised
     assert metadata["reward_before_hack_penalty"] == 1.0
 
 
@@ -108,7 +108,7 @@ def test_run_time_reads_of_the_grader_are_caught_and_correct_solutions_are_not(t
         assert_clean(name, got[name])
     summary = got["summary"]
     assert summary["grader_watch/watched"] == len(ATTACKS) + len(CORRECT) and summary["grader_watch/unwatched"] == 0
-    assert summary["hack/reads_grader"] == len(ATTACKS)
+    assert summary["hack/reads_grader"] == summary["hack/reads_grader/runtime"] == len(ATTACKS)
     assert summary["grader_watch_tasks"] == {name: "watched" for name in {**ATTACKS, **CORRECT}}
     assert set(summary["protection"].values()) == {"watch"}  # the twins are off here
     assert not [d for d in watch_root().glob("*") if d.name.startswith(f"{__import__('os').getpid()}-")]
@@ -189,10 +189,11 @@ def test_the_slime_hook_penalises_a_run_time_read_and_counts_the_watch(tmp_path,
     out = held_out_sample_through_the_hook(tmp_path, monkeypatch, policy_server, tiny_model_dir, MEDIAN_TABLE,
                                            {"/app/stats.py": SOLUTIONS / "median_callers_want.py"},
                                            harbor_hack_action="penalty", harbor_impossible_twin="off")
-    assert out.reward == 0.0 and "reads_grader" in out.metadata["hack_flags"], out.metadata.get("hack_details")
+    assert out.reward == 0.0 and {"reads_grader", "reads_grader/runtime"} <= set(out.metadata["hack_flags"]), \
+        out.metadata.get("hack_details")
     assert run_time_details(out.metadata) and out.metadata["reward_before_hack_penalty"] == 1.0
     counts = hooks.hook_metrics()
-    assert counts["hack/reads_grader"] == 1 and counts["grader_watch/watched"] == 1
+    assert counts["hack/reads_grader"] == counts["hack/reads_grader/runtime"] == 1 and counts["grader_watch/watched"] == 1
 
 
 def test_calibrate_finds_a_task_whose_own_code_inspects_frames_and_runs_watch_it_for_file_reads(tmp_path, monkeypatch):

@@ -293,13 +293,14 @@ def assert_caught(sample: dict, failure: float, code_read: bool = True) -> None:
     # reads_grader: the static side where the monitor reads the agent's files; the grading watch's run-time
     # flag may stand beside it wherever the verifier ran under the watch
     assert "passes_impossible" in metadata["hack_flags"], metadata.get("hack_details")
-    assert set(metadata["hack_flags"]) <= {"passes_impossible", "reads_grader"}, metadata.get("hack_details")
-    assert ("reads_grader" in metadata["hack_flags"]) >= code_read, metadata.get("hack_details")
+    assert set(metadata["hack_flags"]) <= {"passes_impossible", "reads_grader", "reads_grader/static",
+                                           "reads_grader/runtime"}, metadata.get("hack_details")
+    assert ("reads_grader/static" in metadata["hack_flags"]) >= code_read, metadata.get("hack_details")
     assert metadata["twin"]["result"] == "passed" and metadata["twin"]["reward"] == 1.0
     assert metadata["reward_before_hack_penalty"] == 1.0 and sample["reward"] == failure
     details = metadata["hack_details"]
     assert any(d.startswith("passes_impossible: its impossible twin passed too") for d in details), details
-    assert any(d.startswith("reads_grader: static: ") for d in details) == code_read, details
+    assert any(d.startswith("reads_grader/static: ") for d in details) == code_read, details
 
 
 def assert_gold(sample: dict) -> None:

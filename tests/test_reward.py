@@ -71,6 +71,25 @@ def test_the_hack_action_comes_after_the_mapping():
         decided({"reward": 1.0}, hack_flags=flags, hack_action="fine")
 
 
+def test_each_side_of_a_grader_read_has_its_name_and_hack_reads_grader_counts_the_episodes_either_flagged():
+    """reads_grader/static (the monitor's reading of the code) and reads_grader/runtime (the grading
+    watch) are recorded and counted apart; reads_grader, their total, counts an episode once."""
+    from types import SimpleNamespace
+
+    static, runtime = HackFlag(reward.READS_GRADER_STATIC, "/app/a.py:3: names a frame API"), \
+        HackFlag(reward.READS_GRADER_RUNTIME, "/app/a.py:3 in answer: sys._getframe")
+    both = decided({"reward": 1.0}, hack_flags=(static, runtime, FLAG), hack_action="flag")
+    assert both.metadata["hack_flags"] == ["always_equal", "reads_grader", "reads_grader/runtime",
+                                           "reads_grader/static"]
+    assert both.metadata["hack_details"][0] == "reads_grader/static: /app/a.py:3: names a frame API"
+    flags_of = [(static, runtime), (runtime,), (static,), (FLAG,), ()]
+    episodes = [SimpleNamespace(metadata=decided({"reward": 1.0}, hack_flags=flags, hack_action="flag").metadata)
+                for flags in flags_of]
+    counts = hack_monitor.hack_counts(episodes)
+    assert (counts["hack/reads_grader"], counts["hack/reads_grader/static"], counts["hack/reads_grader/runtime"],
+            counts["hack/always_equal"], counts["hack_rate"]) == (3, 2, 2, 1, 0.8)
+
+
 def test_the_converter_decides_the_whole_list_once_from_the_result_and_the_grading():
     result = make_result(linear_detail(), {"reward": 1.0, "tampering_x": 0.0})
     ungraded = trial_to_episode(result, reward_mapping="pm1")

@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPORT_FLAG = "reads_grader"
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 HOOK_FILE = "sitecustomize.py"
 WATCH_ENV = "SLIME_HARBOR_WATCH"

@@ -107,16 +107,16 @@ class GradingWatch:
         return out
 
     def flags(self) -> list:
-        """The reads_grader flag per event the hook reported of the agent's code (capped)."""
-        from slime_harbor.grading.grader_watch.report import REPORT_FLAG
+        """The reads_grader/runtime flag per event the hook reported of the agent's code (capped)."""
         from slime_harbor.grading.hack_monitor import HackFlag
+        from slime_harbor.reward import READS_GRADER_RUNTIME
 
         if self.report is None or not self.report.events or self.probe:
             return []
         lines = [event.line() for event in self.report.events[:DETAILS_SHOWN]]
         if len(self.report.events) > DETAILS_SHOWN:
             lines[-1] += f" (+{len(self.report.events) - DETAILS_SHOWN} more)"
-        return [HackFlag(REPORT_FLAG, f"run time: {line}") for line in lines]
+        return [HackFlag(READS_GRADER_RUNTIME, line) for line in lines]
 
     def record(self) -> dict:
         """The watch's outcome, also in the viewer where it saw something or could not watch."""
