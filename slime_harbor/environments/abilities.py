@@ -40,7 +40,7 @@ from slime_harbor.agents.installed.catalog import resolve_installs
 from slime_harbor.agents.installed.installs import DEFAULT_SETUP_TIMEOUT_SEC, SandboxInstall
 from slime_harbor.environments.common import flag_kwarg, shares_host_network
 from slime_harbor.environments.gateway_reach import gateway_port_kwarg
-from slime_harbor.environments.watch_dir import WATCH_DIR, new_watch_dir, remove_watch_dir
+from slime_harbor.environments.watch_dir import make_watch_dir, remove_watch_dir, reserve_watch_dir, WATCH_DIR
 
 if TYPE_CHECKING:
     from slime_harbor.verifier_runtime import Change, RuntimeIndex
@@ -206,10 +206,15 @@ class Sandbox(InstallsAgents, EndsAgentProcesses, ReportsAgentChanges, KeepsStat
             **kwargs,
         )
         # Bound from the start (a container's binds are fixed at creation) and empty until a
-        # verifier: the host fills it then (grader_watch/verifier.py), read-only inside.
-        self.watch_host_dir = new_watch_dir()
+        # verifier: the host fills it then (grader_watch/verifier.py), read-only inside. Made by
+        # start() (make_watch_dir), so a sandbox never started leaves no dir behind.
+        self.watch_host_dir = reserve_watch_dir()
         self._mounts.append({"type": "bind", "source": str(self.watch_host_dir), "target": WATCH_DIR,
                              "read_only": True})
+
+    def make_watch_dir(self) -> None:
+        """Make the grading watch's host dir: the first thing start() does."""
+        make_watch_dir(self.watch_host_dir)
 
     def remove_watch_dir(self) -> None:
         """Remove the grading watch's host dir (at stop; a killed process's are swept later)."""

@@ -230,6 +230,7 @@ class BubblewrapEnvironment(SandboxFiles, SandboxChanges, Sandbox):
     async def start(self, force_build: bool) -> None:
         if self.sandbox_dir is not None:
             raise SandboxError("the sandbox was already started")
+        self.make_watch_dir()
         if self.options.provide_tmux and not any(Path(d, "tmux").is_file() for d in ("/usr/bin", "/usr/local/bin", "/bin")):
             raise SandboxError(f"tmux is not installed on this host, and the {SANDBOX_TYPE} sandbox uses the "
                                "host's (e.g. 'apt-get install tmux')")  # fmt: skip

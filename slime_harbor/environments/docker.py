@@ -194,6 +194,7 @@ class DockerEnvironment(ContainerChanges, Sandbox):
     async def start(self, force_build: bool) -> None:
         if self.container_id is not None or self._stop_task is not None:
             raise SandboxError("the container was already started")
+        self.make_watch_dir()
         await asyncio.to_thread(sweep_stale_containers_once)
         if self.options.kept_state is not None:  # a kept state, as it was: nothing to build
             self.run_image = self.options.kept_state

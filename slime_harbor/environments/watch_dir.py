@@ -46,17 +46,25 @@ def sweep_stale_watch_dirs() -> None:
 _swept = False
 
 
-def new_watch_dir() -> Path:
-    """A fresh empty dir (mode 0755: the SWE grader's tests run as nobody and must reach the socket)."""
+def reserve_watch_dir() -> Path:
+    """A fresh dir's path, not made yet (make_watch_dir makes it when its sandbox starts: Harbor
+    builds sandboxes it never starts, as a regrade's agent environment, and those must leave none)."""
+    import uuid
+
+    return watch_root() / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def make_watch_dir(path: Path) -> None:
+    """Make the reserved dir, empty (mode 0755: the SWE grader's tests run as nobody and must reach
+    the socket); the first of a process also sweeps the dirs of processes that are gone."""
     global _swept
     root = watch_root()
     root.mkdir(mode=0o755, exist_ok=True)
     if not _swept:
         _swept = True
         sweep_stale_watch_dirs()
-    path = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root))
-    path.chmod(0o755)
-    return path
+    path.mkdir(mode=0o755)
+    path.chmod(0o755)  # past the umask
 
 
 def remove_watch_dir(path: Path | None) -> None:
