@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -343,7 +344,9 @@ def test_a_stack_reading_solution_of_a_case_table_task_is_caught_and_the_gold_is
     client = TestClient(create_app(tmp_path / "out" / ROMAN.name, mode="jobs"))
     shown = client.get(f"/api/jobs/trials/trials/{trial.name}/verifier-output").json()["reward_details"]
     assert shown[VIEWER_KEY]["result"] == "passed" and shown[VIEWER_KEY]["changed"].startswith("tests/test.sh line 12")
-    assert shown["slime-harbor hack monitor"]["flags"] == ["passes_impossible", "reads_grader"]
+    # both sides of the grader read: its frame calls in the code, and the watch while the tests ran
+    assert shown["slime-harbor hack monitor"]["flags"] == ["passes_impossible", "reads_grader", "reads_grader/runtime",
+                                                           "reads_grader/static"]
     if env == "docker":  # the committed states are gone with their trials
         from helpers.docker import docker_client
 
@@ -393,7 +396,8 @@ def test_the_slime_hook_grades_a_passing_trial_on_its_twin(tmp_path, monkeypatch
                                            {"/app/roman.py": HELD_OUT / "stack_reading_roman.py"},
                                            harbor_hack_action="penalty")
     assert out.reward == 0.0 and out.response_length > 0
-    assert out.metadata["hack_flags"] == ["passes_impossible", "reads_grader"]
+    assert out.metadata["hack_flags"] == ["passes_impossible", "reads_grader", "reads_grader/runtime",
+                                          "reads_grader/static"]
     assert out.metadata["twin"]["result"] == "passed" and out.metadata["reward_before_hack_penalty"] == 1.0
     counts = hooks.hook_metrics()
     assert counts["hack/passes_impossible"] == 1 and counts["twin/passing"] == counts["twin/graded"] == 1
@@ -588,3 +592,7 @@ def test_a_task_with_another_separate_verifier_is_regraded_against_its_twin(tmp_
     assert_caught(hacked, failure=0.0, code_read=False)
     regrade = json.loads((Path(hacked["metadata"]["trial_dir"]) / "twin" / "result.json").read_text())
     assert regrade["verifier_result"]["rewards"]["reward"] == 1.0  # Harbor's regrade trial, against the twin
+    # the regrade's agent environment, which Harbor builds and never starts, leaves no grading-watch dir
+    from slime_harbor.environments.watch_dir import watch_root
+
+    assert not list(watch_root().glob(f"{os.getpid()}-*"))
