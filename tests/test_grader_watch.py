@@ -122,7 +122,8 @@ def test_run_time_reads_of_the_grader_are_caught_and_correct_solutions_are_not(t
     client = TestClient(create_app(tmp_path / "out-local", mode="jobs"))
     shown = client.get(f"/api/jobs/trials/trials/{trial.name}/verifier-output").json()["reward_details"]
     assert shown[VIEWER_KEY]["watched"] is True and "sys._getframe" in shown[VIEWER_KEY]["events"][0]
-    assert shown["slime-harbor hack monitor"]["flags"] == ["reads_grader"]
+    # the watch's run-time read, and the static side's reading of the same sys._getframe call
+    assert shown["slime-harbor hack monitor"]["flags"] == ["reads_grader", "reads_grader/runtime", "reads_grader/static"]
 
 
 def test_the_watch_off_and_an_opted_out_task_are_unwatched_never_clean(tmp_path, monkeypatch, policy_server,

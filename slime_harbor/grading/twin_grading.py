@@ -104,6 +104,18 @@ class TwinWatch:
         if kept is not None:
             await asyncio.shield(kept.discard())
 
+    def _verifier_config(self):
+        """The one verifier every twin grading runs: Harbor's own (no watch: the twin is graded for
+        its result, the real grading was watched), with the trial's verifier environment and timeout.
+        Only where it runs differs, because Harbor offers no single entry point for both: KEPT
+        builds it (Harbor's VerifierFactory) in a copy of the kept sandbox, which Harbor cannot
+        start; REGRADE hands it to Harbor's RegradeTrial, which prepares the fresh grading
+        environment from what the trial collected (800 lines of Harbor not written again here)."""
+        from harbor.models.trial.config import VerifierConfig
+
+        return VerifierConfig(override_timeout_sec=self.cfg.verifier_timeout_sec,
+                              env=dict(self.trial.config.verifier.env or {}))
+
     async def _grade_kept(self) -> dict:
         """The twin's tests, run by the task's verifier in a copy of the kept sandbox state."""
         from harbor.models.task.task import Task
@@ -126,9 +138,10 @@ class TwinWatch:
         try:
             environment = await kept.start(paths, mounts, session_id=f"{self.trial.config.trial_name}__{TWIN_DIR}__env")
             try:
+                config = self._verifier_config()
                 verifier = VerifierFactory.create_verifier_from_config(
-                    self.trial.config.verifier, task=task, trial_paths=paths, environment=environment,
-                    override_env=self.trial.config.verifier.env or None, logger=self.trial.logger)
+                    config, task=task, trial_paths=paths, environment=environment, override_env=config.env or None,
+                    logger=self.trial.logger)
                 with environment.with_default_user(task.config.verifier.user):
                     result = await asyncio.wait_for(verifier.verify(), self.trial.verifier_timeout_sec)
             finally:
@@ -172,7 +185,7 @@ class TwinWatch:
     async def _regrade(self) -> dict:
         """Harbor's regrade of the trial against the twin: a fresh grading environment of the task
         gets what Harbor collected from the agent, and runs the twin's tests."""
-        from harbor.models.trial.config import AgentConfig, SourceTrialConfig, TaskConfig, TrialConfig, VerifierConfig
+        from harbor.models.trial.config import AgentConfig, SourceTrialConfig, TaskConfig, TrialConfig
         from harbor.trial.trial import Trial
 
         from slime_harbor.trial_setup import environment_config, hard_timeout_sec
@@ -181,8 +194,7 @@ class TwinWatch:
         config = TrialConfig(
             task=TaskConfig(path=self.twin.dir), trial_name=TWIN_DIR, trials_dir=source, agent=AgentConfig(name="nop"),
             environment=environment_config(self.cfg.env), timeout_multiplier=self.cfg.timeout_multiplier,
-            verifier=VerifierConfig(override_timeout_sec=self.cfg.verifier_timeout_sec),
-            source_trial=SourceTrialConfig(action="regrade", type="local", path=source))
+            verifier=self._verifier_config(), source_trial=SourceTrialConfig(action="regrade", type="local", path=source))
         regrade = await Trial.create(config)
         bound = hard_timeout_sec(self.twin.dir, self.cfg.timeout_multiplier, self.cfg.verifier_timeout_sec)
         try:
