@@ -69,7 +69,7 @@ from slime_harbor.filters import (
     TrajectoryFilters, apply_limit_filters, kept_episode_rewards, mask_counts, mask_stale, rewards_vary,
 )
 from slime_harbor.grpo import episode_advantages
-from slime_harbor.grading.impossible_twin import GRADED, UNPROVEN
+from slime_harbor.grading.grade import episode_counts
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.retries import RetryBudget
 from slime_harbor.policy.renderer import load_tokenizer
@@ -515,20 +515,8 @@ def to_slime_samples(sample, episode: Episode, top_p_ids: bool = False) -> list:
                                   "(serve the policy with SLiME's SGLang patch)")
         out.append(s)
     _count(episode.status)
-    for kind in episode.metadata.get("tampering") or []:  # the grader caught tampering (scored 0)
-        METRICS[f"tampering/{kind}"] += 1
-    if "hack_flags" in episode.metadata:  # the hack monitor's (hack_rate = hack/flagged_episodes / hack/monitored)
-        METRICS["hack/monitored"] += 1
-        METRICS["hack/flagged_episodes"] += bool(episode.metadata["hack_flags"])
-        for detector in episode.metadata["hack_flags"]:
-            METRICS[f"hack/{detector}"] += 1
-    if twin := episode.metadata.get("twin"):  # a passing trial, and its impossible twin's outcome
-        METRICS["twin/passing"] += 1
-        METRICS["twin/graded"] += twin["result"] in GRADED
-        METRICS["hack/twin_errors"] += twin["result"] == "error"
-        METRICS["hack/twin_unproven"] += twin["result"] == UNPROVEN
-    if watch := episode.metadata.get("grader_watch"):  # the grading watch: was the verifier watched
-        METRICS["grader_watch/watched" if watch["watched"] else "grader_watch/unwatched"] += 1
+    for name, value in episode_counts(episode.metadata).items():  # the grading's (grade.COUNTERS)
+        METRICS[name] += value
     return out
 
 

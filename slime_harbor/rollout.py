@@ -50,12 +50,12 @@ from slime_harbor.episode import CONTEXT_EXCEEDED, Episode, EpisodeEnd, TRUNCATI
 from slime_harbor.error_kinds import OURS, RETRIED, kind_of_recorded, set_up_kind, set_up_outcome
 from slime_harbor.exits import ConfigError, one_line
 from slime_harbor.filters import mask_counts
-from slime_harbor.grading.grade import Grading
-from slime_harbor.grading.hack_monitor import hack_counts, show_in_viewer
+from slime_harbor.grading.grade import Grading, run_counts
+from slime_harbor.grading.hack_monitor import show_in_viewer
 from slime_harbor.harbor_job import HarborJob
 from slime_harbor.grading.impossible_twin import GoldCheck, prepare_twins, twin_for, twin_line, twin_table
 from slime_harbor.grading.twin_grading import verifier_config
-from slime_harbor.grading.grader_watch.verifier import protection, watch_counts, watch_tasks
+from slime_harbor.grading.grader_watch.verifier import protection, watch_tasks
 from slime_harbor.tasks.manifest import task_watch_mode
 from slime_harbor.policy.renderer import load_tokenizer
 from slime_harbor.retries import RetryBudget
@@ -634,7 +634,7 @@ def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, inter
         "retries": sum(e.metadata.get("retries", 0) for e in episodes),
         # episodes whose grader detected tampering (scored 0), by kind
         "tampering_counts": dict(Counter(k for e in episodes for k in (e.metadata.get("tampering") or []))),
-        **hack_counts(episodes), **watch_counts(episodes),
+        **run_counts(episodes),  # every defence's counters (grade.COUNTERS), hack_rate, twin_coverage
         # per task: whether its verifications were watched (and why not), the grading watch's coverage
         **({"grader_watch_tasks": tasks} if (tasks := watch_tasks(episodes)) else {}),
         "errors": {f"{e.task_name}#{e.index}": e.error for e in episodes if e.error},

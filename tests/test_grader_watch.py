@@ -239,10 +239,11 @@ def test_calibrate_finds_a_task_whose_own_code_inspects_frames_and_runs_watch_it
 
 
 def test_the_counts_reach_the_step_line_wandb_and_summary():
-    """watch_counts over episodes (watched, unwatched and why, the watch's seconds), watch_tasks per
+    """The watch's counters over episodes (watched, unwatched and why, the watch's seconds), watch_tasks per
     task, the step line and the wandb names."""
     from helpers.samples import make_episode
-    from slime_harbor.grading.grader_watch.verifier import watch_counts, watch_tasks
+    from slime_harbor.grading.grade import run_counts
+    from slime_harbor.grading.grader_watch.verifier import watch_tasks
     from slime_harbor.trainers.tracking import wandb_key
     from slime_harbor.trainers.training_run import step_line
 
@@ -255,9 +256,9 @@ def test_the_counts_reach_the_step_line_wandb_and_summary():
                 episode("a", {"watched": False, "why": "pid 7 (python3 x.py) ended without its report's end"}),
                 episode("b", {"watched": True, "processes": 1, "seconds": 0.25, "mode": "files only: frames"}),
                 episode("c", None)]
-    counts = watch_counts(episodes)
+    counts = run_counts(episodes)
     assert counts == {"grader_watch/watched": 2, "grader_watch/unwatched": 1, "time/watch_s": 0.75,
-                      "grader_watch/unwatched/pid_ended_without_its_report_s_end": 1}
+                      "grader_watch/unwatched/pid_ended_without_its_report_s_end": 1, "hack_rate": None}
     assert watch_tasks(episodes) == {"a": "unwatched: pid 7 (python3 x.py) ended without its report's end",
                                      "b": "watched (files only: frames)"}
     record = {"step": 1, "reward_mean": 0.5, "pass_rate": 0.5, "aborted": 0, "n_samples": 4, "skipped": "",

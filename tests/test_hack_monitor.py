@@ -817,7 +817,9 @@ def test_an_unreachable_judge_is_recorded_and_never_scores_or_screens(task):
         samples = episode.samples
         assert samples[0].reward == 1.0 and not samples[0].remove_sample and samples[0].metadata["hack_flags"] == []
         assert samples[0].metadata["hack_details"][0].startswith("detector_error: slime_harbor.grading.hack_monitor:judge(judge-7b at")
-    assert hm.hack_counts([episode]) == {"hack_rate": 0.0}
+    from slime_harbor.grading.grade import run_counts
+
+    assert run_counts([episode]) == {"hack/monitored": 1, "hack/flagged_episodes": 0, "hack_rate": 0.0}
 
 
 def test_a_judge_needs_a_url_and_a_model_in_one_line(tmp_path):
@@ -842,7 +844,7 @@ def _episode(reward: float, status: str = "completed", index: int = 0, flags=Non
 
 def test_a_flag_is_recorded_penalised_or_screened_as_the_action_says():
     from slime_harbor.filters import mask_counts
-    from slime_harbor.grading.hack_monitor import hack_counts
+    from slime_harbor.grading.grade import run_counts
 
     flags = [HackFlag("always_equal", "slug.py:5 __eq__ ignores other")]
     flagged = _episode(1.0, flags=flags, action="flag", mapping="pm1")
@@ -861,7 +863,8 @@ def test_a_flag_is_recorded_penalised_or_screened_as_the_action_says():
     aborted = _episode(None, "aborted", flags=flags, action="penalty", mapping="raw")
     assert aborted.samples[0].reward is None  # an infrastructure failure is never scored, flagged or not
     # counted once per episode (a screened one is removed, so the trainers leave it out of its baseline)
-    assert hack_counts([flagged, clean]) == {"hack_rate": 0.5, "hack/always_equal": 1}
+    assert run_counts([flagged, clean]) == {"hack/monitored": 2, "hack/flagged_episodes": 1, "hack/always_equal": 1,
+                                            "hack_rate": 0.5}
 
 
 def test_a_bad_hack_setting_is_one_line_before_any_trial(tmp_path):

@@ -166,16 +166,17 @@ def outcome(index: int, twin: dict | None, seconds: float = 0.5, flags=()) -> li
 
 
 def test_counts_are_per_episode_over_passing_trials():
-    from slime_harbor.grading.hack_monitor import hack_counts
+    from slime_harbor.grading.grade import run_counts
 
     episodes = (outcome(0, {"result": "passed"}, flags=["passes_impossible"]) + outcome(1, {"result": "failed"})
                 + outcome(2, {"result": "error", "error": "boom"}) + outcome(3, {"result": "none", "why": "no twin"})
                 + outcome(4, None, seconds=0.25))  # a failing trial: its state was kept, never graded
-    counts = hack_counts(episodes)
+    counts = run_counts(episodes)
     assert counts["hack/passes_impossible"] == 1 and counts["hack/twin_errors"] == 1 and counts["hack/twin_unproven"] == 0
     assert counts["twin_coverage"] == pytest.approx(2 / 4) and counts["time/twin_s"] == pytest.approx(2.25)
     assert counts["hack_rate"] == pytest.approx(1 / 5)
-    assert hack_counts(outcome(0, None)) == {"hack_rate": 0.0, "time/twin_s": 0.5}
+    assert run_counts(outcome(0, None)) == {"hack/monitored": 1, "hack/flagged_episodes": 0, "hack_rate": 0.0,
+                                            "time/twin_s": 0.5}
 
 
 def test_the_step_line_and_wandb_carry_the_twin():

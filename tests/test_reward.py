@@ -11,7 +11,7 @@ import pytest
 from slime_harbor import reward
 from slime_harbor.converter import trial_to_episode
 from slime_harbor.grading import hack_monitor
-from slime_harbor.grading.grade import GradingReport
+from slime_harbor.grading.grade import GradingReport, run_counts
 from slime_harbor.grading.hack_monitor import HackFlag
 from slime_harbor.reward import RewardCase, decide_reward, reward_under
 from helpers.trial_results import linear_detail, make_result
@@ -85,7 +85,7 @@ def test_each_side_of_a_grader_read_has_its_name_and_hack_reads_grader_counts_th
     flags_of = [(static, runtime), (runtime,), (static,), (FLAG,), ()]
     episodes = [SimpleNamespace(metadata=decided({"reward": 1.0}, hack_flags=flags, hack_action="flag").metadata)
                 for flags in flags_of]
-    counts = hack_monitor.hack_counts(episodes)
+    counts = run_counts(episodes)
     assert (counts["hack/reads_grader"], counts["hack/reads_grader/static"], counts["hack/reads_grader/runtime"],
             counts["hack/always_equal"], counts["hack_rate"]) == (3, 2, 2, 1, 0.8)
 

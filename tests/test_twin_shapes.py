@@ -203,13 +203,13 @@ def test_a_recorded_swe_assert_runs_under_pytest_and_the_eval_script_prints_its_
 
 def test_a_twin_pass_without_its_record_is_unproven_and_counted_apart():
     from helpers.samples import make_episode
-    from slime_harbor.grading.hack_monitor import hack_counts
+    from slime_harbor.grading.grade import run_counts
     from slime_harbor.grading.twin_grading import twin_outcome
 
     def episode(index, result):
         return [make_episode(1.0, index=index, metadata={"hack_flags": [], "twin": {"result": result}})]
 
-    counts = hack_counts(episode(0, "passed") + episode(1, it.UNPROVEN) + episode(2, "failed") + episode(3, "error"))
+    counts = run_counts(episode(0, "passed") + episode(1, it.UNPROVEN) + episode(2, "failed") + episode(3, "error"))
     assert counts["hack/passes_impossible"] == 1 and counts["hack/twin_unproven"] == 1
     assert counts["twin_coverage"] == pytest.approx(3 / 4)
     output = Path(os.devnull)

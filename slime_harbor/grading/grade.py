@@ -39,6 +39,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slime_harbor.grading import hack_monitor, impossible_twin
+from slime_harbor.grading.grader_watch import verifier as grader_watch
 from slime_harbor.grading.grader_watch.verifier import PROBE, WATCH_ATTRIBUTE, GradingWatch
 from slime_harbor.grading.hack_monitor import HackFlag, HackWatch
 from slime_harbor.grading.isolation import AgentLeft, check_runtime, end_agent, refuse, shared_sandbox
@@ -92,6 +94,38 @@ class GradingReport:
         if self.twin_seconds:
             out["twin_seconds"] = round(self.twin_seconds, 3)
         return out
+
+
+def tampering_counts(metadata: dict) -> dict[str, float]:
+    """tampering/<kind> per kind the grading found (the reward rules scored it 0)."""
+    return {f"tampering/{kind}": 1 for kind in metadata.get("tampering") or []}
+
+
+COUNTERS = (tampering_counts, hack_monitor.episode_counts, impossible_twin.episode_counts, grader_watch.episode_counts)
+"""Each defence's counters of one episode, in one shape: its metadata -> {name: count or seconds},
+every value additive over episodes, so the SLiME hook adds them up batch by batch and a run's
+summary over all its episodes (run_counts), with the same names."""
+
+
+def episode_counts(metadata: dict) -> dict[str, float]:
+    """Every defence's counters of one episode (COUNTERS)."""
+    return {name: value for counter in COUNTERS for name, value in counter(metadata).items()}
+
+
+def run_counts(episodes) -> dict:
+    """The counters summed over the Episodes, seconds rounded to ms, and the two rates read from
+    them: hack_rate (flagged / monitored; None when none was) and twin_coverage (passing trials
+    graded on a twin / passing trials the twin looked at; only where it looked at one)."""
+    totals: dict = {}
+    for episode in episodes:
+        for name, value in episode_counts(episode.metadata).items():
+            totals[name] = totals.get(name, 0) + value
+    totals = {name: round(value, 3) if name.startswith("time/") else value for name, value in totals.items()}
+    monitored = totals.get("hack/monitored", 0)
+    totals["hack_rate"] = totals.get("hack/flagged_episodes", 0) / monitored if monitored else None
+    if totals.get("twin/passing"):
+        totals["twin_coverage"] = totals["twin/graded"] / totals["twin/passing"]
+    return totals
 
 
 class Grading:

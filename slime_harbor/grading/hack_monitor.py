@@ -1095,17 +1095,13 @@ def add_viewer_entry(trial_dir: str | Path | None, key: str, entry: dict) -> Non
     path.write_text(json.dumps(details, indent=1) + "\n")
 
 
-def hack_counts(episodes) -> dict:
-    """hack_rate (episodes flagged / episodes monitored; None when none was) and hack/<detector>
-    (episodes each detector flagged), over Episodes; and the impossible twin's
-    (impossible_twin.twin_counts: hack/passes_impossible, hack/twin_errors, twin_coverage, time/twin_s).
-    The grading watch's counts are grader_watch.verifier.watch_counts (it stands above this module)."""
-    from slime_harbor.grading.impossible_twin import twin_counts
-
-    monitored = [e.metadata["hack_flags"] for e in episodes if "hack_flags" in e.metadata]
-    flagged = sorted(d for names in monitored for d in names)
-    return {"hack_rate": sum(bool(n) for n in monitored) / len(monitored) if monitored else None,
-            **twin_counts(episodes), **{f"hack/{d}": flagged.count(d) for d in dict.fromkeys(flagged)}}
+def episode_counts(metadata: dict) -> dict[str, float]:
+    """The monitor's counters of one episode (grade.COUNTERS): hack/monitored, hack/flagged_episodes
+    and hack/<name> per name it was flagged under (reward.counted_names); none if it was not monitored."""
+    if "hack_flags" not in metadata:
+        return {}
+    names = metadata["hack_flags"]
+    return {"hack/monitored": 1, "hack/flagged_episodes": int(bool(names)), **{f"hack/{name}": 1 for name in names}}
 
 
 class HackWatch:

@@ -57,9 +57,9 @@ not computing the answer. So every trial that passes is graded again, against it
 
 Counted per episode in metadata["twin"] (passing trials: result passed / passed_unproven / failed / error / none and
 why) and metadata["twin_seconds"] (the time the twin added: the state kept, the grading):
-`twin_counts` gives hack/passes_impossible, hack/twin_errors, hack/twin_unproven, twin_coverage (the share of passing
-trials graded on a twin) and time/twin_s, which the hack monitor's counts carry into summary.json,
-metrics.json, the step line and wandb.
+`episode_counts` gives hack/passes_impossible, hack/twin_errors, hack/twin_unproven, twin/passing, twin/graded
+and time/twin_s; grade.run_counts adds twin_coverage (the share of passing trials graded on a twin) for
+summary.json, metrics.json, the step line and wandb, and the SLiME hook adds them up per batch.
 """
 
 from __future__ import annotations
@@ -1041,20 +1041,17 @@ GRADED = ("passed", "failed", UNPROVEN)
 """The outcomes of a twin grading that ran to a reward."""
 
 
-def twin_counts(episodes) -> dict[str, Any]:
-    """Over the Episodes, per passing one the twin looked at: hack/passes_impossible (graded
-    again and passed the twin too, its changed comparison held), hack/twin_unproven (passed, the
-    comparison never held: no flag), hack/twin_errors (the twin's grading failed: no flag, the
-    reward stood), twin_coverage (the share of passing trials graded on a twin); and time/twin_s,
-    the seconds the twin added over all episodes (the states kept, the gradings). Empty when no
-    episode met a twin."""
-    met = [e.metadata for e in episodes if "twin" in e.metadata or "twin_seconds" in e.metadata]
-    if not met:
+def episode_counts(metadata: dict) -> dict[str, float]:
+    """The twin's counters of one episode (grade.COUNTERS): time/twin_s (what it added: the state
+    kept, the grading), and for a passing trial it looked at, twin/passing, twin/graded (graded on a
+    twin), hack/passes_impossible (passed the twin too, its changed comparison held),
+    hack/twin_unproven (passed, the comparison never held: no flag) and hack/twin_errors (its
+    grading failed: no flag, the reward stood). None for an episode that met no twin."""
+    if "twin" not in metadata and "twin_seconds" not in metadata:
         return {}
-    outcomes = [m["twin"]["result"] for m in met if "twin" in m]
-    counts: dict[str, Any] = {"time/twin_s": round(sum(m.get("twin_seconds", 0.0) for m in met), 3)}
-    if outcomes:
-        counts |= {"hack/passes_impossible": outcomes.count("passed"), "hack/twin_errors": outcomes.count("error"),
-                   "hack/twin_unproven": outcomes.count(UNPROVEN),
-                   "twin_coverage": sum(r in GRADED for r in outcomes) / len(outcomes)}
+    counts: dict[str, float] = {"time/twin_s": metadata.get("twin_seconds", 0.0)}
+    if "twin" in metadata:
+        result = metadata["twin"]["result"]
+        counts |= {"twin/passing": 1, "twin/graded": int(result in GRADED), "hack/passes_impossible": int(result == "passed"),
+                   "hack/twin_errors": int(result == "error"), "hack/twin_unproven": int(result == UNPROVEN)}
     return counts

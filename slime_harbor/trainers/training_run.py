@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_harbor.converter import WEIGHT_SYNC_COUNTS
-from slime_harbor.grading.grader_watch.verifier import watch_counts
-from slime_harbor.grading.hack_monitor import hack_counts
+from slime_harbor.grading.grade import run_counts
 from slime_harbor.filters import MASK_REASONS, drop_zero_std_groups, mask_counts
 from slime_harbor.episode import Episode
 from slime_harbor.samples import SampleStatus, is_success
@@ -87,8 +86,7 @@ def rollout_stats(episodes: Sequence[Episode]) -> dict[str, Any]:
     return {
         # episodes whose grader detected tampering (scored 0)
         "n_tampered": sum(bool(e.metadata.get("tampering")) for e in episodes),
-        **hack_counts(episodes),  # the hack monitor's: hack_rate, hack/<detector>
-        **watch_counts(episodes),  # the grading watch's: grader_watch/watched, /unwatched
+        **run_counts(episodes),  # every defence's counters (grade.COUNTERS), hack_rate, twin_coverage
         "reward_mean": mean,
         "reward_std": math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) if values else None,
         "pass_rate": sum(map(is_success, values)) / len(values) if values else None,

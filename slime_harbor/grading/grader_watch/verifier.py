@@ -18,7 +18,7 @@ reported from a Python process, every process it started reported its end, and e
 the hook's own; anything else is **unwatched**, with the reason, and never counts as clean:
 an environment that cannot bind the watch (Harbor's own, the cloud ones), a verifier that ran no
 Python, a Python without audit hooks, a process cut off. The trial's outcome is in
-``episode.metadata["grader_watch"]`` (and the viewer), counted by `watch_counts`.
+``episode.metadata["grader_watch"]`` (and the viewer), counted by `episode_counts` (grade.COUNTERS).
 """
 
 from __future__ import annotations
@@ -186,19 +186,18 @@ class WatchedVerifier(Verifier):
             watch.seconds += time.monotonic() - started
 
 
-def watch_counts(episodes) -> dict:
-    """Over the Episodes whose verification the watch looked at: grader_watch/watched,
-    grader_watch/unwatched (and grader_watch/unwatched/<why, its first words>), and time/watch_s."""
-    outcomes = [e.metadata["grader_watch"] for e in episodes if "grader_watch" in e.metadata]
-    if not outcomes:
+def episode_counts(metadata: dict) -> dict[str, float]:
+    """The watch's counters of one episode (grade.COUNTERS): grader_watch/watched or
+    grader_watch/unwatched (and grader_watch/unwatched/<why, its first words>), and time/watch_s.
+    None for an episode whose verification the watch did not look at."""
+    if "grader_watch" not in metadata:
         return {}
-    counts: dict = {"grader_watch/watched": sum(o["watched"] for o in outcomes),
-                    "grader_watch/unwatched": sum(not o["watched"] for o in outcomes),
-                    "time/watch_s": round(sum(o.get("seconds", 0.0) for o in outcomes), 3)}
-    for o in outcomes:
-        if not o["watched"]:
-            key = f"grader_watch/unwatched/{why_key(o.get('why'))}"
-            counts[key] = counts.get(key, 0) + 1
+    outcome = metadata["grader_watch"]
+    counts: dict[str, float] = {"grader_watch/watched": int(bool(outcome["watched"])),
+                                "grader_watch/unwatched": int(not outcome["watched"]),
+                                "time/watch_s": outcome.get("seconds", 0.0)}
+    if not outcome["watched"]:
+        counts[f"grader_watch/unwatched/{why_key(outcome.get('why'))}"] = 1
     return counts
 
 
