@@ -89,14 +89,14 @@ class LayerKind:
         return min(batch_width, layer.sliding_window - 1) if self.window else batch_width
 
 
-ATTENTION = (("keys", 2), ("values", 2))  # [rows, heads, columns, head_dim]
+KEYS_VALUES = (("keys", 2), ("values", 2))  # [rows, heads, columns, head_dim]
 
 LAYER_KINDS: dict[type, LayerKind] = {
-    DynamicLayer: LayerKind(columns=ATTENTION),
-    DynamicSlidingWindowLayer: LayerKind(columns=ATTENTION, window=True, seen="cumulative_length"),
+    DynamicLayer: LayerKind(columns=KEYS_VALUES),
+    DynamicSlidingWindowLayer: LayerKind(columns=KEYS_VALUES, window=True, seen="cumulative_length"),
     # The DSA indexer's keys are [rows, columns, dim]; "shared" indexer layers leave them None.
     # (indexer_position_ids, which glm_moe_dsa never sets, is not handled.)
-    DynamicIndexedLayer: LayerKind(columns=(*ATTENTION, ("indexer_keys", 1))),
+    DynamicIndexedLayer: LayerKind(columns=(*KEYS_VALUES, ("indexer_keys", 1))),
     # Gated DeltaNet (Qwen3.5, Qwen3-Next) and Mamba2 (Nemotron-H): a conv window and a recurrent state per row.
     LinearAttentionLayer: LayerKind(states=("conv_states", "recurrent_states"), seen="cumulative_length_linear"),
     DummyLayer: LayerKind(),  # a block with no cache (Nemotron-H's MLP and MoE blocks)

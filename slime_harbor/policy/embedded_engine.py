@@ -149,7 +149,7 @@ class SamplingEngine:
         self.tokenizer = tokenizer
         self.device = torch.device(self.config.device)
         self.dtype = getattr(torch, self.config.dtype)
-        self._padded_prefill = self._check_architecture(model)
+        self._prefill_together = self._batchable(model)
         self.model = self._prepare(model)
         self.context_length = self.config.context_length or self.model.config.max_position_embeddings
         self.eos_token_ids = eos_token_ids(self.model, tokenizer)
@@ -282,7 +282,7 @@ class SamplingEngine:
         Requests running now finish on the old weights and new ones wait in the queue meanwhile,
         so a request is never sampled by two versions. `model` may be the module served now
         (weights edited in place under paused(), or nothing changed): the version still advances."""
-        padded_prefill = self._check_architecture(model)
+        prefill_together = self._batchable(model)
         model = self._prepare(model)
         with self._cond:
             self._draining += 1
@@ -293,7 +293,7 @@ class SamplingEngine:
                     raise TimeoutError(f"requests still running after {timeout_s}s")
                 time.sleep(0.002)
             with self.paused():
-                self.model, self._padded_prefill = model, padded_prefill
+                self.model, self._prefill_together = model, prefill_together
                 self.weight_version = self.weight_version + 1 if version is None else int(version)
                 return self.weight_version
         finally:
@@ -401,9 +401,10 @@ class SamplingEngine:
         return model.to(device=self.device, dtype=self.dtype).eval()
 
     @staticmethod
-    def _check_architecture(model) -> bool:
-        """Refuse (ConfigError, one line) a model the engine cannot batch; whether its requests may
-        be prefilled together, left-padded (cache_layers.LayerKind.padded_prefill)."""
+    def _batchable(model) -> bool:
+        """Whether requests of `model` may be prefilled together, left-padded (else each alone:
+        cache_layers.LayerKind.padded_prefill); ConfigError (one line) for a model the engine
+        cannot batch at all."""
         return all(kind.padded_prefill for kind in cache_layers.layer_kinds(model.config))
 
     def _work(self) -> None:
@@ -446,10 +447,9 @@ class SamplingEngine:
     def _admit(self, requests: list[_Request]) -> None:
         """Prefill `requests` (together, or each alone for a model with recurrent layers) and merge
         them into the running batch."""
-        self._batch.rows_pending_prefill = requests
-        for group in [requests] if self._padded_prefill else [[r] for r in requests]:
-            self._batch = self._batch.merge(self._prefill(group))
-        self._batch.rows_pending_prefill = []
+        for group in [requests] if self._prefill_together else [[r] for r in requests]:
+            self._batch.rows_pending_prefill = requests  # a failed prefill fails them with the running rows
+            self._batch = self._batch.merge(self._prefill(group))  # a new Batch: none pending
 
     def _prefill(self, requests: list[_Request]) -> Batch:
         """One forward pass over the prompts of `requests`, left-padded; their first tokens sampled."""
