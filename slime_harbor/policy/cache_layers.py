@@ -1,7 +1,8 @@
 """The embedded engine's cache, layer kind by layer kind: which architectures the engine serves, and
 how the rows of each kind of transformers cache layer are stacked when requests join the running
-batch, narrowed when rows leave, and cleared where they are padding. decode.Batch does all three
-through LAYER_KINDS, for every layer of the cache; nothing else looks at a layer's class.
+batch, narrowed when rows leave (decode.Batch), and cleared where a prefill left padding (the
+engine): all three through LAYER_KINDS, for every layer of the cache; nothing else looks at a
+layer's class.
 
 The batch is laid out in columns: each row's tokens are right-aligned, its first columns padding
 (mask 0). A cache layer holds its rows one of three ways:
