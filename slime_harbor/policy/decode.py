@@ -1,49 +1,44 @@
-"""The tensors of the engine's decode loop (engine.SamplingEngine): the running batch (rows, KV
-cache, attention mask, next positions; merged when requests join, narrowed when they leave) and
-sampling under top-k / top-p truncation with the kept ids SLiME's top-p replay needs.
+"""The tensors of the engine's decode loop (engine.SamplingEngine): the running batch (rows, cache,
+attention mask, next positions; merged when requests join, narrowed when they leave: each cache
+layer as cache_layers.py says for its kind) and sampling under top-k / top-p truncation with the
+kept ids SLiME's top-p replay needs.
 """
 
 from __future__ import annotations
 
 import torch
 
+from slime_harbor.policy import cache_layers
+
 
 class Batch:
-    """The running rows and their shared, left-padded KV cache (worker-only state)."""
+    """The running rows and their shared cache, in left-padded columns (worker-only state)."""
 
-    def __init__(self, rows=(), kv=None, mask=None, next_pos=None):
+    def __init__(self, rows=(), cache=None, mask=None, next_pos=None):
         self.rows: list = list(rows)  # engine._Request, in batch order
         self.rows_pending_prefill: list = []  # admitted, not yet merged (failure cleanup)
-        self.cache = _make_cache(kv) if kv is not None else None
+        self.cache = cache  # a transformers DynamicCache, laid out as cache_layers.py says
         self.mask = mask if mask is not None else torch.zeros((0, 0), dtype=torch.long)
         self.next_pos = next_pos if next_pos is not None else torch.zeros(0, dtype=torch.long)
 
     def merge(self, other: Batch) -> Batch:
-        """Stack two batches, left-padding the shorter cache with masked zeros."""
+        """Stack two batches, left-padding the narrower one's columns with masked zeros."""
         if not self.rows:
             return other
         width = max(self.mask.shape[1], other.mask.shape[1])
-        kv = [
-            (
-                torch.cat([_left_pad(k1, width), _left_pad(k2, width)]),
-                torch.cat([_left_pad(v1, width), _left_pad(v2, width)]),
-            )
-            for (k1, v1), (k2, v2) in zip(cache_tensors(self.cache), cache_tensors(other.cache), strict=True)
-        ]
-        mask = torch.cat([_left_pad(self.mask, width, dim=1), _left_pad(other.mask, width, dim=1)])
-        return Batch(self.rows + other.rows, kv, mask, torch.cat([self.next_pos, other.next_pos]))
+        cache = cache_layers.merge(self.cache, other.cache, width)
+        mask = torch.cat([_left_pad(self.mask, width), _left_pad(other.mask, width)])
+        return Batch(self.rows + other.rows, cache, mask, torch.cat([self.next_pos, other.next_pos]))
 
     def select(self, keep: list[int]) -> Batch:
-        """Keep rows `keep`, dropping cache columns that are padding for all of them."""
+        """Keep rows `keep`, dropping the columns that are padding for all of them."""
         if not keep:
             return Batch()
         index = torch.tensor(keep, dtype=torch.long)
         mask = self.mask[index]
         start = int((mask.sum(0) > 0).nonzero()[0])
-        kv = [
-            (k[index.to(k.device), :, start:], v[index.to(v.device), :, start:]) for k, v in cache_tensors(self.cache)
-        ]
-        return Batch([self.rows[i] for i in keep], kv, mask[:, start:], self.next_pos[index])
+        cache = cache_layers.select(self.cache, index, mask.shape[1] - start)
+        return Batch([self.rows[i] for i in keep], cache, mask[:, start:], self.next_pos[index])
 
 
 class Truncation:
@@ -107,22 +102,5 @@ def eos_token_ids(model, tokenizer) -> frozenset[int]:
     return frozenset(ids)
 
 
-def cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(keys, values) per layer of a KV cache."""
-    # Iterating a DynamicCache yields (keys, values[, sliding window]) per layer.
-    return [(layer[0], layer[1]) for layer in cache]
-
-
-def _make_cache(kv):
-    from transformers import DynamicCache
-
-    return DynamicCache(kv)
-
-
-def _left_pad(t: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:
-    missing = width - t.shape[dim]
-    if missing == 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
+def _left_pad(mask: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.cat([mask.new_zeros((mask.shape[0], width - mask.shape[1])), mask], dim=1)

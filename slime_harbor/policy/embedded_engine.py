@@ -2,11 +2,21 @@
 
 It is the part of an SGLang server that slime-harbor needs in order to run without one: requests
 submitted from any thread or event loop join one running batch and are decoded together, one
-shared forward pass per step, over a KV cache. A background worker thread owns the model:
+shared forward pass per step, over one cache (attention keys and values, recurrent states). A
+background worker thread owns the model:
 
-    loop:  admit queued requests (prefill them together, left-padded, merge their KV cache
-           into the running batch)  ->  one decode step for every running row  ->  retire
-           the rows that finished (resolving their futures).
+    loop:  admit queued requests (prefill them, merge their cache into the running batch)
+           ->  one decode step for every running row  ->  retire the rows that finished
+           (resolving their futures).
+
+Architectures (cache_layers.py, the one table of them): attention-only models (Qwen3, Llama,
+GLM-4.5, DeepSeek-V3's MLA, MiniMax-M2), sliding-window attention (gpt-oss), Gated DeltaNet linear
+attention (Qwen3.5/3.6, Qwen3-Next), Mamba2 (Nemotron-H) and sparse attention with an indexer
+(GLM-5). Requests of attention-only models are prefilled together, left-padded; those of a model
+with recurrent layers (linear attention, Mamba) each alone, because a recurrence keeps any padding
+that reaches it. A model of any other architecture, or whose cache holds a kind of layer the table
+does not know, is refused at start in one line. No prefix is reused: every request is prefilled
+whole (a recurrent layer's state at the end of a prefix is not kept, so one could not be).
 
 Logprob semantics are those of SGLang and vLLM, because the trainer compares against them: the
 logprob of a sampled token is log_softmax(logits / temperature) over the whole vocabulary, taken
@@ -32,8 +42,6 @@ SGLang takes weights: `update_weights_from_disk(path)` (a full HF checkpoint, sw
 running requests have finished) and `load_lora_adapter(name, path)` /
 `unload_lora_adapter(name)` (peft adapters on the served base; a request picks one by name, rows
 with different adapters share a batch, and a request naming none samples the base model).
-
-Only full-attention models (no sliding window) are supported, which covers Qwen3.
 """
 
 from __future__ import annotations
@@ -50,7 +58,8 @@ from dataclasses import dataclass, field
 import torch
 
 # The decode loop's tensors (the running batch, truncated sampling) live in decode.py.
-from slime_harbor.policy.decode import Batch, cache_tensors, eos_token_ids, sample_tokens, Truncation
+from slime_harbor.policy import cache_layers
+from slime_harbor.policy.decode import Batch, eos_token_ids, sample_tokens, Truncation
 from slime_harbor.policy.sampling import Generation, SamplingParams
 from slime_harbor.policy.weights import peft_quietly
 
@@ -96,7 +105,7 @@ class EngineStats:
     requests: int = 0
     generated_tokens: int = 0
     decode_steps: int = 0
-    prefills: int = 0
+    prefills: int = 0  # prefill forward passes: one per admission, or per request (recurrent models)
     rows_per_decode_step: collections.Counter = field(default_factory=collections.Counter)
 
     @property
@@ -140,11 +149,9 @@ class SamplingEngine:
         self.tokenizer = tokenizer
         self.device = torch.device(self.config.device)
         self.dtype = getattr(torch, self.config.dtype)
+        self._prefill_together = self._batchable(model)
         self.model = self._prepare(model)
-        model_config = self.model.config
-        if getattr(model_config, "sliding_window", None) and getattr(model_config, "use_sliding_window", False):
-            raise ValueError("SamplingEngine supports full-attention models only (no sliding window)")
-        self.context_length = self.config.context_length or model_config.max_position_embeddings
+        self.context_length = self.config.context_length or self.model.config.max_position_embeddings
         self.eos_token_ids = eos_token_ids(self.model, tokenizer)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_token_ids)
         self.weight_version = 0
@@ -169,6 +176,7 @@ class SamplingEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         config = config or EngineConfig()
+        cache_layers.check_checkpoint(model_dir)  # refused before its weights are loaded
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, config.dtype))
         return cls(model, tokenizer, config)
@@ -274,6 +282,7 @@ class SamplingEngine:
         Requests running now finish on the old weights and new ones wait in the queue meanwhile,
         so a request is never sampled by two versions. `model` may be the module served now
         (weights edited in place under paused(), or nothing changed): the version still advances."""
+        prefill_together = self._batchable(model)
         model = self._prepare(model)
         with self._cond:
             self._draining += 1
@@ -284,7 +293,7 @@ class SamplingEngine:
                     raise TimeoutError(f"requests still running after {timeout_s}s")
                 time.sleep(0.002)
             with self.paused():
-                self.model = model
+                self.model, self._prefill_together = model, prefill_together
                 self.weight_version = self.weight_version + 1 if version is None else int(version)
                 return self.weight_version
         finally:
@@ -391,6 +400,13 @@ class SamplingEngine:
     def _prepare(self, model):
         return model.to(device=self.device, dtype=self.dtype).eval()
 
+    @staticmethod
+    def _batchable(model) -> bool:
+        """Whether requests of `model` may be prefilled together, left-padded (else each alone:
+        cache_layers.LayerKind.padded_prefill); ConfigError (one line) for a model the engine
+        cannot batch at all."""
+        return all(kind.padded_prefill for kind in cache_layers.layer_kinds(model.config))
+
     def _work(self) -> None:
         while True:
             with self._cond:
@@ -429,8 +445,14 @@ class SamplingEngine:
                 self._retire()
 
     def _admit(self, requests: list[_Request]) -> None:
-        """Prefill `requests` together (left-padded) and merge them into the running batch."""
-        self._batch.rows_pending_prefill = requests
+        """Prefill `requests` (together, or each alone for a model with recurrent layers) and merge
+        them into the running batch."""
+        for group in [requests] if self._prefill_together else [[r] for r in requests]:
+            self._batch.rows_pending_prefill = requests  # a failed prefill fails them with the running rows
+            self._batch = self._batch.merge(self._prefill(group))  # a new Batch: none pending
+
+    def _prefill(self, requests: list[_Request]) -> Batch:
+        """One forward pass over the prompts of `requests`, left-padded; their first tokens sampled."""
         width = max(len(r.prompt_ids) for r in requests)
         input_ids = torch.full((len(requests), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(requests), width), dtype=torch.long)
@@ -440,14 +462,10 @@ class SamplingEngine:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         logits, cache = self._forward(input_ids, mask, positions, None, requests)
         self.stats.prefills += 1
-        kv = cache_tensors(cache)
-        # Pad slots hold garbage from fully masked attention rows; zero them so they can never leak.
-        pad = (mask == 0)[:, None, :, None].to(self.device)
-        kv = [(k.masked_fill(pad, 0), v.masked_fill(pad, 0)) for k, v in kv]
-        new = Batch(requests, kv, mask, positions[:, -1] + 1)
+        cache_layers.zero_padding(cache, mask)
+        new = Batch(requests, cache, mask, positions[:, -1] + 1)
         self._sample(new, logits)
-        self._batch = self._batch.merge(new)
-        self._batch.rows_pending_prefill = []
+        return new
 
     def _decode_step(self) -> None:
         batch = self._batch
@@ -461,8 +479,6 @@ class SamplingEngine:
         self._sample(batch, logits)
 
     def _forward(self, input_ids, mask, positions, past, rows):
-        from transformers import DynamicCache
-
         # Adapters loaded over HTTP: each row runs with its own (peft mixed-adapter batch).
         extra = {"adapter_names": [r.lora or "__base__" for r in rows]} if self.lora_adapters else {}
         out = self.model(
@@ -470,7 +486,7 @@ class SamplingEngine:
             input_ids=input_ids.to(self.device),
             attention_mask=mask.to(self.device),
             position_ids=positions.to(self.device),
-            **{CACHE_ARGUMENT: past if past is not None else DynamicCache()},
+            **{CACHE_ARGUMENT: past if past is not None else cache_layers.new_cache(self.model.config)},
             use_cache=True,
             logits_to_keep=1,
         )
