@@ -5,6 +5,7 @@
     server.py            the embedded server, speaking both (the engines' router in production)
     embedded_engine.py   the continuous-batching sampler behind it
     decode.py            its batch's tensors and truncated sampling
+    cache_layers.py      the architectures it serves, and how each kind of cache layer is batched
     engines/             each engine kind, one class with its abilities (ours, SGLang and its router, vLLM,
                          any OpenAI-compatible server): ENGINE_KINDS; the ones we start by name: ENGINE_TYPES
     engine_launcher.py   starts those from their own venvs (EngineProcess, serve_engine)
