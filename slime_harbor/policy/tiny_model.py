@@ -225,7 +225,7 @@ REAL_CONFIG_KEYS = {
 MOE = {"experts": 4, "experts_per_token": 2, "expert_intermediate_size": 64}
 MLA = {"kv_lora_rank": 32, "q_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32}
 # Bump when a non-qwen3 format's build changes in a way the inputs of format_recipe_hash do not show.
-FORMAT_RECIPE_VERSION = 1
+FORMAT_RECIPE_VERSION = 2
 
 
 def _model(arch: Architecture, config: TinyModelConfig, vocab_size: int, eos_id: int, pad_id: int | None,
@@ -321,13 +321,18 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, config: TinyModelConfig
     return out
 
 
-def _save_tokenizer(tokenizer, out: Path) -> None:
+def _save_tokenizer(tokenizer, out: Path, say_no_unk_token: bool = False) -> None:
     tokenizer.save_pretrained(out)
     # transformers 5 records its own backend class name, which 4.x cannot resolve; the generic
     # fast-tokenizer class loads in both.
     tokenizer_config_path = out / "tokenizer_config.json"
     tokenizer_config = json.loads(tokenizer_config_path.read_text())
     tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if say_no_unk_token and tokenizer.unk_token is None:
+        # As the families' own files say it ("unk_token": null): transformers loads some model_types
+        # with their own tokenizer class over this file's (qwen3_5_moe_text: Qwen3_5Tokenizer),
+        # whose default unk token (<|endoftext|>) renderers' Qwen3.5 renderer then refuses as missing.
+        tokenizer_config["unk_token"] = None
     tokenizer_config_path.write_text(json.dumps(tokenizer_config, indent=2) + "\n")
 
 
@@ -340,7 +345,7 @@ def _build_format(out: Path, seed: int, config: TinyModelConfig, renderer: str) 
 
     built = build_format_tokenizer(renderer, config.bpe_vocab_size, config.max_position_embeddings)
     tokenizer = built.tokenizer
-    _save_tokenizer(tokenizer, out)
+    _save_tokenizer(tokenizer, out, say_no_unk_token=True)
     eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in built.eos]
     arch = ARCHITECTURES[renderer]
     with torch.random.fork_rng(devices=[]):
