@@ -1,6 +1,6 @@
 """make-model per chat format: each format's tiny checkpoint loads with the Auto classes, records
 its format, speaks it through its `renderers` renderer, runs a forward pass on a rendered prompt,
-stops where the renderer stops, and names its stand-in architecture."""
+stops where the renderer stops, and names its stand-in architecture where it has one."""
 
 import json
 
@@ -21,11 +21,12 @@ CALL = {"role": "assistant", "content": "", "reasoning_content": "need ls", "too
     {"id": "functions.bash:0", "type": "function", "function": {"name": "bash", "arguments": {"command": "ls -la"}}}]}
 
 # The real model_type of each stand-in (the others are built as their family's own architecture).
-STAND_INS = {"qwen3.5": "qwen3_5", "qwen3.6": "qwen3_5_moe", "deepseek-v4": "deepseek_v4", "kimi-k2": "kimi_k2",
-             "gpt-oss": "gpt_oss", "nemotron-3": "nemotron_h"}
-OWN_ARCHITECTURE = {"qwen3": "Qwen3ForCausalLM", "glm-4.5": "Glm4MoeForCausalLM", "glm-5": "Glm4MoeForCausalLM",
+STAND_INS = {"deepseek-v4": "deepseek_v4", "kimi-k2": "kimi_k2"}
+OWN_ARCHITECTURE = {"qwen3": "Qwen3ForCausalLM", "qwen3.5": "Qwen3_5ForCausalLM", "qwen3.6": "Qwen3_5MoeForCausalLM",
+                    "glm-4.5": "Glm4MoeForCausalLM", "glm-5": "GlmMoeDsaForCausalLM",
                     "deepseek-v3": "DeepseekV3ForCausalLM", "deepseek-r1": "DeepseekV3ForCausalLM",
-                    "llama-3": "LlamaForCausalLM", "minimax-m2": "MiniMaxM2ForCausalLM"}
+                    "gpt-oss": "GptOssForCausalLM", "llama-3": "LlamaForCausalLM", "minimax-m2": "MiniMaxM2ForCausalLM",
+                    "nemotron-3": "NemotronHForCausalLM"}
 # Where the vocabulary is the family's real one: its size and an id we know.
 REAL_VOCAB = {"deepseek-v3": (129280, "<｜end▁of▁sentence｜>", 1), "qwen3.5": (248077, "<|im_end|>", 248046),
               "qwen3.6": (248077, "<|im_end|>", 248046), "gpt-oss": (201088, "<|start|>", 200006),
