@@ -179,10 +179,10 @@ def build_tokenizer(config: TinyModelConfig | None = None):
 
 # Each chat format's tiny checkpoint: the transformers architecture it is built as, its family's own
 # with one layer of every kind the family has (linear attention, Mamba2, sliding windows, a sparse-
-# attention indexer, MoE), or a stand-in where transformers cannot build the family's architecture
-# as a causal LM: DeepSeek-V4 is built as DeepSeek-V3, and Kimi K2's checkpoints are
-# DeepseekV3ForCausalLM under their own model_type (remote code), so its stand-in is that very
-# architecture. Qwen3.5 and 3.6 are their text-only types (qwen3_5_text, qwen3_5_moe_text): the
+# attention indexer, MoE), or a stand-in, named with the real model_type: DeepSeek-V4 is built as
+# DeepSeek-V3 (its own deepseek_v4 not yet), and Kimi K2's checkpoints are DeepseekV3ForCausalLM
+# under their own model_type (remote code), so its stand-in is that very architecture.
+# Qwen3.5 and 3.6 are their text-only types (qwen3_5_text, qwen3_5_moe_text): the
 # multimodal qwen3_5 / qwen3_5_moe load through AutoModelForCausalLM as these text models, and save
 # back as them, so a trained checkpoint would change its type; the vision tower would be weights
 # nothing here runs.
@@ -431,7 +431,7 @@ def _name_layers_by_pattern(config_json: Path) -> None:
 
     model_config = json.loads(config_json.read_text())
     layers = model_config.pop("layers_block_type")
-    model_config.pop("mtp_layers_block_type")  # no MTP layers (num_nextn_predict_layers 0), as Nemotron 3 Nano
+    model_config.pop("mtp_layers_block_type")  # in the same names; there are no MTP layers (num_nextn_predict_layers 0)
     model_config["hybrid_override_pattern"] = transformers.NemotronHConfig._list_to_pattern(layers)
     model_config["num_hidden_layers"] = len(layers)
     # As transformers writes config.json (PreTrainedConfig.to_json_string).
@@ -480,8 +480,8 @@ def format_recipe_hash(renderer: str, config: TinyModelConfig | None = None) -> 
 
     recipe = json.dumps([
         FORMAT_RECIPE_VERSION, renderer, asdict(config or TinyModelConfig()), asdict(ARCHITECTURES[renderer]), MOE,
-        MLA, SLIDING_WINDOW, INDEXER, FULL_ATTENTION_INTERVAL, GATED_DELTA_NET, NEMOTRON_H_PATTERN, MAMBA2, GPT_OSS_YARN,
-        DEEPSEEK_YARN, REAL_CONFIG_KEYS, CORPUS, WORDS, tokenizer_fingerprint(renderer),
+        MLA, SLIDING_WINDOW, INDEXER, FULL_ATTENTION_INTERVAL, GATED_DELTA_NET, NEMOTRON_H_PATTERN, MAMBA2,
+        GPT_OSS_YARN, DEEPSEEK_YARN, REAL_CONFIG_KEYS, CORPUS, WORDS, tokenizer_fingerprint(renderer),
     ])
     return hashlib.sha256(recipe.encode()).hexdigest()[:16]
 
