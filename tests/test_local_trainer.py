@@ -326,6 +326,19 @@ def test_full_model_training_keeps_a_frozen_reference(tiny_model_dir, tmp_path):
     assert all(torch.equal(again.reference.state_dict()[k], v) for k, v in base.state_dict().items())
 
 
+def test_lora_targets_the_model_lacks_are_one_line(tiny_model_dir):
+    """A model without the named linear layers (a Mamba- or linear-attention-only one, or a typo)
+    stops before any trial in one line that names the setting and the way out; hybrids, whose
+    attention layers have them, train (test_model_formats)."""
+    from slime_harbor.exits import ConfigError
+
+    cfg = LocalTrainConfig(model=str(tiny_model_dir), device="cpu", lora_target_modules=["in_proj", "out_proj"])
+    with pytest.raises(ConfigError) as error:
+        Policy.load(cfg, str(tiny_model_dir), "cpu")
+    line = str(error.value)
+    assert "\n" not in line and "--lora-target-modules in_proj out_proj" in line and "qwen3" in line and "--no-lora" in line
+
+
 def test_flags_test_preset_and_overrides():
     cfg = config_from_args(["--test", "--n-samples", "2", "--no-lora", "--task-names", "dedupe-lines"])
     assert cfg.num_rollouts == 2 and cfg.save_every == 1 and cfg.max_new_tokens == 48  # from the preset

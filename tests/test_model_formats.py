@@ -1,8 +1,10 @@
 """make-model per chat format: each format's tiny checkpoint loads with the Auto classes, records
 its format, speaks it through its `renderers` renderer, runs a forward pass on a rendered prompt,
-stops where the renderer stops, and names its stand-in architecture."""
+stops where the renderer stops, and names its stand-in architecture where it has one. The hybrid
+families' checkpoints carry every layer kind of their architecture, and train-local trains them."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -21,11 +23,12 @@ CALL = {"role": "assistant", "content": "", "reasoning_content": "need ls", "too
     {"id": "functions.bash:0", "type": "function", "function": {"name": "bash", "arguments": {"command": "ls -la"}}}]}
 
 # The real model_type of each stand-in (the others are built as their family's own architecture).
-STAND_INS = {"qwen3.5": "qwen3_5", "qwen3.6": "qwen3_5_moe", "deepseek-v4": "deepseek_v4", "kimi-k2": "kimi_k2",
-             "gpt-oss": "gpt_oss", "nemotron-3": "nemotron_h"}
-OWN_ARCHITECTURE = {"qwen3": "Qwen3ForCausalLM", "glm-4.5": "Glm4MoeForCausalLM", "glm-5": "Glm4MoeForCausalLM",
+STAND_INS = {"deepseek-v4": "deepseek_v4", "kimi-k2": "kimi_k2"}
+OWN_ARCHITECTURE = {"qwen3": "Qwen3ForCausalLM", "qwen3.5": "Qwen3_5ForCausalLM", "qwen3.6": "Qwen3_5MoeForCausalLM",
+                    "glm-4.5": "Glm4MoeForCausalLM", "glm-5": "GlmMoeDsaForCausalLM",
                     "deepseek-v3": "DeepseekV3ForCausalLM", "deepseek-r1": "DeepseekV3ForCausalLM",
-                    "llama-3": "LlamaForCausalLM", "minimax-m2": "MiniMaxM2ForCausalLM"}
+                    "gpt-oss": "GptOssForCausalLM", "llama-3": "LlamaForCausalLM", "minimax-m2": "MiniMaxM2ForCausalLM",
+                    "nemotron-3": "NemotronHForCausalLM"}
 # Where the vocabulary is the family's real one: its size and an id we know.
 REAL_VOCAB = {"deepseek-v3": (129280, "<｜end▁of▁sentence｜>", 1), "qwen3.5": (248077, "<|im_end|>", 248046),
               "qwen3.6": (248077, "<|im_end|>", 248046), "gpt-oss": (201088, "<|start|>", 200006),
@@ -145,3 +148,88 @@ def test_embedded_engine_serves_the_format_architectures(format_dirs, name):
             logprobs = reference(torch.tensor([prompt + generation.token_ids])).logits[0].log_softmax(-1)
         recomputed = logprobs[len(prompt) - 1:-1].gather(-1, torch.tensor(generation.token_ids)[:, None])[:, 0]
         assert torch.allclose(recomputed, torch.tensor(generation.logprobs), atol=1e-4)
+
+
+# Every layer kind of each hybrid family's architecture, as its tiny checkpoint's config.json declares
+# them: attention and mixer kinds (layer_types; Nemotron-H's hybrid_override_pattern), MLP kinds
+# (GLM-5's mlp_layer_types), MoE where the family's experts are in every layer.
+LAYER_KINDS = {
+    "qwen3.5": {"linear_attention", "full_attention"},
+    "qwen3.6": {"linear_attention", "full_attention", "moe"},
+    "gpt-oss": {"sliding_attention", "full_attention", "moe"},
+    "nemotron-3": {"mamba2", "moe", "attention"},
+    "glm-5": {"indexed_attention", "dense", "sparse"},
+}
+NEMOTRON_H_LAYERS = {"M": "mamba2", "E": "moe", "*": "attention", "-": "mlp"}
+# The windows a 40-token sequence crosses: a model that sees past them computes other logits there.
+WINDOWS = {"gpt-oss": "sliding_window", "glm-5": "index_topk"}
+
+
+def declared_layer_kinds(config: dict) -> set[str]:
+    if "hybrid_override_pattern" in config:
+        return {NEMOTRON_H_LAYERS[c] for c in config["hybrid_override_pattern"]}
+    kinds = set(config["layer_types"]) | set(config.get("mlp_layer_types", ()))
+    if config.get("num_experts", config.get("num_local_experts", 1)) > 1:
+        kinds.add("moe")
+    return kinds
+
+
+@pytest.mark.parametrize("name", list(LAYER_KINDS))
+def test_hybrid_checkpoint_has_every_layer_kind_of_its_family_and_runs(format_dirs, name):
+    directory = format_dirs[name]
+    config = json.loads((directory / "config.json").read_text())
+    assert config["model_type"] == ARCHITECTURES[name].model_type
+    assert declared_layer_kinds(config) == LAYER_KINDS[name]
+    if name in ("qwen3.5", "qwen3.6"):  # SGLang places the full-attention layers by the interval
+        interval = config["full_attention_interval"]
+        assert config["layer_types"] == ["linear_attention" if (i + 1) % interval else "full_attention"
+                                         for i in range(config["num_hidden_layers"])]
+    if name == "nemotron-3":  # the family's own keys: SGLang and vLLM refuse transformers 5's layer names
+        assert "layers_block_type" not in config and config["num_hidden_layers"] == len(config["hybrid_override_pattern"])
+
+    model = AutoModelForCausalLM.from_pretrained(directory).eval()
+    if name == "gpt-oss":
+        assert all(layer.self_attn.sinks.numel() == config["num_attention_heads"] for layer in model.model.layers)
+    ids = torch.randint(0, config["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert logits.shape == (1, 40, config["vocab_size"]) and torch.isfinite(logits).all()
+    if name in WINDOWS:
+        window = config[WINDOWS[name]]
+        assert window <= 8
+        wider = AutoModelForCausalLM.from_pretrained(directory, **{WINDOWS[name]: 64}).eval()
+        with torch.no_grad():
+            seen_all = wider(ids).logits
+        assert torch.allclose(logits[0, :window], seen_all[0, :window], atol=1e-5)  # inside the window
+        assert not torch.allclose(logits[0, -1], seen_all[0, -1], atol=1e-3)  # past it
+
+
+@pytest.mark.parametrize("name", list(LAYER_KINDS))
+def test_train_local_puts_lora_on_the_attention_of_each_hybrid_and_trains_it(format_dirs, name):
+    """train-local's default LoRA targets (q/k/v/o_proj) exist in every hybrid (in its attention
+    layers only: gated delta-net and Mamba2 layers name theirs otherwise; GLM-5's MLA has o_proj),
+    and one float32 GRPO step on two short samples changes the adapters."""
+    from slime_harbor.samples import SampleStatus, TrainingSample
+    from slime_harbor.trainers.learner import Policy, make_batch, token_logprobs, train_on_samples
+    from slime_harbor.trainers.local_config import LocalTrainConfig
+
+    directory = str(format_dirs[name])
+    torch.manual_seed(0)
+    cfg = LocalTrainConfig(model=directory, lr=1e-2, device="cpu", updates_per_rollout=1)
+    policy = Policy.load(cfg, directory, "cpu")
+    adapted = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in policy.model.named_parameters() if ".lora_A" in n}
+    assert adapted and adapted <= set(cfg.lora_target_modules)
+    before = [p.detach().clone() for p in policy.params]
+    samples = []
+    for index, (response, reward) in enumerate([("ls -la && cat README.md", 1.0), ("echo done", 0.0)]):
+        prompt = policy.tokenizer.encode("List the files of the repository, then read its README.", add_special_tokens=False)
+        reply = policy.tokenizer.encode(response, add_special_tokens=False)
+        s = TrainingSample(tokens=prompt + reply, response_length=len(reply), loss_mask=[1] * len(reply),
+                           rollout_log_probs=[0.0] * len(reply), reward=reward, status=SampleStatus.COMPLETED,
+                           group_index=0, index=index, rollout_id=index)
+        with torch.no_grad():
+            s.rollout_log_probs = token_logprobs(policy.model, make_batch([s], [0.0]), 1.0)[0].tolist()
+        samples.append(s)
+    result = train_on_samples(policy, samples, cfg, "cpu")
+    assert result["n_trained_samples"] == 2 and math.isfinite(result["loss"])
+    assert any(not torch.equal(a, b) for a, b in zip(before, policy.params))

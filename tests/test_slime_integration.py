@@ -681,7 +681,7 @@ def test_fully_async_against_the_real_sglang_behind_its_router(slime_modules, ti
 @pytest.mark.parametrize("renderer, named", [("glm-5", False), ("deepseek-r1", True)])
 def test_slime_round_on_a_non_qwen_format(slime_modules, format_model, renderer, named, tmp_path):
     """SLiME's generate_rollout drives our hook on another family's tiny checkpoint (GLM-5 on its
-    real glm4_moe architecture; DeepSeek-R1 on deepseek_v3 with MLA and DeepSeek's real tokenizer):
+    real glm_moe_dsa architecture; DeepSeek-R1 on deepseek_v3 with MLA and DeepSeek's real tokenizer):
     the native agent and a chat agent through the gateway train their sampled tokens, the logprobs
     are the model's. `named`: the checkpoint carries no record of its format, and its model_type
     (deepseek_v3) carries two, so the YAML's harbor_renderer names it; without it the hook refuses

@@ -177,55 +177,84 @@ def build_tokenizer(config: TinyModelConfig | None = None):
     )
 
 
-# Each chat format's tiny checkpoint: the transformers architecture it is built as, and the real
-# model_type where that is a stand-in (a full-attention model the embedded engine serves, in place
-# of a family whose architecture mixes in linear attention, Mamba or sliding windows, or which
-# transformers cannot build). Kimi K2's checkpoints are DeepseekV3ForCausalLM under their own
-# model_type (remote code), so its stand-in is that very architecture.
+# Each chat format's tiny checkpoint: the transformers architecture it is built as, its family's own
+# with one layer of every kind the family has (linear attention, Mamba2, sliding windows, a sparse-
+# attention indexer, MoE), or a stand-in, named with the real model_type: DeepSeek-V4 is built as
+# DeepSeek-V3 (its own deepseek_v4 not yet), and Kimi K2's checkpoints are DeepseekV3ForCausalLM
+# under their own model_type (remote code), so its stand-in is that very architecture.
+# Qwen3.5 and 3.6 are their text-only types (qwen3_5_text, qwen3_5_moe_text): the
+# multimodal qwen3_5 / qwen3_5_moe load through AutoModelForCausalLM as these text models, and save
+# back as them, so a trained checkpoint would change its type; the vision tower would be weights
+# nothing here runs.
 @dataclass(frozen=True)
 class Architecture:
     model_type: str
     stand_in_for: str | None = None
     tied: bool = True
     """The LM head is the embedding (tie_word_embeddings), as the family's small checkpoints have it.
-    GLM-4.5/5, DeepSeek-V3 (Kimi K2) and MiniMax-M2 ship untied heads, and SGLang's and vLLM's
-    glm4_moe never load a tied one: they served a head never loaded (logprobs 21-24 nats from the
-    trainer's, bench/model_formats.py)."""
+    GLM-4.5/5, DeepSeek-V3 (Kimi K2), MiniMax-M2, Qwen3.6-35B-A3B, gpt-oss and Nemotron 3 ship untied
+    heads, and SGLang's and vLLM's glm4_moe never load a tied one: they served a head never loaded
+    (logprobs 21-24 nats from the trainer's, bench/model_formats.py)."""
 
 
 ARCHITECTURES: dict[str, Architecture] = {
     "qwen3": Architecture("qwen3"),
-    "qwen3.5": Architecture("qwen3", stand_in_for="qwen3_5"),
-    "qwen3.6": Architecture("qwen3", stand_in_for="qwen3_5_moe"),
+    "qwen3.5": Architecture("qwen3_5_text"),
+    "qwen3.6": Architecture("qwen3_5_moe_text", tied=False),
     "glm-4.5": Architecture("glm4_moe", tied=False),
-    "glm-5": Architecture("glm4_moe", tied=False),
+    "glm-5": Architecture("glm_moe_dsa", tied=False),
     "deepseek-v3": Architecture("deepseek_v3", tied=False),
     "deepseek-r1": Architecture("deepseek_v3", tied=False),
     "deepseek-v4": Architecture("deepseek_v3", stand_in_for="deepseek_v4", tied=False),
     "kimi-k2": Architecture("deepseek_v3", stand_in_for="kimi_k2", tied=False),
-    "gpt-oss": Architecture("qwen3", stand_in_for="gpt_oss"),
+    "gpt-oss": Architecture("gpt_oss", tied=False),
     "llama-3": Architecture("llama"),
     "minimax-m2": Architecture("minimax_m2", tied=False),
-    "nemotron-3": Architecture("qwen3", stand_in_for="nemotron_h"),
+    "nemotron-3": Architecture("nemotron_h", tied=False),
 }
 
+# The MoE and MLA shapes of the tiny MoE architectures: few, small experts.
+MOE = {"experts": 4, "experts_per_token": 2, "expert_intermediate_size": 64}
+MLA = {"kv_lora_rank": 32, "q_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32}
+# The layer kinds of the hybrid families, small enough that a test sequence (40 tokens and more)
+# crosses every one of them: gpt-oss's sliding layers see 8 tokens (its own see 128), GLM-5's
+# indexer keeps 4 tokens per query (its own 2048), and Qwen3.5/3.6 put a full-attention layer after
+# each gated delta-net layer (their own after every 3). Nemotron 3's pattern (Mamba2 M, MoE E,
+# attention *) is its own in small: each mixer layer followed by an MoE one.
+SLIDING_WINDOW = 8
+INDEXER = {"index_topk": 4, "index_head_dim": 32, "index_n_heads": 4}
+FULL_ATTENTION_INTERVAL = 2
+GATED_DELTA_NET = {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32,
+                   "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4}
+NEMOTRON_H_PATTERN = "ME*E"
+MAMBA2 = {"mamba_num_heads": 4, "mamba_head_dim": 32, "n_groups": 2, "ssm_state_size": 16}
+# gpt-oss's YaRN (its config.json's), factor = the context over the original, as DEEPSEEK_YARN's.
+GPT_OSS_YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "original_max_position_embeddings": 4096,
+                "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
 # DeepSeek-V3's own kind of rope scaling (YaRN, as its config.json has it), which SGLang's MLA on CPU
 # requires; its factor is the model's context over the original (DeepSeek-V3: 163840 / 4096 = 40).
 DEEPSEEK_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "original_max_position_embeddings": 4096,
                  "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
 # Keys the families' own config.json files carry that transformers' config classes leave out and
-# SGLang and vLLM read (they refused the tiny checkpoints without them), with the values that say
-# what transformers' model computes: sigmoid expert scores with a correction bias (noaux_tc), every
-# layer past the first an MoE one, MiniMax-M2's per-layer q/k norm.
+# SGLang and vLLM read (they refused the tiny checkpoints without them, or would compute another
+# model), with the values that say what transformers' model computes: sigmoid expert scores with a
+# correction bias (noaux_tc), every layer past the first an MoE one, MiniMax-M2's per-layer q/k norm;
+# Qwen3.5/3.6's gated attention output and where their full-attention layers are (SGLang reads
+# full_attention_interval, not layer_types); GLM-5's interleaved rope in its attention and its
+# indexer (vLLM's DeepSeek-V3.2 indexer is NeoX-style unless told); gpt-oss's top-k and pre-YaRN
+# context under the names its config.json (and OpenAI's reference code) has them.
 REAL_CONFIG_KEYS = {
     "deepseek_v3": {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "moe_layer_freq": 1},
     "minimax_m2": {"scoring_func": "sigmoid", "use_routing_bias": True, "use_qk_norm": True, "qk_norm_type": "per_layer"},
+    "qwen3_5_text": {"attn_output_gate": True, "full_attention_interval": FULL_ATTENTION_INTERVAL},
+    "qwen3_5_moe_text": {"attn_output_gate": True, "full_attention_interval": FULL_ATTENTION_INTERVAL},
+    "glm_moe_dsa": {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "moe_layer_freq": 1, "rope_interleave": True,
+                    "indexer_rope_interleave": True},
+    "gpt_oss": {"experts_per_token": MOE["experts_per_token"],
+                "initial_context_length": GPT_OSS_YARN["original_max_position_embeddings"]},
 }
-# The MoE and MLA shapes of the tiny MoE architectures: few, small experts.
-MOE = {"experts": 4, "experts_per_token": 2, "expert_intermediate_size": 64}
-MLA = {"kv_lora_rank": 32, "q_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32}
 # Bump when a non-qwen3 format's build changes in a way the inputs of format_recipe_hash do not show.
-FORMAT_RECIPE_VERSION = 1
+FORMAT_RECIPE_VERSION = 2
 
 
 def _model(arch: Architecture, config: TinyModelConfig, vocab_size: int, eos_id: int, pad_id: int | None,
@@ -273,6 +302,39 @@ def _model(arch: Architecture, config: TinyModelConfig, vocab_size: int, eos_id:
             rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.5},
         )
         model_config.rotary_dim = config.head_dim // 2  # the partial rotary factor, as MiniMax-M2's config.json says it
+    elif arch.model_type == "qwen3_5_text":
+        model_config = transformers.Qwen3_5TextConfig(
+            **common, **gqa, **GATED_DELTA_NET, full_attention_interval=FULL_ATTENTION_INTERVAL)
+    elif arch.model_type == "qwen3_5_moe_text":
+        model_config = transformers.Qwen3_5MoeTextConfig(
+            **common, **gqa, **GATED_DELTA_NET, full_attention_interval=FULL_ATTENTION_INTERVAL,
+            num_experts=MOE["experts"], num_experts_per_tok=MOE["experts_per_token"],
+            moe_intermediate_size=MOE["expert_intermediate_size"],
+            shared_expert_intermediate_size=MOE["expert_intermediate_size"],
+        )
+    elif arch.model_type == "gpt_oss":
+        # Every layer an MoE one (intermediate_size is an expert's), sliding and full attention
+        # alternating (transformers' default layer_types, as gpt-oss's), each head with its sink.
+        model_config = transformers.GptOssConfig(
+            **{**common, "intermediate_size": MOE["expert_intermediate_size"]}, **gqa, sliding_window=SLIDING_WINDOW,
+            num_local_experts=MOE["experts"], num_experts_per_tok=MOE["experts_per_token"],
+            rope_parameters={**GPT_OSS_YARN, "factor": config.max_position_embeddings
+                             / GPT_OSS_YARN["original_max_position_embeddings"]},
+        )
+    elif arch.model_type == "nemotron_h":
+        # The pattern sets the layer count; num_hidden_layers is not a field of NemotronHConfig.
+        model_config = transformers.NemotronHConfig(
+            **{k: v for k, v in common.items() if k != "num_hidden_layers"}, **gqa, **MAMBA2,
+            hybrid_override_pattern=NEMOTRON_H_PATTERN, n_routed_experts=MOE["experts"],
+            num_experts_per_tok=MOE["experts_per_token"], moe_intermediate_size=MOE["expert_intermediate_size"],
+            moe_shared_expert_intermediate_size=MOE["expert_intermediate_size"],
+        )
+    elif arch.model_type == "glm_moe_dsa":
+        model_config = transformers.GlmMoeDsaConfig(
+            **common, num_key_value_heads=config.num_attention_heads, first_k_dense_replace=1, n_group=1,
+            topk_group=1, n_routed_experts=MOE["experts"], num_experts_per_tok=MOE["experts_per_token"],
+            n_shared_experts=1, moe_intermediate_size=MOE["expert_intermediate_size"], **MLA, **INDEXER,
+        )
     else:
         raise ValueError(f"no tiny-model recipe for architecture {arch.model_type!r}")
     for key, value in REAL_CONFIG_KEYS.get(arch.model_type, {}).items():
@@ -321,13 +383,18 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, config: TinyModelConfig
     return out
 
 
-def _save_tokenizer(tokenizer, out: Path) -> None:
+def _save_tokenizer(tokenizer, out: Path, say_no_unk_token: bool = False) -> None:
     tokenizer.save_pretrained(out)
     # transformers 5 records its own backend class name, which 4.x cannot resolve; the generic
     # fast-tokenizer class loads in both.
     tokenizer_config_path = out / "tokenizer_config.json"
     tokenizer_config = json.loads(tokenizer_config_path.read_text())
     tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if say_no_unk_token and tokenizer.unk_token is None:
+        # As the families' own files say it ("unk_token": null): transformers loads some model_types
+        # with their own tokenizer class over this file's (qwen3_5_moe_text: Qwen3_5Tokenizer),
+        # whose default unk token (<|endoftext|>) renderers' Qwen3.5 renderer then refuses as missing.
+        tokenizer_config["unk_token"] = None
     tokenizer_config_path.write_text(json.dumps(tokenizer_config, indent=2) + "\n")
 
 
@@ -340,7 +407,7 @@ def _build_format(out: Path, seed: int, config: TinyModelConfig, renderer: str) 
 
     built = build_format_tokenizer(renderer, config.bpe_vocab_size, config.max_position_embeddings)
     tokenizer = built.tokenizer
-    _save_tokenizer(tokenizer, out)
+    _save_tokenizer(tokenizer, out, say_no_unk_token=True)
     eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in built.eos]
     arch = ARCHITECTURES[renderer]
     with torch.random.fork_rng(devices=[]):
@@ -350,7 +417,25 @@ def _build_format(out: Path, seed: int, config: TinyModelConfig, renderer: str) 
         eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
     )
     model.save_pretrained(out)
+    if arch.model_type == "nemotron_h":
+        _name_layers_by_pattern(out / "config.json")
     return built.source
+
+
+def _name_layers_by_pattern(config_json: Path) -> None:
+    """Nemotron-H's layers in config.json as Nemotron 3's own config.json names them: a
+    hybrid_override_pattern (M Mamba2, E MoE, * attention, - MLP) and num_hidden_layers. transformers
+    5 writes layers_block_type in its own names (linear_attention, full_attention), which SGLang's
+    and vLLM's NemotronHConfig refuse; it reads the pattern back as the same layers."""
+    import transformers
+
+    model_config = json.loads(config_json.read_text())
+    layers = model_config.pop("layers_block_type")
+    model_config.pop("mtp_layers_block_type")  # in the same names; there are no MTP layers (num_nextn_predict_layers 0)
+    model_config["hybrid_override_pattern"] = transformers.NemotronHConfig._list_to_pattern(layers)
+    model_config["num_hidden_layers"] = len(layers)
+    # As transformers writes config.json (PreTrainedConfig.to_json_string).
+    config_json.write_text(json.dumps(model_config, indent=2, sort_keys=True) + "\n")
 
 
 def _build_qwen3(out: Path, seed: int, config: TinyModelConfig) -> None:
@@ -395,7 +480,8 @@ def format_recipe_hash(renderer: str, config: TinyModelConfig | None = None) -> 
 
     recipe = json.dumps([
         FORMAT_RECIPE_VERSION, renderer, asdict(config or TinyModelConfig()), asdict(ARCHITECTURES[renderer]), MOE,
-        MLA, DEEPSEEK_YARN, REAL_CONFIG_KEYS, CORPUS, WORDS, tokenizer_fingerprint(renderer),
+        MLA, SLIDING_WINDOW, INDEXER, FULL_ATTENTION_INTERVAL, GATED_DELTA_NET, NEMOTRON_H_PATTERN, MAMBA2,
+        GPT_OSS_YARN, DEEPSEEK_YARN, REAL_CONFIG_KEYS, CORPUS, WORDS, tokenizer_fingerprint(renderer),
     ])
     return hashlib.sha256(recipe.encode()).hexdigest()[:16]
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from slime_harbor.exits import ConfigError
 from slime_harbor.grpo import episode_advantages, grpo_loss, masked_mean, rft_loss
 from slime_harbor.policy.chat_formats import keep_record
 from slime_harbor.policy.weights import peft_quietly
@@ -115,9 +116,18 @@ class Policy:
             # lora_dropout 0: the trained forward pass must be the one the engine sampled with.
             lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
                               target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")
-            with peft_quietly():
-                model = (PeftModel.from_pretrained(base, checkpoint, is_trainable=True) if checkpoint is not None
-                         else get_peft_model(base, lora))
+            from peft.utils.error import NoMatchingPeftModuleError
+
+            try:
+                with peft_quietly():
+                    model = (PeftModel.from_pretrained(base, checkpoint, is_trainable=True) if checkpoint is not None
+                             else get_peft_model(base, lora))
+            except NoMatchingPeftModuleError:
+                # A model whose attention projections have other names (a Mamba- or linear-attention-
+                # only one); layers without them (a hybrid's Mamba layers) are fine as long as some match.
+                raise ConfigError(f"--lora-target-modules {' '.join(cfg.lora_target_modules)}: no module of "
+                                  f"{base_model} ({base.config.model_type}) has these names; name its linear layers, "
+                                  "or train every weight with --no-lora") from None
             reference = None
         else:
             model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).to(device) if checkpoint else base
