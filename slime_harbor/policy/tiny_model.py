@@ -222,7 +222,11 @@ MLA = {"kv_lora_rank": 32, "q_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_h
 # each gated delta-net layer (their own after every 3). Nemotron 3's pattern (Mamba2 M, MoE E,
 # attention *) is its own in small: each mixer layer followed by an MoE one.
 SLIDING_WINDOW = 8
-INDEXER = {"index_topk": 4, "index_head_dim": 32, "index_n_heads": 4}
+# 16 indexer heads (GLM-5's: 32): a key's score sums ReLU(q.k) over heads, so with 4 heads one key
+# in 16 scores exactly 0, and the top-4 among such ties is picked one way by a whole-sequence
+# forward and another by a decode step: the engine's logprobs were 0.34 nats off the trainer's alone
+# (1.3e-05 with 16).
+INDEXER = {"index_topk": 4, "index_head_dim": 32, "index_n_heads": 16}
 FULL_ATTENTION_INTERVAL = 2
 GATED_DELTA_NET = {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32,
                    "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4}
@@ -254,7 +258,7 @@ REAL_CONFIG_KEYS = {
                 "initial_context_length": GPT_OSS_YARN["original_max_position_embeddings"]},
 }
 # Bump when a non-qwen3 format's build changes in a way the inputs of format_recipe_hash do not show.
-FORMAT_RECIPE_VERSION = 2
+FORMAT_RECIPE_VERSION = 3
 
 
 def _model(arch: Architecture, config: TinyModelConfig, vocab_size: int, eos_id: int, pad_id: int | None,
