@@ -1,9 +1,11 @@
 """Policy-engine throughput on this machine: our embedded engine against the real SGLang and vLLM.
 
-Each engine serves the same model (the cached tiny offline model unless --model-dir) and gets the
-same prompt, tokenized once with the model's tokenizer and sent as token ids, with the same
-sampling (temperature 1.0, ignore_eos, logprobs of the sampled tokens), so every request makes
-exactly --max-new-tokens tokens:
+Each engine serves the same model (the cached tiny offline model, unless --model-dir, or --renderer
+NAME: that chat format's tiny checkpoint, tiny_model.ensure_tiny_model(renderer=NAME), its family's
+own architecture; the model's layers and parameters are printed) and gets the same prompt,
+tokenized once with the model's tokenizer and sent as token ids, with the same sampling
+(temperature 1.0, ignore_eos, logprobs of the sampled tokens), so every request makes exactly
+--max-new-tokens tokens:
 
     embedded   slime_harbor.policy.server.EmbeddedPolicyServer in this process, as the trainers
                run it (EngineConfig(max_batch_size=max(32, --concurrency)), all else its defaults);
@@ -23,7 +25,7 @@ warm-up, then --rounds single requests and --rounds waves of --concurrency simul
 interleaved so that background load hits both settings alike; medians are reported.
 
     .venv/bin/python bench/engine_throughput.py [--engines embedded,sglang,vllm] [--max-new-tokens 256]
-        [--concurrency 8] [--rounds 3] [--model-dir DIR]
+        [--concurrency 8] [--rounds 3] [--model-dir DIR | --renderer NAME]
 
 Prints one line per engine, then each real engine's ratio to the embedded one:
 
@@ -184,6 +186,34 @@ def run_real(engine: str, model_dir: Path, prompt_ids: list[int], args) -> Resul
             os.unlink(log_path)
 
 
+PATTERN_KINDS = {"M": "mamba2", "E": "moe", "*": "attention", "-": "mlp"}
+"""Nemotron-H's hybrid_override_pattern letters."""
+
+
+def describe(model_dir: Path) -> str:
+    """The model's type, parameters (and those outside the embedding and LM head, which the large
+    vocabularies dominate) and its layers by kind, from its config.json and weights."""
+    import collections
+    import json
+    import math
+
+    from safetensors import safe_open
+
+    config = json.loads((model_dir / "config.json").read_text())
+    total = outside = 0
+    for weights in model_dir.glob("*.safetensors"):
+        with safe_open(weights, "pt") as f:
+            for name in f.keys():
+                n = math.prod(f.get_slice(name).get_shape())
+                total += n
+                outside += 0 if "embed" in name or "lm_head" in name else n
+    kinds = (config.get("layer_types") or [PATTERN_KINDS.get(c, c) for c in config.get("hybrid_override_pattern") or ""]
+             or ["attention"] * config.get("num_hidden_layers", 0))
+    counts = ", ".join(f"{n} {kind}" for kind, n in collections.Counter(kinds).items())
+    return (f"{config.get('model_type')}, {total / 1e6:.1f} M parameters ({outside / 1e6:.2f} M outside the "
+            f"embedding and LM head), {len(kinds)} layers: {counts}")
+
+
 def ratio(x: float) -> str:
     return f"{x:.1f}x" if x >= 1 else f"{x:.2f}x"
 
@@ -196,6 +226,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engines", default="embedded,sglang,vllm", help="comma-separated, run in this order")
     parser.add_argument("--model-dir", help="HF model dir (default: the cached tiny offline model)")
+    parser.add_argument("--renderer", help="a chat format's tiny checkpoint instead (make-model --renderer NAME)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3, help="timed waves per setting (median reported)")
@@ -204,6 +235,8 @@ def main() -> None:
     unknown = set(engines) - {"embedded", "sglang", "vllm"}
     if unknown:
         parser.error(f"unknown engines: {', '.join(sorted(unknown))} (embedded, sglang, vllm)")
+    if args.model_dir and args.renderer:
+        parser.error("--model-dir and --renderer name two models: give one")
     # SIGTERM (e.g. a timeout) unwinds like Ctrl-C, so the finally blocks stop the running engine.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -216,10 +249,10 @@ def main() -> None:
 
     from slime_harbor.policy.tiny_model import ensure_tiny_model
 
-    model_dir = Path(args.model_dir) if args.model_dir else ensure_tiny_model()
+    model_dir = Path(args.model_dir) if args.model_dir else ensure_tiny_model(renderer=args.renderer or "qwen3")
     prompt_ids = AutoTokenizer.from_pretrained(model_dir).encode(PROMPT, add_special_tokens=False)
-    log(f"model {model_dir}, prompt {len(prompt_ids)} tokens, {args.max_new_tokens} new tokens per request, "
-        f"1 and {args.concurrency} streams, median of {args.rounds} rounds, {os.cpu_count()} CPUs")
+    log(f"model {model_dir} ({describe(model_dir)}), prompt {len(prompt_ids)} tokens, {args.max_new_tokens} new "
+        f"tokens per request, 1 and {args.concurrency} streams, median of {args.rounds} rounds, {os.cpu_count()} CPUs")
     if args.concurrency > 8 and {"sglang", "vllm"} & set(engines):
         log(f"note: on a CPU the real engines run at most 8 requests at once (engine_launcher.py); the other "
             f"{args.concurrency - 8} of each wave wait")
