@@ -152,8 +152,8 @@ def merge(first: DynamicCache, second: DynamicCache, width: int) -> DynamicCache
         for name, dim in kind.columns:
             if getattr(a, name) is not None:
                 keep = kind.width(a, width)
-                setattr(merged, name, torch.cat([_left_pad(getattr(a, name), keep, dim),
-                                                 _left_pad(getattr(b, name), keep, dim)]))
+                setattr(merged, name, torch.cat([left_pad(getattr(a, name), keep, dim),
+                                                 left_pad(getattr(b, name), keep, dim)]))
         for name in kind.states:
             setattr(merged, name, {i: None if s is None else torch.cat([s, getattr(b, name)[i]])
                                    for i, s in getattr(a, name).items()})
@@ -205,7 +205,8 @@ def _cache_of(template: DynamicCache, layers: list) -> DynamicCache:
     return cache
 
 
-def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+def left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """`t` widened to `width` along `dim` with zeros before it (the batch's padding columns)."""
     missing = width - t.shape[dim]
     if missing == 0:
         return t

@@ -27,7 +27,7 @@ class Batch:
             return other
         width = max(self.mask.shape[1], other.mask.shape[1])
         cache = cache_layers.merge(self.cache, other.cache, width)
-        mask = torch.cat([_left_pad(self.mask, width), _left_pad(other.mask, width)])
+        mask = torch.cat([cache_layers.left_pad(self.mask, width, 1), cache_layers.left_pad(other.mask, width, 1)])
         return Batch(self.rows + other.rows, cache, mask, torch.cat([self.next_pos, other.next_pos]))
 
     def select(self, keep: list[int]) -> Batch:
@@ -100,7 +100,3 @@ def eos_token_ids(model, tokenizer) -> frozenset[int]:
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return frozenset(ids)
-
-
-def _left_pad(mask: torch.Tensor, width: int) -> torch.Tensor:
-    return torch.cat([mask.new_zeros((mask.shape[0], width - mask.shape[1])), mask], dim=1)
