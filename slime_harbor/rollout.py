@@ -612,6 +612,7 @@ def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, inter
     for e in sorted(episodes, key=lambda e: e.index):
         per_task[e.task_name].append(e.reward)
     samples = [s for e in episodes for s in e.samples]  # as samples.jsonl holds them
+    grading = run_counts(episodes)  # every defence's counters (grade.COUNTERS), hack_rate, twin_coverage
     return {
         "n_trials": len(episodes),
         "status_counts": {s.value: statuses.get(s.value, 0) for s in SampleStatus},
@@ -633,8 +634,9 @@ def summarize(episodes: list[Episode], cfg: RolloutConfig, seconds: float, inter
         # reruns of aborted episodes (transient failures), within each task's retry budget
         "retries": sum(e.metadata.get("retries", 0) for e in episodes),
         # episodes whose grader detected tampering (scored 0), by kind
-        "tampering_counts": dict(Counter(k for e in episodes for k in (e.metadata.get("tampering") or []))),
-        **run_counts(episodes),  # every defence's counters (grade.COUNTERS), hack_rate, twin_coverage
+        "tampering_counts": {name.removeprefix("tampering/"): n for name, n in grading.items()
+                             if name.startswith("tampering/")},
+        **grading,
         # per task: whether its verifications were watched (and why not), the grading watch's coverage
         **({"grader_watch_tasks": tasks} if (tasks := watch_tasks(episodes)) else {}),
         "errors": {f"{e.task_name}#{e.index}": e.error for e in episodes if e.error},
