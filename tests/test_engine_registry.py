@@ -155,6 +155,19 @@ def test_a_kind_without_abilities_is_trained_against_without_pushes_or_checks(mo
     assert capsys.readouterr().err.count("cannot score a prompt") == 1
 
 
+def test_a_stopped_servers_port_is_asked_anew(tiny_model_dir):
+    """A server this package stops is forgotten: its port, probed again, answers for what is there now
+    (a port handed out again in the same process held a stale Embedded before)."""
+    from slime_harbor.policy.engines.base import Unrecognised
+    from slime_harbor.policy.engines.embedded import Embedded
+    from slime_harbor.policy.probe import probe
+    from slime_harbor.policy.server import EmbeddedPolicyServer
+
+    with EmbeddedPolicyServer(tiny_model_dir, port=free_port()) as server:
+        assert type(probe(server.url)) is Embedded
+    assert type(probe(server.url)) is Unrecognised
+
+
 def test_a_url_nothing_answers_is_not_remembered_as_a_kind(tiny_model_dir):
     """A server probed before it is up is asked again once it is: the first answer is not kept."""
     from slime_harbor.policy.engines.base import Unrecognised

@@ -28,6 +28,7 @@ from slime_harbor.policy.engines import ENGINE_TYPES
 from slime_harbor.policy.engines.abilities import StartsFromVenv
 from slime_harbor.policy.engines.base import INITIAL_WEIGHT_VERSION, EngineMissing
 from slime_harbor.policy.engines.embedded import Embedded
+from slime_harbor.policy.probe import forget
 
 ENGINES = (Embedded.name, *ENGINE_TYPES)
 """The `--engine` names: ours (in-process, policy/server.py) and the ones we start (policy/engines/)."""
@@ -132,6 +133,7 @@ class EngineProcess:
                 break
         process.poll()
         self.process = None
+        forget(self.url)
         self._close_starter_end()
 
     def _close_starter_end(self) -> None:

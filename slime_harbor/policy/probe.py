@@ -5,6 +5,7 @@ its abilities. So `--policy-url` takes any engine's root with no other flag.
     probe(url)                 the Engine there (its kind's class; Unrecognised when none answers)
     weight_version(url)        the version it serves now, where its kind says (ReportsVersion)
     server_dtype(url)          float32 | bfloat16 | ..., where its kind says (ReportsDtype)
+    forget(url)                called by a server this package stops: the next one on its port is asked anew
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from slime_harbor.policy.engines.abilities import ReportsDtype, ReportsVersion
 from slime_harbor.policy.engines.base import Engine, ServerAnswers, Unrecognised
 
 _RECOGNISED: dict[str, Engine] = {}
-"""Engines already recognised, by root URL (a URL nothing answered yet is asked again next time)."""
+"""Engines already recognised, by root URL (a URL nothing answered yet is asked again next time; a
+server this package stops is forgotten, since its port may next serve another kind or nothing)."""
 
 
 def probe(url: str, timeout: float = 10.0) -> Engine:
@@ -41,3 +43,8 @@ def server_dtype(url: str) -> str | None:
     """The dtype ``url`` computes in (None where its kind does not say)."""
     engine = probe(url)
     return engine.dtype() if isinstance(engine, ReportsDtype) else None
+
+
+def forget(url: str) -> None:
+    """Drop what ``url`` was recognised as: its server stopped."""
+    _RECOGNISED.pop(url.rstrip("/"), None)

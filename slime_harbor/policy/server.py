@@ -61,6 +61,7 @@ from fastapi.responses import JSONResponse, Response
 from slime_harbor.http_api import BadRequest, bad_request_reply, json_object, openai_error
 from slime_harbor.policy.embedded_engine import EngineConfig, SamplingEngine
 from slime_harbor.policy.engines.embedded import SERVER_NAME
+from slime_harbor.policy.probe import forget
 from slime_harbor.policy.sampling import Generation, SamplingParams
 
 # SGLang sampling params we accept without implementing, with the value that makes them no-ops.
@@ -489,6 +490,7 @@ class EmbeddedPolicyServer:
         self._server.should_exit = True
         self._thread.join(timeout=30)
         self._socket.close()
+        forget(self.url)
         if self._owns_engine:
             self.engine.close()
 
