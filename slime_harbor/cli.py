@@ -26,7 +26,7 @@ from slime_harbor.policy.engine_launcher import ENGINES
 from slime_harbor.policy.engines import ENGINE_TYPES
 from slime_harbor.policy.engines.embedded import Embedded
 from slime_harbor.policy.sampling import SamplingParams
-from slime_harbor.policy.tiny_model import build_tiny_model, ensure_tiny_model
+from slime_harbor.policy.tiny_model import TinyModelConfig, build_tiny_model, ensure_tiny_model
 from slime_harbor.policy.weight_check import WeightMismatch
 from slime_harbor.run_config import DEFAULT_TASKS, RolloutConfig, run_setting_choices
 
@@ -318,6 +318,9 @@ def build_parser(demo_agent: str = "native") -> OneLineArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--renderer", default="qwen3", choices=list(FORMATS), metavar="NAME",
                    help=f"the chat format (a renderers name), recorded in the checkpoint: {', '.join(FORMATS)}")
+    p.add_argument("--trained-vocab", action="store_true",
+                   help="a BPE trained here with the family's added tokens, not its real tokenizer "
+                   "(qwen3.5, qwen3.6: ~2k ids, where 248k make the LM head most of a CPU training step)")
 
     p = sub.add_parser("serve", help="serve the policy: our embedded engine (the /generate and OpenAI "
                        "/v1/completions APIs), or a real engine from its venv")
@@ -419,7 +422,11 @@ def run_command(argv: list[str], guard: SignalGuard) -> None:
 
         impossible_tasks(a.tasks, a.out, a.env, a.check)
     elif a.command == "make-model":
-        print(build_tiny_model(a.out, seed=a.seed, renderer=a.renderer))
+        try:
+            print(build_tiny_model(a.out, seed=a.seed, renderer=a.renderer,
+                                   config=TinyModelConfig(trained_vocab=a.trained_vocab)))
+        except ValueError as exc:  # a format with no trained vocabulary (gpt-oss: harmony's own ids)
+            raise ConfigError(str(exc)) from None
     elif a.command == "serve":
         model = a.model or str(ensure_tiny_model())
         if a.engine == Embedded.name:

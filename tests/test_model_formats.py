@@ -233,3 +233,44 @@ def test_train_local_puts_lora_on_the_attention_of_each_hybrid_and_trains_it(for
     result = train_on_samples(policy, samples, cfg, "cpu")
     assert result["n_trained_samples"] == 2 and math.isfinite(result["loss"])
     assert any(not torch.equal(a, b) for a, b in zip(before, policy.params))
+
+
+@pytest.mark.parametrize("name", ["qwen3.5", "qwen3.6"])
+def test_trained_vocab_speaks_the_format_as_the_real_tokenizer_does(format_dirs, tmp_path, name):
+    """`make-model --trained-vocab` (the demo's checkpoint): a ~2k BPE with Qwen3.5's added tokens, in
+    their order and flags. The renderer writes the same text with it as with the real 248k vocabulary,
+    parses the same tool call, and the model has the real architecture."""
+    from renderers import create_renderer
+    from renderers.configs import _config_class_for
+
+    from slime_harbor.cli import main
+
+    main(["make-model", "--out", str(tmp_path / "m"), "--renderer", name, "--trained-vocab"])
+    real_tokenizer, small_tokenizer = (AutoTokenizer.from_pretrained(d) for d in (format_dirs[name], tmp_path / "m"))
+    record = json.loads((tmp_path / "m" / CHECKPOINT_RECORD).read_text())
+    assert record["vocab_size"] == len(small_tokenizer) < 2100 and record["tokenizer"].startswith("trained")
+    assert record["architecture"] == OWN_ARCHITECTURE[name] and choose_renderer(tmp_path / "m") == name
+    real_added, small_added = (
+        [(t.content, t.special) for _, t in sorted(tok.added_tokens_decoder.items())] for tok in (real_tokenizer, small_tokenizer))
+    assert small_added == real_added and len(small_added) == 33
+
+    texts, calls = [], []
+    for tokenizer in (real_tokenizer, small_tokenizer):
+        renderer = create_renderer(tokenizer, _config_class_for(name)(thinking_retention="all"))
+        prompt = renderer.render_ids(PROMPT, tools=TOOLS, add_generation_prompt=True)
+        history = renderer.render_ids(PROMPT + [CALL], tools=TOOLS)
+        texts.append(tokenizer.decode(history))
+        calls.append(renderer.parse_response(history[len(prompt):], prompt_ids=prompt, tools=TOOLS).tool_calls)
+        assert set(renderer.get_stop_token_ids()) == {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
+    assert texts[0] == texts[1] and [(c.name, c.arguments) for c in calls[1]] == [("bash", {"command": "ls -la"})]
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "m").config.vocab_size == len(small_tokenizer)
+
+
+def test_trained_vocab_is_refused_in_one_line_where_the_format_has_none(tmp_path, capsys):
+    from slime_harbor.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["make-model", "--out", str(tmp_path / "m"), "--renderer", "gpt-oss", "--trained-vocab"])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1
+    assert "no trained vocabulary for chat format 'gpt-oss' (openai-harmony renders it with o200k's own ids)" in err

