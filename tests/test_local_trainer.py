@@ -413,3 +413,23 @@ def test_mask_step_limit_masks_episodes_the_gateway_ended_at_the_step_limit(tiny
     assert all(s.status == SampleStatus.TRUNCATED and s.metadata["exit_status"] == "step_limit" for s in samples)
     assert all(s.remove_sample and s.metadata["masked_by"] == "step_limit" for s in samples)
     assert m["filters"]["step_limit"] == len({s.index for s in samples}) > 0, m
+
+
+def test_train_locals_own_server_takes_no_weight_update_over_http(tiny_model_dir, tmp_path):
+    """Its engine is updated in this process, so its update routes take a key no one holds: a sandbox
+    or a node that reaches its port cannot swap the weights rollouts sample."""
+    import httpx
+
+    from slime_harbor.policy.server import UPDATE_ROUTES
+    from slime_harbor.trainers.learner import Learner
+    from slime_harbor.trainers.local_config import LocalTrainConfig
+
+    cfg = LocalTrainConfig(model=str(tiny_model_dir), output_dir=tmp_path / "out", weight_check="off")
+    learner = Learner(cfg, str(tiny_model_dir), "cpu", None, tmp_path / "out", 0)
+    try:
+        for path in UPDATE_ROUTES:
+            assert httpx.post(learner.url + path, json={}).status_code == 401, path
+        assert httpx.post(learner.url + "/update_weights_from_disk", json={"model_path": str(tiny_model_dir)},
+                          headers={"Authorization": "Bearer guess"}).status_code == 403
+    finally:
+        learner.close()

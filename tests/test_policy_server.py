@@ -384,3 +384,38 @@ def test_serve_blocks_until_terminated(tiny_model_dir):
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_update_routes_need_the_runs_admin_key(tiny_model_dir, model, tmp_path, monkeypatch, capsys):
+    """With an admin key (SLIME_HARBOR_ADMIN_KEY, or train-local's own random one) the routes that swap
+    or label the served weights answer 401 without it and 403 to another key: a sandbox or node that
+    reaches the port cannot push weights. Sampling stays open; the trainer's push sends the key."""
+    from transformers import AutoTokenizer
+
+    from slime_harbor.cli import main
+    from slime_harbor.policy.engines.abilities import ADMIN_KEY_VAR, WeightSyncError
+    from slime_harbor.policy.server import UPDATE_ROUTES
+    from slime_harbor.policy.weights import WeightSync
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    monkeypatch.setenv(ADMIN_KEY_VAR, "sk-run-admin")
+    with EmbeddedPolicyServer(tiny_model_dir) as server:  # the key from the environment
+        answers = {}
+        for path in sorted(UPDATE_ROUTES):
+            for who, headers in (("none", {}), ("other", {"Authorization": "Bearer sk-sandbox"})):
+                answers[path, who] = httpx.post(server.url + path, json={}, headers=headers).status_code
+        assert answers == {(p, who): {"none": 401, "other": 403}[who] for p in UPDATE_ROUTES for who in ("none", "other")}
+        assert httpx.post(server.url + "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}},
+                          timeout=60).status_code == 200
+        assert WeightSync(server.url, "disk", tmp_path / "pushed").push(model, tokenizer, 1) is True
+        assert server.engine.weight_version == 1
+        monkeypatch.delenv(ADMIN_KEY_VAR)  # a caller without the key: refused, the weights stay
+        with pytest.raises(WeightSyncError, match="HTTP 401"):
+            WeightSync(server.url, "disk", tmp_path / "pushed2").push(model, tokenizer, 2)
+        assert server.engine.weight_version == 1
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:  # beyond loopback without a key: refused before loading
+        main(["serve", "--model", str(tiny_model_dir), "--host", "0.0.0.0", "--port", str(free_port())])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and ADMIN_KEY_VAR in err

@@ -48,6 +48,8 @@ from __future__ import annotations
 import array
 import asyncio
 import base64
+import os
+import secrets
 import socket
 import threading
 import time
@@ -55,11 +57,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
-from slime_harbor.http_api import BadRequest, bad_request_reply, json_object, openai_error
+from slime_harbor.exits import ConfigError
+from slime_harbor.http_api import BadRequest, bad_request_reply, is_loopback, json_object, openai_error
 from slime_harbor.policy.embedded_engine import EngineConfig, SamplingEngine
+from slime_harbor.policy.engines.abilities import ADMIN_KEY_VAR
 from slime_harbor.policy.engines.embedded import SERVER_NAME
 from slime_harbor.policy.probe import forget
 from slime_harbor.policy.sampling import Generation, SamplingParams
@@ -78,13 +82,22 @@ _NEUTRAL_PARAMS = {
 _IGNORED_PARAMS = {"logit_bias"}
 
 
-class PolicyServer:
-    """The FastAPI app over one SamplingEngine (`.app`)."""
+UPDATE_ROUTES = frozenset({"/update_weights_from_disk", "/load_lora_adapter", "/unload_lora_adapter",
+                           "/pause_generation", "/continue_generation", "/update_weight_version"})
+"""The routes that change what the server samples or when: with an admin key, only a caller holding it
+reaches them (a sandbox or another node that reaches the port must not swap the weights)."""
 
-    def __init__(self, engine: SamplingEngine, model_name: str = "tiny-qwen3", model_path: str | None = None):
+
+class PolicyServer:
+    """The FastAPI app over one SamplingEngine (`.app`). With `admin_key`, UPDATE_ROUTES answer 401
+    to a call without it as a bearer token, 403 to another key."""
+
+    def __init__(self, engine: SamplingEngine, model_name: str = "tiny-qwen3", model_path: str | None = None,
+                 admin_key: str | None = None):
         self.engine = engine
         self.model_name = model_name
         self.model_path = model_path  # what /get_model_info reports; updated by /update_weights_from_disk
+        self.admin_key = admin_key
         self.app = FastAPI(title="slime-harbor policy server")
         self.app.exception_handler(BadRequest)(self._bad_request)
         self.app.exception_handler(ValueError)(self._bad_request)  # e.g. the engine refusing a prompt
@@ -107,7 +120,19 @@ class PolicyServer:
             ("GET", "/v1/loads", self.loads),
         ]
         for method, path, handler in routes:
-            self.app.add_api_route(path, handler, methods=[method])
+            keyed = [Depends(self._admin)] if path in UPDATE_ROUTES else None
+            self.app.add_api_route(path, handler, methods=[method], dependencies=keyed)
+
+    def _admin(self, request: Request) -> None:
+        """An update route's caller holds the admin key (where the server has one)."""
+        if self.admin_key is None:
+            return
+        auth = request.headers.get("authorization", "")
+        key = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        if not key:
+            raise HTTPException(401, f"{request.url.path} needs the run's admin key (Authorization: Bearer)")
+        if not secrets.compare_digest(key.encode(), self.admin_key.encode()):
+            raise HTTPException(403, f"{request.url.path}: this is not the run's admin key")
 
     # ----- SGLang native ----------------------------------------------------------------------
 
@@ -457,6 +482,7 @@ class EmbeddedPolicyServer:
         model_name: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        admin_key: str | None = None,
     ):
         import uvicorn
 
@@ -465,7 +491,8 @@ class EmbeddedPolicyServer:
         self._owns_engine = engine is None
         self.engine = engine or load_engine(model_dir, engine_config)
         name = model_name or (Path(model_dir).name if model_dir else "policy")
-        self.policy = PolicyServer(self.engine, name, str(model_dir) if model_dir else None)
+        admin_key = admin_key or os.environ.get(ADMIN_KEY_VAR)
+        self.policy = PolicyServer(self.engine, name, str(model_dir) if model_dir else None, admin_key)
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY (asyncio)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
@@ -511,9 +538,13 @@ def serve(
     """Serve `model_dir` until interrupted (Ctrl-C / SIGTERM)."""
     import uvicorn
 
+    admin_key = os.environ.get(ADMIN_KEY_VAR)
+    if admin_key is None and not is_loopback(host):
+        raise ConfigError(f"serve --host {host} listens beyond loopback: set {ADMIN_KEY_VAR} so that only the "
+                          "run holding it can update the served weights")
     engine = load_engine(model_dir, engine_config)
     try:
-        policy = PolicyServer(engine, model_name or Path(model_dir).name, str(model_dir))
+        policy = PolicyServer(engine, model_name or Path(model_dir).name, str(model_dir), admin_key)
         uvicorn.run(policy.app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
         pass

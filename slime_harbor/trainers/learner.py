@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import json
 import random
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -337,7 +338,10 @@ class Learner:
             served = copy.deepcopy(self.policy.model) if self.asynchronous else self.policy.model
             self.engine = self._stack.enter_context(SamplingEngine(served, self.policy.tokenizer, engine_config))
             self.engine.weight_version = start
-            server = EmbeddedPolicyServer(engine=self.engine, model_name="policy", host=host)
+            # Its updates happen in this process: no caller needs its update routes, so a key no
+            # one holds shuts them to anything that reaches the port (a sandbox, another node).
+            server = EmbeddedPolicyServer(engine=self.engine, model_name="policy", host=host,
+                                          admin_key=secrets.token_hex(24))
             self.url = self._stack.enter_context(server).url
             cause = "the engine's copy of the weights is not the trained module"
         # Before the first rollout: the server samples the weights this run starts from (an

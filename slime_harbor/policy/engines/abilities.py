@@ -12,7 +12,8 @@ push: old logprobs are recomputed; no version: its calls are unlabelled; no scor
     LoadsLoRA          loads and unloads LoRA adapters by name (rollouts name the one they sample)
     ScoresPrompts      scores a prompt from one prefill through its wire API (the weight check)
 
-The update endpoints answer through `call`: WeightSyncError when the server fails or refuses,
+The update endpoints answer through `call`, which sends the run's key (`ADMIN_KEY_VAR`) as a bearer
+token where the environment holds one: WeightSyncError when the server fails or refuses,
 EndpointMissing (one of them) when it does not serve the endpoint at all (404 / 405), which a
 trainer in weight sync "auto" reads as "this server takes no pushes".
 """
@@ -24,6 +25,19 @@ from pathlib import Path
 from typing import ClassVar
 
 import httpx
+
+
+ADMIN_KEY_VAR = "SLIME_HARBOR_ADMIN_KEY"
+"""The variable holding the key a policy server's weight-update routes take (our embedded server
+refuses them without it where it has one; SGLang's --admin-api-key reads the same bearer token)."""
+
+
+def admin_headers() -> dict[str, str]:
+    """The run's key as a bearer token, for an update call (none where the environment holds none)."""
+    import os
+
+    key = os.environ.get(ADMIN_KEY_VAR)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 class WeightSyncError(RuntimeError):
@@ -123,7 +137,7 @@ def call(url: str, payload: dict, timeout_s: float, check: bool = True) -> bool:
     ``check``: EndpointMissing when it is not served, WeightSyncError when it failed. Unreachable:
     WeightSyncError either way."""
     try:
-        response = httpx.post(url, json=payload, timeout=timeout_s)
+        response = httpx.post(url, json=payload, timeout=timeout_s, headers=admin_headers())
     except httpx.HTTPError as error:
         raise WeightSyncError(f"{url} failed: {type(error).__name__}: {error}") from error
     if check and response.status_code in (404, 405):

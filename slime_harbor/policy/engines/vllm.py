@@ -22,7 +22,8 @@ from pathlib import Path
 import httpx
 
 from slime_harbor.policy.engines.abilities import (
-    LoadsLoRA, ReportsDtype, ReportsVersion, ScoresPrompts, StartsFromVenv, UpdatesFromDisk, WeightSyncError, call,
+    LoadsLoRA, ReportsDtype, ReportsVersion, ScoresPrompts, StartsFromVenv, UpdatesFromDisk, WeightSyncError, admin_headers,
+    call,
 )
 from slime_harbor.policy.engines.base import INITIAL_WEIGHT_VERSION, Engine, ServerAnswers, get_json, package_path
 from slime_harbor.policy.wire_api import COMPLETIONS_API, CompletionsAPI
@@ -104,7 +105,7 @@ class VLLM(Engine, StartsFromVenv, ReportsVersion, ReportsDtype, UpdatesFromDisk
         if self.has_worker_extension is not False:
             try:
                 reply = httpx.post(url, json={"method": RELOAD_METHOD, "kwargs": {"weights_path": str(path)}},
-                                   timeout=timeout_s)
+                                   timeout=timeout_s, headers=admin_headers())
             except httpx.HTTPError as error:
                 raise WeightSyncError(f"{url} failed: {type(error).__name__}: {error}") from error
             if reply.status_code == 200:
