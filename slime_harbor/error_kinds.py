@@ -81,6 +81,8 @@ ERRORS: dict[str, Row] = {
     "cli:CommandFailed": Row(USER, FAILED),
     "hooks:HookConfigError": Row(USER, FAILED),
     "http_api:BadRequest": Row(USER, FAILED),
+    # answered 401 / 403 to the caller, never raised into a trial: an agent given no key is the user's
+    "gateway.wire:KeyRefused": Row(USER, FAILED),
     "policy.renderer:RendererError": Row(USER, FAILED),
     "policy.engines.base:EngineMissing": Row(USER, FAILED),
     # ours: the task's

@@ -122,7 +122,7 @@ HOOK_KNOBS = {
     "harbor_hack_action": "hack_action", "harbor_hack_detectors": "hack_detectors",
     "harbor_hack_judge_url": "hack_judge_url", "harbor_hack_judge_model": "hack_judge_model",
     "harbor_impossible_twin": "impossible_twin", "harbor_grader_watch": "grader_watch",
-    "harbor_renderer": "renderer",
+    "harbor_renderer": "renderer", "harbor_gateway_keys": "gateway_keys",
 }
 """The plugin's settings that are a rollout's knobs: key -> the RolloutConfig field it is (its type,
 default and docs are that field's, declared once there)."""

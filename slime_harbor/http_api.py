@@ -1,6 +1,7 @@
 """What our two HTTP servers share: the policy server (SGLang's protocol, policy/server.py) and the
 gateway (the agents' APIs, gateway/). A request either is a JSON object the server can serve or is
-refused with a 400 that names the field at fault, in OpenAI's error shape, which both speak.
+refused with a 400 that names the field at fault, in OpenAI's error shape, which both speak. And
+which bind addresses stay on this machine (is_loopback: both ask for a key beyond it).
 """
 
 from __future__ import annotations
@@ -47,3 +48,15 @@ def openai_error(status: int, message: str, kind: str, param: str | None = None,
 
 def bad_request_reply(error: BadRequest) -> JSONResponse:
     return openai_error(400, str(error), "invalid_request_error", error.param, error.code)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind address is this machine's loopback (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve beyond this machine
+        return False

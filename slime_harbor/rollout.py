@@ -262,10 +262,14 @@ async def start_gateway(cfg: RolloutConfig):
     try:
         gateway = Gateway(cfg.policy_url, cfg.model_dir, host=cfg.gateway_host, port=0, renderer=cfg.renderer,
                           served_model_name=cfg.model_name, upstream_api=cfg.policy_api, lora_name=cfg.lora_name,
-                          reissue_aborted=cfg.reissue_aborted_calls, keep_interrupted=cfg.keep_interrupted_calls)
+                          reissue_aborted=cfg.reissue_aborted_calls, keep_interrupted=cfg.keep_interrupted_calls,
+                          require_keys={"on": True, "off": False}.get(cfg.gateway_keys))
         await gateway.start()
     except (ValueError, OSError) as exc:  # a model family without a reply parser, an address we cannot bind
         raise ConfigError(f"the model gateway for agent {cfg.agent!r} cannot start: {one_line(exc)}") from None
+    if gateway.require_keys:
+        print(f"model gateway on {gateway.host}:{gateway.port}: every call needs its trial's own key, which each "
+              "agent is handed with its URL (nothing to set)", file=sys.stderr)
     return gateway
 
 

@@ -65,6 +65,9 @@ class RunSettings:
     gateway_host: str = "127.0.0.1"
     """Address the model gateway binds (gateway agents). Loopback: our sandboxes reach it through
     their forward; a sandbox elsewhere (Modal, Daytona, E2B) needs an address it can reach."""
+    gateway_keys: str = "auto"
+    """auto | on | off: every gateway call must carry its trial's own key (handed to each agent with
+    its URL; none is refused 401, another trial's 403). auto: on when gateway_host is beyond loopback."""
     hack_action: str = "flag"
     """What a hack monitor flag does (hack_monitor.py): flag (recorded in metadata.hack_flags and
     counted) | penalty (scored as a failure) | screen (out of training and its group's baseline)."""
@@ -182,6 +185,8 @@ def with_engine(cfg: RolloutConfig) -> RolloutConfig:
 
 WATCH_SWITCH = ("on", "off")
 """RunSettings.grader_watch's values a user sets."""
+GATEWAY_KEYS = ("auto", "on", "off")
+"""RunSettings.gateway_keys' values."""
 WATCH_MODES = (*WATCH_SWITCH, "probe")
 """...and calibrate's "probe" for its empty-answer trials (grader_watch/verifier.py: PROBE)."""
 
@@ -192,7 +197,7 @@ def run_setting_choices() -> dict[str, tuple[str, ...]]:
     from slime_harbor.grading.impossible_twin import TWIN_SWITCH
 
     return {"reward_mapping": REWARD_MAPPINGS, "hack_action": HACK_ACTIONS, "impossible_twin": TWIN_SWITCH,
-            "grader_watch": WATCH_SWITCH}
+            "grader_watch": WATCH_SWITCH, "gateway_keys": GATEWAY_KEYS}
 
 
 def check_run_settings(settings: RunSettings) -> None:
@@ -212,6 +217,7 @@ def check_run_settings(settings: RunSettings) -> None:
          "a hack judge needs both a URL and a model (hack_judge_url, hack_judge_model)"),
         (settings.impossible_twin in TWIN_SWITCH, f"impossible_twin must be on or off, got {settings.impossible_twin!r}"),
         (settings.grader_watch in WATCH_MODES, f"grader_watch must be on or off, got {settings.grader_watch!r}"),
+        (settings.gateway_keys in GATEWAY_KEYS, f"gateway_keys must be auto, on or off, got {settings.gateway_keys!r}"),
     ]
     for ok, message in checks:
         if not ok:

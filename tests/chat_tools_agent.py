@@ -24,11 +24,11 @@ BASH_TOOL = {
 
 class ChatToolsAgent(BaseAgent):
     def __init__(self, logs_dir, model_name: str | None = None, api_base: str | None = None, max_turns: int = 3,
-                 **kwargs):
+                 api_key: str | None = None, **kwargs):
         super().__init__(logs_dir, model_name=model_name, **kwargs)
         if not api_base:
             raise ValueError("ChatToolsAgent needs api_base (the gateway session's OpenAI base URL)")
-        self.api_base = api_base
+        self.api_base, self.api_key = api_base, api_key
         self.max_turns = max_turns
 
     @staticmethod
@@ -44,7 +44,7 @@ class ChatToolsAgent(BaseAgent):
     async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
         from openai import AsyncOpenAI
 
-        client = AsyncOpenAI(base_url=self.api_base, api_key="any", max_retries=0, timeout=120)
+        client = AsyncOpenAI(base_url=self.api_base, api_key=self.api_key or "none", max_retries=0, timeout=120)
         messages = [{"role": "system", "content": "Solve the task with the bash tool."},
                     {"role": "user", "content": instruction}]
         turns = 0

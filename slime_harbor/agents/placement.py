@@ -174,13 +174,18 @@ def _agent_config(cfg, endpoint: ModelEndpoint | None):
             config.kwargs["step_limit"] = cfg.step_limit
     else:
         config.kwargs["api_base"] = endpoint.host_url
+        # The key is also a sensitive variable's value: Harbor scrubs it from every file of the trial
+        # dir (the kwargs in its config.json too).
         config.env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "HOSTED_VLLM_API_KEY": endpoint.api_key}
-        if takes_step_limit(agent_class(config)):  # a user's agent with a limit of its own
+        cls = agent_class(config)
+        if takes_kwarg(cls, "api_key"):  # a user's agent: the key beside api_base
+            config.kwargs["api_key"] = endpoint.api_key
+        if takes_step_limit(cls):  # a user's agent with a limit of its own
             config.kwargs["step_limit"] = cfg.step_limit
     if host_agent := HOST_GATEWAY_AGENTS.get(cfg.agent):
         config.kwargs.update(host_agent.agent_kwargs(context_window(cfg),
                                                      cfg.sampling.max_new_tokens, cfg.sampling.temperature,
-                                                     cfg.step_limit))
+                                                     cfg.step_limit, endpoint.api_key))
     for key, value in cfg.agent_kwargs.items():
         merge = isinstance(config.kwargs.get(key), dict) and isinstance(value, dict)
         config.kwargs[key] = {**config.kwargs[key], **value} if merge else value
@@ -190,12 +195,15 @@ def _agent_config(cfg, endpoint: ModelEndpoint | None):
 def takes_step_limit(cls) -> bool:
     """Whether a host-side agent class limits its own steps: its constructor takes ``step_limit``
     and it does not ask the gateway to (``GATEWAY_STEP_LIMIT``)."""
+    return not getattr(cls, "GATEWAY_STEP_LIMIT", False) and takes_kwarg(cls, "step_limit")
+
+
+def takes_kwarg(cls, name: str) -> bool:
+    """Whether an agent class's constructor names the keyword `name` (not just **kwargs)."""
     import inspect
 
-    if getattr(cls, "GATEWAY_STEP_LIMIT", False):
-        return False
     try:
-        return "step_limit" in inspect.signature(cls.__init__).parameters
+        return name in inspect.signature(cls.__init__).parameters
     except (TypeError, ValueError):
         return False
 

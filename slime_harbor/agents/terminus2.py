@@ -16,8 +16,9 @@ ENVIRONMENT_KWARGS = {"provide_tmux": True}
 """What it needs of the sandbox: tmux (our sandboxes provide it without opening the network)."""
 
 
-def agent_kwargs(max_context_len: int, max_new_tokens: int, temperature: float, step_limit: int) -> dict[str, Any]:
-    """Its AgentConfig kwargs for training through the gateway."""
+def agent_kwargs(max_context_len: int, max_new_tokens: int, temperature: float, step_limit: int,
+                 api_key: str) -> dict[str, Any]:
+    """Its AgentConfig kwargs for training through the gateway, with its session's `api_key`."""
     return {
         # The gateway records the tokens; terminus-2's own token-id fields are not needed.
         "collect_rollout_details": False,
@@ -38,6 +39,9 @@ def agent_kwargs(max_context_len: int, max_new_tokens: int, temperature: float, 
             "cache_read_input_token_cost": 0.0,
         },
         "llm_call_kwargs": {"max_tokens": max_new_tokens},
+        # It takes no api_key of its own; LiteLLM, which it calls with these, sends it as the bearer
+        # token (its env HOSTED_VLLM_API_KEY is not this process's).
+        "llm_kwargs": {"api_key": api_key},
     }
 
 

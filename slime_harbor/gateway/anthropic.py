@@ -36,7 +36,8 @@ from slime_harbor.gateway.wire import Dialect, function_tool, sse, status_of, to
 from slime_harbor.http_api import BadRequest, json_object
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
-ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "api_error"}
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 503: "api_error"}
 
 
 def anthropic_base_url(session, host: str | None = None) -> str:

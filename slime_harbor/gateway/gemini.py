@@ -47,7 +47,8 @@ from slime_harbor.gateway.turn import GatewayTurn, TurnRequest
 from slime_harbor.gateway.wire import Dialect, function_tool, status_of, tool_objects
 from slime_harbor.http_api import BadRequest, json_object
 
-STATUSES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 503: "UNAVAILABLE"}
+STATUSES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+            503: "UNAVAILABLE"}
 ACTIONS = ("generateContent", "streamGenerateContent", "countTokens")
 
 

@@ -27,8 +27,8 @@ from slime_harbor.gateway.gemini import GenerateContent
 from slime_harbor.gateway.responses import Responses
 from slime_harbor.gateway.session import fold_system_messages, GatewaySession, normalise_messages
 from slime_harbor.gateway.turn import GatewayTurn, TurnRequest
-from slime_harbor.gateway.wire import Dialect
-from slime_harbor.http_api import BadRequest
+from slime_harbor.gateway.wire import Dialect, KeyRefused
+from slime_harbor.http_api import BadRequest, is_loopback
 from slime_harbor.policy.chat_formats import FORMATS
 from slime_harbor.policy.client import PolicyClient
 from slime_harbor.policy.renderer import make_renderer
@@ -92,7 +92,7 @@ class Gateway:
     def __init__(self, upstream_url: str | None, model_dir: str | Path, host: str = "127.0.0.1", port: int = 0,
                  served_model_name: str = "policy", upstream_api: str = GENERATE_API, lora_name: str | None = None,
                  reissue_aborted: bool = False, keep_interrupted: bool = True, *, upstream: Upstream | None = None,
-                 renderer: str | None = None):
+                 renderer: str | None = None, require_keys: bool | None = None):
         from transformers import AutoTokenizer
 
         if (upstream is None) == (upstream_url is None):
@@ -112,6 +112,10 @@ class Gateway:
             reissue_aborted=reissue_aborted, keep_interrupted=keep_interrupted,
             tokenizer=self.tokenizer)  # see PolicyClient.generate
         self.host, self.port = host, port
+        self.require_keys = not is_loopback(host) if require_keys is None else require_keys
+        """Every call must carry its session's own key (else 401, another key 403). On by default
+        beyond loopback, where any host that reaches the port could otherwise drive a session named in
+        a path; on loopback only this machine's sandboxes reach it, each through its own forward."""
         self.sessions: dict[str, GatewaySession] = {}
         self._sessions_by_key: dict[str, GatewaySession] = {}  # each open session under its api_key
         self._server: _InLoopServer | None = None
@@ -221,19 +225,26 @@ class Gateway:
 
     # ---- serving one turn -------------------------------------------------------------------
     def session_of(self, request: Request, session_id: str | None, api_key: str | None = None) -> GatewaySession:
-        """The open session the path names (`session_id`; any key is then accepted), else the one
-        whose api_key the request carries: `api_key` (a dialect's own header), else its bearer token
-        or x-api-key. LookupError when there is none (the key is never echoed)."""
+        """The open session the path names (`session_id`), else the one whose api_key the request
+        carries: `api_key` (a dialect's own header), else its bearer token or x-api-key.
+        LookupError when there is none; with require_keys, KeyRefused for a call on a session without
+        its key (401) or with another (403). The key is never echoed."""
+        if api_key is None:
+            auth = request.headers.get("authorization", "")
+            api_key = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
         if session_id is not None:
             session = self.sessions.get(session_id)
             if session is None:
                 raise LookupError(f"no open gateway session {session_id!r}")
+            if self.require_keys and not secrets.compare_digest((api_key or "").encode(), session.api_key.encode()):
+                raise KeyRefused(403, "this API key is not the session's") if api_key else KeyRefused(
+                    401, "this gateway needs the session's API key (Authorization: Bearer, x-api-key or x-goog-api-key)")
             return session
-        if api_key is None:
-            auth = request.headers.get("authorization", "")
-            api_key = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
         session = self._sessions_by_key.get(api_key or "")
         if session is None:
+            if self.require_keys and not api_key:
+                raise KeyRefused(401, "this gateway needs the session's API key (Authorization: Bearer, x-api-key "
+                                      "or x-goog-api-key)")
             raise LookupError("no open gateway session has this API key (or name the session in the path: "
                               "/s/<session>/...)")
         return session

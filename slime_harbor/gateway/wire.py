@@ -24,7 +24,16 @@ from slime_harbor.gateway.session import GatewaySession, PolicyUnavailable
 from slime_harbor.gateway.turn import GatewayTurn, TurnRequest
 from slime_harbor.http_api import BadRequest, bad_request_reply, json_object, openai_error
 
-REFUSED = (BadRequest, LookupError, PolicyUnavailable)
+class KeyRefused(Exception):
+    """A call on a session without that session's own key (401), or with another key (403). The
+    key is never echoed."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+REFUSED = (BadRequest, LookupError, KeyRefused, PolicyUnavailable)
 """What a route answers with the dialect's error reply instead of raising."""
 
 
@@ -52,7 +61,8 @@ class Dialect:
 
     def refusal(self, error: Exception) -> Response:
         """The dialect's error reply: 400 for a BadRequest, 404 for an unknown session (LookupError),
-        503 when the policy cannot answer (PolicyUnavailable)."""
+        401 / 403 for a call without the session's key or with another (KeyRefused), 503 when the
+        policy cannot answer (PolicyUnavailable)."""
         raise NotImplementedError
 
     def model_list(self, request: Request) -> dict[str, Any] | None:
@@ -95,6 +105,8 @@ def status_of(error: Exception) -> tuple[int, str]:
         return 400, str(error)
     if isinstance(error, LookupError):
         return 404, str(error.args[0])
+    if isinstance(error, KeyRefused):
+        return error.status, str(error)
     return 503, str(error)
 
 
@@ -130,4 +142,7 @@ def openai_refusal(error: Exception) -> JSONResponse:
         return bad_request_reply(error)
     if status == 404:
         return openai_error(404, message, "not_found_error", None, "session_not_found")
+    if status in (401, 403):  # OpenAI's own types and code for a missing or wrong key
+        kind = "authentication_error" if status == 401 else "permission_error"
+        return openai_error(status, message, kind, None, "invalid_api_key")
     return openai_error(503, message, "service_unavailable", None, "policy_unavailable")
