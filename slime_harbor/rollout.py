@@ -69,7 +69,7 @@ from slime_harbor.agents.placement import (
     uses_gateway,
 )
 from slime_harbor.agents.settings import context_window
-from slime_harbor.run_config import check_config, RolloutConfig, with_chat_format, with_engine
+from slime_harbor.run_config import check_config, gateway_keys_on, RolloutConfig, with_chat_format, with_engine
 from slime_harbor.trial_setup import (
     environment_config,
     environment_keeps_state,
@@ -263,7 +263,7 @@ async def start_gateway(cfg: RolloutConfig):
         gateway = Gateway(cfg.policy_url, cfg.model_dir, host=cfg.gateway_host, port=0, renderer=cfg.renderer,
                           served_model_name=cfg.model_name, upstream_api=cfg.policy_api, lora_name=cfg.lora_name,
                           reissue_aborted=cfg.reissue_aborted_calls, keep_interrupted=cfg.keep_interrupted_calls,
-                          require_keys={"on": True, "off": False}.get(cfg.gateway_keys))
+                          require_keys=gateway_keys_on(cfg))
         await gateway.start()
     except (ValueError, OSError) as exc:  # a model family without a reply parser, an address we cannot bind
         raise ConfigError(f"the model gateway for agent {cfg.agent!r} cannot start: {one_line(exc)}") from None

@@ -301,6 +301,13 @@ def with_chat_format(cfg: RolloutConfig) -> RolloutConfig:
     return dataclasses.replace(cfg, renderer=choose_renderer(cfg.model_dir, cfg.renderer))
 
 
+def gateway_keys_on(cfg: RunSettings) -> bool:
+    """Whether the run's gateway takes only each trial's own key (gateway_keys; auto: beyond loopback)."""
+    from slime_harbor.http_api import is_loopback
+
+    return cfg.gateway_keys == "on" or (cfg.gateway_keys == "auto" and not is_loopback(cfg.gateway_host))
+
+
 def check_agent(cfg: RolloutConfig) -> None:
     """The agent can run here: not refused (UNAVAILABLE), placed if Harbor names it, importable
     (ConfigError in one line otherwise)."""
@@ -311,6 +318,10 @@ def check_agent(cfg: RolloutConfig) -> None:
 
     if cfg.agent in UNAVAILABLE:
         raise ConfigError(f"agent {cfg.agent!r} cannot train here: {UNAVAILABLE[cfg.agent]}")
+    if cfg.agent in RECIPES and not RECIPES[cfg.agent].sends_key and gateway_keys_on(cfg):
+        raise ConfigError(f"agent {cfg.agent!r} sends no usable key, and the gateway takes only each trial's own "
+                          f"(gateway_keys {cfg.gateway_keys}, gateway_host {cfg.gateway_host}): run it with the "
+                          "gateway on loopback and gateway_keys auto or off")
     if cfg.agent in AgentName.values() and harbor_agent_place(cfg.agent) is None:
         raise ConfigError(f"agent {cfg.agent!r} is Harbor's but has no place in slime-harbor (no recipe in "
                           "agents/installed/catalog.py, no reason in its UNAVAILABLE): it would run Harbor's own "

@@ -128,3 +128,15 @@ def test_real_trials_run_through_a_keyed_gateway_and_the_key_is_recorded_nowhere
     # records), samples.jsonl, summary.json.
     assert files_holding(cfg.out_dir, keys) == []
     assert leftovers(cfg.out_dir) == ([], [])
+
+
+def test_an_agent_that_sends_no_usable_key_is_refused_in_one_line_where_keys_are_on(tmp_path, capsys):
+    """pi 0.73.1 sends its models.json apiKey literally ('$OPENAI_API_KEY'): on a keyed gateway every
+    call of it would be refused, so the run stops before any trial; on loopback it runs (keys auto)."""
+    from slime_harbor.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["rollout", "--agent", "pi", "--env", "docker", "--gateway-keys", "on", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1
+    assert "agent 'pi' sends no usable key" in err

@@ -332,6 +332,7 @@ PI = AgentRecipe(
           "'$OPENAI_API_KEY' literally (0.73.1 reads an env var name there, Harbor writes $NAME): the session's "
           "URL names it. A call that cannot connect is retried 3 times (auto_retry)",
     verified_by="tests/test_installed_agents.py",
+    sends_key=False,  # the literal '$OPENAI_API_KEY' above: a keyed gateway refuses each of its calls 403
 )
 
 

@@ -88,6 +88,9 @@ class AgentRecipe:
     """What the gateway had to learn for it, what its trials show."""
     verified_by: str = ""
     """The test that runs a real trial of it through the gateway (empty: not verified)."""
+    sends_key: bool = True
+    """Whether it sends the key it is handed (False: it cannot run where the gateway takes only its
+    trial's key, run_config.gateway_keys_on; notes say why)."""
 
     @property
     def class_name(self) -> str:
