@@ -8,6 +8,7 @@ trainer (docs/chain.md draws it whole). Each module and folder, in the order of 
     trial_setup.py      a trial's sandbox, the agent's installs before it starts, its hard timeout
     rollout.py          a GRPO group = n real Harbor Trials of one task, bounded concurrency
     retries.py          the transient-failure retry budget (RetryBudget), for every runner
+    fleet.py            where each attempt runs: this process, or a Ray worker per rollout node
     agents/             every kind of agent a trial can run (native, Harbor's host and installed agents)
     gateway/            the recording model gateway every agent but native samples through
     policy/             the policy as the rollout sees it: clients, the embedded server, the engines

@@ -67,7 +67,9 @@ ROLLOUT_FLAGS = {
     "agent": "--agent", "n_samples": "--n-samples", "policy_url": "--policy-url", "model_dir": "--model",
     "env": "--env", "concurrency": "--concurrency", "out_dir": "--out", "step_limit": "--step-limit",
     "timeout_multiplier": "--timeout-multiplier", "agent_setup_timeout_sec": "--agent-setup-timeout",
-    "gateway_host": "--gateway-host", "gateway_keys": "--gateway-keys", "reward_mapping": "--reward-mapping", "task_manifest": "--task-manifest",
+    "gateway_host": "--gateway-host", "gateway_keys": "--gateway-keys", "fleet": "--fleet", "ray_address": "--ray-address",
+    "fleet_node_trials": "--fleet-node-trials", "fleet_node_starts_per_sec": "--fleet-node-starts-per-sec",
+    "reward_mapping": "--reward-mapping", "task_manifest": "--task-manifest",
     "renderer": "--renderer",
 }
 HACK_FLAGS = {"hack_action": "--hack-action", "hack_detectors": "--hack-detector",

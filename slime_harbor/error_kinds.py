@@ -100,6 +100,7 @@ ERRORS: dict[str, Row] = {
     "policy.weight_check:WeightMismatch": Row(POLICY, FAILED),
     # ours: the infrastructure's
     "environments.common:SandboxError": Row(INFRASTRUCTURE, RETRIED),
+    "fleet:WorkerLost": Row(INFRASTRUCTURE, RETRIED),
     "environments.docker_images:DockerUnavailableError": Row(INFRASTRUCTURE, RETRIED),
     "environments.docker_exec:ExecServerError": Row(INFRASTRUCTURE, RETRIED),
     "environments.gateway_reach:GatewayReachError": Row(INFRASTRUCTURE, RETRIED),

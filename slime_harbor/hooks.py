@@ -123,6 +123,8 @@ HOOK_KNOBS = {
     "harbor_hack_judge_url": "hack_judge_url", "harbor_hack_judge_model": "hack_judge_model",
     "harbor_impossible_twin": "impossible_twin", "harbor_grader_watch": "grader_watch",
     "harbor_renderer": "renderer", "harbor_gateway_keys": "gateway_keys",
+    "harbor_fleet": "fleet", "harbor_ray_address": "ray_address", "harbor_fleet_node_trials": "fleet_node_trials",
+    "harbor_fleet_node_starts_per_sec": "fleet_node_starts_per_sec",
 }
 """The plugin's settings that are a rollout's knobs: key -> the RolloutConfig field it is (its type,
 default and docs are that field's, declared once there)."""
@@ -452,7 +454,8 @@ async def generate(args, sample, sampling_params, evaluation: bool = False) -> l
     cfg = rollout_config(args, sampling_params, sample)
     if refusal := _agent_refusal(cfg.agent):  # a prompt row's own harbor_agent is checked here
         return _placeholder(sample, SampleStatus.FAILED, refusal, top_p_ids, unscored="agent_refused")
-    gateway = await shared_gateway(cfg) if uses_gateway(cfg.agent) else None  # one per process and loop
+    # one per process and loop (a Ray fleet's workers have their own)
+    gateway = await shared_gateway(cfg) if uses_gateway(cfg.agent) and cfg.fleet == "local" else None
     semaphore = _TRIAL_GATES.setdefault(asyncio.get_running_loop(), asyncio.Semaphore(int(setting(args, "harbor_concurrency"))))
     async with semaphore:
         if slime_rollout_aborted():

@@ -122,7 +122,7 @@ async def run_episode(
     A gateway agent samples through `gateway` (a started gateway.server.Gateway), one session
     per trial; without one, the episode starts its own and closes it when it ends."""
     slot = EpisodeSlot(Path(task_path), group_index, index, Path(trials_dir).resolve(), tokenizer, gateway)
-    if gateway is None and uses_gateway(cfg.agent):
+    if gateway is None and uses_gateway(cfg.agent) and cfg.fleet == "local":  # a fleet's workers have their own
         async with serving_gateway(cfg) as gateway:
             return await _run_with_reruns(dataclasses.replace(slot, gateway=gateway), cfg, retry_budget, stop_retrying)
     return await _run_with_reruns(slot, cfg, retry_budget, stop_retrying)
@@ -134,7 +134,7 @@ async def _run_with_reruns(slot: EpisodeSlot, cfg: RolloutConfig, retry_budget: 
     task = slot.task_path.name
     retries = 0
     while True:
-        episode = await _run_starting_environment(slot, cfg)
+        episode = await _attempt(slot, cfg)
         if retry_budget is None or episode.status != SampleStatus.ABORTED or stop_retrying():
             break
         # A transient infra failure: run the task again while its budget lasts.
@@ -153,8 +153,27 @@ async def _run_with_reruns(slot: EpisodeSlot, cfg: RolloutConfig, retry_budget: 
     return episode
 
 
-async def _run_starting_environment(slot: EpisodeSlot, cfg: RolloutConfig) -> Episode:
-    """One episode, its trial run again while its environment fails to start (cfg.env_start_retries)."""
+async def _attempt(slot: EpisodeSlot, cfg: RolloutConfig) -> Episode:
+    """One attempt of the episode, where cfg.fleet runs it: here, or on a Ray worker (fleet.py)."""
+    if cfg.fleet == "ray":
+        from slime_harbor.fleet import ray_fleet
+
+        return await ray_fleet(cfg).run(slot, cfg, run_attempt_on_this_node)
+    return await run_attempt(slot, cfg)
+
+
+async def run_attempt_on_this_node(cfg: RolloutConfig, task_path: str, group_index: int, index: int,
+                                   trials_dir: str) -> Episode:
+    """What a fleet worker runs for one attempt: run_attempt with this node's own gateway (one per
+    worker and policy, shared_gateway) and the policy's tokenizer."""
+    gateway = await shared_gateway(cfg) if uses_gateway(cfg.agent) else None
+    slot = EpisodeSlot(Path(task_path), group_index, index, Path(trials_dir), load_tokenizer(cfg.model_dir), gateway)
+    return await run_attempt(slot, cfg)
+
+
+async def run_attempt(slot: EpisodeSlot, cfg: RolloutConfig) -> Episode:
+    """One attempt of an episode in this process (a fleet worker runs the same): its trial, run
+    again while its environment fails to start (cfg.env_start_retries)."""
     started = time.monotonic()
     attempts = 0
     while True:
@@ -175,7 +194,7 @@ async def _run_starting_environment(slot: EpisodeSlot, cfg: RolloutConfig) -> Ep
 async def serving_gateway(cfg: RolloutConfig):
     """A started gateway in front of cfg.policy_url for cfg's agent (None for agents that need
     none), closed with its sessions and its port freed however the block ends (Ctrl-C included)."""
-    if not uses_gateway(cfg.agent):
+    if not uses_gateway(cfg.agent) or cfg.fleet != "local":  # a fleet's workers start their own
         yield None
         return
     gateway = await start_gateway(cfg)

@@ -20,6 +20,7 @@ from typing import Any
 from slime_harbor.agents.placement import agent_class, agent_config, harbor_agent_place, is_native, samples_policy
 from slime_harbor.agents.settings import AgentSettings, check_agent_settings, model_context_len
 from slime_harbor.exits import ConfigError, one_line
+from slime_harbor.fleet import FLEETS
 from slime_harbor.policy.sampling import SamplingParams
 from slime_harbor.policy.wire_api import COMPLETIONS_API, GENERATE_API
 from slime_harbor.tasks.manifest import apply_manifest
@@ -65,6 +66,16 @@ class RunSettings:
     gateway_host: str = "127.0.0.1"
     """Address the model gateway binds (gateway agents). Loopback: our sandboxes reach it through
     their forward; a sandbox elsewhere (Modal, Daytona, E2B) needs an address it can reach."""
+    fleet: str = "local"
+    """local: every trial in this process | ray: on rollout workers of a Ray cluster, one per node
+    with the `rollout` resource, each with its own sandboxes, gateway and engine client (fleet.py).
+    `concurrency` stays the run's total in flight."""
+    ray_address: str | None = None
+    """The Ray cluster of fleet ray (ray.init's address); None: the one this process is in, else auto."""
+    fleet_node_trials: int = 0
+    """fleet ray: trials in flight on one node at most (0: only `concurrency` bounds them)."""
+    fleet_node_starts_per_sec: float = 0.0
+    """fleet ray: sandbox starts a second on one node at most (0: unbounded)."""
     gateway_keys: str = "auto"
     """auto | on | off: every gateway call must carry its trial's own key (handed to each agent with
     its URL; none is refused 401, another trial's 403). auto: on when gateway_host is beyond loopback."""
@@ -197,7 +208,7 @@ def run_setting_choices() -> dict[str, tuple[str, ...]]:
     from slime_harbor.grading.impossible_twin import TWIN_SWITCH
 
     return {"reward_mapping": REWARD_MAPPINGS, "hack_action": HACK_ACTIONS, "impossible_twin": TWIN_SWITCH,
-            "grader_watch": WATCH_SWITCH, "gateway_keys": GATEWAY_KEYS}
+            "grader_watch": WATCH_SWITCH, "gateway_keys": GATEWAY_KEYS, "fleet": FLEETS}
 
 
 def check_run_settings(settings: RunSettings) -> None:
@@ -218,6 +229,10 @@ def check_run_settings(settings: RunSettings) -> None:
         (settings.impossible_twin in TWIN_SWITCH, f"impossible_twin must be on or off, got {settings.impossible_twin!r}"),
         (settings.grader_watch in WATCH_MODES, f"grader_watch must be on or off, got {settings.grader_watch!r}"),
         (settings.gateway_keys in GATEWAY_KEYS, f"gateway_keys must be auto, on or off, got {settings.gateway_keys!r}"),
+        (settings.fleet in FLEETS, f"fleet must be local or ray, got {settings.fleet!r}"),
+        (settings.fleet_node_trials >= 0, f"fleet_node_trials must be >= 0, got {settings.fleet_node_trials}"),
+        (settings.fleet_node_starts_per_sec >= 0,
+         f"fleet_node_starts_per_sec must be >= 0, got {settings.fleet_node_starts_per_sec}"),
     ]
     for ok, message in checks:
         if not ok:
@@ -267,6 +282,10 @@ def check_config(cfg: RolloutConfig) -> list[Path]:
     except ValueError as exc:
         raise ConfigError(f"hack detector: {one_line(exc)}") from None
     apply_manifest(tasks, cfg.task_manifest)  # a missing or malformed manifest: ConfigError now
+    if cfg.fleet == "ray":  # its workers start now: no cluster, or no rollout node, is one line before any trial
+        from slime_harbor.fleet import ray_fleet
+
+        ray_fleet(cfg)
     return tasks
 
 
