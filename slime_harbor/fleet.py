@@ -26,7 +26,6 @@ import logging
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from slime_harbor.exits import ConfigError
