@@ -151,3 +151,31 @@ def test_a_cluster_without_a_rollout_node_is_one_line(tmp_path, tiny_model_dir, 
         stop_cluster(cluster)
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and "no live node of the cluster carries the 'rollout' resource" in err[-1], err
+
+
+def test_a_cancelled_run_cancels_its_remote_trials(two_nodes, tmp_path, policy_server, tiny_model_dir):
+    """SLiME's abort of a round (or Ctrl-C) cancels the caller's tasks: each remote attempt is
+    cancelled on its worker too, and its trial tears down there (no sandbox process is left)."""
+    from slime_harbor.fleet import close_fleets
+
+    close_fleets()
+    cfg = config(tmp_path, policy_server, tiny_model_dir, n_samples=4, step_limit=50, max_new_tokens=200,
+                 fleet="ray", ray_address=two_nodes.address)
+    trials = cfg.out_dir / "trials"
+
+    async def cancel_once_trials_run() -> None:
+        run = asyncio.ensure_future(run_rollouts(cfg))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if trials.is_dir() and sum(1 for d in trials.iterdir() if (d / "agent").is_dir()) >= 4:
+                break
+            await asyncio.sleep(0.2)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+
+    asyncio.run(cancel_once_trials_run())
+    deadline = time.monotonic() + 60  # the workers' teardown runs after the caller's cancellation
+    while time.monotonic() < deadline and leftovers(cfg.out_dir) != ([], []):
+        time.sleep(0.5)
+    assert leftovers(cfg.out_dir) == ([], [])
