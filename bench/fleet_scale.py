@@ -107,13 +107,9 @@ def worker_loop_lag(seconds: float) -> list[float]:
     sent to every worker actor; the workers' loops run the trials and the gateways)."""
     import ray
 
-    from slime_harbor.fleet import _FLEETS
+    from slime_harbor.fleet import live_workers
 
-    refs = []
-    for fleet in _FLEETS.values():
-        for node, worker in fleet.workers.items():
-            if node not in fleet.lost:
-                refs.append(worker.run.remote("lag", _lag_attempt, seconds, "", 0, 0, ""))
+    refs = [worker.run.remote("lag", _lag_attempt, seconds, "", 0, 0, "") for worker in live_workers()]
     lags = []
     for _, episode in ray.get(refs):
         lags += episode.metadata["lags"]

@@ -192,6 +192,11 @@ def ray_fleet(cfg) -> RayFleet:
     return _FLEETS[key]
 
 
+def live_workers() -> list:
+    """Every live rollout worker actor of the process's fleets (to send each a probe or a task)."""
+    return [worker for fleet in _FLEETS.values() for node, worker in fleet.workers.items() if node not in fleet.lost]
+
+
 def close_fleets() -> None:
     """End every fleet's workers (each actor, with its node's gateway)."""
     while _FLEETS:

@@ -56,11 +56,13 @@ def test_host_side_agents_get_api_base_and_a_hosted_vllm_model_name():
     assert kwargs["max_turns"] == 7 and kwargs["enable_summarize"] is False and kwargs["llm_call_kwargs"] == {"max_tokens": 33}
     # agent_kwargs merge key by key into the dict-valued defaults
     assert kwargs["model_info"]["max_input_tokens"] == 900 and kwargs["model_info"]["max_output_tokens"] == 40
-    assert term.env["HOSTED_VLLM_API_KEY"] == ENDPOINT.api_key
+    assert term.env["HOSTED_VLLM_API_KEY"] == ENDPOINT.api_key == kwargs["llm_kwargs"]["api_key"]  # LiteLLM sends it
 
     own = agent_config(RolloutConfig(agent=CHAT_TOOLS_AGENT, agent_kwargs={"max_turns": 2}), ENDPOINT)
     assert not is_installed_agent(own) and own.import_path == CHAT_TOOLS_AGENT
-    assert own.kwargs == {"api_base": ENDPOINT.host_url, "max_turns": 2} and own.model_name == "hosted_vllm/policy"
+    # its constructor names api_key: the key beside api_base
+    assert own.kwargs == {"api_base": ENDPOINT.host_url, "api_key": ENDPOINT.api_key, "max_turns": 2}
+    assert own.model_name == "hosted_vllm/policy"
 
 
 @pytest.mark.parametrize("served", ["/root/.cache/slime-harbor/tiny-model-glm-4.5-seed0-8350dec6ed18b837",
