@@ -59,7 +59,8 @@ def write_tasks(root: Path, n_tasks: int) -> Path:
         (task / "task.toml").write_text(TASK_TOML)
         (task / "instruction.md").write_text("List the files.\n")
         (task / "environment" / "Dockerfile").write_text("FROM stub\n")
-        (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+        # STUB_ROOT: the stub sandbox's dir on the host (its commands are host processes)
+        (task / "tests" / "test.sh").write_text('#!/bin/bash\necho 1 > "$STUB_ROOT/logs/verifier/reward.txt"\n')
         (task / "solution" / "solve.sh").write_text("#!/bin/bash\ntrue\n")
     return root
 
@@ -184,6 +185,8 @@ async def run_case(args, in_flight: int, workers: int, cluster, model_dir: str, 
     lags = await lags_ref
     cpu1, _ = process_usage(pids)
     episodes = rollouts.episodes
+    failed = [e for e in episodes if e.status.value not in ("completed", "truncated")]
+    assert not failed, f"{len(failed)} trials not scored, e.g. {failed[0].error}"  # the figures are of real trials
     places = Counter((e.task_name, e.index) for e in episodes if e.samples)
     lost = in_flight - len(places)
     duplicated = sum(n - 1 for n in places.values() if n > 1)

@@ -90,11 +90,11 @@ class StubSandbox(BaseEnvironment):
         return path
 
     def _mapped(self, command: str) -> str:
-        for root in SANDBOX_ROOTS:
-            command = command.replace(f" {root}", f" {self.root}{root}").replace(f"'{root}", f"'{self.root}{root}")
-            if command.startswith(root):
-                command = f"{self.root}{command}"
-        return command
+        """The command with each sandbox path (one of SANDBOX_ROOTS, not inside a longer path) under the dir."""
+        import re
+
+        roots = "|".join(re.escape(root) for root in SANDBOX_ROOTS)
+        return re.sub(rf"(?<![\w./-])({roots})(?=[/\s'\";)]|$)", lambda m: f"{self.root}{m.group(1)}", command)
 
     async def start(self, force_build: bool) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="fleet-stub-"))
@@ -125,7 +125,7 @@ class StubSandbox(BaseEnvironment):
                    timeout_sec: int | None = None, user=None) -> ExecResult:
         proc = await asyncio.create_subprocess_shell(
             self._mapped(command), cwd=self._host(cwd) if cwd else str(self.root / "app"),
-            env={**os.environ, **(env or {})}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            env={**os.environ, **(env or {}), "STUB_ROOT": str(self.root)}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await asyncio.wait_for(proc.communicate(), timeout_sec)
         return ExecResult(stdout=out.decode(errors="replace"), stderr=err.decode(errors="replace"),
                           return_code=proc.returncode)
