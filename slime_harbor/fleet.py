@@ -22,15 +22,16 @@ filesystem makes them the caller's too).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import time
 import uuid
 from typing import Any
 
+from slime_harbor.episode import Episode, EpisodeEnd
 from slime_harbor.exits import ConfigError
-
-log = logging.getLogger(__name__)
+from slime_harbor.samples import SampleStatus
 
 FLEETS = ("local", "ray")
 ROLLOUT_RESOURCE = "rollout"
@@ -67,19 +68,11 @@ class RolloutWorker:
     async def run(self, key: str, attempt, cfg, task_path: str, group_index: int, index: int, trials_dir: str):
         """One attempt of an episode under `cfg`: `attempt` is rollout.run_attempt_on_this_node (passed
         by reference, so this module imports no runner), run within this node's caps. (key, Episode)."""
-        async with self._gate or _NoGate():
+        async with self._gate or contextlib.nullcontext():
             await self._start_slot()
             episode = await attempt(cfg, task_path, group_index, index, trials_dir)
         episode.metadata["node_id"] = self.node_id
         return key, episode
-
-
-class _NoGate:
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc):
-        return False
 
 
 class RayFleet:
@@ -114,7 +107,6 @@ class RayFleet:
             ).remote(cfg.fleet_node_trials, cfg.fleet_node_starts_per_sec)
         self.in_flight = dict.fromkeys(self.workers, 0)
         self.lost: set[str] = set()
-        self.dropped_replies = 0
 
     def _pick(self) -> str:
         live = [n for n in self.workers if n not in self.lost]
@@ -128,14 +120,11 @@ class RayFleet:
         import ray
         from ray.exceptions import ActorDiedError, ActorUnavailableError, NodeDiedError, RayActorError, WorkerCrashedError
 
-        from slime_harbor.episode import Episode, EpisodeEnd
-        from slime_harbor.samples import SampleStatus
-
         started = time.monotonic()
         try:
             node = self._pick()
         except WorkerLost as exc:
-            return _lost_episode(slot, str(exc), started, Episode, EpisodeEnd, SampleStatus)
+            return _lost_episode(slot, str(exc), started)
         key = uuid.uuid4().hex
         self.in_flight[node] += 1
         ref = self.workers[node].run.remote(key, attempt, cfg, str(slot.task_path), slot.group_index, slot.index,
@@ -147,16 +136,14 @@ class RayFleet:
                 self.lost.add(node)
                 print(f"fleet ray: rollout node {node} lost ({type(exc).__name__}); its trials run again on the "
                       f"{len(self.workers) - len(self.lost)} left", file=sys.stderr)
-            return _lost_episode(slot, f"rollout node {node} lost mid-trial ({type(exc).__name__})", started,
-                                 Episode, EpisodeEnd, SampleStatus)
+            return _lost_episode(slot, f"rollout node {node} lost mid-trial ({type(exc).__name__})", started)
         except asyncio.CancelledError:  # the run stopped (SLiME's abort, Ctrl-C): the remote trial too
             ray.cancel(ref)
             raise
         finally:
             self.in_flight[node] -= 1
         if reply_key != key:  # not this attempt's reply: never trained
-            self.dropped_replies += 1
-            return _lost_episode(slot, "a reply to another attempt", started, Episode, EpisodeEnd, SampleStatus)
+            return _lost_episode(slot, "a reply to another attempt", started)
         return episode
 
     def close(self) -> None:
@@ -173,7 +160,7 @@ def _gcs(address: str) -> str:
     return address.split("://")[-1].replace("localhost", "127.0.0.1")
 
 
-def _lost_episode(slot, why: str, started: float, Episode, EpisodeEnd, SampleStatus):
+def _lost_episode(slot, why: str, started: float) -> Episode:
     return Episode(task_name=slot.task_path.name, group_index=slot.group_index, index=slot.index,
                    end=EpisodeEnd(SampleStatus.ABORTED, None, None, why), reward=None,
                    metadata={"task_name": slot.task_path.name, "exception_type": WorkerLost.__name__},
