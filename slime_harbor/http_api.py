@@ -1,7 +1,8 @@
 """What our two HTTP servers share: the policy server (SGLang's protocol, policy/server.py) and the
 gateway (the agents' APIs, gateway/). A request either is a JSON object the server can serve or is
 refused with a 400 that names the field at fault, in OpenAI's error shape, which both speak. And
-which bind addresses stay on this machine (is_loopback: both ask for a key beyond it).
+which bind addresses stay on this machine (is_loopback: both ask for a key beyond it), and the
+bearer token a request carries (bearer_token: the key both read).
 """
 
 from __future__ import annotations
@@ -60,3 +61,9 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:  # a host name: it may resolve beyond this machine
         return False
+
+
+def bearer_token(request: Request) -> str | None:
+    """The request's `Authorization: Bearer <token>` token (None without one)."""
+    auth = request.headers.get("authorization", "")
+    return auth[7:].strip() if auth.lower().startswith("bearer ") else None

@@ -28,12 +28,15 @@ from slime_harbor.gateway.responses import Responses
 from slime_harbor.gateway.session import fold_system_messages, GatewaySession, normalise_messages
 from slime_harbor.gateway.turn import GatewayTurn, TurnRequest
 from slime_harbor.gateway.wire import Dialect, KeyRefused
-from slime_harbor.http_api import BadRequest, is_loopback
+from slime_harbor.http_api import BadRequest, bearer_token, is_loopback
 from slime_harbor.policy.chat_formats import FORMATS
 from slime_harbor.policy.client import PolicyClient
 from slime_harbor.policy.renderer import make_renderer
 from slime_harbor.policy.sampling import Generation, SamplingParams
 from slime_harbor.policy.wire_api import GENERATE_API
+
+KEY_NEEDED = "this gateway needs the session's API key (Authorization: Bearer, x-api-key or x-goog-api-key)"
+"""The 401's message, with keys on (the key itself is never echoed)."""
 
 ABORT_WAIT_SEC = 10.0
 """How long closing a session keeps aborting its calls in flight until the server has answered them."""
@@ -230,21 +233,18 @@ class Gateway:
         LookupError when there is none; with require_keys, KeyRefused for a call on a session without
         its key (401) or with another (403). The key is never echoed."""
         if api_key is None:
-            auth = request.headers.get("authorization", "")
-            api_key = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
+            api_key = bearer_token(request) or request.headers.get("x-api-key")
         if session_id is not None:
             session = self.sessions.get(session_id)
             if session is None:
                 raise LookupError(f"no open gateway session {session_id!r}")
             if self.require_keys and not secrets.compare_digest((api_key or "").encode(), session.api_key.encode()):
-                raise KeyRefused(403, "this API key is not the session's") if api_key else KeyRefused(
-                    401, "this gateway needs the session's API key (Authorization: Bearer, x-api-key or x-goog-api-key)")
+                raise KeyRefused(403, "this API key is not the session's") if api_key else KeyRefused(401, KEY_NEEDED)
             return session
         session = self._sessions_by_key.get(api_key or "")
         if session is None:
             if self.require_keys and not api_key:
-                raise KeyRefused(401, "this gateway needs the session's API key (Authorization: Bearer, x-api-key "
-                                      "or x-goog-api-key)")
+                raise KeyRefused(401, KEY_NEEDED)
             raise LookupError("no open gateway session has this API key (or name the session in the path: "
                               "/s/<session>/...)")
         return session

@@ -61,7 +61,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
 from slime_harbor.exits import ConfigError
-from slime_harbor.http_api import BadRequest, bad_request_reply, is_loopback, json_object, openai_error
+from slime_harbor.http_api import BadRequest, bad_request_reply, bearer_token, is_loopback, json_object, openai_error
 from slime_harbor.policy.embedded_engine import EngineConfig, SamplingEngine
 from slime_harbor.policy.engines.abilities import ADMIN_KEY_VAR
 from slime_harbor.policy.engines.embedded import SERVER_NAME
@@ -127,8 +127,7 @@ class PolicyServer:
         """An update route's caller holds the admin key (where the server has one)."""
         if self.admin_key is None:
             return
-        auth = request.headers.get("authorization", "")
-        key = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        key = bearer_token(request)
         if not key:
             raise HTTPException(401, f"{request.url.path} needs the run's admin key (Authorization: Bearer)")
         if not secrets.compare_digest(key.encode(), self.admin_key.encode()):
